@@ -1,0 +1,358 @@
+"""What steering does to the next-token distribution and to the logits.
+
+Everything returns pandas DataFrames (or small dataclasses of them) so the
+plots and the CLI read the same numbers.
+
+The slider's fast path: steering at block L leaves blocks 0..L untouched, so
+for one prompt we run the model once, keep the output of block L and the
+arguments every later block was called with (masks, rotary tables), and for
+each new α only re-run blocks L+1.. on ``h_L + α·v``, then unembed the last
+position alone.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from .generation import encode_prompt
+from .hooks import Steer, StepState, steering, validate
+
+NEUTRAL_PROMPTS = (
+    "The weather today is mild, with a light breeze from the west.",
+    "She opened the book and began to read the first chapter aloud.",
+    "Water boils at one hundred degrees Celsius at sea level.",
+    "The train to the city leaves every hour from platform two.",
+    "He wrote a short letter to his friend about the summer holidays.",
+    "Many people enjoy walking in the park on Sunday mornings.",
+)
+
+
+# --------------------------------------------------------------------- norms
+def measure_layer_norms(handle, prompts: Sequence[str] = NEUTRAL_PROMPTS) -> list[float]:
+    """Mean L2 norm of the residual stream at each block output over neutral prompts.
+
+    The first position (BOS, often an outlier with a huge norm) is excluded.
+    Cached on disk per model (real models only) since it is used for every
+    relative α.
+    """
+    from .loading import cache_root
+
+    key = None
+    if not handle.model_id.startswith(("tiny:", "in-memory")):
+        digest = hashlib.sha256(f"{handle.model_id}|{handle.arch.num_layers}|{handle.arch.hidden_size}|"
+                                f"{handle.dtype}".encode()).hexdigest()[:16]
+        key = cache_root() / "norms" / f"{digest}.json"
+        if key.is_file():
+            try:
+                norms = json.loads(key.read_text())["norms"]
+                if len(norms) == handle.arch.num_layers:
+                    return norms
+            except (ValueError, KeyError):
+                pass
+    sums = [0.0] * handle.arch.num_layers
+    count = 0
+    outputs: dict[int, torch.Tensor] = {}
+
+    def grab(i):
+        def hook(_m, _inp, out):
+            outputs[i] = (out[0] if isinstance(out, tuple) else out).detach()
+        return hook
+
+    with handle.lock, torch.inference_mode():
+        removers = [layer.register_forward_hook(grab(i)) for i, layer in enumerate(handle.arch.layers)]
+        try:
+            for p in prompts:
+                ids = encode_prompt(handle, p).to(handle.input_device)
+                handle.model.base_model(input_ids=ids, use_cache=False)
+                n = ids.shape[1] - 1
+                for i in range(handle.arch.num_layers):
+                    sums[i] += float(outputs[i][0, 1:].float().norm(dim=-1).sum())
+                count += n
+        finally:
+            for r in removers:
+                r.remove()
+    norms = [s / max(count, 1) for s in sums]
+    if key is not None:
+        key.parent.mkdir(parents=True, exist_ok=True)
+        tmp = key.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"model_id": handle.model_id, "norms": norms}))
+        tmp.replace(key)
+    return norms
+
+
+def to_raw_alpha(handle, alpha: float, layer: int, relative: bool) -> float:
+    """α in raw units: relative α is a fraction of the layer's mean residual norm."""
+    return float(alpha) * handle.relative_scale(layer) if relative else float(alpha)
+
+
+# ----------------------------------------------------------------- fast path
+class PrefixState:
+    """A prompt run once up to block ``layer``; later blocks re-run per α."""
+
+    def __init__(self, handle, prompt: str, layer: int):
+        self.handle, self.prompt, self.layer = handle, prompt, layer
+        arch = handle.arch
+        ids = encode_prompt(handle, prompt).to(handle.input_device)
+        self.ids = ids
+        self.calls: dict[int, tuple] = {}
+        self.context: dict[int, torch.Tensor] = {}
+        self.block_out: torch.Tensor | None = None
+
+        def pre(i):
+            def hook(_m, args, kwargs):
+                self.calls[i] = (args[1:], dict(kwargs))
+            return hook
+
+        def post(i):
+            def hook(_m, _inp, out):
+                h = out[0] if isinstance(out, tuple) else out
+                self.context[i] = h[:, -1, :].detach()
+                if i == layer:
+                    self.block_out = h.detach()
+            return hook
+
+        with handle.lock, torch.inference_mode():
+            removers = []
+            try:
+                for i, block in enumerate(arch.layers):
+                    if i > layer:
+                        removers.append(block.register_forward_pre_hook(pre(i), with_kwargs=True))
+                    else:
+                        removers.append(block.register_forward_hook(post(i)))
+                out = handle.model.base_model(input_ids=ids, use_cache=False)
+                self.unsteered_logits = arch.logits(out.last_hidden_state[:, -1, :]).cpu()[0]
+            finally:
+                for r in removers:
+                    r.remove()
+
+    def logits(self, steers: Sequence[Steer], rows: int) -> torch.Tensor:
+        """Last-position logits (rows, vocab) with ``steers`` (per-row α allowed) applied."""
+        handle, arch = self.handle, self.handle.arch
+        validate(steers, arch.num_layers, arch.hidden_size)
+        here = [s for s in steers if s.layer == self.layer]
+        later = [s for s in steers if s.layer > self.layer]
+        if any(s.layer < self.layer for s in steers):
+            raise ValueError("prefix cached above a steered layer")
+        state = StepState(prompt_len=None)
+        with torch.inference_mode(), steering(handle, later, state):
+            state.context = {i: c.expand(rows, -1) for i, c in self.context.items()}
+            h = self.block_out.expand(rows, -1, -1)
+            for s in here:  # block `layer` itself is not re-run: apply its steer by hand
+                if s.positions == "generated":
+                    continue
+                if s.fn is not None:
+                    vec = s.fn(state.context[s.context_layer].float()).to(h.dtype).unsqueeze(1)
+                    state.fn_calls += 1
+                    state.input_vectors[id(s)] = vec.squeeze(1)
+                else:
+                    vec = s.vector_on(h.device, h.dtype)
+                h = h + s.alpha_for(rows, h.device, h.dtype) * vec
+            for i in range(self.layer + 1, arch.num_layers):
+                args, kwargs = self.calls[i]
+                out = arch.layers[i](h, *args, **kwargs)
+                h = out[0] if isinstance(out, tuple) else out
+            normed = arch.final_hidden(h[:, -1:, :])[:, -1, :]
+            return arch.logits(normed).cpu()
+
+
+_PREFIX_LRU_SIZE = 8
+
+
+def prefix_state(handle, prompt: str, layer: int) -> PrefixState:
+    """A shared LRU of prefix states per (prompt, layer)."""
+    lru = handle.__dict__.setdefault("_prefix_lru", OrderedDict())
+    key = (prompt, layer)
+    with handle.lock:
+        if key in lru:
+            lru.move_to_end(key)
+            return lru[key]
+        st = PrefixState(handle, prompt, layer)
+        lru[key] = st
+        while len(lru) > _PREFIX_LRU_SIZE:
+            lru.popitem(last=False)
+        return st
+
+
+def naive_logits(handle, prompt: str, steers: Sequence[Steer], rows: int = 1) -> torch.Tensor:
+    """The slow reference: full forward with hooks and full logits at every position."""
+    ids = encode_prompt(handle, prompt).to(handle.input_device).expand(rows, -1)
+    with torch.inference_mode(), steering(handle, steers, StepState(prompt_len=None)):
+        out = handle.model(input_ids=ids, use_cache=False)
+    return out.logits[:, -1, :].float().cpu()
+
+
+# ----------------------------------------------------------- distributions
+def _decode_ids(handle, ids) -> list[str]:
+    return [handle.tokenizer.decode([int(i)]) for i in ids]
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    return -(logp.exp() * logp).sum(-1)
+
+
+def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ q) in nats along the last axis."""
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+@dataclass
+class NextTokenView:
+    unsteered: pd.DataFrame  # rank, token, token_id, prob, logit
+    steered: pd.DataFrame
+    promoted: pd.DataFrame  # token, token_id, delta_logit
+    suppressed: pd.DataFrame
+    kl: float
+    entropy_unsteered: float
+    entropy_steered: float
+    max_abs_delta_logit: float
+    max_delta_token: str
+
+    def as_dict(self) -> dict:
+        return {
+            "unsteered": self.unsteered[["token", "prob"]].to_dict("records"),
+            "steered": self.steered[["token", "prob"]].to_dict("records"),
+            "kl": self.kl, "entropy_unsteered": self.entropy_unsteered, "entropy_steered": self.entropy_steered,
+            "max_abs_delta_logit": self.max_abs_delta_logit, "max_delta_token": self.max_delta_token,
+            "promoted": self.promoted[["token", "delta_logit"]].to_dict("records"),
+            "suppressed": self.suppressed[["token", "delta_logit"]].to_dict("records"),
+        }
+
+    def bars(self) -> pd.DataFrame:
+        """Long frame for grouped bars: the union of both top-k lists, with both probabilities."""
+        tokens = list(dict.fromkeys(list(self.unsteered.token) + list(self.steered.token)))
+        return pd.DataFrame({"token": tokens})
+
+
+def _top_frame(handle, logits: torch.Tensor, k: int) -> pd.DataFrame:
+    probs = logits.softmax(-1)
+    top = torch.topk(probs, k)
+    return pd.DataFrame({
+        "rank": range(1, k + 1),
+        "token": _decode_ids(handle, top.indices),
+        "token_id": top.indices.tolist(),
+        "prob": top.values.tolist(),
+        "logit": logits[top.indices].tolist(),
+    })
+
+
+def compare_logits(handle, unsteered: torch.Tensor, steered: torch.Tensor, top_k: int = 10) -> NextTokenView:
+    lu, ls = unsteered.float().log_softmax(-1), steered.float().log_softmax(-1)
+    delta = steered.float() - unsteered.float()
+    order = torch.topk(delta, top_k)
+    low = torch.topk(-delta, top_k)
+    worst = int(delta.abs().argmax())
+    return NextTokenView(
+        unsteered=_top_frame(handle, unsteered, top_k),
+        steered=_top_frame(handle, steered, top_k),
+        promoted=pd.DataFrame({"token": _decode_ids(handle, order.indices), "token_id": order.indices.tolist(),
+                               "delta_logit": order.values.tolist()}),
+        suppressed=pd.DataFrame({"token": _decode_ids(handle, low.indices), "token_id": low.indices.tolist(),
+                                 "delta_logit": (-low.values).tolist()}),
+        kl=float(_kl(lu, ls)),
+        entropy_unsteered=float(_entropy(lu)),
+        entropy_steered=float(_entropy(ls)),
+        max_abs_delta_logit=float(delta.abs().max()),
+        max_delta_token=handle.tokenizer.decode([worst]),
+    )
+
+
+def next_token(handle, prompt: str, steers: Sequence[Steer], top_k: int = 10, fast: bool = True) -> NextTokenView:
+    """Top-k next tokens unsteered vs steered, KL, entropies and the Δlogit extremes."""
+    if not steers:
+        steers = []
+    if fast and steers:
+        layer = min(s.layer for s in steers)
+        ok = all(s.fn is None or s.context_layer <= layer for s in steers)
+    else:
+        ok = fast
+    if ok and steers:
+        st = prefix_state(handle, prompt, layer)
+        steered = st.logits(steers, rows=1)[0]
+        unsteered = st.unsteered_logits
+    else:
+        unsteered = naive_logits(handle, prompt, [])[0]
+        steered = naive_logits(handle, prompt, steers)[0] if steers else unsteered
+    return compare_logits(handle, unsteered, steered, top_k)
+
+
+def sweep(handle, prompt: str, vector: torch.Tensor, layer: int, alphas: Sequence[float],
+          positions: str = "all", target: str | None = None) -> pd.DataFrame:
+    """Dose-response from one batched pass: each α is a batch row."""
+    alphas = [float(a) for a in alphas]
+    st = prefix_state(handle, prompt, layer)
+    steer = Steer(layer=layer, vector=vector, alpha=torch.tensor(alphas), positions=positions)
+    logits = st.logits([steer], rows=len(alphas))
+    base = st.unsteered_logits.unsqueeze(0)
+    lu, ls = base.log_softmax(-1), logits.log_softmax(-1)
+    top1 = ls.argmax(-1)
+    frame = pd.DataFrame({
+        "alpha": alphas,
+        "kl": _kl(lu, ls).tolist(),
+        "entropy": _entropy(ls).tolist(),
+        "top1_token": _decode_ids(handle, top1),
+        "top1_prob": ls.exp().gather(1, top1.unsqueeze(1)).squeeze(1).tolist(),
+        "max_abs_delta_logit": (logits - base).abs().max(-1).values.tolist(),
+    })
+    if target:
+        tid = first_token_id(handle, target)
+        frame["target_token"] = handle.tokenizer.decode([tid])
+        frame["target_prob"] = ls[:, tid].exp().tolist()
+    return frame
+
+
+def first_token_id(handle, text: str) -> int:
+    ids = handle.tokenizer(text, add_special_tokens=False).input_ids
+    if not ids:
+        raise ValueError(f"target '{text}' tokenises to nothing")
+    return int(ids[0])
+
+
+def vocab_projection(handle, vector: torch.Tensor, top_k: int = 15) -> pd.DataFrame:
+    """v·W_Uᵀ: the tokens a vector pushes up (+) and down (−) through the unembedding alone."""
+    w = handle.arch.unembedding
+    proj = torch.matmul(w, vector.to(w.device, w.dtype)).float().cpu()
+    up, down = torch.topk(proj, top_k), torch.topk(-proj, top_k)
+    return pd.DataFrame({
+        "direction": ["+"] * top_k + ["-"] * top_k,
+        "token": _decode_ids(handle, up.indices) + _decode_ids(handle, down.indices),
+        "token_id": up.indices.tolist() + down.indices.tolist(),
+        "projection": up.values.tolist() + (-down.values).tolist(),
+    })
+
+
+def score_answer(handle, prompt: str, answer: str, steers: Sequence[Steer]) -> pd.DataFrame:
+    """Teacher-forced log-probability of each answer token after ``prompt``, unsteered vs steered.
+
+    Answer tokens count as generated positions.  ``frame.attrs['nats_shifted']``
+    is the total change in answer log-probability.
+    """
+    p_ids = encode_prompt(handle, prompt)
+    a_ids = handle.tokenizer(answer, add_special_tokens=False, return_tensors="pt").input_ids
+    if a_ids.shape[1] == 0:
+        raise ValueError("the answer is empty")
+    ids = torch.cat([p_ids, a_ids], dim=1).to(handle.input_device).expand(2, -1)
+    rows = [Steer(layer=s.layer, vector=s.vector, fn=s.fn, context_layer=s.context_layer, positions=s.positions,
+                  alpha=torch.stack([torch.zeros(()), s.alpha.reshape(-1)[0]])) for s in steers]
+    with torch.inference_mode(), steering(handle, rows, StepState(prompt_len=p_ids.shape[1])):
+        out = handle.model.base_model(input_ids=ids, use_cache=False)
+        n = a_ids.shape[1]
+        hidden = out.last_hidden_state[:, -n - 1:-1, :]
+        logits = torch.stack([handle.arch.logits(hidden[r]) for r in range(2)])
+    logp = logits.log_softmax(-1)
+    targets = a_ids[0]
+    lp = logp[:, torch.arange(n), targets]
+    frame = pd.DataFrame({
+        "position": range(n),
+        "token": _decode_ids(handle, targets),
+        "logprob_unsteered": lp[0].tolist(),
+        "logprob_steered": lp[1].tolist(),
+    })
+    frame["delta"] = frame.logprob_steered - frame.logprob_unsteered
+    frame.attrs["nats_shifted"] = float(frame.delta.sum())
+    return frame

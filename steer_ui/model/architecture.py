@@ -1,0 +1,147 @@
+"""Where the parts of a causal LM live, per family.
+
+Every family we support exposes the same five things: the list of decoder
+blocks (whose outputs are the steering site), the final norm applied before
+the unembedding, the unembedding itself (``lm_head``; tied or not), the hidden
+size and the number of layers.  Discovery is by attribute paths, tried in
+order, so a new family usually needs one line here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class ArchitectureError(ValueError):
+    """The model's layout is not one we know how to steer."""
+
+
+# (path to the decoder block list, path to the final norm), relative to the
+# CausalLM wrapper.  First match wins.
+_LAYER_PATHS = (
+    "model.layers",  # Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi3
+    "model.language_model.layers",  # multimodal wrappers (Gemma3ForConditionalGeneration)
+    "transformer.h",  # GPT-2, GPT-J, Bloom
+    "gpt_neox.layers",  # GPT-NeoX, Pythia
+    "model.decoder.layers",  # OPT
+    "transformer.blocks",  # MPT
+)
+_NORM_PATHS = (
+    "model.norm",
+    "model.language_model.norm",
+    "transformer.ln_f",
+    "gpt_neox.final_layer_norm",
+    "model.decoder.final_layer_norm",
+    "transformer.norm_f",
+)
+
+
+def _get_path(root: nn.Module, path: str):
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The handles steering needs, found once per model."""
+
+    model_type: str
+    layers: nn.ModuleList
+    final_norm: nn.Module | None
+    lm_head: nn.Module
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    tied_lm_head: bool
+    logit_softcap: float | None
+    layers_path: str
+
+    @property
+    def unembedding(self) -> torch.Tensor:
+        """W_U with shape (vocab, hidden): logits = final_norm(h) @ W_U.T."""
+        return self.lm_head.weight
+
+    def final_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """Apply the final norm (what the model does before lm_head)."""
+        return self.final_norm(h) if self.final_norm is not None else h
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Unembed already-normalised hidden states of shape (..., hidden).
+
+        For a handful of rows, ``W @ h.T`` streams W once, whereas the
+        ``h @ W.T`` kernel ``nn.Linear`` picks re-reads W per row on CPU: with
+        a 262k-token vocabulary that is the difference between batching three
+        rows for free and paying three times.  Results agree to float
+        rounding (not bit-for-bit) with ``lm_head(normed)``.
+        """
+        w = self.lm_head.weight
+        shape = normed.shape
+        flat = normed.reshape(-1, shape[-1]).to(w.dtype)
+        if flat.device.type == "cpu" and flat.shape[0] <= 16:
+            out = torch.matmul(w, flat.T).T
+        else:
+            out = flat @ w.T
+        bias = getattr(self.lm_head, "bias", None)
+        if bias is not None:
+            out = out + bias
+        out = out.float()
+        if self.logit_softcap:
+            out = torch.tanh(out / self.logit_softcap) * self.logit_softcap
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+
+def discover(model: nn.Module) -> Architecture:
+    """Find decoder blocks, final norm and unembedding; raise a clear error if not found."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", type(model).__name__)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+
+    layers, layers_path = None, None
+    for path in _LAYER_PATHS:
+        found = _get_path(model, path)
+        if isinstance(found, nn.ModuleList) and len(found) > 0:
+            layers, layers_path = found, path
+            break
+    norm = None
+    for path in _NORM_PATHS:
+        found = _get_path(model, path)
+        if isinstance(found, nn.Module):
+            norm = found
+            break
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+    missing = []
+    if layers is None:
+        missing.append("decoder block list (tried: " + ", ".join(_LAYER_PATHS) + ")")
+    if norm is None:
+        missing.append("final norm (tried: " + ", ".join(_NORM_PATHS) + ")")
+    if lm_head is None or getattr(lm_head, "weight", None) is None:
+        missing.append("unembedding (get_output_embeddings() returned nothing)")
+    if missing:
+        raise ArchitectureError(
+            f"cannot steer model type '{model_type}' ({type(model).__name__}): could not find "
+            + "; ".join(missing)
+        )
+
+    hidden = lm_head.weight.shape[1]
+    input_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    tied = input_emb is not None and input_emb.weight.data_ptr() == lm_head.weight.data_ptr()
+    softcap = getattr(text_config, "final_logit_softcapping", None)
+    return Architecture(
+        model_type=str(model_type),
+        layers=layers,
+        final_norm=norm,
+        lm_head=lm_head,
+        hidden_size=int(hidden),
+        num_layers=len(layers),
+        vocab_size=int(lm_head.weight.shape[0]),
+        tied_lm_head=bool(tied),
+        logit_softcap=float(softcap) if softcap else None,
+        layers_path=layers_path,
+    )

