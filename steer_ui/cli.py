@@ -1,0 +1,331 @@
+"""``python -m steer_ui``: the headless CLI, on the same core as the app.
+
+Every command takes ``--model`` (default: the embedded Gemma 3 270M) and
+``--json``, which prints exactly one JSON object on stdout (``{"error": ...}``
+on failure, with a non-zero exit and no traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
+
+
+class CliError(Exception):
+    """An expected failure: printed as one line, exit code 2."""
+
+
+def command(name: str):
+    def register(fn):
+        COMMANDS[name] = fn
+        return fn
+    return register
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="embedded (default), a hub id, a local directory, a .gguf file, or tiny:FAMILY")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+
+
+def _steering_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vector", help="a steering-vector file (any supported format)")
+    p.add_argument("--random-vector", type=int, metavar="SEED", help="a seeded unit random direction")
+    p.add_argument("--layer", type=int, help="decoder block whose output is steered (default: the vector's, or the middle)")
+    p.add_argument("--alpha", type=float, default=0.0)
+    p.add_argument("--relative", action="store_true", help="alpha as a fraction of the layer's mean residual norm")
+    p.add_argument("--positions", choices=("all", "prompt", "generated"), default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m steer_ui", description="Activation steering, headless.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="unsteered and steered continuations side by side")
+    _common(p)
+    _steering_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+    p = sub.add_parser("next-token", help="next-token distribution unsteered vs steered")
+    _common(p)
+    _steering_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--top-k", type=int, default=10)
+
+    p = sub.add_parser("sweep", help="dose-response table over alphas from one batched pass")
+    _common(p)
+    _steering_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--alphas", default="-1,-0.5,-0.25,0,0.25,0.5,1", help="comma-separated alphas")
+    p.add_argument("--target", help="report this token's probability")
+
+    p = sub.add_parser("probe-layers", help="per-layer logistic probes on a labelled dataset")
+    _common(p)
+    p.add_argument("--data", required=True)
+    p.add_argument("--position", choices=("last", "mean"), default="last")
+    p.add_argument("--schema", default=None)
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("train", help="train a steering vector and save it")
+    _common(p)
+    p.add_argument("--method", required=True, choices=("mean-diff", "probe", "pca", "iti", "tsv", "l2s"))
+    p.add_argument("--data", required=True)
+    p.add_argument("--schema", default=None)
+    p.add_argument("--layer", type=int)
+    p.add_argument("--out", required=True)
+    p.add_argument("--position", choices=("last", "mean"), default=None)
+    p.add_argument("--seed", type=int, default=0)
+    # TSV
+    p.add_argument("--generate", action="store_true", help="TSV: answer the questions with the model and label them")
+    p.add_argument("--exemplars", type=int, default=None)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--no-logit-penalty", action="store_true")
+    p.add_argument("--no-kl-penalty", action="store_true")
+    # ITI
+    p.add_argument("--top-heads", type=int, default=None)
+    # L2S
+    p.add_argument("--context-layer", type=int)
+    p.add_argument("--hidden", type=int)
+
+    p = sub.add_parser("detect", help="score answers with a TSV vector")
+    _common(p)
+    p.add_argument("--vector", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--schema", default=None)
+
+    p = sub.add_parser("export", help="write a vector in another tool's format")
+    _common(p)
+    p.add_argument("--vector", required=True)
+    p.add_argument("--format", required=True, choices=("native", "gguf", "steering-vectors", "neuronpedia", "caa"))
+    p.add_argument("--out", required=True)
+
+    p = sub.add_parser("import", help="read a vector from any supported format into the native one")
+    _common(p)
+    p.add_argument("--in", dest="inp", required=True)
+    p.add_argument("--out", required=True)
+
+    p = sub.add_parser("bench", help="the benchmark (ratios measured in one run)")
+    _common(p)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", help="also write the JSON here")
+    return parser
+
+
+# ------------------------------------------------------------------ helpers
+def load_handle(args: argparse.Namespace):
+    from .model.loading import load_model
+
+    source = args.model
+    if source and source.startswith("tiny:"):
+        from .tiny import tiny_handle
+
+        return tiny_handle(source.split(":", 1)[1])
+
+    def progress(frac: float, msg: str) -> None:
+        print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
+
+    return load_model(source, device=args.device, dtype=args.dtype, progress=progress)
+
+
+def resolve_vector(args: argparse.Namespace, handle):
+    """(vector or None, layer, warnings) from --vector / --random-vector / --layer."""
+    from .formats import read_vector
+    from .vector import random_vector
+
+    warnings: list[str] = []
+    layer = args.layer
+    if getattr(args, "vector", None):
+        vector, warnings = read_vector(args.vector, handle)
+    elif getattr(args, "random_vector", None) is not None:
+        layer = handle.arch.num_layers // 2 if layer is None else layer
+        vector = random_vector(handle.arch.hidden_size, layer, seed=args.random_vector,
+                               model_id=handle.model_id, model_type=handle.model_type)
+    else:
+        return None, layer, warnings
+    return vector, layer, warnings
+
+
+def steers_from_args(args, handle):
+    from .steering import build_steers
+
+    vector, layer, warnings = resolve_vector(args, handle)
+    if vector is None:
+        return [], None, None, warnings
+    steers = build_steers(handle, vector, args.alpha, layer=layer, relative=args.relative, positions=args.positions)
+    return steers, vector, layer if layer is not None else vector.layer, warnings
+
+
+# ----------------------------------------------------------------- commands
+@command("generate")
+def cmd_generate(args) -> dict:
+    from .model.generation import Sampling, side_by_side
+
+    handle = load_handle(args)
+    steers, vector, layer, warnings = steers_from_args(args, handle)
+    sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop)
+    result = side_by_side(handle, args.prompt, steers, sampling).as_dict()
+    result.update({"model": handle.model_id, "layer": layer, "alpha": args.alpha, "relative": args.relative,
+                   "raw_alpha": [float(s.alpha.reshape(-1)[0]) for s in steers], "warnings": warnings})
+    return result
+
+
+@command("next-token")
+def cmd_next_token(args) -> dict:
+    from .model.analysis import next_token
+
+    handle = load_handle(args)
+    steers, vector, layer, warnings = steers_from_args(args, handle)
+    view = next_token(handle, args.prompt, steers, top_k=args.top_k)
+    out = view.as_dict()
+    out.update({"model": handle.model_id, "layer": layer, "alpha": args.alpha, "relative": args.relative,
+                "warnings": warnings})
+    return out
+
+
+@command("sweep")
+def cmd_sweep(args) -> dict:
+    from .model.analysis import sweep
+    from .steering import build_steers
+
+    handle = load_handle(args)
+    vector, layer, warnings = resolve_vector(args, handle)
+    if vector is None:
+        raise CliError("sweep needs --vector FILE or --random-vector SEED")
+    try:
+        alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
+    except ValueError:
+        raise CliError(f"--alphas must be comma-separated numbers, got '{args.alphas}'") from None
+    unit_steer = build_steers(handle, vector, 1.0, layer=layer, relative=args.relative, positions=args.positions)[0]
+    scale = float(unit_steer.alpha.reshape(-1)[0])
+    frame = sweep(handle, args.prompt, unit_steer.vector, unit_steer.layer, [a * scale for a in alphas],
+                  positions=unit_steer.positions, target=args.target)
+    frame.insert(0, "alpha_requested", alphas)
+    return {"model": handle.model_id, "layer": unit_steer.layer, "relative": args.relative,
+            "rows": frame.to_dict("records"), "warnings": warnings}
+
+
+@command("probe-layers")
+def cmd_probe_layers(args) -> dict:
+    from .data import load_dataset
+    from .methods import probe_layers
+
+    dataset = load_dataset(args.data, schema=args.schema)
+    handle = load_handle(args)
+    return probe_layers(handle, dataset, position=args.position, seed=args.seed)
+
+
+@command("train")
+def cmd_train(args) -> dict:
+    from .data import load_dataset
+    from .methods import train_from_args
+
+    dataset = load_dataset(args.data, schema=args.schema)
+    handle = load_handle(args)
+    vector, report = train_from_args(handle, dataset, args)
+    vector.save(args.out)
+    return {"out": args.out, **vector.metadata(), **({"report": report} if report else {})}
+
+
+@command("detect")
+def cmd_detect(args) -> dict:
+    from .data import load_dataset
+    from .formats import read_vector
+    from .methods import tsv
+
+    dataset = load_dataset(args.data, schema=args.schema)
+    handle = load_handle(args)
+    vector, warnings = read_vector(args.vector, handle)
+    out = tsv.detect(handle, vector, dataset)
+    out["warnings"] = warnings
+    return out
+
+
+@command("export")
+def cmd_export(args) -> dict:
+    from .formats import read_vector, write_vector
+
+    vector, warnings = read_vector(args.vector)
+    written = write_vector(vector, args.format, args.out)
+    return {"format": args.format, "out": [str(p) for p in written], "warnings": warnings}
+
+
+@command("import")
+def cmd_import(args) -> dict:
+    from .formats import read_vector
+
+    handle = load_handle(args) if args.model else None
+    vector, warnings = read_vector(args.inp, handle)
+    vector.save(args.out)
+    return {"out": args.out, **vector.metadata(), "warnings": warnings}
+
+
+@command("bench")
+def cmd_bench(args) -> dict:
+    from .bench import run_bench
+
+    result = run_bench(model=args.model, device=args.device, dtype=args.dtype, quick=args.quick,
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def _expected_errors() -> tuple[type, ...]:
+    from .model.generation import GenerationError
+    from .model.hooks import SteeringError
+    from .model.loading import ModelLoadError
+    from .model.architecture import ArchitectureError
+    from .vector import VectorError
+
+    errors: list[type] = [CliError, GenerationError, SteeringError, ModelLoadError, ArchitectureError, VectorError,
+                          FileNotFoundError]
+    try:
+        from .data import DatasetError
+
+        errors.append(DatasetError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result: Any = COMMANDS[args.command](args)
+    except _expected_errors() as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if args.json:
+            print(json.dumps({"error": message}))
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        _print_human(args.command, result)
+    return 0
+
+
+def _print_human(command_name: str, result: dict) -> None:
+    if command_name == "generate":
+        print(f"unsteered: {result['unsteered']['text']}")
+        print(f"steered:   {result['steered']['text']}")
+    elif command_name == "next-token":
+        print(f"{'unsteered':<28}{'steered':<28}")
+        for u, s in zip(result["unsteered"], result["steered"]):
+            print(f"{u['token']!r:<18}{u['prob']:<10.4f}{s['token']!r:<18}{s['prob']:.4f}")
+        print(f"KL={result['kl']:.4f}  max|Δlogit|={result['max_abs_delta_logit']:.3f} ({result['max_delta_token']!r})")
+    else:
+        print(json.dumps(result, indent=2, default=str))
