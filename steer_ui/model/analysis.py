@@ -266,12 +266,12 @@ def next_token(handle, prompt: str, steers: Sequence[Steer], top_k: int = 10, fa
     """Top-k next tokens unsteered vs steered, KL, entropies and the Δlogit extremes."""
     if not steers:
         steers = []
-    if fast and steers:
+    if fast and steers and all(isinstance(s, Steer) for s in steers):
         layer = min(s.layer for s in steers)
         ok = all(s.fn is None or s.context_layer <= layer for s in steers)
     else:
-        ok = fast
-    if ok and steers:
+        ok = False
+    if ok:
         st = prefix_state(handle, prompt, layer)
         steered = st.logits(steers, rows=1)[0]
         unsteered = st.unsteered_logits
@@ -337,8 +337,7 @@ def score_answer(handle, prompt: str, answer: str, steers: Sequence[Steer]) -> p
     if a_ids.shape[1] == 0:
         raise ValueError("the answer is empty")
     ids = torch.cat([p_ids, a_ids], dim=1).to(handle.input_device).expand(2, -1)
-    rows = [Steer(layer=s.layer, vector=s.vector, fn=s.fn, context_layer=s.context_layer, positions=s.positions,
-                  alpha=torch.stack([torch.zeros(()), s.alpha.reshape(-1)[0]])) for s in steers]
+    rows = [s.with_alpha(torch.stack([torch.zeros(()), s.scalar_alpha])) for s in steers]
     with torch.inference_mode(), steering(handle, rows, StepState(prompt_len=p_ids.shape[1])):
         out = handle.model.base_model(input_ids=ids, use_cache=False)
         n = a_ids.shape[1]

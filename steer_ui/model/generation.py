@@ -167,6 +167,8 @@ def _direct_effects(handle, steers: Sequence[Steer], state: StepState) -> torch.
     w = handle.arch.unembedding
     total = None
     for s in steers:
+        if not isinstance(s, Steer):
+            continue  # extensions have no single residual direction
         if s.fn is not None:
             vec = state.input_vectors.get(id(s))
             if vec is None:
@@ -203,11 +205,8 @@ def stream_side_by_side(
     sampling.validate()
     ids = encode_prompt(handle, prompt)
     rows = 3
-    row_steers = [
-        Steer(layer=s.layer, vector=s.vector, fn=s.fn, context_layer=s.context_layer, positions=s.positions,
-              alpha=torch.stack([torch.zeros(()), s.alpha.reshape(-1)[0].float(), torch.zeros(())]))
-        for s in steers
-    ]
+    row_steers = [s.with_alpha(torch.stack([torch.zeros(()), s.scalar_alpha.float(), torch.zeros(())]))
+                  for s in steers]
     eos = set()
     if sampling.stop_at_eos:
         e = handle.tokenizer.eos_token_id

@@ -66,6 +66,15 @@ class Steer:
             if not torch.isfinite(self.vector).all():
                 raise SteeringError("the steering vector contains NaN or inf values")
 
+    def with_alpha(self, alpha) -> "Steer":
+        """A copy with another α (scalar or per row); the side-by-side loop uses it for (0, α, 0)."""
+        return Steer(layer=self.layer, vector=self.vector, alpha=alpha, positions=self.positions, fn=self.fn,
+                     context_layer=self.context_layer)
+
+    @property
+    def scalar_alpha(self) -> torch.Tensor:
+        return self.alpha.reshape(-1)[0]
+
     def alpha_for(self, rows: int, device, dtype) -> torch.Tensor:
         a = self.alpha
         if a.numel() not in (1, rows):
@@ -163,6 +172,8 @@ def _make_context_hook(layer: int, state: StepState):
 
 def validate(steers: Sequence[Steer], num_layers: int, hidden_size: int) -> None:
     for s in steers:
+        if not isinstance(s, Steer):
+            continue  # extensions (see `steering`) validate themselves
         if not 0 <= s.layer < num_layers:
             raise SteeringError(f"layer {s.layer} does not exist: the model has layers 0..{num_layers - 1}")
         if s.vector is not None and s.vector.numel() != hidden_size:
@@ -179,6 +190,10 @@ def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = Non
 
     Holds ``handle.lock`` throughout; hooks are removed in ``finally`` so an
     exception anywhere inside leaves the model clean.
+
+    Besides :class:`Steer`, any object with ``install(handle, state) -> list of
+    removable handles`` and ``with_alpha(alpha)`` may be passed (e.g. ITI's
+    per-head interventions); its hooks are removed the same way.
     """
     state = state or StepState()
     arch = handle.arch
@@ -188,8 +203,11 @@ def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = Non
         try:
             by_layer: dict[int, list[Steer]] = {}
             for s in steers:
-                by_layer.setdefault(s.layer, []).append(s)
-            context_layers = {s.context_layer for s in steers if s.fn is not None}
+                if isinstance(s, Steer):
+                    by_layer.setdefault(s.layer, []).append(s)
+                else:
+                    removers.extend(s.install(handle, state))
+            context_layers = {s.context_layer for s in steers if isinstance(s, Steer) and s.fn is not None}
             # Context hooks first so a context layer equal to the steered layer sees the unsteered activation.
             for layer in sorted(context_layers):
                 removers.append(arch.layers[layer].register_forward_hook(_make_context_hook(layer, state)))
