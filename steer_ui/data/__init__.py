@@ -1,0 +1,16 @@
+"""Datasets (reading, validation, splits) and batched activation extraction."""
+from .datasets import (
+    KINDS,
+    MAX_BYTES,
+    MAX_ROWS,
+    SCHEMAS,
+    Dataset,
+    DatasetError,
+    detect_schema,
+    load_dataset,
+    split_by_group,
+    split_indices,
+)
+
+__all__ = ["KINDS", "MAX_BYTES", "MAX_ROWS", "SCHEMAS", "Dataset", "DatasetError", "detect_schema", "load_dataset",
+           "split_by_group", "split_indices"]

@@ -1,0 +1,583 @@
+"""Reading, validating and splitting the datasets users upload.
+
+Every reader ends in one of three canonical shapes (``Dataset.kind``):
+
+* ``statements``: ``prompt`` ("" here), ``completion`` (the statement),
+  ``label`` (1 = true / truthful / positive, 0 = false), ``group``;
+* ``answers``: ``prompt`` (the question), ``completion`` (the answer),
+  ``label``, ``group`` (the question unless the file has a group column);
+* ``pairs``: ``prompt``, ``positive``, ``negative``, ``group``.
+
+Schemas are detected from column names (case-insensitive, spaces and
+underscores alike) or forced with ``schema=``.  Everything is checked before
+any model work; every problem is one :class:`DatasetError` whose message names
+the file and, where it applies, the row (data rows counted from 1, header
+excluded) and the column.  Nothing here ever unpickles anything.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..vector import dataset_hash
+
+MAX_BYTES = 50 * 2**20
+MAX_ROWS = 100_000
+KINDS = ("statements", "answers", "pairs")
+SCHEMAS = ("statements", "answers", "truthfulqa", "pairs", "caa")
+LABELLED_COLUMNS = ["prompt", "completion", "label", "group"]
+PAIR_COLUMNS = ["prompt", "positive", "negative", "group"]
+
+TRUE_WORDS = {"true", "t", "yes", "y", "1", "1.0", "truthful", "correct", "positive", "pos", "right", "+", "+1"}
+FALSE_WORDS = {"false", "f", "no", "n", "0", "0.0", "-1", "hallucinated", "hallucination", "incorrect", "negative",
+               "neg", "wrong", "untruthful", "-"}
+
+# Column aliases, compared after normalising names (lower case, runs of spaces/dashes -> "_").
+STATEMENT_COLS = ("statement", "text", "sentence", "claim")
+PROMPT_COLS = ("prompt", "question", "input", "context", "instruction")
+COMPLETION_COLS = ("completion", "answer", "response", "output")
+LABEL_COLS = ("label", "labels", "truth", "is_true", "truthful", "correct", "target")
+POSITIVE_COLS = ("positive", "chosen", "pos", "positive_completion", "answer_matching_behavior")
+NEGATIVE_COLS = ("negative", "rejected", "neg", "negative_completion", "answer_not_matching_behavior")
+GROUP_COLS = ("group", "entity", "group_id")
+
+EXPECTED = ("statement,label | prompt,completion,label (or question,answer,label) | "
+            "TruthfulQA (Question, Correct Answers, Incorrect Answers) | prompt,positive,negative | "
+            "CAA JSON (question, answer_matching_behavior, answer_not_matching_behavior)")
+
+_PICKLE_EXTS = {".pkl", ".pickle", ".pt", ".pth", ".joblib", ".npy", ".npz", ".ckpt"}
+_TEXT_EXTS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl",
+              ".parquet": "parquet", ".pq": "parquet", ".txt": None}
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be used; the message names file, row and column where it applies."""
+
+
+# ------------------------------------------------------------------ record
+@dataclass
+class Dataset:
+    """A validated dataset in canonical columns (see the module docstring)."""
+
+    frame: pd.DataFrame
+    kind: str
+    schema: str
+    source: str = ""
+    warnings: list[str] = field(default_factory=list)
+    content_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        self.frame = self.frame.reset_index(drop=True)
+        if not self.content_hash:
+            self.content_hash = content_hash(self.frame, self.kind)
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    @property
+    def labelled(self) -> bool:
+        return self.kind in ("statements", "answers")
+
+    @property
+    def labels(self) -> np.ndarray:
+        if not self.labelled:
+            raise DatasetError(f"{self.source}: contrastive pairs have no label column (use as_labelled())")
+        return self.frame["label"].to_numpy(dtype=np.int64)
+
+    @property
+    def groups(self) -> list[str]:
+        return self.frame["group"].astype(str).tolist()
+
+    def subset(self, indices: Sequence[int], suffix: str = "") -> "Dataset":
+        """The rows at ``indices`` (in that order) as a new Dataset with its own content hash."""
+        frame = self.frame.iloc[list(indices)].reset_index(drop=True)
+        return Dataset(frame=frame, kind=self.kind, schema=self.schema, source=self.source + suffix,
+                       warnings=list(self.warnings))
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "source": self.source, "schema": self.schema, "kind": self.kind, "rows": len(self),
+            "groups": int(self.frame["group"].nunique()), "content_hash": self.content_hash,
+            "warnings": list(self.warnings),
+        }
+        if self.labelled:
+            pos = int(self.frame["label"].sum())
+            out.update({"positive": pos, "negative": len(self) - pos,
+                        "positive_fraction": round(pos / max(len(self), 1), 4)})
+        else:
+            out["pairs"] = len(self)
+        return out
+
+    # ----------------------------------------------------------- conversions
+    def as_labelled(self) -> "Dataset":
+        """Pairs -> answers (each pair gives a label-1 and a label-0 row, same group); labelled kinds unchanged."""
+        if self.labelled:
+            return self
+        f = self.frame
+        pos = pd.DataFrame({"prompt": f["prompt"], "completion": f["positive"], "label": 1, "group": f["group"]})
+        neg = pd.DataFrame({"prompt": f["prompt"], "completion": f["negative"], "label": 0, "group": f["group"]})
+        # Interleave so row 2i is pair i's positive and 2i+1 its negative.
+        frame = pd.concat([pos, neg]).sort_index(kind="stable").reset_index(drop=True)
+        return Dataset(frame=frame, kind="answers", schema=self.schema, source=self.source, warnings=list(self.warnings))
+
+    def as_pairs(self, seed: int = 0) -> "Dataset":
+        """Labelled -> pairs: within each group, positives matched with negatives (the shorter list cycled).
+
+        Groups holding only one class contribute nothing; if no group holds both
+        classes (e.g. statements without a group column), positives and
+        negatives are matched at random (seeded) and a warning says so.
+        """
+        if not self.labelled:
+            return self
+        rows = []
+        for group, part in self.frame.groupby("group", sort=False):
+            pos = part[part.label == 1]
+            neg = part[part.label == 0]
+            if len(pos) == 0 or len(neg) == 0:
+                continue
+            n = max(len(pos), len(neg))
+            for i in range(n):
+                p, q = pos.iloc[i % len(pos)], neg.iloc[i % len(neg)]
+                if p.prompt == q.prompt:
+                    rows.append((p.prompt, p.completion, q.completion, group))
+                else:
+                    rows.append(("", _join(p.prompt, p.completion), _join(q.prompt, q.completion), group))
+        warnings = list(self.warnings)
+        if not rows:
+            rng = np.random.default_rng(seed)
+            pos = self.frame[self.frame.label == 1].iloc[rng.permutation(int((self.frame.label == 1).sum()))]
+            neg = self.frame[self.frame.label == 0].iloc[rng.permutation(int((self.frame.label == 0).sum()))]
+            n = max(len(pos), len(neg))
+            for i in range(n):
+                p, q = pos.iloc[i % len(pos)], neg.iloc[i % len(neg)]
+                rows.append(("", _join(p.prompt, p.completion), _join(q.prompt, q.completion), f"{p.group}|{q.group}"))
+            warnings.append("no group holds both a true and a false row: positives and negatives were paired at random")
+        frame = pd.DataFrame(rows, columns=PAIR_COLUMNS)
+        return Dataset(frame=frame, kind="pairs", schema=self.schema, source=self.source, warnings=warnings)
+
+
+def _join(prompt: str, completion: str) -> str:
+    if not prompt:
+        return completion
+    if prompt[-1].isspace() or not completion or completion[0].isspace():
+        return prompt + completion
+    return prompt + " " + completion
+
+
+def content_hash(frame: pd.DataFrame, kind: str) -> str:
+    cols = LABELLED_COLUMNS if kind != "pairs" else PAIR_COLUMNS
+    rows = frame[cols].astype({"label": int} if kind != "pairs" else {}).values.tolist()
+    return dataset_hash([kind, cols, rows])
+
+
+# ------------------------------------------------------------------ entry
+def load_dataset(source: Any, schema: str | None = None, max_bytes: int = MAX_BYTES, max_rows: int = MAX_ROWS,
+                 filename: str | None = None) -> Dataset:
+    """Read and validate a dataset.
+
+    ``source``: a path (str / Path), raw ``bytes`` (give ``filename`` so the
+    format and messages are right), or a pandas DataFrame.  ``schema``: force
+    one of ``statements``, ``answers``, ``truthfulqa``, ``pairs``, ``caa``
+    (detected from the columns when None).  Raises :class:`DatasetError`.
+    """
+    if schema is not None and schema not in SCHEMAS:
+        raise DatasetError(f"unknown schema '{schema}' (choose from {', '.join(SCHEMAS)})")
+    warnings: list[str] = []
+    if isinstance(source, pd.DataFrame):
+        name = filename or "<dataframe>"
+        if len(source) > max_rows:
+            raise DatasetError(f"{name}: {len(source)} rows, over the limit of {max_rows} rows")
+        records = source.copy()
+        fmt = "dataframe"
+    else:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data = bytes(source)
+            name = filename or "upload"
+        elif isinstance(source, (str, Path)):
+            path = Path(source).expanduser()
+            name = filename or path.name
+            if not path.is_file():
+                raise DatasetError(f"dataset file not found: {path}")
+            size = path.stat().st_size
+            if size > max_bytes:
+                raise DatasetError(f"{name}: file is {size / 2**20:.1f} MB, over the limit of {max_bytes / 2**20:g} MB")
+            data = path.read_bytes()
+        else:
+            raise DatasetError(f"cannot read a dataset from {type(source).__name__}; give a path, bytes or a DataFrame")
+        if len(data) > max_bytes:
+            raise DatasetError(f"{name}: file is {len(data) / 2**20:.1f} MB, over the limit of {max_bytes / 2**20:g} MB")
+        records, fmt = _parse_bytes(data, name, warnings)
+        if len(records) > max_rows:
+            raise DatasetError(f"{name}: {len(records)} rows, over the limit of {max_rows} rows")
+    if len(records.columns) == 0:
+        raise DatasetError(f"{name}: no columns found (expected {EXPECTED})")
+    if len(records) == 0:
+        raise DatasetError(f"{name}: has a header ({', '.join(map(str, records.columns))}) but no data rows")
+    return _canonical(records, name, schema, warnings)
+
+
+# ------------------------------------------------------------------ parsing
+def _parse_bytes(data: bytes, name: str, warnings: list[str]) -> tuple[pd.DataFrame, str]:
+    ext = Path(name).suffix.lower()
+    if not data.strip():
+        raise DatasetError(f"{name}: the file is empty")
+    if (data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")) or ext in _PICKLE_EXTS:
+        raise DatasetError(f"{name}: looks like a Python pickle/checkpoint; those are never loaded because they can "
+                           "run code. Save the data as CSV, TSV, JSON, JSONL or Parquet")
+    if data[:4] == b"PAR1" or ext in (".parquet", ".pq"):
+        try:
+            frame = pd.read_parquet(io.BytesIO(data))
+        except Exception as exc:  # pyarrow raises several types for junk
+            raise DatasetError(f"{name}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+        return frame, "parquet"
+    text = _decode(data, name, warnings)
+    if not text.strip():
+        raise DatasetError(f"{name}: the file is empty")
+    fmt = _TEXT_EXTS.get(ext)
+    if fmt is None:
+        first = text.lstrip()[:1]
+        if first in "[{":
+            fmt = "json"
+        else:
+            first_line = text.lstrip().splitlines()[0]
+            fmt = "tsv" if "\t" in first_line else "csv"
+    if fmt == "json":
+        return _read_json(text, name), fmt
+    if fmt == "jsonl":
+        return _read_jsonl(text, name), fmt
+    return _read_delimited(text, name, "\t" if fmt == "tsv" else ","), fmt
+
+
+def _decode(data: bytes, name: str, warnings: list[str]) -> str:
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            text = data.decode("utf-16")
+        except UnicodeDecodeError:
+            raise DatasetError(f"{name}: starts with a UTF-16 byte-order mark but is not valid UTF-16") from None
+        warnings.append(f"{name}: read as UTF-16 (byte-order mark found); UTF-8 is preferred")
+        return text
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    sample = data[:65536]
+    controls = sum(1 for b in sample if b < 32 and b not in (9, 10, 13))
+    if b"\x00" in sample or controls > max(2, len(sample) // 100):
+        raise DatasetError(f"{name}: looks like binary data, not a text table "
+                           "(expected CSV, TSV, JSON, JSONL or Parquet)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise DatasetError(f"{name}: not valid UTF-8 (byte 0x{data[exc.start]:02x} on line {line}); "
+                           "re-save the file as UTF-8") from None
+
+
+def _read_delimited(text: str, name: str, sep: str) -> pd.DataFrame:
+    kind = "TSV" if sep == "\t" else "CSV"
+    try:
+        frame = pd.read_csv(io.StringIO(text), sep=sep, dtype=str, keep_default_na=False, skip_blank_lines=True)
+    except pd.errors.EmptyDataError:
+        raise DatasetError(f"{name}: the file is empty") from None
+    except (pd.errors.ParserError, ValueError) as exc:
+        msg = str(exc).strip().splitlines()[0]
+        m = re.search(r"line (\d+)", msg)
+        where = f" (line {m.group(1)})" if m else ""
+        raise DatasetError(f"{name}: could not parse as {kind}{where}: {msg}") from None
+    return frame
+
+
+def _read_json(text: str, name: str) -> pd.DataFrame:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # A JSON-lines file with a .json name parses line by line.
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if len(lines) > 1 and all(ln.lstrip().startswith("{") for ln in lines[:5]):
+            return _read_jsonl(text, name)
+        raise DatasetError(f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if isinstance(obj, dict):
+        lists = [v for v in obj.values() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+        if len(lists) == 1:
+            obj = lists[0]
+        elif obj and all(isinstance(v, list) for v in obj.values()):
+            try:
+                return pd.DataFrame(obj)
+            except ValueError as exc:
+                raise DatasetError(f"{name}: JSON columns of unequal length ({exc})") from None
+        else:
+            raise DatasetError(f"{name}: expected a JSON list of row objects (or an object holding one), "
+                               f"found an object with keys {sorted(obj)[:8]}")
+    if not isinstance(obj, list):
+        raise DatasetError(f"{name}: expected a JSON list of row objects, found {type(obj).__name__}")
+    for i, row in enumerate(obj, start=1):
+        if not isinstance(row, dict):
+            raise DatasetError(f"{name}: row {i}: expected an object with named fields, found {type(row).__name__}")
+    return pd.DataFrame(obj)
+
+
+def _read_jsonl(text: str, name: str) -> pd.DataFrame:
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{name}: line {lineno} is not valid JSON ({exc.msg}, column {exc.colno})") from None
+        if not isinstance(row, dict):
+            raise DatasetError(f"{name}: line {lineno}: expected an object with named fields, found "
+                               f"{type(row).__name__}")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ schemas
+def _norm(col: Any) -> str:
+    return re.sub(r"[\s\-]+", "_", str(col).replace("\ufeff", "").strip().lower())
+
+
+def _pick(cols: dict[str, str], aliases: Sequence[str]) -> str | None:
+    for a in aliases:
+        if a in cols:
+            return cols[a]
+    return None
+
+
+def detect_schema(columns: Sequence[Any]) -> str | None:
+    """The schema name the columns fit, or None."""
+    cols = {_norm(c): c for c in columns}
+    if {"question", "correct_answers", "incorrect_answers"} <= set(cols):
+        return "truthfulqa"
+    if {"answer_matching_behavior", "answer_not_matching_behavior"} <= set(cols):
+        return "caa"
+    has_label = _pick(cols, LABEL_COLS) is not None
+    if _pick(cols, POSITIVE_COLS) and _pick(cols, NEGATIVE_COLS):
+        return "pairs"
+    if has_label and _pick(cols, PROMPT_COLS) and _pick(cols, COMPLETION_COLS):
+        return "answers"
+    if has_label and _pick(cols, STATEMENT_COLS):
+        return "statements"
+    return None
+
+
+def _canonical(records: pd.DataFrame, name: str, schema: str | None, warnings: list[str]) -> Dataset:
+    records = records.reset_index(drop=True)
+    found = [str(c) for c in records.columns]
+    detected = detect_schema(records.columns)
+    schema = schema or detected
+    if schema is None:
+        raise DatasetError(f"{name}: no recognised columns; found [{', '.join(found)}]; expected {EXPECTED}")
+    cols = {_norm(c): c for c in records.columns}
+
+    def need(aliases: Sequence[str], role: str) -> str:
+        col = _pick(cols, aliases)
+        if col is None:
+            raise DatasetError(f"{name}: schema '{schema}' needs a {role} column ({' or '.join(aliases[:4])}); "
+                               f"found [{', '.join(found)}]")
+        return col
+
+    group_col = _pick(cols, GROUP_COLS)
+    if schema == "truthfulqa":
+        frame, kind = _expand_truthfulqa(records, name, cols, warnings), "answers"
+    elif schema in ("pairs", "caa"):
+        pos = need(POSITIVE_COLS, "positive")
+        neg = need(NEGATIVE_COLS, "negative")
+        prompt = _pick(cols, PROMPT_COLS)
+        frame = pd.DataFrame({
+            "prompt": _text_column(records, prompt, name) if prompt else "",
+            "positive": _text_column(records, pos, name),
+            "negative": _text_column(records, neg, name),
+        })
+        kind = "pairs"
+        frame["group"] = _text_column(records, group_col, name) if group_col else \
+            (frame["prompt"] if prompt else frame["positive"])
+        frame = _drop_blank(frame, ["positive", "negative"], name, warnings)
+    else:
+        label_col = need(LABEL_COLS, "label")
+        if schema == "answers":
+            prompt = _text_column(records, need(PROMPT_COLS, "prompt/question"), name)
+            completion = _text_column(records, need(COMPLETION_COLS, "completion/answer"), name)
+        else:
+            completion = _text_column(records, need(STATEMENT_COLS, "statement"), name)
+            prompt = pd.Series([""] * len(records))
+        labels = _parse_labels(records[label_col], name, str(label_col))
+        frame = pd.DataFrame({"prompt": prompt, "completion": completion, "label": labels})
+        if group_col:
+            frame["group"] = _text_column(records, group_col, name)
+        else:
+            frame["group"] = frame["prompt"] if schema == "answers" else frame["completion"]
+        kind = "answers" if schema == "answers" else "statements"
+        frame = _drop_blank(frame, ["completion"], name, warnings)
+    frame = _drop_duplicates(frame, kind, name, warnings)
+    if len(frame) == 0:
+        raise DatasetError(f"{name}: no usable rows left after dropping blank and duplicate rows")
+    if kind != "pairs":
+        counts = frame["label"].value_counts()
+        if len(counts) < 2:
+            which = "true (1)" if int(counts.index[0]) == 1 else "false (0)"
+            raise DatasetError(f"{name}: every row is labelled {which} ({len(frame)} rows); "
+                               "probes and steering directions need both classes")
+    return Dataset(frame=frame, kind=kind, schema=schema, source=name, warnings=warnings)
+
+
+def _text_column(records: pd.DataFrame, col: Any, name: str) -> pd.Series:
+    out = []
+    for i, v in enumerate(records[col].tolist(), start=1):
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            out.append("")
+        elif isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, (int, float, np.integer, np.floating, bool)):
+            out.append(str(v))
+        else:
+            raise DatasetError(f"{name}: row {i}, column '{col}': expected text, found {type(v).__name__}")
+    return pd.Series(out, dtype=object)
+
+
+def _parse_labels(series: pd.Series, name: str, col: str) -> list[int]:
+    out = []
+    for i, v in enumerate(series.tolist(), start=1):
+        if isinstance(v, (bool, np.bool_)):
+            out.append(int(bool(v)))
+            continue
+        if isinstance(v, (int, float, np.integer, np.floating)) and not (isinstance(v, float) and np.isnan(v)):
+            if float(v) in (0.0, 1.0):
+                out.append(int(v))
+                continue
+        word = "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v).strip().lower()
+        if word in TRUE_WORDS:
+            out.append(1)
+        elif word in FALSE_WORDS:
+            out.append(0)
+        else:
+            shown = "an empty cell" if not word else f"'{str(v)[:40]}'"
+            raise DatasetError(f"{name}: row {i}, column '{col}': cannot read {shown} as a label "
+                               "(expected true/false, yes/no, 1/0 or truthful/hallucinated)")
+    return out
+
+
+def _drop_blank(frame: pd.DataFrame, cols: list[str], name: str, warnings: list[str]) -> pd.DataFrame:
+    blank = np.zeros(len(frame), dtype=bool)
+    for c in cols:
+        blank |= frame[c].astype(str).str.strip().eq("").to_numpy()
+    if blank.any():
+        rows = (np.flatnonzero(blank) + 1).tolist()
+        warnings.append(f"{name}: dropped {len(rows)} row(s) with empty text ({'/'.join(cols)}): rows "
+                        f"{_few(rows)}")
+        frame = frame[~blank]
+    return frame.reset_index(drop=True)
+
+
+def _drop_duplicates(frame: pd.DataFrame, kind: str, name: str, warnings: list[str]) -> pd.DataFrame:
+    frame = frame.reset_index(drop=True)
+    if kind == "pairs":
+        dup = frame.duplicated(subset=["prompt", "positive", "negative"], keep="first")
+        if dup.any():
+            warnings.append(f"{name}: dropped {int(dup.sum())} duplicate row(s): rows {_few(_rows_of(frame, dup))}")
+        return frame[~dup].reset_index(drop=True)
+    conflict = frame.groupby(["prompt", "completion"], sort=False)["label"].transform("nunique") > 1
+    if conflict.any():
+        warnings.append(f"{name}: dropped {int(conflict.sum())} row(s) whose text appears with both labels: rows "
+                        f"{_few(_rows_of(frame, conflict))}")
+        frame = frame[~conflict]
+    dup = frame.duplicated(subset=["prompt", "completion", "label"], keep="first")
+    if dup.any():
+        warnings.append(f"{name}: dropped {int(dup.sum())} duplicate row(s): rows {_few(_rows_of(frame, dup))}")
+        frame = frame[~dup]
+    return frame.reset_index(drop=True)
+
+
+def _rows_of(frame: pd.DataFrame, mask: pd.Series) -> list[int]:
+    # Row numbers of the canonical frame (1-based); for files without expansion these are the file's data rows.
+    return (frame.index[mask.to_numpy()] + 1).tolist()
+
+
+def _few(rows: list[int], n: int = 8) -> str:
+    shown = ", ".join(map(str, rows[:n]))
+    return shown + (f" and {len(rows) - n} more" if len(rows) > n else "")
+
+
+def _split_answers(cell: Any) -> list[str]:
+    if cell is None or (isinstance(cell, float) and np.isnan(cell)):
+        return []
+    if isinstance(cell, (list, tuple, np.ndarray)):
+        return [str(a).strip() for a in cell if str(a).strip()]
+    return [a.strip() for a in str(cell).split(";") if a.strip()]
+
+
+def _expand_truthfulqa(records: pd.DataFrame, name: str, cols: dict[str, str], warnings: list[str]) -> pd.DataFrame:
+    q_col, c_col, i_col = cols["question"], cols["correct_answers"], cols["incorrect_answers"]
+    best_col, cat_col = cols.get("best_answer"), cols.get("category")
+    rows = []
+    questions = _text_column(records, q_col, name)
+    one_sided = []
+    for i, question in enumerate(questions, start=1):
+        question = question.strip()
+        if not question:
+            raise DatasetError(f"{name}: row {i}, column '{q_col}' is empty")
+        correct = _split_answers(records.at[i - 1, c_col])
+        incorrect = _split_answers(records.at[i - 1, i_col])
+        best = str(records.at[i - 1, best_col]).strip() if best_col else ""
+        if best and best not in correct:
+            correct.insert(0, best)
+        if not correct and not incorrect:
+            raise DatasetError(f"{name}: row {i}: both '{c_col}' and '{i_col}' are empty")
+        if not correct or not incorrect:
+            one_sided.append(i)
+        category = str(records.at[i - 1, cat_col]) if cat_col else ""
+        rows += [(question, a, 1, question, category, a == best) for a in correct]
+        rows += [(question, a, 0, question, category, False) for a in incorrect]
+    if one_sided:
+        warnings.append(f"{name}: {len(one_sided)} question(s) have only one kind of answer: rows {_few(one_sided)}")
+    frame = pd.DataFrame(rows, columns=LABELLED_COLUMNS + ["category", "best"])
+    warnings.append(f"{name}: expanded {len(questions)} questions into {len(frame)} labelled answers")
+    return frame
+
+
+# ------------------------------------------------------------------ splits
+def split_indices(dataset: Dataset, test_fraction: float = 0.25, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Row indices (train, test) split by group, seeded, stratified by label.
+
+    Groups are sorted into strata by their label make-up (all true, all
+    false, mixed); each stratum sends ``round(test_fraction · groups)`` of its
+    groups (at least one when it has two or more) to test.  No group is ever
+    on both sides.
+    """
+    if not 0 < test_fraction < 1:
+        raise DatasetError(f"test_fraction must be between 0 and 1, got {test_fraction}")
+    frame = dataset.frame
+    groups = frame["group"].astype(str)
+    if groups.nunique() < 2:
+        raise DatasetError(f"{dataset.source}: only one group ({groups.iloc[0]!r}); a split by group needs at least two")
+    if dataset.labelled:
+        make_up = frame.groupby(groups, sort=True)["label"].agg(lambda s: "mixed" if s.nunique() > 1 else str(s.iloc[0]))
+    else:
+        make_up = pd.Series("pairs", index=sorted(groups.unique()))
+    rng = np.random.default_rng(seed)
+    test_groups: set[str] = set()
+    for _stratum, members in make_up.groupby(make_up, sort=True):
+        names = sorted(members.index)
+        order = rng.permutation(len(names))
+        n_test = int(round(test_fraction * len(names)))
+        if len(names) >= 2:
+            n_test = min(max(n_test, 1), len(names) - 1)
+        test_groups.update(names[j] for j in order[:n_test])
+    is_test = groups.isin(test_groups).to_numpy()
+    train, test = np.flatnonzero(~is_test).tolist(), np.flatnonzero(is_test).tolist()
+    if not train or not test:
+        raise DatasetError(f"{dataset.source}: too few groups ({groups.nunique()}) for a train/test split")
+    return train, test
+
+
+def split_by_group(dataset: Dataset, test_fraction: float = 0.25, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """(train, test) Datasets; see :func:`split_indices`."""
+    train, test = split_indices(dataset, test_fraction, seed)
+    return dataset.subset(train, " [train]"), dataset.subset(test, " [test]")
