@@ -1,21 +1,681 @@
 """Reading and writing steering vectors in the formats other tools use.
 
-Only the native format is wired so far; see ``read_vector``.
+Every format here stores the same thing: a direction to add to the output of
+decoder block ``L`` (the residual stream after block L; see
+:mod:`steer_ui.vector`).  The formats differ only in what else they can carry:
+
+=================  ==========================================  ======================================
+format             files                                       our metadata and extra tensors
+=================  ==========================================  ======================================
+native             ``x.safetensors`` (tensors + JSON header)   in the file
+gguf               ``x.gguf``: arch ``controlvector``,          ``steer_ui.*`` keys (readers skip them)
+                   ``direction.{L}`` float32 tensors
+steering-vectors   ``x.pt``: ``torch.save({"layer_activations":  ``x.steer_ui.json`` beside it
+                   {L: t}, "layer_type": "decoder_block"})``
+neuronpedia        ``x.json``: ``vector`` number array,         a ``steer_ui`` key in the same JSON
+                   ``layer``, ``hookType: hook_resid_post``
+caa                a directory of ``vec_layer_{L}.pt``          ``steer_ui.json`` in the directory
+=================  ==========================================  ======================================
+
+With the metadata carried, export → import gives back the same tensors bit for
+bit and the same metadata.  Files made by the other tools (no metadata) import
+with provenance recorded in ``hyperparameters``.
+
+Reading never executes a pickle: ``.pt`` files go through
+``torch.load(..., weights_only=True)`` and must then hold only tensors, dicts
+and plain values.  The format is found from the content, not the extension.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
 from pathlib import Path
+from typing import Any, Callable
+
+import torch
 
 from .vector import SteeringVector, VectorError
 
+FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 MAX_VECTOR_FILE_BYTES = 512 * 1024 * 1024
 
+GGUF_ARCH = "controlvector"
+SIDECAR_SUFFIX = ".steer_ui.json"  # steering-vectors: metadata beside x.pt as x.steer_ui.json
+CAA_SIDECAR = "steer_ui.json"      # caa: metadata inside the directory
+CAA_NAME = re.compile(r"^vec_layer_(\d+)(?:_(.+))?\.pt$")  # CAA's own files add _{model name}
+NEURONPEDIA_HOOK = "hook_resid_post"
 
-def read_vector(path: str | Path, handle=None) -> tuple[SteeringVector, list[str]]:
-    """Load a vector file, detecting its format from content; returns (vector, warnings)."""
+_EXTRA_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
+    torch.uint8, torch.bool)}
+
+
+# ======================================================================== public API
+def write_vector(vector: SteeringVector, fmt: str, out: str | Path) -> list[Path]:
+    """Write ``vector`` as ``fmt`` (one of :data:`FORMATS`) at ``out``; returns every file written.
+
+    ``caa`` writes a directory (``out``); ``steering-vectors`` writes ``out`` and
+    a metadata sidecar beside it.  Raises :class:`VectorError` when the format
+    cannot hold this vector (GGUF and layer 0, Neuronpedia and several layers).
+    """
+    writers: dict[str, Callable[[SteeringVector, Path], list[Path]]] = {
+        "native": _write_native, "gguf": _write_gguf, "steering-vectors": _write_steering_vectors,
+        "neuronpedia": _write_neuronpedia, "caa": _write_caa,
+    }
+    if fmt not in writers:
+        raise VectorError(f"unknown export format '{fmt}' (choose from {', '.join(FORMATS)})")
+    _check_finite(vector, "vector")
+    return writers[fmt](vector, Path(out))
+
+
+def read_vector(path: str | Path, handle=None,
+                max_bytes: int = MAX_VECTOR_FILE_BYTES) -> tuple[SteeringVector, list[str]]:
+    """Load a vector in any supported format; returns ``(vector, warnings)``.
+
+    The format is detected from the content (a directory of ``vec_layer_{L}.pt``
+    files is CAA).  With ``handle`` the vector is also checked against that
+    model (:func:`validate_for_model`): a wrong hidden size or a missing layer
+    raises, a different model type is a warning.
+    """
     path = Path(path)
+    fmt = detect_format(path, max_bytes=max_bytes)
+    readers: dict[str, Callable[[Path], tuple[SteeringVector, list[str]]]] = {
+        "native": _read_native, "gguf": _read_gguf, "torch": _read_torch, "neuronpedia": _read_neuronpedia,
+        "caa": _read_caa_dir,
+    }
+    vector, warnings = readers[fmt](path)
+    if handle is not None:
+        warnings += validate_for_model(vector, handle)
+    return vector, warnings
+
+
+def detect_format(path: str | Path, max_bytes: int = MAX_VECTOR_FILE_BYTES) -> str:
+    """``native``, ``gguf``, ``torch`` (steering-vectors dict or CAA tensor), ``neuronpedia`` or ``caa`` (directory).
+
+    Looks at the first bytes, never at the extension alone; refuses missing,
+    empty and oversized files with a message naming the file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = _caa_files(path)
+        if not files:
+            found = sorted(p.name for p in path.iterdir())[:8]
+            raise VectorError(f"{path}: a vector directory must hold vec_layer_<L>.pt files (CAA); found {found}")
+        _check_size(path, sum(p.stat().st_size for p in files.values()), max_bytes)
+        return "caa"
     if not path.is_file():
         raise VectorError(f"vector file not found: {path}")
-    if path.stat().st_size > MAX_VECTOR_FILE_BYTES:
-        raise VectorError(f"{path.name} is larger than {MAX_VECTOR_FILE_BYTES >> 20} MB")
-    return SteeringVector.load(path), []
+    size = path.stat().st_size
+    if size == 0:
+        raise VectorError(f"{path.name}: the file is empty")
+    _check_size(path, size, max_bytes)
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if head.startswith(b"GGUF"):
+        return "gguf"
+    if len(head) > 8:
+        header_len = int.from_bytes(head[:8], "little")
+        if 0 < header_len <= size - 8 and head[8:9] == b"{":
+            return "native"
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return "torch"  # torch.save zip, or the legacy pickle layout: both read with weights_only=True
+    text = head.lstrip()
+    if text[:1] in (b"{", b"["):
+        return "neuronpedia"
+    if path.suffix in (".pt", ".pth", ".bin"):
+        raise VectorError(f"{path.name}: named {path.suffix} but is not a torch.save file (starts with {head[:8]!r})")
+    raise VectorError(
+        f"{path.name}: not a steering-vector file (starts with {head[:8]!r}); expected native safetensors, "
+        "a GGUF control vector, a steering-vectors or CAA .pt file, or Neuronpedia JSON"
+    )
+
+
+def validate_for_model(vector: SteeringVector, handle) -> list[str]:
+    """Check ``vector`` against the loaded model: raises on what cannot work, returns warnings for the rest."""
+    arch = handle.arch
+    label = vector.name or vector.method
+    if vector.hidden_size != arch.hidden_size:
+        raise VectorError(
+            f"vector '{label}' has hidden size {vector.hidden_size} but the loaded model ({handle.model_id}) "
+            f"has hidden size {arch.hidden_size}"
+        )
+    missing = [layer for layer in vector.layers if not 0 <= layer < arch.num_layers]
+    if missing:
+        raise VectorError(
+            f"vector '{label}' has a direction for layer {missing[0]} but the loaded model ({handle.model_id}) "
+            f"has layers 0..{arch.num_layers - 1}"
+        )
+    warnings = []
+    model_type = _model_type(handle)
+    if not vector.model_type:
+        warnings.append(f"vector '{label}' does not say which model it was made for; the hidden size matches "
+                        f"({arch.hidden_size}), but check it is meant for {handle.model_id}")
+    elif model_type and _family(vector.model_type) != _family(model_type):
+        made_for = f"{vector.model_type} ({vector.model_id})" if vector.model_id else vector.model_type
+        warnings.append(f"vector '{label}' was made for a {made_for} model but the loaded model is {model_type} "
+                        f"({handle.model_id}); the hidden size matches, but the directions may mean nothing here")
+    return warnings
+
+
+# ======================================================================== native
+def _write_native(vector: SteeringVector, out: Path) -> list[Path]:
+    return [_atomic(out, vector.save)]
+
+
+def _read_native(path: Path) -> tuple[SteeringVector, list[str]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors raises several types for junk
+        raise VectorError(f"{path.name}: not a valid safetensors file ({_first_line(exc)})") from None
+    directions, extras, other = {}, {}, []
+    for key, tensor in tensors.items():
+        if key.startswith("direction."):
+            directions[_layer_from(key.split(".", 1)[1], path.name, key)] = tensor
+        elif key.startswith("extra."):
+            extras[key.split(".", 1)[1]] = tensor
+        else:
+            other.append(key)
+    if not directions:
+        raise VectorError(f"{path.name}: no 'direction.<layer>' tensors found (found: {sorted(tensors)[:8]})")
+    meta = _parse_json(header["steer_ui"], f"{path.name} (steer_ui header)") if "steer_ui" in header else None
+    warnings = [f"{path.name}: ignored tensors {other[:8]}"] if other else []
+    return _assemble(directions, extras, meta, path, "native", warnings=warnings)
+
+
+# ======================================================================== GGUF control vector
+def _write_gguf(vector: SteeringVector, out: Path) -> list[Path]:
+    import gguf
+    import numpy as np
+
+    if 0 in vector.layers:
+        raise VectorError(
+            "cannot export a layer-0 vector as a GGUF control vector: llama.cpp refuses a 'direction.0' tensor "
+            "(it never steers the output of block 0). Use a vector at layer 1 or later, or another format."
+        )
+
+    def write(tmp: Path) -> None:
+        writer = gguf.GGUFWriter(str(tmp), GGUF_ARCH)
+        writer.add_string(f"{GGUF_ARCH}.model_hint", vector.model_type)
+        writer.add_uint32(f"{GGUF_ARCH}.layer_count", len(vector.layers))
+        # Provenance: readers (llama.cpp, repeng) ignore keys they do not know.
+        writer.add_uint32("steer_ui.format_version", int(vector.format_version))
+        writer.add_string("steer_ui.method", vector.method)
+        writer.add_string("steer_ui.model_id", vector.model_id)
+        writer.add_string("steer_ui.site", vector.site)
+        writer.add_string("steer_ui.created", vector.created)
+        writer.add_string("steer_ui.metadata", json.dumps(vector.metadata()))
+        if vector.extras:
+            writer.add_string("steer_ui.extras", json.dumps(_encode_extras(vector.extras)))
+        for layer, direction in vector.directions.items():
+            writer.add_tensor(f"direction.{layer}", direction.numpy().astype(np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    return [_atomic(out, write)]
+
+
+def _read_gguf(path: Path) -> tuple[SteeringVector, list[str]]:
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:
+        raise VectorError(f"{path.name}: not a readable GGUF file ({_first_line(exc)})") from None
+    arch = _gguf_value(reader, "general.architecture")
+    if arch != GGUF_ARCH:
+        raise VectorError(f"{path.name}: GGUF architecture is '{arch}', not '{GGUF_ARCH}': this is a model file, "
+                          "not a control vector")
+    warnings = []
+    directions = {}
+    for tensor in reader.tensors:
+        if not tensor.name.startswith("direction."):
+            warnings.append(f"{path.name}: ignored GGUF tensor '{tensor.name}'")
+            continue
+        layer = _layer_from(tensor.name.split(".", 1)[1], path.name, tensor.name)
+        if tensor.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            raise VectorError(f"{path.name}: tensor {tensor.name} has type {tensor.tensor_type.name}; "
+                              "control vectors are F32 (F16 also read)")
+        data = np.array(tensor.data)  # copy out of the memory map
+        if sum(1 for d in data.shape if d != 1) > 1:
+            raise VectorError(f"{path.name}: tensor {tensor.name} has shape {tuple(data.shape)}; expected 1-D")
+        directions[layer] = torch.from_numpy(data.reshape(-1).astype(np.float32))
+    if not directions:
+        raise VectorError(f"{path.name}: the GGUF control vector has no 'direction.<layer>' tensors")
+    layer_count = _gguf_value(reader, f"{GGUF_ARCH}.layer_count")
+    if layer_count is not None and int(layer_count) != len(directions):
+        warnings.append(f"{path.name}: {GGUF_ARCH}.layer_count says {layer_count} but the file has "
+                        f"{len(directions)} direction tensors")
+    hint = _gguf_value(reader, f"{GGUF_ARCH}.model_hint")
+    if hint is None:
+        warnings.append(f"{path.name}: no {GGUF_ARCH}.model_hint (repeng refuses such files)")
+    meta_json = _gguf_value(reader, "steer_ui.metadata")
+    meta = _parse_json(meta_json, f"{path.name} (steer_ui.metadata)") if meta_json else None
+    extras_json = _gguf_value(reader, "steer_ui.extras")
+    extras = _decode_extras(_parse_json(extras_json, f"{path.name} (steer_ui.extras)"), path.name) \
+        if extras_json else {}
+    return _assemble(directions, extras, meta, path, "gguf", foreign={"model_type": hint or ""}, warnings=warnings)
+
+
+def _gguf_value(reader, key: str):
+    from gguf import GGUFValueType
+
+    field = reader.get_field(key)
+    if field is None or not field.types:
+        return None
+    if field.types[0] == GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    if field.types[0] == GGUFValueType.ARRAY:
+        return None
+    return field.parts[field.data[0]].tolist()[0]
+
+
+# ======================================================================== steering-vectors
+def _write_steering_vectors(vector: SteeringVector, out: Path) -> list[Path]:
+    payload = {
+        # Plain int keys and standalone tensors: `SteeringVector(**torch.load(path, weights_only=True))` works.
+        "layer_activations": {int(layer): direction.clone() for layer, direction in vector.directions.items()},
+        "layer_type": "decoder_block",
+    }
+    written = _atomic(out, lambda tmp: torch.save(payload, tmp))
+    return [written, _write_sidecar(vector, _sidecar_for(out))]
+
+
+def _read_torch(path: Path) -> tuple[SteeringVector, list[str]]:
+    """A torch.save file: a steering-vectors dict, or a CAA single tensor (layer from the file name)."""
+    obj = _torch_load(path)
+    if isinstance(obj, torch.Tensor):
+        return _read_caa_files({_caa_layer(path): path}, path.parent, source=path)
+    if isinstance(obj, dict) and "layer_activations" in obj:
+        return _from_steering_vectors(obj, path)
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()) \
+            and all(_is_int_like(k) for k in obj):
+        return _from_steering_vectors({"layer_activations": obj}, path,
+                                      warnings=[f"{path.name}: a bare {{layer: tensor}} dict; read as "
+                                                "steering-vectors layer_activations (decoder block outputs)"])
+    keys = sorted(map(str, obj))[:8] if isinstance(obj, dict) else None
+    raise VectorError(
+        f"{path.name}: a torch file holding {type(obj).__name__}" + (f" with keys {keys}" if keys is not None else "")
+        + "; expected a steering-vectors dict {'layer_activations': {layer: tensor}, 'layer_type': ...} "
+        "or a single 1-D tensor named vec_layer_<L>.pt"
+    )
+
+
+def _from_steering_vectors(obj: dict, path: Path, warnings: list[str] | None = None):
+    layer_type = obj.get("layer_type", "decoder_block")
+    if layer_type != "decoder_block":
+        raise VectorError(f"{path.name}: steering-vectors layer_type is '{layer_type}'; only 'decoder_block' "
+                          "(the output of block L, where this app steers) can be imported")
+    acts = obj["layer_activations"]
+    if not isinstance(acts, dict) or not acts:
+        raise VectorError(f"{path.name}: 'layer_activations' must be a non-empty {{layer: tensor}} dict")
+    directions = {}
+    for key, tensor in acts.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise VectorError(f"{path.name}: layer_activations[{key!r}] is {type(tensor).__name__}, not a tensor")
+        directions[_layer_from(key, path.name, f"layer_activations[{key!r}]")] = _one_d(tensor, path.name, key)
+    sidecar = _read_sidecar(_sidecar_for(path))
+    return _assemble(directions, sidecar[1], sidecar[0], path, "steering-vectors", warnings=warnings)
+
+
+# ======================================================================== Neuronpedia JSON
+def _write_neuronpedia(vector: SteeringVector, out: Path) -> list[Path]:
+    if len(vector.layers) != 1:
+        raise VectorError(f"a Neuronpedia vector has one layer but this vector has layers {vector.layers}; "
+                          "export it as gguf, steering-vectors or caa (they hold several layers)")
+    layer = vector.layer
+    doc: dict[str, Any] = {
+        "modelId": vector.model_id,
+        "layer": layer,
+        "layerNumber": layer,
+        "hookType": NEURONPEDIA_HOOK,
+        "hookName": f"blocks.{layer}.{NEURONPEDIA_HOOK}",
+        "vectorLabel": vector.name or vector.method,
+        # float32 -> Python float is exact and JSON keeps the shortest repr that round-trips, so the
+        # numbers read back bit for bit.
+        "vector": vector.direction().tolist(),
+        "steer_ui": vector.metadata(),
+    }
+    if vector.extras:
+        doc["steer_ui_extras"] = _encode_extras(vector.extras)
+    text = json.dumps(doc, allow_nan=False)
+    return [_atomic(out, lambda tmp: Path(tmp).write_text(text))]
+
+
+def _read_neuronpedia(path: Path) -> tuple[SteeringVector, list[str]]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise VectorError(f"{path.name}: not valid JSON ({_first_line(exc)})") from None
+    if isinstance(doc, list) and len(doc) == 1:
+        doc = doc[0]
+    if not isinstance(doc, dict):
+        raise VectorError(f"{path.name}: expected a JSON object with 'vector', 'layer' and 'hookType'")
+    vec_key = next((k for k in ("vector", "steeringVector", "values") if k in doc), None)
+    if vec_key is None:
+        if "steer_ui" in doc:
+            raise VectorError(f"{path.name}: this is a metadata sidecar, not a vector; import the .pt file "
+                              "(or vec_layer_<L>.pt directory) beside it")
+        raise VectorError(f"{path.name}: no 'vector' array found (keys: {sorted(doc)[:10]})")
+    values = doc[vec_key]
+    if not isinstance(values, list) or not values:
+        raise VectorError(f"{path.name}: '{vec_key}' must be a non-empty array of numbers")
+    for i, x in enumerate(values):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise VectorError(f"{path.name}: '{vec_key}'[{i}] is {x!r}, not a number")
+        if not math.isfinite(x):
+            raise VectorError(f"{path.name}: '{vec_key}'[{i}] is {x}; NaN and inf are not allowed")
+    warnings: list[str] = []
+    layer = _neuronpedia_layer(doc, path.name, warnings)
+    directions = {layer: torch.tensor(values, dtype=torch.float64).to(torch.float32)}
+    meta = doc.get("steer_ui") if isinstance(doc.get("steer_ui"), dict) else None
+    extras = _decode_extras(doc["steer_ui_extras"], path.name) if "steer_ui_extras" in doc else {}
+    foreign = {"model_id": str(doc.get("modelId") or doc.get("model") or ""),
+               "name": str(doc.get("vectorLabel") or doc.get("label") or path.stem)}
+    return _assemble(directions, extras, meta, path, "neuronpedia", foreign=foreign, warnings=warnings)
+
+
+def _neuronpedia_layer(doc: dict, name: str, warnings: list[str]) -> int:
+    """Block index L whose output the vector steers, from layer / layerNumber / hookType / hook name."""
+    hook = doc.get("hookType")
+    hook_name = doc.get("hookName") or doc.get("hook") or doc.get("hook_name")
+    layer = doc.get("layer", doc.get("layerNumber"))
+    if isinstance(hook_name, str):
+        m = re.fullmatch(r"blocks\.(\d+)\.(hook_resid_(?:pre|post))", hook_name)
+        if not m:
+            raise VectorError(f"{name}: hook '{hook_name}' is not a residual-stream hook (blocks.<L>.hook_resid_post)")
+        layer, hook = layer if layer is not None else int(m.group(1)), hook or m.group(2)
+    if isinstance(layer, str):  # Neuronpedia source ids look like "6-res-jb"
+        m = re.match(r"^(\d+)", layer)
+        if not m:
+            raise VectorError(f"{name}: layer '{layer}' is not a layer number")
+        layer = int(m.group(1))
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise VectorError(f"{name}: 'layer' must be a non-negative integer, got {layer!r}")
+    if hook is None:
+        warnings.append(f"{name}: no hookType; assuming {NEURONPEDIA_HOOK} (the output of block {layer})")
+        return layer
+    if hook == NEURONPEDIA_HOOK:
+        return layer
+    if hook == "hook_resid_pre":
+        if layer == 0:
+            raise VectorError(f"{name}: hook_resid_pre of layer 0 is the embedding output, which is not the "
+                              "output of any decoder block; it cannot be steered here")
+        warnings.append(f"{name}: hook_resid_pre of layer {layer} is the output of block {layer - 1}; "
+                        f"imported at layer {layer - 1}")
+        return layer - 1
+    raise VectorError(f"{name}: hookType '{hook}' is not supported; only residual-stream vectors "
+                      f"({NEURONPEDIA_HOOK}, hook_resid_pre) can be imported")
+
+
+# ======================================================================== CAA-style directory
+def _write_caa(vector: SteeringVector, out: Path) -> list[Path]:
+    if out.suffix in (".pt", ".pth") or out.is_file():
+        raise VectorError(f"caa export writes a directory of vec_layer_<L>.pt files; give a directory for the "
+                          f"output, not {out.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for layer, direction in vector.directions.items():
+        target = out / f"vec_layer_{layer}.pt"
+        written.append(_atomic(target, lambda tmp, d=direction: torch.save(d.clone(), tmp)))
+    written.append(_write_sidecar(vector, out / CAA_SIDECAR))
+    return written
+
+
+def _caa_files(directory: Path) -> dict[int, Path]:
+    files: dict[int, Path] = {}
+    for p in sorted(directory.iterdir()):
+        m = CAA_NAME.match(p.name)
+        if m and p.is_file():
+            layer = int(m.group(1))
+            if layer in files:
+                raise VectorError(f"{directory}: two files for layer {layer}: {files[layer].name} and {p.name}")
+            files[layer] = p
+    return files
+
+
+def _caa_layer(path: Path) -> int:
+    m = CAA_NAME.match(path.name)
+    if not m:
+        raise VectorError(f"{path.name}: a single-tensor .pt file needs its layer in the name "
+                          "(vec_layer_<L>.pt, CAA style)")
+    return int(m.group(1))
+
+
+def _read_caa_dir(directory: Path) -> tuple[SteeringVector, list[str]]:
+    return _read_caa_files(_caa_files(directory), directory, source=directory)
+
+
+def _read_caa_files(files: dict[int, Path], directory: Path, source: Path):
+    directions = {}
+    model_hints = set()
+    for layer, p in files.items():
+        obj = _torch_load(p)
+        if not isinstance(obj, torch.Tensor):
+            raise VectorError(f"{p.name}: expected a single tensor (CAA vec_layer_<L>.pt), found {type(obj).__name__}")
+        directions[layer] = _one_d(obj, p.name, layer)
+        m = CAA_NAME.match(p.name)
+        if m and m.group(2):
+            model_hints.add(m.group(2))
+    meta, extras = _read_sidecar(directory / CAA_SIDECAR)
+    foreign = {"model_id": model_hints.pop()} if len(model_hints) == 1 else {}
+    return _assemble(directions, extras, meta, source, "caa", foreign=foreign)
+
+
+# ======================================================================== shared helpers
+def _assemble(directions: dict[int, torch.Tensor], extras: dict[str, torch.Tensor], meta: dict | None, path: Path,
+              fmt: str, foreign: dict | None = None, warnings: list[str] | None = None):
+    """Build the record: our own metadata when the file carries it, else provenance for a foreign file."""
+    warnings = list(warnings or [])
+    name = path.name
+    sizes = {layer: int(v.shape[0]) for layer, v in directions.items()}
+    if len(set(sizes.values())) > 1:
+        raise VectorError(f"{name}: layers have different sizes {sizes}; one vector must have one hidden size")
+    for layer, vec in directions.items():
+        bad = ~torch.isfinite(vec)
+        if bad.any():
+            raise VectorError(f"{name}: layer {layer} has NaN or inf at index {int(bad.nonzero()[0])}; "
+                              "the vector cannot be used")
+    for key, tensor in extras.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise VectorError(f"{name}: extra tensor '{key}' contains NaN or inf values")
+    hidden = next(iter(sizes.values()))
+    if meta is not None and sorted(meta.get("layers", sorted(directions))) != sorted(directions):
+        warnings.append(f"{name}: its steer_ui metadata describes layers {meta.get('layers')} but the file has "
+                        f"layers {sorted(directions)}; metadata ignored")
+        meta = None
+    if meta is not None:
+        fields = set(SteeringVector.__dataclass_fields__) - {"directions", "extras", "hidden_size"}
+        kwargs = {k: meta[k] for k in fields if k in meta}
+        if kwargs.get("alpha_range") is not None:
+            kwargs["alpha_range"] = tuple(kwargs["alpha_range"])
+        if meta.get("hidden_size") not in (None, hidden):
+            raise VectorError(f"{name}: metadata says hidden size {meta['hidden_size']} but the tensors have {hidden}")
+    else:
+        kwargs = {"method": "imported", "name": path.stem,
+                  "hyperparameters": {"imported_from": fmt, "source_file": name, "source_sha256": _digest(path)}}
+        kwargs.update({k: v for k, v in (foreign or {}).items() if v})
+    try:
+        vector = SteeringVector(directions=directions, extras=extras, hidden_size=hidden, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise VectorError(f"{name}: {_first_line(exc)}") from None
+    return vector, warnings
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        text = _first_line(exc)
+        if "weights_only" in str(exc) or "Unsupported global" in str(exc) or "Unpickler" in str(exc):
+            raise VectorError(
+                f"{path.name}: refused: the file holds Python objects other than tensors and dicts "
+                f"({_unsupported_global(exc) or text}); vector files are never unpickled"
+            ) from None
+        raise VectorError(f"{path.name}: not a readable torch.save file ({text})") from None
+    _check_plain(obj, path.name)
+    return obj
+
+
+def _check_plain(obj: Any, name: str, depth: int = 0) -> None:
+    """Only tensors, dicts, lists and plain scalars: anything else is refused."""
+    if depth > 6:
+        raise VectorError(f"{name}: nested too deeply to be a steering vector")
+    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (str, int, float, bool)):
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)):
+                raise VectorError(f"{name}: dict key of type {type(k).__name__} refused (only str and int keys)")
+            _check_plain(v, name, depth + 1)
+        return
+    if isinstance(obj, (list, tuple)):
+        for v in obj:
+            _check_plain(v, name, depth + 1)
+        return
+    raise VectorError(f"{name}: refused: holds a {type(obj).__name__} object; only tensors and dicts are accepted")
+
+
+def _unsupported_global(exc: Exception) -> str | None:
+    m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    return f"it asks for {m.group(1)}" if m else None
+
+
+def _one_d(tensor: torch.Tensor, name: str, layer) -> torch.Tensor:
+    if not tensor.is_floating_point():
+        raise VectorError(f"{name}: layer {layer} tensor has dtype {tensor.dtype}; expected floating point")
+    if tensor.numel() == 0 or sum(1 for d in tensor.shape if d != 1) > 1:
+        raise VectorError(f"{name}: layer {layer} tensor has shape {tuple(tensor.shape)}; expected a 1-D vector")
+    return tensor.reshape(-1)
+
+
+def _layer_from(key: Any, name: str, where: str) -> int:
+    if _is_int_like(key) and int(key) >= 0:
+        return int(key)
+    raise VectorError(f"{name}: '{where}' does not name a layer number")
+
+
+def _is_int_like(key: Any) -> bool:
+    return (isinstance(key, int) and not isinstance(key, bool)) or (isinstance(key, str) and key.isdigit())
+
+
+def _check_finite(vector: SteeringVector, name: str) -> None:
+    for layer, vec in vector.directions.items():
+        if not torch.isfinite(vec).all():
+            raise VectorError(f"{name}: layer {layer} has NaN or inf values")
+
+
+def _check_size(path: Path, size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise VectorError(f"{path.name}: {size / 2**20:.1f} MB is over the {max_bytes / 2**20:.0f} MB limit "
+                          "for vector files")
+
+
+def _sidecar_for(path: Path) -> Path:
+    return path.with_name(path.stem + SIDECAR_SUFFIX)
+
+
+def _write_sidecar(vector: SteeringVector, target: Path) -> Path:
+    doc = {"steer_ui": vector.metadata(), "extras": _encode_extras(vector.extras)}
+    text = json.dumps(doc, allow_nan=False, indent=1)
+    return _atomic(target, lambda tmp: Path(tmp).write_text(text))
+
+
+def _read_sidecar(path: Path) -> tuple[dict | None, dict[str, torch.Tensor]]:
+    if not path.is_file():
+        return None, {}
+    doc = _parse_json(path.read_text(encoding="utf-8"), path.name)
+    if not isinstance(doc, dict) or not isinstance(doc.get("steer_ui"), dict):
+        raise VectorError(f"{path.name}: metadata sidecar without a 'steer_ui' object")
+    return doc["steer_ui"], _decode_extras(doc.get("extras") or {}, path.name)
+
+
+def _encode_extras(extras: dict[str, torch.Tensor]) -> dict[str, dict]:
+    """Extra tensors as {dtype, shape, little-endian bytes in base64}: exact for every dtype, compact."""
+    out = {}
+    for key, tensor in extras.items():
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in _EXTRA_DTYPES:
+            raise VectorError(f"extra tensor '{key}' has dtype {dtype}, which cannot be exported")
+        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        out[key] = {"dtype": dtype, "shape": list(tensor.shape), "base64": base64.b64encode(raw).decode("ascii")}
+    return out
+
+
+def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
+    if not isinstance(doc, dict):
+        raise VectorError(f"{name}: extras must be an object of {{name: {{dtype, shape, base64}}}}")
+    out = {}
+    for key, item in doc.items():
+        try:
+            dtype = _EXTRA_DTYPES[item["dtype"]]
+            shape = [int(d) for d in item["shape"]]
+            raw = base64.b64decode(item["base64"], validate=True)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise VectorError(f"{name}: extra tensor '{key}' is malformed ({_first_line(exc)})") from None
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        if len(raw) != math.prod(shape) * itemsize:
+            raise VectorError(f"{name}: extra tensor '{key}' has {len(raw)} bytes but shape {shape} of "
+                              f"{item['dtype']} needs {math.prod(shape) * itemsize}")
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        out[key] = flat.view(dtype).reshape(shape).clone()
+    return out
+
+
+def _parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise VectorError(f"{where}: invalid JSON ({exc})") from None
+
+
+def _atomic(target: Path, write: Callable[[Path], Any]) -> Path:
+    """Write through a temporary file in the same folder, then rename: no half-written vector files."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(_caa_files(path).values()) if path.is_dir() else [path]
+    for p in files:
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def _model_type(handle) -> str:
+    try:
+        return str(handle.model_type or "")
+    except AttributeError:
+        return str(getattr(getattr(handle.model, "config", None), "model_type", "") or "")
+
+
+def _family(model_type: str) -> str:
+    # Gemma 3's text-only checkpoints say gemma3_text, the multimodal ones gemma3: same decoder.
+    return model_type.removesuffix("_text")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
