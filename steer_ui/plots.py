@@ -1,0 +1,228 @@
+"""Pure functions: pandas frames in, plotly figures out.
+
+Nothing here touches a model or gradio, so every chart the app shows can be
+built (and tested) from the same frames the CLI prints.  Titles and axis
+labels come in through ``labels`` so the UI can pass translated strings;
+numbers and token strings are never translated.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import pandas as pd
+import plotly.graph_objects as go
+
+UNSTEERED_COLOR = "#7f8c9a"
+STEERED_COLOR = "#e8590c"
+UP_COLOR = "#2f9e44"
+DOWN_COLOR = "#c92a2a"
+DIRECT_COLOR = "#1c7ed6"
+# |Δlogit| above this is flagged: a change of this size swamps any normal next-token distribution.
+EXPLOSION_THRESHOLD = 10.0
+
+
+def _label(labels: Mapping[str, str] | None, key: str, default: str) -> str:
+    return (labels or {}).get(key, default)
+
+
+def _show_token(token: str) -> str:
+    """Make whitespace visible: a bar labelled ' ' or '\\n' is unreadable."""
+    text = repr(token)[1:-1] if token.strip() == "" or "\n" in token else token
+    return text.replace(" ", "␣") if text.strip() != text else text
+
+
+def _layout(fig: go.Figure, title: str, height: int = 320, **kwargs) -> go.Figure:
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=height,
+                      margin=dict(l=50, r=20, t=45, b=40), template="plotly_white",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0), **kwargs)
+    return fig
+
+
+def empty_figure(message: str = "", height: int = 260) -> go.Figure:
+    """A blank chart with a centred note (used before there is anything to show)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=13, color="#868e96"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, "", height=height)
+
+
+def next_token_bars(unsteered: pd.DataFrame, steered: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
+    """Grouped bars of next-token probability over the union of both top-k lists.
+
+    ``unsteered`` / ``steered``: frames with ``token``, ``token_id`` and ``prob``
+    (``analysis.NextTokenView``).  A token in one top-k but not the other gets
+    its probability from the other frame when present, else 0 (outside top-k).
+    """
+    u = unsteered.set_index("token_id")
+    s = steered.set_index("token_id")
+    ids = list(dict.fromkeys(list(u.index) + list(s.index)))
+    names = {**dict(zip(s.index, s.token)), **dict(zip(u.index, u.token))}
+    frame = pd.DataFrame({
+        "token_id": ids,
+        "token": [_show_token(names[i]) for i in ids],
+        "unsteered": [float(u.prob.get(i, 0.0)) for i in ids],
+        "steered": [float(s.prob.get(i, 0.0)) for i in ids],
+    })
+    frame = frame.sort_values("steered", ascending=False, kind="stable")
+    # Two tokens can decode to the same text; keep bars apart by suffixing the id.
+    dup = frame.token.duplicated(keep=False)
+    frame.loc[dup, "token"] = frame.loc[dup, "token"] + " #" + frame.loc[dup, "token_id"].astype(str)
+    fig = go.Figure([
+        go.Bar(name=_label(labels, "unsteered", "unsteered"), x=frame.token, y=frame.unsteered,
+               marker_color=UNSTEERED_COLOR, hovertemplate="%{x}: %{y:.4f}<extra></extra>"),
+        go.Bar(name=_label(labels, "steered", "steered"), x=frame.token, y=frame.steered,
+               marker_color=STEERED_COLOR, hovertemplate="%{x}: %{y:.4f}<extra></extra>"),
+    ])
+    fig.update_yaxes(title_text=_label(labels, "probability", "probability"), rangemode="tozero")
+    fig.update_xaxes(type="category", tickangle=-35)
+    return _layout(fig, _label(labels, "title", "Next token: unsteered vs steered"), barmode="group")
+
+
+def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_delta_logit: float | None = None,
+                     max_delta_token: str | None = None, labels: Mapping[str, str] | None = None,
+                     threshold: float = EXPLOSION_THRESHOLD) -> go.Figure:
+    """Horizontal bars: the tokens steering pushes up most and down most (Δlogit).
+
+    When ``max_abs_delta_logit`` exceeds ``threshold`` the title says so: that
+    is the logit explosion, where one token swamps the whole distribution.
+    """
+    frame = pd.concat([promoted.assign(kind="up"), suppressed.assign(kind="down")], ignore_index=True)
+    frame = frame.sort_values("delta_logit", kind="stable")
+    frame["label"] = [_show_token(t) + ("" if k == "up" else " ") for t, k in zip(frame.token, frame.kind)]
+    dup = frame.label.duplicated(keep=False)
+    frame.loc[dup, "label"] = frame.loc[dup, "label"] + " #" + frame.loc[dup, "token_id"].astype(str)
+    colors = [UP_COLOR if d >= 0 else DOWN_COLOR for d in frame.delta_logit]
+    fig = go.Figure(go.Bar(x=frame.delta_logit, y=frame.label, orientation="h", marker_color=colors,
+                           hovertemplate="%{y}: Δlogit %{x:.3f}<extra></extra>"))
+    title = _label(labels, "title", "Δlogit: most promoted and suppressed tokens")
+    if max_abs_delta_logit is not None:
+        title += f"  (max |Δlogit| = {max_abs_delta_logit:.2f}"
+        if max_delta_token is not None:
+            title += f" on {_show_token(max_delta_token)!r}"
+        title += ")"
+        if max_abs_delta_logit > threshold:
+            title = "⚠ " + title + " — " + _label(labels, "exploded", "logits exploding")
+    fig.update_xaxes(title_text="Δlogit", zeroline=True, zerolinecolor="#495057")
+    fig.update_yaxes(type="category")
+    height = max(320, 16 * len(frame) + 90)
+    return _layout(fig, title, height=height)
+
+
+def per_token_delta(tokens: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
+    """Δlogit of each steered token along the generation: actual vs direct-effect estimate.
+
+    ``tokens``: ``position``, ``token``, ``delta_logit`` (steered logit minus the
+    unsteered model's logit on the same prefix) and ``direct_delta_logit``
+    (α·v·W_Uᵀ for that token, the part that skips every later block).
+    """
+    x = [f"{p}:{_show_token(t)}" for p, t in zip(tokens.position, tokens.token)]
+    fig = go.Figure([
+        go.Scatter(x=x, y=tokens.delta_logit, mode="lines+markers", name=_label(labels, "actual", "actual Δlogit"),
+                   line=dict(color=STEERED_COLOR)),
+        go.Scatter(x=x, y=tokens.direct_delta_logit, mode="lines+markers",
+                   name=_label(labels, "direct", "direct estimate α·v·W_U"), line=dict(color=DIRECT_COLOR, dash="dot")),
+    ])
+    fig.update_xaxes(type="category", tickangle=-45)
+    fig.update_yaxes(title_text="Δlogit", zeroline=True)
+    return _layout(fig, _label(labels, "title", "Per-token Δlogit of the steered generation"))
+
+
+DOSE_METRICS = ("kl", "entropy", "max_abs_delta_logit", "target_prob")
+
+
+def dose_response(frame: pd.DataFrame, current_alpha: float | None = None, alpha_column: str = "alpha",
+                  labels: Mapping[str, str] | None = None) -> go.Figure:
+    """KL, entropy, max |Δlogit| (and the target token's probability) against α, current α marked.
+
+    Max |Δlogit| lives on a second y-axis: it grows linearly and would flatten
+    the other curves.
+    """
+    fig = go.Figure()
+    x = frame[alpha_column]
+    fig.add_trace(go.Scatter(x=x, y=frame.kl, name=_label(labels, "kl", "KL(unsteered‖steered)"), mode="lines+markers"))
+    fig.add_trace(go.Scatter(x=x, y=frame.entropy, name=_label(labels, "entropy", "entropy (nats)"), mode="lines+markers"))
+    if "target_prob" in frame:
+        token = str(frame.get("target_token", pd.Series([""])).iloc[0])
+        fig.add_trace(go.Scatter(x=x, y=frame.target_prob, mode="lines+markers",
+                                 name=_label(labels, "target", "p(target)") + f" {_show_token(token)!r}"))
+    fig.add_trace(go.Scatter(x=x, y=frame.max_abs_delta_logit, name=_label(labels, "max_delta", "max |Δlogit|"),
+                             mode="lines", line=dict(dash="dash", color="#868e96"), yaxis="y2"))
+    if current_alpha is not None:
+        fig.add_vline(x=float(current_alpha), line=dict(color=STEERED_COLOR, width=2),
+                      annotation_text=f"α = {current_alpha:g}", annotation_position="top")
+    fig.update_xaxes(title_text="α")
+    return _layout(fig, _label(labels, "title", "Dose-response"),
+                   yaxis2=dict(overlaying="y", side="right", title="max |Δlogit|", showgrid=False))
+
+
+def layer_norms(norms: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
+    """Mean residual norm per layer (``layer``, ``norm``): what relative α = 1 means at each layer."""
+    fig = go.Figure(go.Bar(x=norms.layer, y=norms.norm, marker_color=DIRECT_COLOR,
+                           hovertemplate="layer %{x}: %{y:.1f}<extra></extra>"))
+    fig.update_xaxes(title_text=_label(labels, "layer", "layer"), dtick=1)
+    fig.update_yaxes(title_text=_label(labels, "norm", "mean ‖h‖"))
+    return _layout(fig, _label(labels, "title", "Residual-stream norm per layer"))
+
+
+def probe_layers(frame: pd.DataFrame, best_layer: int | None = None, labels: Mapping[str, str] | None = None) -> go.Figure:
+    """Held-out probe AUROC (and accuracy, and any other numeric column) per layer; best layer marked."""
+    fig = go.Figure()
+    for column in [c for c in frame.columns if c != "layer" and pd.api.types.is_numeric_dtype(frame[c])]:
+        fig.add_trace(go.Scatter(x=frame.layer, y=frame[column], mode="lines+markers", name=column))
+    if best_layer is not None:
+        fig.add_vline(x=best_layer, line=dict(color=STEERED_COLOR, dash="dot"),
+                      annotation_text=_label(labels, "best", "best") + f" = {best_layer}")
+    fig.update_xaxes(title_text=_label(labels, "layer", "layer"), dtick=1)
+    fig.update_yaxes(range=[0, 1.02])
+    return _layout(fig, _label(labels, "title", "Per-layer probe (held-out)"))
+
+
+def training_curves(curves: pd.DataFrame, x: str = "epoch", labels: Mapping[str, str] | None = None) -> go.Figure:
+    """One line per numeric column against ``x`` (loss, accuracy, ...); a ``stage`` column splits lines."""
+    fig = go.Figure()
+    metrics = [c for c in curves.columns if c not in (x, "stage") and pd.api.types.is_numeric_dtype(curves[c])]
+    groups = curves.groupby("stage", sort=False) if "stage" in curves else [(None, curves)]
+    for stage, part in groups:
+        for column in metrics:
+            name = column if stage is None else f"{column} ({stage})"
+            fig.add_trace(go.Scatter(x=part[x], y=part[column], mode="lines+markers", name=name))
+    fig.update_xaxes(title_text=x)
+    return _layout(fig, _label(labels, "title", "Training curves"))
+
+
+def class_balance(counts: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
+    """Bars of ``count`` per ``label``, optionally split by ``split`` (train/test)."""
+    if "split" in counts:
+        fig = go.Figure([go.Bar(name=str(split), x=part.label.astype(str), y=part["count"])
+                         for split, part in counts.groupby("split", sort=False)])
+    else:
+        fig = go.Figure(go.Bar(x=counts.label.astype(str), y=counts["count"], marker_color=DIRECT_COLOR))
+    fig.update_xaxes(type="category")
+    return _layout(fig, _label(labels, "title", "Class balance"), barmode="group", height=280)
+
+
+def detection_scores(scores: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
+    """Histogram of p(truthful) (``score``), split by ``label`` when the answers are labelled."""
+    fig = go.Figure()
+    if "label" in scores and scores.label.notna().any():
+        for label, part in scores.groupby("label", sort=True):
+            fig.add_trace(go.Histogram(x=part.score, name=str(label), opacity=0.7, xbins=dict(start=0, end=1, size=0.05)))
+        fig.update_layout(barmode="overlay")
+    else:
+        fig.add_trace(go.Histogram(x=scores.score, xbins=dict(start=0, end=1, size=0.05), marker_color=DIRECT_COLOR))
+    fig.update_xaxes(title_text=_label(labels, "score", "p(truthful)"), range=[0, 1])
+    return _layout(fig, _label(labels, "title", "Detection scores"))
+
+
+def vocab_projection(frame: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
+    """v·W_Uᵀ extremes (``direction`` +/-, ``token``, ``projection``): what the vector says through lm_head alone."""
+    part = frame.sort_values("projection", kind="stable")
+    text = [_show_token(t) for t in part.token]
+    colors = [UP_COLOR if p >= 0 else DOWN_COLOR for p in part.projection]
+    fig = go.Figure(go.Bar(x=part.projection, y=[f"{t} #{i}" for t, i in zip(text, part.token_id)], orientation="h",
+                           marker_color=colors))
+    fig.update_yaxes(type="category")
+    return _layout(fig, _label(labels, "title", "Vector through the unembedding (v·W_U)"),
+                   height=max(320, 16 * len(part) + 90))

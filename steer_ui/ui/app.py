@@ -1,0 +1,182 @@
+"""Assemble the tabs into one gr.Blocks and wire what crosses tabs (vector lists, model reloads, language)."""
+from __future__ import annotations
+
+import functools
+import logging
+
+import gradio as gr
+
+from ..backend import RANDOM, Backend
+from . import i18n
+from .common import MODEL, T, handler, sid
+from .data_tab import build_data_tab
+from .detect_tab import build_detect_tab
+from .explore_tab import build_explore_tab
+from .export_tab import build_export_tab
+from .model_tab import build_model_tab, model_view, status_markdown
+from .train_tab import build_train_tab
+
+log = logging.getLogger("steer_ui.ui")
+
+CSS = """
+#alpha-slider input[type=range] { accent-color: #e8590c; }
+#explore-readout { min-height: 2.5em; }
+.steer-header { align-items: center; }
+"""
+
+# Read the language gradio chose for this page (html lang is kept in sync by gradio) or the browser's.
+JS_BROWSER_LANG = "() => (document.documentElement.lang || navigator.language || 'en')"
+
+# Switch gradio's own locale (labels translated by gr.I18n) to the chosen language.  gradio 6 keeps
+# it in the `changeLocale` export of its core module; we import that very module (same URL, so the
+# same store), found among the loaded resources.  If that ever fails, footer Settings -> Language
+# still works and the server-side messages follow the switch regardless.
+JS_SWITCH_LOCALE = """
+async (lang) => {
+  try {
+    const url = performance.getEntriesByType('resource').map((e) => e.name)
+      .find((n) => /\\/assets\\/core-[^/]*\\.js(\\?|$)/.test(n));
+    if (url) {
+      const core = await import(url);
+      if (core && typeof core.changeLocale === 'function') { core.changeLocale(lang); }
+    }
+  } catch (err) { console.warn('steer_ui: could not switch the gradio locale', err); }
+  return lang;
+}
+"""
+
+
+def fan_out(fn, copies: int):
+    """Repeat ``fn``'s last output ``copies`` times (one vector-list update for every vector picker)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return tuple(out[:-1]) + (out[-1],) * copies
+
+    return wrapper
+
+
+def _concepts_tab(backend: Backend):
+    """The Concepts tab (issue 9) when its module exists; nothing otherwise."""
+    try:
+        from .concepts_tab import build_concepts_tab
+    except ImportError:
+        return None
+    return build_concepts_tab
+
+
+def build_demo(backend: Backend, num_layers: int | None = None) -> gr.Blocks:
+    """The whole app.  ``num_layers`` sizes the layer sliders before the model is known (page load fixes them)."""
+    if num_layers is None and backend.model_ready:
+        num_layers = backend.handle.arch.num_layers
+    concepts = _concepts_tab(backend)  # imported first: it may extend the i18n catalog
+    with gr.Blocks(title="steer_ui", analytics_enabled=False) as demo:
+        with gr.Row(elem_classes="steer-header"):
+            with gr.Column(scale=4):
+                gr.Markdown(T("app.title"))
+                gr.Markdown(T("app.subtitle"))
+            lang = gr.Radio([("English", "en"), ("简体中文", "zh-CN")], value="en", label=T("app.language"), scale=1,
+                            elem_id="lang-switch")
+        banner = gr.Markdown(elem_id="model-banner")
+        with gr.Tabs(selected="explore"):
+            with gr.Tab(T("tab.model"), id="model"):
+                model = build_model_tab(backend)
+            with gr.Tab(T("tab.data"), id="data"):
+                data = build_data_tab(backend)
+            with gr.Tab(T("tab.train"), id="train"):
+                train = build_train_tab(backend, num_layers)
+            with gr.Tab(T("tab.explore"), id="explore"):
+                explore = build_explore_tab(backend, num_layers)
+            if concepts is not None:
+                with gr.Tab(T("tab.concepts"), id="concepts"):
+                    concepts(backend)
+            with gr.Tab(T("tab.detect"), id="detect"):
+                detect = build_detect_tab(backend)
+            with gr.Tab(T("tab.export"), id="export"):
+                export = build_export_tab(backend)
+
+        vector_pickers = [explore.vector, detect.vector, export.vector]
+        n_pickers = len(vector_pickers)
+
+        # ----------------------------------------------------- cross-tab events
+        train.train.click(fan_out(train.train_fn, n_pickers), train.train_inputs, train.train_outputs + vector_pickers,
+                          api_name="train", **MODEL)
+        export.upload.upload(fan_out(export.import_fn, n_pickers), [export.upload],
+                             [export.import_status, export.info] + vector_pickers, api_name="import_vector")
+
+        @handler(backend)
+        def model_dependent(request: gr.Request):
+            """Layer sliders, banner and vector lists for whatever model is loaded (waits for a load)."""
+            lang = backend.language(sid(request))
+            handle = backend.handle
+            top = handle.arch.num_layers - 1
+            middle = handle.arch.num_layers // 2
+            choices = backend.vector_names(sid(request))
+            picker = gr.update(choices=choices)
+            return (status_markdown(backend, lang), gr.update(maximum=top, value=middle),
+                    gr.update(maximum=top, value=middle), picker, picker, picker)
+
+        dependent_outputs = [banner, explore.layer, train.layer] + vector_pickers
+        model.load_event.then(model_dependent, None, dependent_outputs, api_name="model_dependent",
+                              api_visibility="undocumented")
+
+        # ----------------------------------------------------------- language
+        @handler(backend)
+        def set_language(lang, request: gr.Request):
+            return backend.set_language(sid(request), lang)
+
+        lang.change(set_language, [lang], [lang], js=JS_SWITCH_LOCALE, api_name="set_language", queue=False)
+
+        # ---------------------------------------------------------- page load
+        @handler(backend)
+        def page_status(request: gr.Request):
+            lang_ = backend.language(sid(request))
+            if backend.model_ready:
+                return (status_markdown(backend, lang_),) + tuple(model_view(backend, lang_))
+            note = status_markdown(backend, lang_)
+            return note, note, None, None
+
+        def browser_lang(value):
+            return i18n.normalise_lang(value)
+
+        load = demo.load(browser_lang, [lang], [lang], js=JS_BROWSER_LANG, api_name="browser_language",
+                         api_visibility="undocumented", queue=False)
+        load.then(page_status, None, [banner, model.status, model.facts, model.norms], api_name="page_status",
+                  api_visibility="undocumented") \
+            .then(model_dependent, None, dependent_outputs, api_name="page_model", api_visibility="undocumented") \
+            .then(_explore_first_view(backend, explore), explore.steering_inputs,
+                  [explore.bars, explore.delta, explore.readout, explore.details], api_name="page_next_token",
+                  api_visibility="undocumented", show_progress="hidden", **MODEL)
+
+        def forget(request: gr.Request):
+            backend.end_session(sid(request))
+
+        demo.unload(forget)
+    demo.steer_ui_backend = backend
+    return demo
+
+
+def _explore_first_view(backend: Backend, explore):
+    """Draw the α = 0 next-token bars once the page is up, so Explore never opens empty."""
+
+    @handler(backend)
+    def first_view(prompt, vector, layer, alpha, relative, vector_seed, request: gr.Request):
+        from .. import plots
+        from .explore_tab import readout_markdown
+
+        lang = backend.language(sid(request))
+        view = backend.next_token(sid(request), prompt, vector or RANDOM, layer, alpha, relative, vector_seed)
+        return (plots.next_token_bars(view.unsteered, view.steered, labels=i18n.plot_labels(lang, "bars")),
+                plots.delta_logit_bars(view.promoted, view.suppressed, view.max_abs_delta_logit, view.max_delta_token,
+                                       labels=i18n.plot_labels(lang, "delta")),
+                readout_markdown(lang, view), view.as_dict())
+
+    return first_view
+
+
+def launch_kwargs(**overrides) -> dict:
+    """What every launch of this app passes (translations, css, no SSR: there is no node here)."""
+    kwargs = dict(i18n=i18n.gr_i18n(), css=CSS, ssr_mode=False, footer_links=["api", "settings"])
+    kwargs.update(overrides)
+    return kwargs

@@ -1,0 +1,90 @@
+"""Detect: p(truthful) for typed or generated answers with a TSV vector; AUROC on a labelled file."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+import pandas as pd
+
+from .. import plots
+from ..backend import RANDOM, Backend, UserError
+from . import i18n
+from .common import MODEL, T, handler, lang_of, sid, table
+
+
+@dataclass
+class DetectTab:
+    vector: gr.Dropdown
+    answers: gr.Dataframe
+    file: gr.File
+    summary: gr.Markdown
+    scores: gr.Dataframe
+    histogram: gr.Plot
+    details: gr.JSON
+
+
+def answers_from_table(value) -> list[tuple[str, str]]:
+    """Rows (prompt, answer) from the editable table; blank answers are skipped."""
+    if value is None:
+        return []
+    frame = value if isinstance(value, pd.DataFrame) else pd.DataFrame(value)
+    if frame.empty:
+        return []
+    if frame.shape[1] < 2:
+        raise UserError("answers_table")
+    rows = []
+    for prompt, answer in frame.iloc[:, :2].itertuples(index=False):
+        answer = "" if answer is None or (isinstance(answer, float) and pd.isna(answer)) else str(answer)
+        prompt = "" if prompt is None or (isinstance(prompt, float) and pd.isna(prompt)) else str(prompt)
+        if answer.strip():
+            rows.append((prompt, answer))
+    return rows
+
+
+def build_detect_tab(backend: Backend) -> DetectTab:
+    with gr.Row():
+        with gr.Column(scale=1, min_width=320):
+            vector = gr.Dropdown(choices=[], value=None, allow_custom_value=True, label=T("detect.vector"),
+                                 info=T("detect.vector_info"))
+            answers = gr.Dataframe(headers=["prompt", "answer"], value=[["", ""]], column_count=(2, "fixed"),
+                                   interactive=True, label=T("detect.answers"), wrap=True)
+            from_explore = gr.Button(T("detect.from_explore"))
+            file = gr.File(label=T("detect.file"), type="filepath", file_types=[".csv", ".tsv", ".json", ".jsonl",
+                                                                                  ".parquet"])
+            detect_btn = gr.Button(T("detect.run"), variant="primary")
+        with gr.Column(scale=2):
+            summary = gr.Markdown(T("detect.empty"))
+            scores = gr.Dataframe(label=T("detect.scores"), interactive=False, wrap=True)
+            histogram = gr.Plot(label=T("detect.histogram"))
+            with gr.Accordion(T("detect.details"), open=False):
+                details = gr.JSON()
+    tab = DetectTab(vector=vector, answers=answers, file=file, summary=summary, scores=scores, histogram=histogram,
+                    details=details)
+
+    @handler(backend)
+    def detect(vector, answers, file, request: gr.Request):
+        lang = lang_of(backend, request)
+        if not vector or vector == RANDOM:
+            raise UserError("pick_tsv")
+        pairs = None if file else answers_from_table(answers)
+        out = backend.detect(sid(request), vector, pairs, path=file)
+        frame = pd.DataFrame(out.get("scores", []))
+        auroc = out.get("auroc")
+        text = i18n.message(lang, "detect_summary", n=len(frame),
+                            auroc="—" if auroc is None else f"{auroc:.3f}")
+        fig = plots.detection_scores(frame, labels=i18n.plot_labels(lang, "detect")) if len(frame) else \
+            plots.empty_figure()
+        return text, table(frame), fig, out
+
+    @handler(backend)
+    def use_generation(request: gr.Request):
+        generation = backend.session(sid(request)).last_generation
+        if not generation:
+            raise UserError("no_generation")
+        prompt = generation["prompt"]
+        return [[prompt, generation["unsteered"]["text"]], [prompt, generation["steered"]["text"]]]
+
+    detect_btn.click(detect, [vector, answers, file], [summary, scores, histogram, details], api_name="detect",
+                     **MODEL)
+    from_explore.click(use_generation, None, [answers], api_name="answers_from_explore", api_visibility="undocumented")
+    return tab

@@ -1,0 +1,246 @@
+"""Explore: drag α and watch the next-token distribution, the logits and both generations move.
+
+Wiring (the reason this tab feels live on a CPU):
+
+* α ``.input`` (``trigger_mode="always_last"``, no spinner) → ``/next_token``:
+  the analysis fast path re-runs only the blocks after the steered layer;
+* α ``.release`` → ``/generate`` streamed (one batched decode for both sides),
+  then the dose-response chart re-marks α (its sweep is cached per session).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from .. import plots
+from ..backend import RANDOM, Backend
+from . import i18n
+from .common import MODEL, T, handler, lang_of, msg, sid, table
+
+DEFAULT_PROMPT = "My favourite thing about the weekend is"
+# A generous layer range before the model is known; demo.load narrows it to the loaded model.
+MAX_LAYERS = 128
+# The steered-token colour saturates at this |Δlogit|; a fixed scale keeps runs comparable.
+COLOUR_SCALE = 5.0
+
+
+@dataclass
+class ExploreTab:
+    prompt: gr.Textbox
+    vector: gr.Dropdown
+    layer: gr.Slider
+    vector_seed: gr.Number
+    relative: gr.Checkbox
+    alpha_max: gr.Number
+    alpha: gr.Slider
+    readout: gr.Markdown
+    bars: gr.Plot
+    delta: gr.Plot
+    unsteered: gr.Textbox
+    steered: gr.HighlightedText
+    per_token: gr.Plot
+    tokens: gr.Dataframe
+    dose: gr.Plot
+    details: gr.JSON
+
+    @property
+    def steering_inputs(self) -> list:
+        return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed]
+
+
+def _plot_labels(lang: str, prefix: str) -> dict:
+    return i18n.plot_labels(lang, prefix)
+
+
+def readout_markdown(lang: str, view) -> str:
+    """KL / entropy / max |Δlogit| line; numbers and token strings stay as they are."""
+    warn = " ⚠" if view.max_abs_delta_logit > plots.EXPLOSION_THRESHOLD else ""
+    return i18n.message(lang, "readout", kl=view.kl, hu=view.entropy_unsteered, hs=view.entropy_steered,
+                        maxd=view.max_abs_delta_logit, token=repr(view.max_delta_token), warn=warn)
+
+
+def highlighted(frame) -> list[tuple[str, float | None]]:
+    """Steered tokens with their Δlogit scaled to [-1, 1] for gr.HighlightedText."""
+    out = []
+    for t in frame.steered_tokens:
+        d = t.delta_logit
+        out.append((t.token, None if d is None else max(-1.0, min(1.0, d / COLOUR_SCALE))))
+    return out
+
+
+def build_explore_tab(backend: Backend, num_layers: int | None = None) -> ExploreTab:
+    layers = num_layers or MAX_LAYERS
+    with gr.Row():
+        with gr.Column(scale=1, min_width=320):
+            prompt = gr.Textbox(value=DEFAULT_PROMPT, lines=3, label=T("explore.prompt"), elem_id="explore-prompt")
+            vector = gr.Dropdown(choices=[RANDOM], value=RANDOM, allow_custom_value=True, label=T("explore.vector"),
+                                 info=T("explore.vector_info"), elem_id="explore-vector")
+            with gr.Row():
+                layer = gr.Slider(0, layers - 1, value=(num_layers or 12) // 2, step=1, label=T("explore.layer"),
+                                  elem_id="explore-layer")
+                vector_seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.random_seed"), min_width=90)
+            with gr.Row():
+                relative = gr.Checkbox(value=True, label=T("explore.relative"), info=T("explore.relative_info"))
+                alpha_max = gr.Number(value=1.0, minimum=0.001, maximum=1e6, label=T("explore.alpha_max"), min_width=90)
+            alpha = gr.Slider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.alpha"), info=T("explore.alpha_info"),
+                              elem_id="alpha-slider")
+            with gr.Accordion(T("explore.sampling"), open=False):
+                greedy = gr.Checkbox(value=True, label=T("explore.greedy"))
+                with gr.Row():
+                    temperature = gr.Slider(0.05, 2.0, value=0.8, step=0.05, label=T("explore.temperature"))
+                    top_k = gr.Number(value=0, precision=0, minimum=0, label=T("explore.top_k"))
+                with gr.Row():
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label=T("explore.top_p"))
+                    repetition = gr.Slider(1.0, 2.0, value=1.0, step=0.05, label=T("explore.repetition"))
+                with gr.Row():
+                    max_tokens = gr.Slider(1, 256, value=32, step=1, label=T("explore.max_tokens"))
+                    seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.seed"))
+            with gr.Row():
+                generate_btn = gr.Button(T("explore.generate"), variant="primary", elem_id="generate-btn")
+                sweep_btn = gr.Button(T("explore.sweep"), elem_id="sweep-btn")
+            target = gr.Textbox(label=T("explore.target"), info=T("explore.target_info"), max_lines=1)
+        with gr.Column(scale=2):
+            readout = gr.Markdown(T("explore.readout_empty"), elem_id="explore-readout")
+            with gr.Row():
+                bars = gr.Plot(label=T("explore.bars"), elem_id="next-token-bars")
+                delta = gr.Plot(label=T("explore.delta"), elem_id="delta-logit")
+    with gr.Row(equal_height=True):
+        unsteered = gr.Textbox(label=T("explore.unsteered"), lines=5, interactive=False, elem_id="unsteered-text")
+        steered = gr.HighlightedText(label=T("explore.steered"), show_legend=False, combine_adjacent=False,
+                                     elem_id="steered-text")
+    token_detail = gr.Markdown(T("explore.token_hint"))
+    with gr.Row():
+        per_token = gr.Plot(label=T("explore.per_token"))
+        dose = gr.Plot(label=T("explore.dose"), elem_id="dose-response")
+    with gr.Accordion(T("explore.raw"), open=False):
+        tokens = gr.Dataframe(label=T("explore.tokens"), interactive=False, wrap=True)
+        details = gr.JSON(label=T("explore.details"))
+
+    tab = ExploreTab(prompt=prompt, vector=vector, layer=layer, vector_seed=vector_seed, relative=relative,
+                     alpha_max=alpha_max, alpha=alpha, readout=readout, bars=bars, delta=delta, unsteered=unsteered,
+                     steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details)
+
+    # ---------------------------------------------------------------- handlers
+    @handler(backend)
+    def next_token(prompt, vector, layer, alpha, relative, vector_seed, request: gr.Request):
+        session = sid(request)
+        lang = lang_of(backend, request)
+        view = backend.next_token(session, prompt, vector, layer, alpha, relative, vector_seed)
+        bars_fig = plots.next_token_bars(view.unsteered, view.steered, labels=_plot_labels(lang, "bars"))
+        delta_fig = plots.delta_logit_bars(view.promoted, view.suppressed, view.max_abs_delta_logit,
+                                           view.max_delta_token, labels=_plot_labels(lang, "delta"))
+        return bars_fig, delta_fig, readout_markdown(lang, view), view.as_dict()
+
+    @handler(backend)
+    def generate(prompt, vector, layer, alpha, relative, vector_seed, greedy, temperature, top_k, top_p, repetition,
+                 max_tokens, seed, request: gr.Request):
+        session = sid(request)
+        lang = lang_of(backend, request)
+        sampling = backend.sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    repetition_penalty=repetition, seed=seed, greedy=greedy)
+        for frame in backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling):
+            if not frame.done:
+                yield frame.unsteered_text, highlighted(frame), gr.skip(), gr.skip(), gr.skip()
+                continue
+            tokens_frame = frame.token_frame()
+            fig = (plots.per_token_delta(tokens_frame, labels=_plot_labels(lang, "per_token")) if len(tokens_frame)
+                   else plots.empty_figure(i18n.message(lang, "no_tokens")))
+            yield frame.unsteered_text, highlighted(frame), fig, table(tokens_frame), frame.as_dict()
+
+    def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target):
+        return (prompt, vector, int(layer), bool(relative), int(vector_seed or 0), float(alpha_max), target or "")
+
+    @handler(backend)
+    def sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, request: gr.Request):
+        session = sid(request)
+        frame = backend.sweep(session, prompt, vector, layer, alpha_max, relative, vector_seed, target=target or None)
+        backend.session(session).cache["sweep"] = (_sweep_key(prompt, vector, layer, relative, vector_seed,
+                                                              alpha_max, target), frame)
+        labels = _plot_labels(lang_of(backend, request), "dose")
+        return plots.dose_response(frame, current_alpha=float(alpha), labels=labels), table(frame)
+
+    @handler(backend)
+    def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, request: gr.Request):
+        """Re-mark α on the cached dose-response; recompute only when the inputs changed."""
+        cached = backend.session(sid(request)).cache.get("sweep")
+        key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target)
+        if cached is None or cached[0] != key:
+            return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, request)[0]
+        labels = _plot_labels(lang_of(backend, request), "dose")
+        return plots.dose_response(cached[1], current_alpha=float(alpha), labels=labels)
+
+    @handler(backend)
+    def alpha_range(alpha, alpha_max):
+        try:
+            top = abs(float(alpha_max))
+        except (TypeError, ValueError):
+            top = 1.0
+        top = top if top > 0 else 1.0
+        value = max(-top, min(top, float(alpha or 0.0)))
+        return gr.update(minimum=-top, maximum=top, step=top / 100, value=value)
+
+    @handler(backend)
+    def pick_vector(vector, layer, alpha_max, request: gr.Request):
+        """Move the layer slider to the vector's own layer and α max to its recommended range."""
+        info = backend.vector_info(sid(request), vector)
+        layers_ = info.get("layers") or [layer]
+        new_layer = layer if vector == RANDOM else layers_[0]
+        rng = info.get("alpha_range")
+        top = max(abs(rng[0]), abs(rng[1])) if rng else alpha_max
+        return gr.update(value=new_layer), top, gr.update(value=True) if rng else gr.skip()
+
+    @handler(backend)
+    def token_details(evt: gr.SelectData, request: gr.Request):
+        generation = backend.session(sid(request)).last_generation
+        if not generation or evt.index is None:
+            return gr.skip()
+        index = evt.index if isinstance(evt.index, int) else evt.index[0]
+        steered_tokens = generation["steered"]["tokens"]
+        if not 0 <= index < len(steered_tokens):
+            return gr.skip()
+        t = steered_tokens[index]
+        alternatives = ", ".join(f"{a['token']!r} {a['prob']:.3f}" for a in t["alternatives"])
+        return msg(backend, request, "token_detail", token=repr(t["token"]), logprob=t["logprob"],
+                   delta=t.get("delta_logit") or 0.0, direct=t.get("direct_delta_logit") or 0.0, alts=alternatives)
+
+    # ------------------------------------------------------------------ events
+    steering_inputs = tab.steering_inputs
+    nt_outputs = [bars, delta, readout, details]
+    sampling_inputs = [greedy, temperature, top_k, top_p, repetition, max_tokens, seed]
+    gen_outputs = [unsteered, steered, per_token, tokens, details]
+    sweep_inputs = steering_inputs + [alpha_max, target]
+
+    alpha.input(next_token, steering_inputs, nt_outputs, api_name="next_token", trigger_mode="always_last",
+                show_progress="hidden", **MODEL)
+    alpha.release(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_release",
+                  api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **MODEL) \
+        .then(mark_alpha, sweep_inputs, [dose], api_name="mark_alpha", api_visibility="undocumented",
+              show_progress="hidden", **MODEL)
+    generate_btn.click(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate", **MODEL)
+    sweep_btn.click(sweep, sweep_inputs, [dose, tokens], api_name="sweep", **MODEL)
+    prompt.submit(next_token, steering_inputs, nt_outputs, api_name="next_token_on_submit",
+                  api_visibility="undocumented", **MODEL) \
+        .then(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_submit",
+              api_visibility="undocumented", **MODEL)
+    # layer: on release only (pick_vector moves it programmatically and refreshes by itself)
+    layer.release(next_token, steering_inputs, nt_outputs, api_name="next_token_on_layer",
+                  api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **MODEL)
+    for control in (vector_seed, relative):
+        control.input(next_token, steering_inputs, nt_outputs, api_name=f"next_token_on_{_name(control, tab)}",
+                      api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **MODEL)
+    alpha_max.change(alpha_range, [alpha, alpha_max], [alpha], api_name="alpha_range", api_visibility="undocumented",
+                     queue=False)
+    vector.change(pick_vector, [vector, layer, alpha_max], [layer, alpha_max, relative], api_name="pick_vector",
+                  api_visibility="undocumented") \
+        .then(next_token, steering_inputs, nt_outputs, api_name="next_token_on_vector", api_visibility="undocumented",
+              show_progress="hidden", **MODEL)
+    steered.select(token_details, None, [token_detail], api_name="token_details", api_visibility="undocumented")
+    return tab
+
+
+def _name(component, tab: ExploreTab) -> str:
+    for field_name, value in vars(tab).items():
+        if value is component:
+            return field_name
+    return "control"

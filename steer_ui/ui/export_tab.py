@@ -1,0 +1,67 @@
+"""Export / Import: the selected vector in every format; vector files validated against the loaded model."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from ..backend import FORMATS, RANDOM, Backend
+from . import i18n
+from .common import T, handler, lang_of, sid
+
+
+@dataclass
+class ExportTab:
+    vector: gr.Dropdown
+    fmt: gr.Radio
+    files: gr.File
+    export_status: gr.Markdown
+    upload: gr.File
+    import_status: gr.Markdown
+    info: gr.JSON
+
+
+def build_export_tab(backend: Backend) -> ExportTab:
+    with gr.Row():
+        with gr.Column():
+            gr.Markdown(T("export.export_title"))
+            vector = gr.Dropdown(choices=[RANDOM], value=RANDOM, allow_custom_value=True, label=T("export.vector"))
+            fmt = gr.Radio(list(FORMATS), value="native", label=T("export.format"), info=T("export.format_info"))
+            export_btn = gr.Button(T("export.export"), variant="primary", elem_id="export-btn")
+            export_status = gr.Markdown()
+            files = gr.File(label=T("export.files"), file_count="multiple", interactive=False, elem_id="export-files")
+        with gr.Column():
+            gr.Markdown(T("export.import_title"))
+            upload = gr.File(label=T("export.upload"), type="filepath", elem_id="import-file")
+            import_status = gr.Markdown()
+            info = gr.JSON(label=T("export.info"))
+    tab = ExportTab(vector=vector, fmt=fmt, files=files, export_status=export_status, upload=upload,
+                    import_status=import_status, info=info)
+
+    @handler(backend)
+    def export_vector(vector, fmt, request: gr.Request):
+        written = backend.export_vector(sid(request), vector, fmt)
+        text = i18n.message(lang_of(backend, request), "exported", n=len(written), fmt=fmt,
+                            names=", ".join(p.name for p in written))
+        return [str(p) for p in written], text
+
+    @handler(backend)
+    def show_info(vector, request: gr.Request):
+        return backend.vector_info(sid(request), vector)
+
+    export_btn.click(export_vector, [vector, fmt], [files, export_status], api_name="export_vector")
+    vector.change(show_info, [vector], [info], api_name="vector_info", api_visibility="undocumented")
+
+    @handler(backend)
+    def import_vector(path, request: gr.Request):
+        session = sid(request)
+        name, warnings = backend.import_vector(session, path)
+        lang = lang_of(backend, request)
+        text = i18n.message(lang, "imported", name=name)
+        for w in warnings:
+            text += "\n\n" + i18n.message(lang, "import_warning", detail=w)
+            gr.Warning(i18n.message(lang, "import_warning", detail=w))
+        return text, backend.vector_info(session, name), gr.update(choices=backend.vector_names(session), value=name)
+
+    tab.import_fn = import_vector
+    return tab

@@ -1,0 +1,455 @@
+"""English and Simplified Chinese text for the whole app (gradio-free: the backend uses it too).
+
+Two kinds of text:
+
+* **Labels** (``TRANSLATIONS``): component labels, buttons, tab names and
+  static Markdown.  The UI passes ``gr.I18n`` keys, so the *browser*
+  translates them: it picks the language from ``navigator.language``, and the
+  header's language switch (or gradio's own footer Settings → Language)
+  changes it on the fly without a round trip.
+* **Messages** (``MESSAGES``) and chart text (``PLOTS``): made on the server
+  (errors, status lines, plot titles) in the session's language, which the
+  switch also sends to the server (:meth:`Backend.set_language`).
+
+Numbers and token strings are inserted as they are, never translated.
+
+To add text (e.g. the Concepts tab): call :func:`extend` at import time of
+your module, before the app is built, with the same keys in both languages::
+
+    from steer_ui.ui import i18n
+    i18n.extend(labels={"en": {"concepts.title": "..."}, "zh-CN": {"concepts.title": "..."}},
+                messages={"en": {...}, "zh-CN": {...}})
+
+``tests/unit/test_backend_i18n.py`` fails when a key is missing in one
+language or a message's ``{placeholders}`` differ between them.
+"""
+from __future__ import annotations
+
+import string
+from typing import Any
+
+LANGS = ("en", "zh-CN")
+
+TRANSLATIONS: dict[str, dict[str, str]] = {
+    "en": {
+        "app.title": "# steer_ui: activation steering, live",
+        "app.subtitle": "Pick a vector and a layer, drag α, and watch the next-token distribution, the logits and "
+                        "both generations change. Everything runs on the loaded model.",
+        "app.language": "Language",
+        "tab.model": "Model",
+        "tab.data": "Data",
+        "tab.train": "Train",
+        "tab.explore": "Explore",
+        "tab.concepts": "Concepts",
+        "tab.detect": "Detect",
+        "tab.export": "Export / Import",
+        # model
+        "model.source": "Model",
+        "model.source_info": "embedded (Gemma 3 270M), a hub id, a local directory, a .gguf file, or tiny:FAMILY",
+        "model.device": "Device",
+        "model.dtype": "Dtype",
+        "model.load": "Load model",
+        "model.norms": "Residual norm per layer",
+        "model.facts": "Architecture facts",
+        # data
+        "data.file": "Upload a dataset (CSV, TSV, JSON, JSONL, Parquet)",
+        "data.bundled": "Bundled dataset",
+        "data.schema": "Schema",
+        "data.schema_info": "auto detects it from the column names",
+        "data.use_bundled": "Use bundled dataset",
+        "data.empty": "No dataset yet: upload one or pick a bundled one.",
+        "data.preview": "Preview (first rows)",
+        "data.balance": "Class balance (train / test split by group)",
+        "data.details": "Details",
+        # train
+        "train.method": "Method",
+        "train.method_info": "mean-diff, probe, PCA and ITI need labels or pairs; TSV labelled answers; L2S pairs",
+        "train.auto_layer": "Automatic layer",
+        "train.layer": "Layer",
+        "train.position": "Token position",
+        "train.seed": "Seed",
+        "train.exemplars": "Labelled exemplars",
+        "train.epochs": "Epochs",
+        "train.logit_penalty": "Logit penalty",
+        "train.kl_penalty": "KL penalty",
+        "train.top_heads": "Top heads",
+        "train.context_layer": "Context layer L′ (empty = L*)",
+        "train.hidden": "MLP hidden size (empty = default)",
+        "train.extra": "More hyperparameters (JSON)",
+        "train.extra_info": "passed to the method as keyword arguments, e.g. {\"lr\": 0.001}",
+        "train.probe": "Probe every layer",
+        "train.train": "Train",
+        "train.empty": "Load a dataset in the Data tab, then train.",
+        "train.probe_chart": "Per-layer probe AUROC (held-out)",
+        "train.curves": "Training curves",
+        "train.results": "Results",
+        "train.report": "Full report",
+        "train.probe_table": "Per-layer probe table",
+        # explore
+        "explore.prompt": "Prompt",
+        "explore.vector": "Steering vector",
+        "explore.vector_info": "your trained or imported vectors, or a seeded random direction",
+        "explore.layer": "Layer",
+        "explore.random_seed": "Random seed",
+        "explore.relative": "Relative units",
+        "explore.relative_info": "α = 1 adds a vector as long as a typical residual at this layer",
+        "explore.alpha_max": "α range",
+        "explore.alpha": "α (steering strength)",
+        "explore.alpha_info": "drag: next-token bars update live; release: both sides regenerate",
+        "explore.sampling": "Sampling",
+        "explore.greedy": "Greedy",
+        "explore.temperature": "Temperature",
+        "explore.top_k": "Top-k (0 = off)",
+        "explore.top_p": "Top-p",
+        "explore.repetition": "Repetition penalty",
+        "explore.max_tokens": "Max new tokens",
+        "explore.seed": "Sampling seed",
+        "explore.generate": "Generate",
+        "explore.sweep": "Dose-response sweep",
+        "explore.target": "Target token (optional)",
+        "explore.target_info": "its probability is tracked in the dose-response chart",
+        "explore.readout_empty": "Drag α to see KL, entropy and max |Δlogit|.",
+        "explore.bars": "Next-token probabilities",
+        "explore.delta": "Δlogit over the vocabulary",
+        "explore.unsteered": "Unsteered",
+        "explore.steered": "Steered (colour = Δlogit of each token)",
+        "explore.token_hint": "Click a steered token to see its log-probability, Δlogit and the top alternatives.",
+        "explore.per_token": "Per-token Δlogit",
+        "explore.dose": "Dose-response",
+        "explore.raw": "Raw numbers",
+        "explore.tokens": "Tokens / sweep table",
+        "explore.details": "JSON",
+        # detect
+        "detect.vector": "TSV vector",
+        "detect.vector_info": "train one with method TSV, or import one",
+        "detect.answers": "Answers to score (prompt, answer)",
+        "detect.from_explore": "Use the last Explore generation",
+        "detect.file": "Or a labelled file (gives AUROC)",
+        "detect.run": "Score",
+        "detect.empty": "Pick a TSV vector and type answers or upload a labelled file.",
+        "detect.scores": "p(truthful) per answer",
+        "detect.histogram": "Score distribution",
+        "detect.details": "JSON",
+        # export / import
+        "export.export_title": "### Export",
+        "export.vector": "Vector",
+        "export.format": "Format",
+        "export.format_info": "native keeps everything (TSV prototypes, L2S MLP); gguf loads in llama.cpp / repeng",
+        "export.export": "Export",
+        "export.files": "Files",
+        "export.import_title": "### Import",
+        "export.upload": "Upload a vector file (any supported format)",
+        "export.info": "Vector metadata",
+    },
+    "zh-CN": {
+        "app.title": "# steer_ui：激活引导，实时可见",
+        "app.subtitle": "选择一个向量和一层，拖动 α，观察下一个词元的分布、logits 以及两侧生成结果如何变化。所有计算都在已加载的模型上进行。",
+        "app.language": "语言",
+        "tab.model": "模型",
+        "tab.data": "数据",
+        "tab.train": "训练",
+        "tab.explore": "探索",
+        "tab.concepts": "概念",
+        "tab.detect": "检测",
+        "tab.export": "导出 / 导入",
+        "model.source": "模型",
+        "model.source_info": "embedded（内置 Gemma 3 270M）、Hub 模型 ID、本地目录、.gguf 文件或 tiny:FAMILY",
+        "model.device": "设备",
+        "model.dtype": "数据类型",
+        "model.load": "加载模型",
+        "model.norms": "各层残差范数",
+        "model.facts": "架构信息",
+        "data.file": "上传数据集（CSV、TSV、JSON、JSONL、Parquet）",
+        "data.bundled": "内置数据集",
+        "data.schema": "数据格式",
+        "data.schema_info": "auto 表示根据列名自动识别",
+        "data.use_bundled": "使用内置数据集",
+        "data.empty": "还没有数据集：请上传一个或选择内置数据集。",
+        "data.preview": "预览（前几行）",
+        "data.balance": "类别分布（按分组划分训练 / 测试）",
+        "data.details": "详细信息",
+        "train.method": "方法",
+        "train.method_info": "mean-diff、probe、PCA 和 ITI 需要标签或成对数据；TSV 需要带标签的回答；L2S 需要成对数据",
+        "train.auto_layer": "自动选择层",
+        "train.layer": "层",
+        "train.position": "词元位置",
+        "train.seed": "随机种子",
+        "train.exemplars": "带标签示例数",
+        "train.epochs": "训练轮数",
+        "train.logit_penalty": "Logit 惩罚",
+        "train.kl_penalty": "KL 惩罚",
+        "train.top_heads": "选用的注意力头数",
+        "train.context_layer": "上下文层 L′（留空 = L*）",
+        "train.hidden": "MLP 隐藏层大小（留空 = 默认）",
+        "train.extra": "更多超参数（JSON）",
+        "train.extra_info": "作为关键字参数传给方法，例如 {\"lr\": 0.001}",
+        "train.probe": "逐层探测",
+        "train.train": "训练",
+        "train.empty": "先在“数据”页加载数据集，然后训练。",
+        "train.probe_chart": "逐层探针 AUROC（留出集）",
+        "train.curves": "训练曲线",
+        "train.results": "结果",
+        "train.report": "完整报告",
+        "train.probe_table": "逐层探针表",
+        "explore.prompt": "提示词",
+        "explore.vector": "引导向量",
+        "explore.vector_info": "你训练或导入的向量，或一个带种子的随机方向",
+        "explore.layer": "层",
+        "explore.random_seed": "随机种子",
+        "explore.relative": "相对单位",
+        "explore.relative_info": "α = 1 表示加入的向量与该层典型残差一样长",
+        "explore.alpha_max": "α 范围",
+        "explore.alpha": "α（引导强度）",
+        "explore.alpha_info": "拖动时下一个词元的柱状图实时更新；松开后两侧重新生成",
+        "explore.sampling": "采样",
+        "explore.greedy": "贪心解码",
+        "explore.temperature": "温度",
+        "explore.top_k": "Top-k（0 = 关闭）",
+        "explore.top_p": "Top-p",
+        "explore.repetition": "重复惩罚",
+        "explore.max_tokens": "最多生成词元数",
+        "explore.seed": "采样种子",
+        "explore.generate": "生成",
+        "explore.sweep": "剂量-响应扫描",
+        "explore.target": "目标词元（可选）",
+        "explore.target_info": "在剂量-响应图中跟踪它的概率",
+        "explore.readout_empty": "拖动 α 查看 KL、熵和最大 |Δlogit|。",
+        "explore.bars": "下一个词元的概率",
+        "explore.delta": "词表上的 Δlogit",
+        "explore.unsteered": "未引导",
+        "explore.steered": "已引导（颜色 = 每个词元的 Δlogit）",
+        "explore.token_hint": "点击一个已引导的词元，查看它的对数概率、Δlogit 和最可能的替代词元。",
+        "explore.per_token": "逐词元 Δlogit",
+        "explore.dose": "剂量-响应",
+        "explore.raw": "原始数值",
+        "explore.tokens": "词元 / 扫描表",
+        "explore.details": "JSON",
+        "detect.vector": "TSV 向量",
+        "detect.vector_info": "用 TSV 方法训练一个，或导入一个",
+        "detect.answers": "待评分的回答（提示词，回答）",
+        "detect.from_explore": "使用“探索”页最近一次生成",
+        "detect.file": "或上传带标签的文件（给出 AUROC）",
+        "detect.run": "评分",
+        "detect.empty": "选择一个 TSV 向量，然后输入回答或上传带标签的文件。",
+        "detect.scores": "每个回答的 p(真实)",
+        "detect.histogram": "分数分布",
+        "detect.details": "JSON",
+        "export.export_title": "### 导出",
+        "export.vector": "向量",
+        "export.format": "格式",
+        "export.format_info": "native 保留全部内容（TSV 原型、L2S MLP）；gguf 可在 llama.cpp / repeng 中加载",
+        "export.export": "导出",
+        "export.files": "文件",
+        "export.import_title": "### 导入",
+        "export.upload": "上传向量文件（任一支持的格式）",
+        "export.info": "向量元数据",
+    },
+}
+
+MESSAGES: dict[str, dict[str, str]] = {
+    "en": {
+        "error_title": "Error",
+        "unexpected": "Something went wrong: {detail}. Your data and vectors are kept; try again or change the input.",
+        "no_model": "No model is loaded yet: load one in the Model tab.",
+        "model_load_failed": "The model could not be loaded: {detail}",
+        "model_loading": "Loading the model… {detail}",
+        "model_facts": "**{model_id}** ({model_type}) · {num_layers} layers · hidden size {hidden_size} · "
+                       "vocabulary {vocab_size} · tied lm_head: {tied_lm_head} · {parameters} parameters · "
+                       "{device} {dtype} · loaded in {load_seconds} s",
+        "unknown_vector": "There is no vector named '{name}' in this session (you have: {known}). Train or import "
+                          "one first.",
+        "bad_layer": "Layer {layer} does not exist: this model has layers 0 to {last}.",
+        "steering_failed": "This vector cannot steer the loaded model: {detail}",
+        "bad_alpha": "α must be a finite number, got {alpha}.",
+        "explore_failed": "Could not compute the steered distribution: {detail}",
+        "input_dependent_projection": "This vector is input-dependent (L2S): it has no single direction to project "
+                                      "through lm_head.",
+        "empty_prompt": "The prompt is empty: type some text to continue.",
+        "bad_sampling": "Bad sampling setting: {detail}",
+        "generation_failed": "Generation failed: {detail}",
+        "sweep_unsupported": "The dose-response sweep needs a single fixed direction; this vector is input-dependent "
+                             "or acts on several sites.",
+        "unknown_bundled": "There is no bundled dataset '{name}' (available: {known}).",
+        "no_file": "No file was given.",
+        "file_missing": "The file {name} could not be found (the upload may have expired); upload it again.",
+        "file_too_large": "{name} is {size} MB, over the {limit} MB limit.",
+        "feature_missing": "This feature is not available in this build yet ({feature}).",
+        "dataset_invalid": "{name} could not be used: {detail}. The previously loaded data is unchanged.",
+        "no_dataset": "No dataset is loaded in this session: use the Data tab first.",
+        "training_failed": "Training failed: {detail}",
+        "unknown_method": "Unknown method '{method}' (choose one of: {known}).",
+        "not_tsv": "Vector '{name}' was made by method '{method}'; detection needs a TSV vector.",
+        "no_answers": "There are no answers to score: type at least one answer.",
+        "detect_failed": "Detection failed: {detail}",
+        "unknown_format": "Unknown format '{fmt}' (choose one of: {known}).",
+        "export_failed": "Could not export to {fmt}: {detail}",
+        "import_failed": "{name} could not be imported: {detail}",
+        "readout": "**KL**(unsteered‖steered) = {kl:.4f} nats · **entropy** {hu:.3f} → {hs:.3f} nats · "
+                   "**max |Δlogit|** = {maxd:.3f} on {token}{warn}",
+        "no_tokens": "No tokens were generated.",
+        "token_detail": "Token {token}: log-probability {logprob:.3f}, Δlogit {delta:+.3f} (direct estimate "
+                        "{direct:+.3f}). Alternatives: {alts}",
+        "drag_alpha": "Drag α to see the distribution change.",
+        "dataset_summary": "**{name}**: {kind}, {rows} rows; columns: {columns}",
+        "dataset_warning": "⚠ {detail}",
+        "bad_json": "The extra hyperparameters are not valid JSON: {detail}",
+        "no_curves": "This method reports no per-epoch curves.",
+        "trained": "Trained **{name}**; it is now in the vector lists of Explore, Detect and Export.",
+        "answers_table": "The answers table needs two columns: prompt and answer.",
+        "pick_tsv": "Pick a TSV vector first.",
+        "detect_summary": "Scored {n} answers · AUROC: {auroc}",
+        "no_generation": "Nothing has been generated in Explore yet.",
+        "exported": "Wrote {n} file(s) in {fmt} format: {names}",
+        "imported": "Imported **{name}**; it is now in the vector lists.",
+        "import_warning": "⚠ {detail}",
+        "share_failed": "Could not create a public share link ({detail}); the app is still available locally.",
+    },
+    "zh-CN": {
+        "error_title": "错误",
+        "unexpected": "出错了：{detail}。你的数据和向量都已保留；请重试或修改输入。",
+        "no_model": "还没有加载模型：请在“模型”页加载。",
+        "model_load_failed": "无法加载模型：{detail}",
+        "model_loading": "正在加载模型… {detail}",
+        "model_facts": "**{model_id}**（{model_type}）· {num_layers} 层 · 隐藏维度 {hidden_size} · 词表 {vocab_size} · "
+                       "lm_head 与嵌入共享：{tied_lm_head} · {parameters} 个参数 · {device} {dtype} · 加载用时 "
+                       "{load_seconds} 秒",
+        "unknown_vector": "本会话中没有名为“{name}”的向量（现有：{known}）。请先训练或导入一个。",
+        "bad_layer": "第 {layer} 层不存在：该模型的层编号为 0 到 {last}。",
+        "steering_failed": "该向量无法引导当前模型：{detail}",
+        "bad_alpha": "α 必须是有限的数值，收到的是 {alpha}。",
+        "explore_failed": "无法计算引导后的分布：{detail}",
+        "input_dependent_projection": "该向量依赖输入（L2S）：没有单一方向可以通过 lm_head 投影。",
+        "empty_prompt": "提示词为空：请输入一些文字。",
+        "bad_sampling": "采样设置有误：{detail}",
+        "generation_failed": "生成失败：{detail}",
+        "sweep_unsupported": "剂量-响应扫描需要单一的固定方向；该向量依赖输入或作用于多个位置。",
+        "unknown_bundled": "没有名为“{name}”的内置数据集（可用：{known}）。",
+        "no_file": "没有提供文件。",
+        "file_missing": "找不到文件 {name}（上传可能已过期）；请重新上传。",
+        "file_too_large": "{name} 大小为 {size} MB，超过了 {limit} MB 的上限。",
+        "feature_missing": "当前版本尚未提供此功能（{feature}）。",
+        "dataset_invalid": "无法使用 {name}：{detail}。之前加载的数据保持不变。",
+        "no_dataset": "本会话还没有加载数据集：请先使用“数据”页。",
+        "training_failed": "训练失败：{detail}",
+        "unknown_method": "未知方法“{method}”（可选：{known}）。",
+        "not_tsv": "向量“{name}”由方法“{method}”生成；检测需要 TSV 向量。",
+        "no_answers": "没有可评分的回答：请至少输入一个回答。",
+        "detect_failed": "检测失败：{detail}",
+        "unknown_format": "未知格式“{fmt}”（可选：{known}）。",
+        "export_failed": "无法导出为 {fmt}：{detail}",
+        "import_failed": "无法导入 {name}：{detail}",
+        "readout": "**KL**(未引导‖已引导) = {kl:.4f} nats · **熵** {hu:.3f} → {hs:.3f} nats · "
+                   "**最大 |Δlogit|** = {maxd:.3f}，出现在 {token}{warn}",
+        "no_tokens": "没有生成任何词元。",
+        "token_detail": "词元 {token}：对数概率 {logprob:.3f}，Δlogit {delta:+.3f}（直接效应估计 {direct:+.3f}）。"
+                        "替代词元：{alts}",
+        "drag_alpha": "拖动 α 查看分布的变化。",
+        "dataset_summary": "**{name}**：{kind}，{rows} 行；列：{columns}",
+        "dataset_warning": "⚠ {detail}",
+        "bad_json": "额外超参数不是有效的 JSON：{detail}",
+        "no_curves": "该方法没有逐轮的训练曲线。",
+        "trained": "已训练 **{name}**；它已出现在“探索”“检测”和“导出”页的向量列表中。",
+        "answers_table": "回答表需要两列：提示词和回答。",
+        "pick_tsv": "请先选择一个 TSV 向量。",
+        "detect_summary": "已为 {n} 个回答评分 · AUROC：{auroc}",
+        "no_generation": "“探索”页还没有生成任何内容。",
+        "exported": "已写出 {n} 个 {fmt} 格式的文件：{names}",
+        "imported": "已导入 **{name}**；它已出现在向量列表中。",
+        "import_warning": "⚠ {detail}",
+        "share_failed": "无法创建公开分享链接（{detail}）；应用仍可在本机访问。",
+    },
+}
+
+PLOTS: dict[str, dict[str, dict[str, str]]] = {
+    "en": {
+        "bars": {"title": "Next token: unsteered vs steered", "unsteered": "unsteered", "steered": "steered",
+                 "probability": "probability"},
+        "delta": {"title": "Δlogit: most promoted and suppressed tokens", "exploded": "logits exploding"},
+        "per_token": {"title": "Per-token Δlogit of the steered generation", "actual": "actual Δlogit",
+                      "direct": "direct estimate α·v·W_U"},
+        "dose": {"title": "Dose-response", "kl": "KL(unsteered‖steered)", "entropy": "entropy (nats)",
+                 "target": "p(target)", "max_delta": "max |Δlogit|"},
+        "norms": {"title": "Residual-stream norm per layer", "layer": "layer", "norm": "mean ‖h‖"},
+        "probe": {"title": "Per-layer probe (held-out)", "layer": "layer", "best": "best"},
+        "curves": {"title": "Training curves"},
+        "balance": {"title": "Class balance"},
+        "detect": {"title": "Detection scores", "score": "p(truthful)"},
+    },
+    "zh-CN": {
+        "bars": {"title": "下一个词元：未引导 vs 已引导", "unsteered": "未引导", "steered": "已引导",
+                 "probability": "概率"},
+        "delta": {"title": "Δlogit：提升和压低最多的词元", "exploded": "logits 爆炸"},
+        "per_token": {"title": "已引导生成的逐词元 Δlogit", "actual": "实际 Δlogit", "direct": "直接效应估计 α·v·W_U"},
+        "dose": {"title": "剂量-响应", "kl": "KL(未引导‖已引导)", "entropy": "熵（nats）", "target": "p(目标)",
+                 "max_delta": "最大 |Δlogit|"},
+        "norms": {"title": "各层残差流范数", "layer": "层", "norm": "平均 ‖h‖"},
+        "probe": {"title": "逐层探针（留出集）", "layer": "层", "best": "最佳"},
+        "curves": {"title": "训练曲线"},
+        "balance": {"title": "类别分布"},
+        "detect": {"title": "检测分数", "score": "p(真实)"},
+    },
+}
+
+
+def normalise_lang(lang: str | None) -> str:
+    """Any Chinese locale (zh, zh-CN, zh-Hans-CN, ...) -> 'zh-CN'; everything else -> 'en'."""
+    return "zh-CN" if str(lang or "").lower().startswith("zh") else "en"
+
+
+def message(lang: str | None, key: str, **params: Any) -> str:
+    """A server-side message in ``lang`` (English when the key has no translation)."""
+    lang = normalise_lang(lang)
+    template = MESSAGES[lang].get(key) or MESSAGES["en"].get(key)
+    if template is None:
+        return key if not params else f"{key}: {params}"
+    try:
+        return template.format(**params)
+    except (KeyError, IndexError, ValueError):
+        return MESSAGES["en"].get(key, key).format_map({k: params.get(k, "?") for k in placeholders(template)})
+
+
+def label(lang: str | None, key: str) -> str:
+    """A label's text in ``lang`` (for server-side use and tests)."""
+    lang = normalise_lang(lang)
+    return TRANSLATIONS[lang].get(key) or TRANSLATIONS["en"][key]
+
+
+def plot_labels(lang: str | None, plot: str) -> dict[str, str]:
+    lang = normalise_lang(lang)
+    return {**PLOTS["en"].get(plot, {}), **PLOTS[lang].get(plot, {})}
+
+
+def placeholders(template: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+
+
+def extend(labels: dict[str, dict[str, str]] | None = None, messages: dict[str, dict[str, str]] | None = None,
+           plots: dict[str, dict[str, dict[str, str]]] | None = None) -> None:
+    """Add keys (per language) before the app is built; existing keys may not be redefined differently."""
+    for target, extra in ((TRANSLATIONS, labels), (MESSAGES, messages), (PLOTS, plots)):
+        for lang, entries in (extra or {}).items():
+            lang = normalise_lang(lang)
+            for key, text in entries.items():
+                if key in target[lang] and target[lang][key] != text:
+                    raise ValueError(f"i18n key '{key}' ({lang}) is already defined with different text")
+                target[lang][key] = text
+
+
+class _LazyI18n:
+    """``GR_I18N(key)`` -> gr.I18n key object; the gr.I18n itself is made when the app is built."""
+
+    def __call__(self, key: str):
+        from gradio.i18n import I18nData
+
+        return I18nData(key)
+
+
+GR_I18N = _LazyI18n()
+
+
+def gr_i18n():
+    """The gr.I18n for ``launch(i18n=...)``: English, Simplified Chinese (also under 'zh' for bare-'zh' browsers)."""
+    import gradio as gr
+
+    zh = {**TRANSLATIONS["en"], **TRANSLATIONS["zh-CN"]}
+    return gr.I18n(en=dict(TRANSLATIONS["en"]), **{"zh-CN": zh, "zh": zh})

@@ -1,0 +1,77 @@
+"""Model: pick a model (embedded, hub id, local directory, GGUF), load it, see its architecture facts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from .. import plots
+from ..backend import Backend
+from . import i18n
+from .common import T, handler, lang_of, progress_adapter
+
+SOURCES = ["embedded", "tiny:llama", "tiny:gemma3", "tiny:gpt2"]
+
+
+@dataclass
+class ModelTab:
+    source: gr.Dropdown
+    device: gr.Dropdown
+    dtype: gr.Dropdown
+    load: gr.Button
+    status: gr.Markdown
+    facts: gr.JSON
+    norms: gr.Plot
+
+
+def facts_markdown(lang: str, facts: dict) -> str:
+    return i18n.message(lang, "model_facts", **{k: facts.get(k) for k in (
+        "model_id", "model_type", "num_layers", "hidden_size", "vocab_size", "tied_lm_head", "parameters", "device",
+        "dtype", "load_seconds")})
+
+
+def status_markdown(backend: Backend, lang: str) -> str:
+    status = backend.model_status()
+    if status["ready"]:
+        return facts_markdown(lang, backend.model_facts())
+    if status["error"]:
+        return i18n.message(lang, "model_load_failed", detail=status["error"])
+    if status["loading"]:
+        return i18n.message(lang, "model_loading", detail=status["message"])
+    return i18n.message(lang, "no_model")
+
+
+def build_model_tab(backend: Backend) -> ModelTab:
+    with gr.Row():
+        source = gr.Dropdown(choices=SOURCES, value="embedded", allow_custom_value=True, label=T("model.source"),
+                             info=T("model.source_info"), scale=3)
+        device = gr.Dropdown(choices=["auto", "cpu", "cuda", "mps"], value="auto", allow_custom_value=True,
+                             label=T("model.device"), scale=1)
+        dtype = gr.Dropdown(choices=["auto", "float32", "bfloat16", "float16"], value="auto",
+                            label=T("model.dtype"), scale=1)
+    load = gr.Button(T("model.load"), variant="primary")
+    status = gr.Markdown(elem_id="model-status")
+    with gr.Row():
+        norms = gr.Plot(label=T("model.norms"))
+        facts = gr.JSON(label=T("model.facts"))
+    tab = ModelTab(source=source, device=device, dtype=dtype, load=load, status=status, facts=facts, norms=norms)
+
+    @handler(backend)
+    def load_model(source, device, dtype, request: gr.Request, progress=gr.Progress()):
+        lang = lang_of(backend, request)
+        facts = backend.load_model(source, device, dtype, progress=progress_adapter(progress))
+        labels = i18n.plot_labels(lang, "norms")
+        return facts_markdown(lang, facts), facts, plots.layer_norms(backend.layer_norm_frame(), labels=labels)
+
+    tab.load_event = load.click(load_model, [source, device, dtype], [status, facts, norms], api_name="load_model",
+                                concurrency_id="model", concurrency_limit=1)
+    return tab
+
+
+def model_view(backend: Backend, lang: str):
+    """Status, facts and norm chart for whatever is loaded (page load)."""
+    if not backend.model_ready:
+        return status_markdown(backend, lang), None, plots.empty_figure(status_markdown(backend, lang))
+    facts = backend.model_facts()
+    return (facts_markdown(lang, facts), facts,
+            plots.layer_norms(backend.layer_norm_frame(), labels=i18n.plot_labels(lang, "norms")))
