@@ -157,6 +157,7 @@ def _make_steer_hook(steers: list[Steer], state: StepState):
             total = add if total is None else total + add
         return _replace_output(output, hidden + total)
 
+    hook._steer_ui = True
     return hook
 
 
@@ -167,6 +168,7 @@ def _make_context_hook(layer: int, state: StepState):
             last = (state.prompt_len or hidden.shape[1]) - 1
             state.context[layer] = hidden[:, last, :].detach()
 
+    hook._steer_ui = True
     return hook
 
 
@@ -220,5 +222,13 @@ def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = Non
 
 
 def hook_count(handle) -> int:
-    """How many forward hooks are on the decoder blocks (0 outside :func:`steering`)."""
-    return sum(len(layer._forward_hooks) for layer in handle.arch.layers)
+    """How many of our hooks are installed anywhere in the model (0 outside :func:`steering`).
+
+    transformers installs output-recording hooks of its own; those are not counted.
+    Extensions mark their hook functions with ``_steer_ui = True`` to be counted.
+    """
+    count = 0
+    for module in handle.model.modules():
+        for hooks in (module._forward_hooks, module._forward_pre_hooks):
+            count += sum(1 for fn in hooks.values() if getattr(fn, "_steer_ui", False))
+    return count

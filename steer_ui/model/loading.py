@@ -180,6 +180,35 @@ def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
         raise
 
 
+def _cached_on_disk(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:
+        return False
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP check, so an offline machine gets an answer in seconds rather than after retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        from huggingface_hub import constants
+
+        url = urlparse(constants.ENDPOINT)
+    except Exception:
+        return False
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def load_model(
     source: str | None = None,
     device: str = "auto",
@@ -216,6 +245,12 @@ def load_model(
             raise ModelLoadError(f"{source} is a file but not a .gguf; give a model directory, a hub id or a .gguf")
         load_from, local_only = (str(path), True) if path.is_dir() else (source, False)
 
+    if not local_only and not _cached_on_disk(source) and not _hub_reachable():
+        raise ModelLoadError(
+            f"'{source}' is not in the local Hugging Face cache and the hub cannot be reached from this machine. "
+            f"Download it where there is internet (huggingface-cli download {source} --local-dir DIR), copy DIR here "
+            "and pass --model DIR; or use the embedded model (the default)."
+        )
     progress(0.8, f"loading {model_id}")
     kwargs: dict = {"dtype": torch_dtype}
     if device_map:

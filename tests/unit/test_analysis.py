@@ -1,0 +1,89 @@
+import pytest
+import torch
+
+from steer_ui.model.analysis import (
+    PrefixState, naive_logits, next_token, score_answer, sweep, to_raw_alpha, vocab_projection,
+)
+from steer_ui.model.hooks import Steer
+from steer_ui.tiny import FAMILIES
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fast_path_equals_full_forward(tiny, family):
+    handle = tiny(family)
+    v = torch.randn(64)
+    for layer in (0, 2, 3):
+        steers = [Steer(layer=layer, vector=v, alpha=3.0)]
+        fast = PrefixState(handle, "The fast path", layer).logits(steers, rows=1)[0]
+        slow = naive_logits(handle, "The fast path", steers)[0]
+        torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
+
+
+def test_fast_path_with_two_layers_and_input_dependent(tiny):
+    handle = tiny("llama")
+    v1, v2 = torch.randn(64), torch.randn(64)
+    w = torch.randn(64, 64) * 0.05
+    steers = [Steer(layer=1, vector=v1, alpha=2.0), Steer(layer=3, vector=v2, alpha=-1.0),
+              Steer(layer=2, fn=lambda h: h @ w, context_layer=1, alpha=1.0)]
+    fast = PrefixState(handle, "two layers", 1).logits(steers, rows=1)[0]
+    slow = naive_logits(handle, "two layers", steers)[0]
+    torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
+
+
+def test_next_token_view(tiny):
+    handle = tiny("gemma3")
+    v = torch.randn(64)
+    view = next_token(handle, "next", [Steer(layer=1, vector=v, alpha=10.0)], top_k=5)
+    assert len(view.unsteered) == 5 and len(view.steered) == 5
+    assert view.unsteered.prob.is_monotonic_decreasing
+    assert view.kl > 0 and view.max_abs_delta_logit > 0
+    assert view.promoted.delta_logit.iloc[0] == pytest.approx(view.max_abs_delta_logit) or \
+        view.suppressed.delta_logit.iloc[0] == pytest.approx(-view.max_abs_delta_logit)
+    zero = next_token(handle, "next", [Steer(layer=1, vector=v, alpha=0.0)], top_k=5)
+    assert zero.kl == pytest.approx(0.0, abs=1e-6) and zero.max_abs_delta_logit < 1e-4
+    slow = next_token(handle, "next", [Steer(layer=1, vector=v, alpha=10.0)], top_k=5, fast=False)
+    assert slow.kl == pytest.approx(view.kl, rel=1e-3, abs=1e-6)
+
+
+def test_sweep_rows_match_single_calls(tiny):
+    handle = tiny("qwen3")
+    v = torch.randn(64)
+    alphas = [-4.0, 0.0, 2.0, 8.0]
+    frame = sweep(handle, "sweep me", v, 2, alphas, target="a")
+    assert list(frame.alpha) == alphas
+    assert frame.kl.iloc[1] == pytest.approx(0.0, abs=1e-6)
+    for a, kl in zip(alphas, frame.kl):
+        single = next_token(handle, "sweep me", [Steer(layer=2, vector=v, alpha=a)])
+        assert kl == pytest.approx(single.kl, rel=1e-3, abs=1e-6)
+    assert {"entropy", "top1_token", "top1_prob", "max_abs_delta_logit", "target_prob"} <= set(frame.columns)
+
+
+def test_vocab_projection_finds_aligned_token(tiny):
+    handle = tiny("llama")
+    token_id = 100
+    v = handle.arch.unembedding[token_id].clone()
+    frame = vocab_projection(handle, v, top_k=3)
+    assert int(frame[frame.direction == "+"].token_id.iloc[0]) == token_id
+
+
+def test_score_answer(tiny):
+    handle = tiny("llama")
+    v = torch.randn(64)
+    frame = score_answer(handle, "Q: hi A:", " yes", [Steer(layer=1, vector=v, alpha=10.0, positions="all")])
+    assert len(frame) == 4  # " yes" is 4 bytes
+    assert frame.attrs["nats_shifted"] == pytest.approx(frame.delta.sum())
+    # unsteered column equals a direct teacher-forced computation
+    ids = handle.tokenizer("Q: hi A: yes", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        logp = handle.model(input_ids=ids).logits[0].log_softmax(-1)
+    n = len(frame)
+    direct = [float(logp[-n - 1 + i, ids[0, -n + i]]) for i in range(n)]
+    assert frame.logprob_unsteered.tolist() == pytest.approx(direct, abs=1e-4)
+
+
+def test_relative_alpha_uses_layer_norm(tiny):
+    handle = tiny("llama")
+    norms = handle.layer_norms()
+    assert len(norms) == 4 and all(n > 0 for n in norms)
+    assert to_raw_alpha(handle, 0.5, 2, relative=True) == pytest.approx(0.5 * norms[2])
+    assert to_raw_alpha(handle, 0.5, 2, relative=False) == 0.5

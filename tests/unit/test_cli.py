@@ -1,0 +1,63 @@
+import json
+
+import pytest
+import torch
+
+from steer_ui.cli import main
+from steer_ui.vector import SteeringVector, random_vector
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_json_is_one_object(capsys):
+    code, out, _ = run(capsys, "generate", "--model", "tiny:llama", "--prompt", "hi", "--random-vector", "3",
+                       "--alpha", "5", "--max-new-tokens", "4", "--json")
+    assert code == 0
+    data = json.loads(out)  # exactly one JSON document
+    assert set(data) >= {"unsteered", "steered"}
+    assert len(data["steered"]["tokens"]) <= 4
+    tok = data["steered"]["tokens"][0]
+    assert {"token", "logprob", "delta_logit", "direct_delta_logit"} <= set(tok)
+
+
+def test_next_token_json(capsys):
+    code, out, _ = run(capsys, "next-token", "--model", "tiny:gpt2", "--prompt", "hi", "--random-vector", "1",
+                       "--layer", "2", "--alpha", "0.5", "--relative", "--top-k", "4", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert len(data["unsteered"]) == 4 and {"kl", "max_abs_delta_logit", "promoted", "suppressed"} <= set(data)
+
+
+def test_sweep_json(capsys):
+    code, out, _ = run(capsys, "sweep", "--model", "tiny:llama", "--prompt", "hi", "--random-vector", "1",
+                       "--alphas", "0,1,2", "--json")
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert [r["alpha_requested"] for r in rows] == [0, 1, 2] and rows[0]["kl"] == pytest.approx(0, abs=1e-6)
+
+
+def test_errors_are_one_line_json(capsys, tmp_path):
+    code, out, err = run(capsys, "generate", "--model", "tiny:llama", "--prompt", " ", "--json")
+    assert code == 2 and json.loads(out) == {"error": "the prompt is empty: type some text to continue"}
+    assert "Traceback" not in err
+    wrong = random_vector(32, 1, seed=0).save(tmp_path / "small.safetensors")
+    code, out, _ = run(capsys, "next-token", "--model", "tiny:llama", "--prompt", "x", "--vector", str(wrong),
+                       "--alpha", "1", "--json")
+    assert code == 2 and "hidden size 32" in json.loads(out)["error"] and "64" in json.loads(out)["error"]
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a tensor file")
+    code, out, _ = run(capsys, "next-token", "--model", "tiny:llama", "--prompt", "x", "--vector", str(junk), "--json")
+    assert code == 2 and "junk.safetensors" in json.loads(out)["error"]
+
+
+def test_vector_record_roundtrip(tmp_path):
+    vec = SteeringVector(directions={3: torch.randn(64)}, hidden_size=64, method="mean-diff", model_id="m",
+                         hyperparameters={"lr": 0.1}, metrics={"auroc": 0.9}, alpha_range=(-1, 1),
+                         extras={"prototypes": torch.randn(2, 64)})
+    back = SteeringVector.load(vec.save(tmp_path / "v.safetensors"))
+    assert torch.equal(back.direction(3), vec.direction(3)) and torch.equal(back.extras["prototypes"], vec.extras["prototypes"])
+    assert back.metadata() == vec.metadata()

@@ -1,0 +1,61 @@
+import pytest
+import torch
+
+from steer_ui.model.loading import ModelLoadError, load_model, resolve_device, resolve_dtype
+from steer_ui.tiny import tiny_model
+
+
+def test_local_directory_roundtrip(tmp_path):
+    model, tok = tiny_model("qwen2")
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    handle = load_model(str(tmp_path), device="cpu", dtype="float32")
+    assert handle.arch.num_layers == 4 and handle.arch.model_type == "qwen2"
+    assert handle.tokenizer.padding_side == "left"
+    ids = tok("abc", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        torch.testing.assert_close(handle.model(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_bfloat16_dtype(tmp_path):
+    model, tok = tiny_model("llama")
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    handle = load_model(str(tmp_path), device="cpu", dtype="bfloat16")
+    assert next(handle.model.parameters()).dtype == torch.bfloat16
+
+
+def test_offline_hub_id_says_what_to_do(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ModelLoadError) as err:
+        load_model("someone/not-a-cached-model", device="cpu")
+    msg = str(err.value)
+    assert "someone/not-a-cached-model" in msg and "--model DIR" in msg
+
+
+def test_missing_gguf_and_wrong_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="GGUF file not found"):
+        load_model(str(tmp_path / "missing.gguf"))
+    junk = tmp_path / "weights.bin"
+    junk.write_bytes(b"\0" * 10)
+    with pytest.raises(ModelLoadError, match="not a .gguf"):
+        load_model(str(junk))
+
+
+def test_device_and_dtype_resolution():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    with pytest.raises(ModelLoadError, match="unknown dtype"):
+        resolve_dtype("float8", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+def test_unreachable_hub_answers_quickly(monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ModelLoadError) as err:
+        load_model("someone/not-a-real-model-xyz", device="cpu")
+    assert "someone/not-a-real-model-xyz" in str(err.value) and "--model DIR" in str(err.value)
