@@ -661,15 +661,10 @@ class Backend:
         suffix = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json",
                   "caa": ""}[fmt]
         out = out_dir / (safe + suffix) if suffix else out_dir / safe
-        try:
-            if fmt == "native":
-                written = [vector.save(out)]
-            else:
-                from .formats import write_vector
+        from .formats import write_vector
 
-                written = write_vector(vector, fmt, out)
-        except ImportError:
-            raise UserError("feature_missing", feature=f"export to {fmt}") from None
+        try:
+            written = write_vector(vector, fmt, out)
         except _expected_errors() as exc:
             raise UserError("export_failed", fmt=fmt, detail=_first_line(exc)) from None
         files: list[Path] = []
@@ -683,7 +678,6 @@ class Backend:
     def import_vector(self, session: str | None, path: str | Path | None, name: str | None = None) -> tuple[str, list[str]]:
         """Read a vector file in any supported format, validated against the loaded model."""
         from .formats import read_vector
-        from .steering import check_compatible
 
         if not path:
             raise UserError("no_file")
@@ -695,11 +689,7 @@ class Backend:
                             limit=self.max_file_bytes >> 20)
         handle = self.handle
         try:
-            vector, warnings = read_vector(path, handle)
-            check_compatible(handle, vector)
+            vector, warnings = read_vector(path, handle, max_bytes=self.max_file_bytes)  # validates against the model
         except _expected_errors() + (OSError, KeyError, TypeError) as exc:
             raise UserError("import_failed", name=path.name, detail=_first_line(exc)) from None
-        if vector.model_type and vector.model_type != handle.model_type:
-            warnings = list(warnings) + [f"vector was made for model type '{vector.model_type}', the loaded model is "
-                                         f"'{handle.model_type}'"]
         return self.add_vector(session, vector, name or vector.name or path.stem), list(warnings)

@@ -177,6 +177,6 @@ def _explore_first_view(backend: Backend, explore):
 
 def launch_kwargs(**overrides) -> dict:
     """What every launch of this app passes (translations, css, no SSR: there is no node here)."""
-    kwargs = dict(i18n=i18n.gr_i18n(), css=CSS, ssr_mode=False, footer_links=["api", "settings"])
+    kwargs = dict(i18n=i18n.gr_i18n(), css=CSS, ssr_mode=False, footer_links=["api", "settings"], show_error=True)
     kwargs.update(overrides)
     return kwargs

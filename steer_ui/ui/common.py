@@ -111,3 +111,23 @@ def table(frame, max_rows: int = 200):
         if frame[column].dtype == object:
             frame[column] = frame[column].map(lambda v: v if isinstance(v, str) or v is None else str(v))
     return frame
+
+
+class AlphaSlider(gr.Slider):
+    """A slider whose range is only a UI convenience: the API accepts any finite α.
+
+    gr.Slider refuses values outside [minimum, maximum] per session, so a
+    gradio_client caller could not ask for α = 8 while the slider shows ±1.
+    The backend checks α is finite and says so in plain words otherwise.
+    Rendered by gradio's own slider (``is_template``).
+    """
+
+    is_template = True
+
+    def preprocess(self, payload):
+        if payload is None:
+            return None
+        try:
+            return float(payload)
+        except (TypeError, ValueError):
+            return payload  # the backend turns it into a plain "α must be a number" message

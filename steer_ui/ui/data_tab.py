@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import plots
-from ..backend import DATASET_SUFFIXES, Backend
+from ..backend import Backend
 from . import i18n
 from .common import T, handler, lang_of, sid, table
 
@@ -34,8 +34,9 @@ def summary_markdown(lang: str, info: dict) -> str:
 
 def build_data_tab(backend: Backend) -> DataTab:
     with gr.Row():
-        file = gr.File(label=T("data.file"), file_types=list(DATASET_SUFFIXES), type="filepath", scale=2,
-                       elem_id="data-file")
+        # No file_types filter: gradio would refuse other files with its own untranslated message; the data
+        # module names the file and the problem (pickle, binary, wrong columns) in plain words instead.
+        file = gr.File(label=T("data.file"), type="filepath", scale=2, elem_id="data-file")
         with gr.Column(scale=1):
             bundled = gr.Dropdown(choices=backend.bundled_datasets(), value=None, label=T("data.bundled"),
                                   allow_custom_value=True)

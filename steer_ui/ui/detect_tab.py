@@ -49,8 +49,7 @@ def build_detect_tab(backend: Backend) -> DetectTab:
             answers = gr.Dataframe(headers=["prompt", "answer"], value=[["", ""]], column_count=(2, "fixed"),
                                    interactive=True, label=T("detect.answers"), wrap=True)
             from_explore = gr.Button(T("detect.from_explore"))
-            file = gr.File(label=T("detect.file"), type="filepath", file_types=[".csv", ".tsv", ".json", ".jsonl",
-                                                                                  ".parquet"])
+            file = gr.File(label=T("detect.file"), type="filepath")
             detect_btn = gr.Button(T("detect.run"), variant="primary")
         with gr.Column(scale=2):
             summary = gr.Markdown(T("detect.empty"))

@@ -16,7 +16,7 @@ import gradio as gr
 from .. import plots
 from ..backend import RANDOM, Backend
 from . import i18n
-from .common import MODEL, T, handler, lang_of, msg, sid, table
+from .common import MODEL, AlphaSlider, T, handler, lang_of, msg, sid, table
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
 # A generous layer range before the model is known; demo.load narrows it to the loaded model.
@@ -83,7 +83,7 @@ def build_explore_tab(backend: Backend, num_layers: int | None = None) -> Explor
             with gr.Row():
                 relative = gr.Checkbox(value=True, label=T("explore.relative"), info=T("explore.relative_info"))
                 alpha_max = gr.Number(value=1.0, minimum=0.001, maximum=1e6, label=T("explore.alpha_max"), min_width=90)
-            alpha = gr.Slider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.alpha"), info=T("explore.alpha_info"),
+            alpha = AlphaSlider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.alpha"), info=T("explore.alpha_info"),
                               elem_id="alpha-slider")
             with gr.Accordion(T("explore.sampling"), open=False):
                 greedy = gr.Checkbox(value=True, label=T("explore.greedy"))

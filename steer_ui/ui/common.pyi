@@ -1,0 +1,139 @@
+"""Small helpers every tab uses: translated labels, session ids, error conversion."""
+from __future__ import annotations
+
+import functools
+import html
+import inspect
+import logging
+
+import gradio as gr
+
+from ..backend import UserError
+from . import i18n
+
+log = logging.getLogger("steer_ui.ui")
+
+# Every event that runs the model shares one queue slot: the core lock serialises them anyway, and
+# gradio then shows "queued" instead of a spinner that hangs on the lock.
+MODEL = dict(concurrency_id="model", concurrency_limit=1)
+
+
+def T(key: str):
+    """A label translated in the browser (gr.I18n); the key must exist in :mod:`i18n`."""
+    if key not in i18n.TRANSLATIONS["en"]:
+        raise KeyError(f"no English text for i18n key '{key}'")
+    return i18n.GR_I18N(key)
+
+
+def sid(request: gr.Request | None) -> str:
+    """The per-tab session id (gradio_client gets its own per Client)."""
+    return getattr(request, "session_hash", None) or "default"
+
+
+def lang_of(backend, request: gr.Request | None) -> str:
+    return backend.language(sid(request))
+
+
+def msg(backend, request, key: str, **params) -> str:
+    """A server-side message in the session's language."""
+    return i18n.message(lang_of(backend, request), key, **params)
+
+
+def _find_request(args, kwargs) -> gr.Request | None:
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, gr.Request):
+            return value
+    return None
+
+
+def _as_gr_error(backend, request, exc: BaseException) -> gr.Error:
+    lang = lang_of(backend, request)
+    title = i18n.message(lang, "error_title")
+    if isinstance(exc, UserError):
+        # the toast renders HTML: user file names and token strings must not become markup
+        return gr.Error(html.escape(exc.text(lang)), title=title, print_exception=False)
+    if isinstance(exc, gr.Error):
+        return exc
+    log.exception("unexpected error in the app")
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = i18n.message(lang, "unexpected", detail=f"{type(exc).__name__}: {detail}")
+    return gr.Error(html.escape(text), title=title, print_exception=False)
+
+
+def handler(backend):
+    """Decorator: turn UserError (and any crash) into a plain gr.Error in the session's language.
+
+    Works for plain functions and generators; keeps the signature so gradio
+    still injects ``gr.Request`` and ``gr.Progress``.
+    """
+
+    def wrap(fn):
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def gen(*args, **kwargs):
+                request = _find_request(args, kwargs)
+                try:
+                    yield from fn(*args, **kwargs)
+                except Exception as exc:
+                    raise _as_gr_error(backend, request, exc) from None
+            return gen
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            request = _find_request(args, kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                raise _as_gr_error(backend, request, exc) from None
+        return call
+
+    return wrap
+
+
+def progress_adapter(progress):
+    """core progress(frac, message) -> gr.Progress."""
+    def report(frac: float, message: str = "") -> None:
+        try:
+            progress(max(0.0, min(1.0, float(frac))), desc=message)
+        except Exception:  # progress is cosmetic; never fail the work for it
+            pass
+    return report
+
+
+def table(frame, max_rows: int = 200):
+    """A DataFrame safe to show: strings for objects, at most ``max_rows`` rows."""
+    import pandas as pd
+
+    if frame is None:
+        return pd.DataFrame()
+    frame = frame.head(max_rows).copy()
+    for column in frame.columns:
+        if frame[column].dtype == object:
+            frame[column] = frame[column].map(lambda v: v if isinstance(v, str) or v is None else str(v))
+    return frame
+
+from gradio.events import Dependency
+
+class AlphaSlider(gr.Slider):
+    """A slider whose range is only a UI convenience: the API accepts any finite α.
+
+    gr.Slider refuses values outside [minimum, maximum] per session, so a
+    gradio_client caller could not ask for α = 8 while the slider shows ±1.
+    The backend checks α is finite and says so in plain words otherwise.
+    Rendered by gradio's own slider (``is_template``).
+    """
+
+    is_template = True
+
+    def preprocess(self, payload):
+        if payload is None:
+            return None
+        try:
+            return float(payload)
+        except (TypeError, ValueError):
+            return payload
+    from typing import Callable, Literal, Sequence, Any, TYPE_CHECKING
+    from gradio.blocks import Block
+    if TYPE_CHECKING:
+        from gradio.components import Timer
+        from gradio.components.base import Component  # the backend turns it into a plain "α must be a number" message

@@ -1,0 +1,192 @@
+"""gradio_client against the launched app: every named endpoint, errors that keep the session, concurrency.
+
+The tiny-model tests are fast and always run; the last test drives the embedded
+Gemma 3 270M and is marked ``integration``.
+"""
+from __future__ import annotations
+
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+
+from steer_ui.backend import RANDOM, Backend  # noqa: E402
+
+ENDPOINTS = ["/load_model", "/upload_dataset", "/train", "/next_token", "/generate", "/sweep", "/detect",
+             "/export_vector", "/import_vector"]
+PROMPT = "The weather today is"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(handle, tmp_path_factory):
+    from steer_ui.ui.app import build_demo, launch_kwargs
+
+    backend = Backend(handle=handle, workdir=tmp_path_factory.mktemp("app"))
+    demo = build_demo(backend)
+    demo.queue(default_concurrency_limit=4)
+    port = _free_port()
+    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                                max_file_size=backend.max_file_bytes))
+    return demo, backend, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    from steer_ui.tiny import tiny_handle
+
+    demo, backend, url = launch(tiny_handle("llama"), tmp_path_factory)
+    yield backend, url
+    demo.close()
+
+
+def client(url, download_to=None) -> Client:
+    return Client(url, verbose=False, download_files=str(download_to) if download_to else False)
+
+
+def next_token(c: Client, alpha: float, layer: int = 1, vector: str = RANDOM, seed: int = 0):
+    return c.predict(PROMPT, vector, layer, alpha, True, seed, api_name="/next_token")
+
+
+def generate(c: Client, alpha: float, tokens: int = 6, layer: int = 1, vector: str = RANDOM):
+    return c.predict(PROMPT, vector, layer, alpha, True, 0, True, 0.8, 0, 1.0, 1.0, tokens, 0, api_name="/generate")
+
+
+def test_named_endpoints_are_published(app):
+    _, url = app
+    api = client(url).view_api(return_format="dict", print_info=False)
+    assert set(ENDPOINTS) <= set(api["named_endpoints"])
+
+
+def test_alpha_zero_gives_identical_sides(app):
+    _, url = app
+    c = client(url)
+    numbers = next_token(c, 0.0)[3]
+    assert numbers["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert numbers["unsteered"] == numbers["steered"]
+    out = generate(c, 0.0)[4]
+    assert out["done"] and out["unsteered"]["text"] == out["steered"]["text"]
+    steered = generate(c, 8.0)[4]
+    assert steered["steered"]["text"] != steered["unsteered"]["text"]
+    assert len(steered["steered"]["tokens"]) == 6 and "delta_logit" in steered["steered"]["tokens"][0]
+
+
+def test_sweep_returns_the_dose_response_table(app):
+    _, url = app
+    fig, tab = client(url).predict(PROMPT, RANDOM, 1, 0.5, True, 0, 2.0, "", api_name="/sweep")
+    assert tab["headers"][:3] == ["alpha", "raw_alpha", "kl"]
+    alphas = [row[0] for row in tab["data"]]
+    assert alphas[0] == -2.0 and alphas[-1] == 2.0 and len(alphas) == 21
+    assert fig is not None
+
+
+def test_bad_uploads_error_and_the_session_keeps_working(app, tmp_path):
+    _, url = app
+    c = client(url)
+    summary = c.predict("capitals_statements.csv", "auto", api_name="/bundled_dataset")[0]
+    assert "capitals_statements.csv" in summary
+    bad = tmp_path / "wrong_columns.csv"
+    bad.write_text("foo,bar\n1,2\n")
+    with pytest.raises(Exception, match="wrong_columns.csv"):
+        c.predict(handle_file(str(bad)), "auto", api_name="/upload_dataset")
+    pickle = tmp_path / "evil.pkl"
+    pickle.write_bytes(b"\x80\x04\x95\x00\x00")
+    with pytest.raises(Exception, match="evil.pkl"):
+        c.predict(handle_file(str(pickle)), "auto", api_name="/upload_dataset")
+    junk_vector = tmp_path / "junk.gguf"
+    junk_vector.write_bytes(b"GGUF but not really")
+    with pytest.raises(Exception, match="junk.gguf"):
+        c.predict(handle_file(str(junk_vector)), api_name="/import_vector")
+    # the same session still has its data and still answers
+    assert c.predict(api_name="/bundled_dataset", name="capitals_statements.csv", schema="auto")[0] == summary
+    assert next_token(c, 0.0)[3]["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_export_then_import_in_another_session(app, tmp_path):
+    _, url = app
+    files, status = client(url, download_to=tmp_path).predict(RANDOM, "native", api_name="/export_vector")
+    assert len(files) == 1 and files[0].endswith(".safetensors") and "native" in status
+    other = client(url)
+    result = other.predict(handle_file(files[0]), api_name="/import_vector")
+    name = result[2]["value"]
+    assert name in [c[0] for c in result[2]["choices"]]
+    imported = next_token(other, 2.0, vector=name)[3]
+    random_ = next_token(other, 2.0, vector=RANDOM)[3]  # same seeded direction, moved to the same layer
+    assert imported["kl"] == pytest.approx(random_["kl"], rel=1e-4)
+    gguf, _ = client(url, download_to=tmp_path).predict(RANDOM, "gguf", api_name="/export_vector")
+    assert gguf[0].endswith(".gguf")
+
+
+def test_errors_follow_the_session_language(app):
+    _, url = app
+    c = client(url)
+    assert c.predict("zh-CN", api_name="/set_language") == "zh-CN"
+    with pytest.raises(Exception, match="提示词为空"):
+        c.predict("  ", RANDOM, 1, 1.0, True, 0, api_name="/next_token")
+    english = client(url)
+    with pytest.raises(Exception, match="prompt is empty"):
+        english.predict("  ", RANDOM, 1, 1.0, True, 0, api_name="/next_token")
+
+
+def test_train_and_detect_report_plainly(app):
+    _, url = app
+    c = client(url)
+    try:
+        import steer_ui.methods  # noqa: F401
+        from steer_ui.methods import train  # noqa: F401
+        available = True
+    except ImportError:
+        available = False
+    c.predict("capitals_statements.csv", "auto", api_name="/bundled_dataset")
+    if available:
+        out = c.predict("mean-diff", 1, False, "last", 0, 32, 20, True, True, 16, None, None, "", api_name="/train")
+        assert "mean-diff" in out[0]
+        assert any("mean-diff" in choice[0] for choice in out[4]["choices"])
+    else:
+        with pytest.raises(Exception, match="not available"):
+            c.predict("mean-diff", 1, False, "last", 0, 32, 20, True, True, 16, None, None, "", api_name="/train")
+    with pytest.raises(Exception, match="TSV"):
+        c.predict(RANDOM, {"headers": ["prompt", "answer"], "data": [["q", "a"]]}, None, api_name="/detect")
+
+
+def test_concurrent_sessions_get_exactly_their_own_results(app):
+    """Several clients with different α at once: each result equals the one computed alone."""
+    _, url = app
+    alphas = [-6.0, -2.0, 0.0, 3.0, 7.0]
+    alone = {a: (next_token(client(url), a)[3], generate(client(url), a, tokens=5)[4]) for a in alphas}
+
+    def run(alpha):
+        c = client(url)
+        return alpha, next_token(c, alpha)[3], generate(c, alpha, tokens=5)[4]
+
+    with ThreadPoolExecutor(max_workers=len(alphas)) as pool:
+        results = list(pool.map(run, alphas * 2))
+    for alpha, numbers, gen in results:
+        assert numbers == alone[alpha][0]
+        assert gen["steered"]["text"] == alone[alpha][1]["steered"]["text"]
+        assert gen["steered"]["tokens"] == alone[alpha][1]["steered"]["tokens"]
+    assert len({r[1]["kl"] for r in results}) == len(alphas)
+
+
+@pytest.mark.integration
+def test_embedded_model_through_the_app(gemma, tmp_path_factory):
+    demo, backend, url = launch(gemma, tmp_path_factory)
+    try:
+        c = client(url)
+        zero = c.predict("The capital of France is", RANDOM, 6, 0.0, True, 0, api_name="/next_token")[3]
+        assert zero["kl"] == pytest.approx(0.0, abs=1e-5) and zero["unsteered"] == zero["steered"]
+        assert zero["unsteered"][0]["token"].strip() == "Paris"
+        pushed = c.predict("The capital of France is", RANDOM, 6, 1.0, True, 0, api_name="/next_token")[3]
+        assert pushed["kl"] > 0.01
+        out = c.predict("The capital of France is", RANDOM, 6, 0.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0,
+                        api_name="/generate")[4]
+        assert out["unsteered"]["text"] == out["steered"]["text"] and "Paris" in out["unsteered"]["text"]
+    finally:
+        demo.close()

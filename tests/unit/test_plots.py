@@ -1,0 +1,99 @@
+"""The figure builders are pure functions of frames: check the numbers land where the reader looks."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from steer_ui import plots
+
+
+def _top(tokens, ids, probs):
+    return pd.DataFrame({"rank": range(1, len(ids) + 1), "token": tokens, "token_id": ids, "prob": probs,
+                         "logit": [0.0] * len(ids)})
+
+
+def test_next_token_bars_cover_the_union_with_both_probabilities():
+    unsteered = _top(["a", "b", "c"], [1, 2, 3], [0.5, 0.3, 0.1])
+    steered = _top(["d", "a", "b"], [4, 1, 2], [0.6, 0.2, 0.1])
+    fig = plots.next_token_bars(unsteered, steered)
+    assert isinstance(fig, go.Figure) and fig.layout.barmode == "group"
+    u, s = fig.data
+    assert list(u.x) == list(s.x) == ["d", "a", "b", "c"]  # sorted by the steered probability
+    assert list(s.y) == [0.6, 0.2, 0.1, 0.0]  # 'c' fell out of the steered top-k
+    assert list(u.y) == [0.0, 0.5, 0.3, 0.1]
+
+
+def test_next_token_bars_keep_same_text_tokens_apart_and_show_whitespace():
+    unsteered = _top([" ", "x"], [10, 11], [0.5, 0.4])
+    steered = _top(["x", "x"], [11, 12], [0.7, 0.2])
+    fig = plots.next_token_bars(unsteered, steered)
+    labels = list(fig.data[0].x)
+    assert len(set(labels)) == 3
+    assert "x #11" in labels and "x #12" in labels
+    assert "␣" in labels  # a bare space is drawn visibly
+
+
+def test_delta_logit_bars_flag_the_explosion_only_above_threshold():
+    promoted = pd.DataFrame({"token": ["up"], "token_id": [1], "delta_logit": [3.0]})
+    suppressed = pd.DataFrame({"token": ["down"], "token_id": [2], "delta_logit": [-2.0]})
+    calm = plots.delta_logit_bars(promoted, suppressed, 3.0, "up", labels={"exploded": "BOOM"})
+    assert "BOOM" not in calm.layout.title.text and "3.00" in calm.layout.title.text
+    wild = plots.delta_logit_bars(promoted.assign(delta_logit=[250.0]), suppressed, 250.0, "up",
+                                  labels={"exploded": "BOOM"})
+    assert "BOOM" in wild.layout.title.text
+    bar = wild.data[0]
+    assert list(bar.x) == [-2.0, 250.0]  # ascending, so the biggest push is on top
+    assert bar.marker.color[0] == plots.DOWN_COLOR and bar.marker.color[1] == plots.UP_COLOR
+
+
+def test_per_token_delta_has_actual_and_direct_series():
+    frame = pd.DataFrame({"position": [0, 1], "token": ["Hi", " there"], "delta_logit": [1.5, -0.5],
+                          "direct_delta_logit": [1.0, 0.2]})
+    fig = plots.per_token_delta(frame, labels={"actual": "A", "direct": "D"})
+    assert [t.name for t in fig.data] == ["A", "D"]
+    assert list(fig.data[0].y) == [1.5, -0.5] and list(fig.data[1].y) == [1.0, 0.2]
+    assert fig.data[0].x[1] == "1:␣there"
+
+
+def test_dose_response_marks_current_alpha_and_uses_second_axis_for_max_delta():
+    frame = pd.DataFrame({"alpha": [-1.0, 0.0, 1.0], "kl": [0.3, 0.0, 0.4], "entropy": [2.0, 2.1, 1.5],
+                          "max_abs_delta_logit": [5.0, 0.0, 5.0], "target_token": ["x"] * 3,
+                          "target_prob": [0.1, 0.2, 0.6]})
+    fig = plots.dose_response(frame, current_alpha=0.5)
+    names = [t.name for t in fig.data]
+    assert len(names) == 4 and any("'x'" in n for n in names)
+    assert list([t for t in fig.data if t.yaxis == "y2"][0].y) == [5.0, 0.0, 5.0]
+    shapes = [s for s in fig.layout.shapes if s.type == "line"]
+    assert shapes and shapes[0].x0 == 0.5
+    without_target = plots.dose_response(frame.drop(columns=["target_prob", "target_token"]), None)
+    assert len(without_target.data) == 3 and not without_target.layout.shapes
+
+
+def test_probe_layers_and_training_curves_and_balance():
+    probe = pd.DataFrame({"layer": [0, 1, 2], "auroc": [0.5, 0.9, 0.8], "accuracy": [0.5, 0.85, 0.7]})
+    fig = plots.probe_layers(probe, best_layer=1)
+    assert {t.name for t in fig.data} == {"auroc", "accuracy"}
+    assert fig.layout.shapes[0].x0 == 1
+    curves = pd.DataFrame({"epoch": [1, 2, 1, 2], "loss": [1.0, 0.5, 0.8, 0.4], "stage": ["1", "1", "2", "2"]})
+    assert len(plots.training_curves(curves).data) == 2
+    counts = pd.DataFrame({"label": ["0", "1", "0", "1"], "count": [10, 12, 3, 4], "split": ["train"] * 2 + ["test"] * 2})
+    fig = plots.class_balance(counts)
+    assert [t.name for t in fig.data] == ["train", "test"] and list(fig.data[1].y) == [3, 4]
+
+
+def test_layer_norms_detection_vocab_and_empty():
+    fig = plots.layer_norms(pd.DataFrame({"layer": [0, 1], "norm": [10.0, 30.0]}))
+    assert list(fig.data[0].y) == [10.0, 30.0]
+    scores = pd.DataFrame({"score": [0.1, 0.9, 0.8], "label": [0, 1, 1]})
+    assert len(plots.detection_scores(scores).data) == 2
+    assert len(plots.detection_scores(scores.drop(columns=["label"])).data) == 1
+    proj = pd.DataFrame({"direction": ["+", "-"], "token": ["a", "b"], "token_id": [1, 2], "projection": [2.0, -1.0]})
+    assert list(plots.vocab_projection(proj).data[0].x) == [-1.0, 2.0]
+    empty = plots.empty_figure("nothing yet")
+    assert empty.layout.annotations[0].text == "nothing yet"
+
+
+@pytest.mark.parametrize("token, shown", [("a", "a"), (" ", "␣"), ("\n", "\\n"), (" the", "␣the")])
+def test_whitespace_is_visible(token, shown):
+    assert plots._show_token(token) == shown
