@@ -353,3 +353,12 @@ def test_imported_vector_steers_the_same(tmp_path, tiny):
         back, _ = read_vector(tmp_path / OUT_NAMES[fmt], handle)
         with torch.no_grad(), steering(handle, build_steers(handle, back, 2.0)):
             assert torch.equal(handle.model(ids).logits, expected), fmt
+
+
+def test_legacy_torch_layout_and_string_layer_keys(tmp_path):
+    path = tmp_path / "legacy.pt"
+    torch.save({"layer_activations": {"4": torch.full((64,), 0.25)}, "layer_type": "decoder_block"}, path,
+               _use_new_zipfile_serialization=False)
+    assert path.read_bytes()[:1] == b"\x80"  # the old pickle layout, still read with weights_only=True
+    vector, _ = read_vector(path)
+    assert vector.layers == [4] and torch.equal(vector.direction(), torch.full((64,), 0.25))
