@@ -49,6 +49,10 @@ def build_steers(handle, vector: SteeringVector, alpha: float, layer: int | None
         from .methods import l2s
 
         return l2s.build_steers(handle, vector, alpha, relative=relative, positions=positions)
+    if vector.method == "iti" and "iti.heads" in vector.extras:  # per-head; without extras: residual directions
+        from .methods import iti
+
+        return iti.build_steers(handle, vector, alpha, relative=relative, positions=positions)
     if layer is not None and len(vector.layers) > 1 and layer not in vector.layers:
         raise SteeringError(f"this vector has directions for layers {vector.layers}; pick one of them")
     pairs = [(layer, vector.direction(layer if layer in vector.directions else None))] if layer is not None \

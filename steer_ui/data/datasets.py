@@ -91,7 +91,7 @@ class Dataset:
     def labels(self) -> np.ndarray:
         if not self.labelled:
             raise DatasetError(f"{self.source}: contrastive pairs have no label column (use as_labelled())")
-        return self.frame["label"].to_numpy(dtype=np.int64)
+        return np.array(self.frame["label"].to_numpy(), dtype=np.int64)  # a writable copy
 
     @property
     def groups(self) -> list[str]:

@@ -1,0 +1,334 @@
+"""Batched activation extraction with a disk cache.
+
+One forward pass per batch records every layer at once through hooks:
+
+* site ``resid``: the output of each decoder block (the steering site; HF
+  ``hidden_states[L + 1]``), width ``hidden_size``;
+* site ``heads``: the input of each attention output projection (``o_proj`` /
+  ``c_proj`` / ``dense`` / ``out_proj``), i.e. the concatenated per-head
+  attention outputs, width ``num_heads · head_dim`` (ITI's site).
+
+Each row's text is ``template`` filled with its prompt and completion
+(default: prompt, a space, completion).  Positions reduce the sequence to one
+vector per row and layer: ``last`` (last token), ``mean`` (mean over the
+completion's tokens) or an integer token index (from the start of the row's
+own tokens, negative from the end).  Rows are sorted by length and padded on
+the left with an attention mask and matching position ids, so a padded row
+gives the activations it would give alone (to float rounding).
+
+Results are cached under ``cache_root()/activations`` keyed by (model
+fingerprint, dataset content hash, position, template, site); a re-train or a
+different layer never re-runs the model.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .datasets import Dataset, DatasetError, _join
+
+Progress = Callable[[float, str], None]
+SITES = ("resid", "heads")
+CACHE_VERSION = 1
+MAX_TOKENS = 512  # per row; longer rows keep their end (the last token is what most positions read)
+TOKEN_BUDGET = 4096  # padded tokens per batch
+
+
+@dataclass
+class Activations:
+    """``values``: (rows, layers, width) float32 on CPU, rows in dataset order."""
+
+    values: torch.Tensor
+    labels: np.ndarray | None
+    groups: list[str]
+    position: str
+    site: str
+    template: str
+    model_id: str
+    content_hash: str
+    from_cache: bool = False
+    seconds: float = 0.0
+
+    @property
+    def num_layers(self) -> int:
+        return self.values.shape[1]
+
+    def layer(self, layer: int) -> torch.Tensor:
+        return self.values[:, layer, :]
+
+    def heads(self, num_heads: int) -> torch.Tensor:
+        """(rows, layers, heads, head_dim) view of a ``heads`` site extraction."""
+        rows, layers, width = self.values.shape
+        return self.values.reshape(rows, layers, num_heads, width // num_heads)
+
+
+# ------------------------------------------------------------------ sites
+def head_geometry(handle) -> tuple[int, int]:
+    """(num_heads, head_dim) of the attention layers."""
+    config = handle.model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    if not heads:
+        raise DatasetError(f"cannot find the number of attention heads in the config of {handle.model_id}")
+    head_dim = getattr(config, "head_dim", None) or handle.arch.hidden_size // heads
+    return int(heads), int(head_dim)
+
+
+_OUT_PROJ_PATHS = ("self_attn.o_proj", "attn.c_proj", "attention.dense", "self_attn.out_proj", "attn.out_proj",
+                   "self_attention.dense", "attn.o_proj")
+
+
+def out_projection(handle, layer: int) -> torch.nn.Module:
+    """The attention output projection of block ``layer`` (its input is the per-head outputs, concatenated)."""
+    block = handle.arch.layers[layer]
+    for path in _OUT_PROJ_PATHS:
+        obj = block
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, torch.nn.Module):
+            return obj
+    raise DatasetError(f"cannot find the attention output projection in block {layer} of {handle.model_id} "
+                       f"(tried {', '.join(_OUT_PROJ_PATHS)})")
+
+
+def out_projection_weight(handle, layer: int) -> torch.Tensor:
+    """W_O as (hidden, heads · head_dim), whatever the module type (GPT-2's Conv1D stores it transposed)."""
+    module = out_projection(handle, layer)
+    w = module.weight
+    if type(module).__name__ == "Conv1D":
+        w = w.T
+    return w.detach().float().cpu()
+
+
+# ------------------------------------------------------------------ texts
+def _check_template(template: str | None) -> str:
+    if template is None:
+        return "join"
+    if template.count("{completion}") != 1:
+        raise DatasetError(f"the template must contain '{{completion}}' exactly once, got {template!r}")
+    return template
+
+
+def render(prompt: str, completion: str, template: str | None) -> tuple[str, int, int]:
+    """(text, completion start, completion end) in characters."""
+    if template is None or template == "join":
+        text = _join(prompt, completion)
+        start = len(text) - len(completion)
+        return text, start, len(text)
+    before, after = template.split("{completion}")
+    head = before.replace("{prompt}", prompt)
+    tail = after.replace("{prompt}", prompt)
+    return head + completion + tail, len(head), len(head) + len(completion)
+
+
+def _encode(handle, text: str, start: int, end: int) -> tuple[list[int], list[bool]]:
+    """Token ids and a completion-token mask for one row."""
+    tok = handle.tokenizer
+    try:
+        enc = tok(text, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+        ids = list(enc["input_ids"])
+        mask = [(e > start and s < end and e > s) for s, e in offsets]
+    except (NotImplementedError, TypeError, KeyError):  # slow tokenizers have no offsets
+        ids = list(tok(text).input_ids)
+        n_prefix = len(tok(text[:start]).input_ids)
+        mask = [i >= n_prefix for i in range(len(ids))]
+    if not ids:
+        raise DatasetError(f"a row tokenised to nothing: {text[:60]!r}")
+    if len(ids) > MAX_TOKENS:
+        ids, mask = ids[-MAX_TOKENS:], mask[-MAX_TOKENS:]
+    return ids, mask
+
+
+# ------------------------------------------------------------------ extraction
+def extract_texts(handle, prompts: Sequence[str], completions: Sequence[str], position: str | int = "last",
+                  site: str = "resid", template: str | None = None, batch_size: int = 32,
+                  progress: Progress | None = None) -> torch.Tensor:
+    """(rows, layers, width) activations for raw texts, no cache.  ``batch_size=1`` runs one at a time, unpadded."""
+    if site not in SITES:
+        raise DatasetError(f"site must be one of {SITES}, got {site!r}")
+    position = _check_position(position)
+    template = _check_template(template)
+    progress = progress or (lambda _f, _m: None)
+    n = len(prompts)
+    encoded = [_encode(handle, *render(p, c, template)) for p, c in zip(prompts, completions)]
+    order = sorted(range(n), key=lambda i: len(encoded[i][0]))
+    arch = handle.arch
+    num_layers = arch.num_layers
+    width = arch.hidden_size if site == "resid" else int(np.prod(head_geometry(handle)))
+    out = torch.zeros(n, num_layers, width, dtype=torch.float32)
+    pad_id = handle.tokenizer.pad_token_id if handle.tokenizer.pad_token_id is not None else 0
+    captured: dict[int, torch.Tensor] = {}
+    reduce_state: dict[str, torch.Tensor] = {}
+
+    def reduce(h: torch.Tensor) -> torch.Tensor:
+        h = h.float()
+        if position == "last":
+            return h[:, -1, :]
+        if position == "mean":
+            w = reduce_state["weights"]
+            return (h * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(1.0)
+        return h[torch.arange(h.shape[0]), reduce_state["index"], :]
+
+    def post_hook(i):
+        def hook(_m, _inp, output):
+            captured[i] = reduce((output[0] if isinstance(output, tuple) else output).detach()).cpu()
+        return hook
+
+    def pre_hook(i):
+        def hook(_m, args, kwargs):
+            x = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
+            captured[i] = reduce(x.detach()).cpu()
+        return hook
+
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = len(encoded[i][0])  # sorted ascending, so the newest row is the longest
+        if current and (len(current) >= batch_size or longest * (len(current) + 1) > TOKEN_BUDGET):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+
+    done = 0
+    with handle.lock, torch.inference_mode():
+        removers = []
+        try:
+            for L in range(num_layers):
+                if site == "resid":
+                    removers.append(arch.layers[L].register_forward_hook(post_hook(L)))
+                else:
+                    removers.append(out_projection(handle, L).register_forward_pre_hook(pre_hook(L), with_kwargs=True))
+            for batch in batches:
+                seq = max(len(encoded[i][0]) for i in batch)
+                ids = torch.full((len(batch), seq), pad_id, dtype=torch.long)
+                attn = torch.zeros((len(batch), seq), dtype=torch.long)
+                comp = torch.zeros((len(batch), seq), dtype=torch.float32)
+                index = torch.zeros(len(batch), dtype=torch.long)
+                for r, i in enumerate(batch):
+                    row_ids, row_mask = encoded[i]
+                    k = len(row_ids)
+                    ids[r, seq - k:] = torch.tensor(row_ids)
+                    attn[r, seq - k:] = 1
+                    m = torch.tensor(row_mask, dtype=torch.float32)
+                    if m.sum() == 0:  # completion vanished in tokenisation: fall back to the last token
+                        m[-1] = 1.0
+                    comp[r, seq - k:] = m
+                    if isinstance(position, int):
+                        j = position if position >= 0 else k + position
+                        index[r] = seq - k + min(max(j, 0), k - 1)
+                reduce_state["weights"] = comp
+                reduce_state["index"] = index
+                positions = (attn.cumsum(-1) - 1).clamp_min(0)
+                dev = handle.input_device
+                captured.clear()
+                kwargs = {"input_ids": ids.to(dev), "position_ids": positions.to(dev), "use_cache": False}
+                if len(batch) > 1 or bool((attn == 0).any()):
+                    kwargs["attention_mask"] = attn.to(dev)
+                handle.model.base_model(**kwargs)
+                stacked = torch.stack([captured[L] for L in range(num_layers)], dim=1)
+                out[batch] = stacked
+                done += len(batch)
+                progress(done / max(n, 1), f"extracting activations: {done}/{n} rows")
+        finally:
+            for r in removers:
+                r.remove()
+    return out
+
+
+def _check_position(position: str | int) -> str | int:
+    if isinstance(position, (int, np.integer)):
+        return int(position)
+    if isinstance(position, str):
+        if position in ("last", "mean"):
+            return position
+        try:
+            return int(position)
+        except ValueError:
+            pass
+    raise DatasetError(f"position must be 'last', 'mean' or a token index, got {position!r}")
+
+
+# ------------------------------------------------------------------ cache
+def model_fingerprint(handle) -> str:
+    """Identify the weights cheaply: id, config and a few parameter checksums (tiny models share ids)."""
+    cached = handle.__dict__.get("_fingerprint")
+    if cached:
+        return cached
+    config = handle.model.config
+    try:
+        cfg = config.to_json_string(use_diff=False)
+    except Exception:
+        cfg = str(config)
+    params = list(handle.model.parameters())
+    probe = [params[0], params[len(params) // 2], params[-1]]
+    sums = [float(p.detach().float().reshape(-1)[:4096].sum()) for p in probe]
+    blob = json.dumps([handle.model_id, cfg, sums, str(handle.dtype)])
+    fp = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    handle.__dict__["_fingerprint"] = fp
+    return fp
+
+
+def cache_path(handle, dataset: Dataset, position: str | int, template: str | None, site: str) -> Path:
+    from ..model.loading import cache_root
+
+    key = json.dumps([CACHE_VERSION, model_fingerprint(handle), dataset.content_hash, str(position),
+                      _check_template(template), site])
+    return cache_root() / "activations" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.safetensors"
+
+
+def extract(handle, dataset: Dataset, position: str | int = "last", template: str | None = None,
+            site: str = "resid", batch_size: int = 32, progress: Progress | None = None,
+            cache: bool = True) -> Activations:
+    """Activations of every layer for every row of ``dataset`` (pairs are expanded by ``as_labelled``).
+
+    ``batch_size=1`` is the one-at-a-time mode (no padding), for comparison.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    labelled = dataset.as_labelled()
+    position = _check_position(position)
+    progress = progress or (lambda _f, _m: None)
+    start = time.perf_counter()
+    path = cache_path(handle, labelled, position, template, site) if cache else None
+    common = dict(labels=labelled.labels, groups=labelled.groups, position=str(position), site=site,
+                  template=_check_template(template), model_id=handle.model_id, content_hash=labelled.content_hash)
+    if path is not None and path.is_file():
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                values = f.get_tensor("values")
+            if values.shape[0] == len(labelled):
+                progress(1.0, f"activations loaded from cache ({len(labelled)} rows)")
+                return Activations(values=values, from_cache=True, seconds=time.perf_counter() - start, **common)
+        except Exception:  # a damaged cache file is rebuilt, never trusted
+            pass
+    frame = labelled.frame
+    values = extract_texts(handle, frame["prompt"].tolist(), frame["completion"].tolist(), position=position,
+                           site=site, template=template, batch_size=batch_size, progress=progress)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
+        os.close(fd)
+        try:
+            save_file({"values": values.contiguous()}, tmp, metadata={
+                "model_id": handle.model_id, "content_hash": labelled.content_hash, "position": str(position),
+                "site": site, "template": _check_template(template)})
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return Activations(values=values, from_cache=False, seconds=time.perf_counter() - start, **common)

@@ -1,0 +1,233 @@
+"""Inference-time intervention (ITI; Li et al., 2023) on attention heads.
+
+Site: the input of each block's attention output projection (``o_proj``), the
+per-head attention outputs concatenated, ``heads · head_dim`` wide.
+
+Training, on the labelled view of the dataset, train split only:
+
+1. one logistic probe per head (standardised, L2) on a fit part of the train
+   split, scored by accuracy on a validation part (split by group too); the
+   (layer × head) accuracy table is the heat map in the report;
+2. the top-K heads by validation accuracy;
+3. for each such head, the mass-mean direction θ̂ = unit(mean⁺ − mean⁻) over
+   the train rows and σ, the standard deviation of the train activations
+   projected on θ̂.  The stored per-head shift is ``σ · θ̂``.
+
+Applying it: ``α · σ · θ̂`` is added to that head's slice of the o_proj input
+(at the chosen positions), for every selected head at once, with one α.
+
+Storage: ``extras["iti.heads"]`` (K, 2) [layer, head], ``extras["iti.shifts"]``
+(K, head_dim) the σ·θ̂ per head, ``extras["iti.accuracy"]`` (layers, heads).
+
+Residual-stream equivalent (``directions``), for tools that only know block
+outputs: for each layer with selected heads, ``d_L = W_O · shift_L`` (the
+per-head shifts placed in their slices, mapped through the output
+projection).  It is exactly what the intervention adds to the attention
+output; as a steer at the *block output* it is an approximation, because the
+block's MLP (and, in Gemma 2/3, the post-attention norm) sees the ITI shift
+but not the exported one.
+
+Units: raw α multiplies the σ-scaled shifts (the paper's α, typically 5-20).
+Relative α = 1 makes the combined residual-equivalent shift,
+``sqrt(Σ_L ‖d_L‖²)``, as long as the mean residual norm over those layers.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..data.activations import head_geometry, out_projection, out_projection_weight
+from ..model.hooks import POSITIONS, SteeringError, StepState
+from .common import auroc, fit_probe
+
+METHOD = "iti"
+DEFAULTS = {"top_heads": 16, "val_fraction": 0.25}
+HEADS, SHIFTS, ACCURACY = "iti.heads", "iti.shifts", "iti.accuracy"
+
+
+# ------------------------------------------------------------------ training maths
+def head_accuracy(heads: torch.Tensor, y: np.ndarray, fit_idx: Sequence[int], val_idx: Sequence[int],
+                  seed: int = 0) -> np.ndarray:
+    """(layers, heads) validation accuracy of one probe per head.  ``heads``: (rows, layers, heads, head_dim)."""
+    _rows, layers, n_heads, _d = heads.shape
+    fit, val = np.asarray(fit_idx), np.asarray(val_idx)
+    acc = np.zeros((layers, n_heads))
+    for layer in range(layers):
+        for h in range(n_heads):
+            x = heads[:, layer, h, :].numpy().astype(np.float64)
+            model = fit_probe(x[fit], y[fit], seed=seed)
+            acc[layer, h] = float(model.score(x[val], y[val]))
+    return acc
+
+
+def top_heads(accuracy: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """The k best (layer, head) pairs; ties go to the earlier layer, then the lower head."""
+    layers, n_heads = accuracy.shape
+    order = sorted(((-accuracy[l, h], l, h) for l in range(layers) for h in range(n_heads)))
+    return [(l, h) for _a, l, h in order[:max(1, min(k, layers * n_heads))]]
+
+
+def head_shifts(heads: torch.Tensor, y: np.ndarray, chosen: Sequence[tuple[int, int]],
+                train_idx: Sequence[int]) -> torch.Tensor:
+    """(K, head_dim) σ·θ̂ for each chosen head, from the train rows."""
+    tr = torch.as_tensor(np.asarray(train_idx))
+    yt = torch.as_tensor(np.asarray(y))[tr]
+    out = []
+    for layer, h in chosen:
+        x = heads[tr, layer, h, :].double()
+        theta = x[yt == 1].mean(0) - x[yt == 0].mean(0)
+        unit = theta / theta.norm().clamp_min(1e-12)
+        sigma = float((x @ unit).std())
+        out.append((unit * sigma).float())
+    return torch.stack(out)
+
+
+def residual_equivalent(handle, chosen: Sequence[tuple[int, int]], shifts: torch.Tensor,
+                        head_dim: int) -> dict[int, torch.Tensor]:
+    """{layer: W_O · (per-head shifts in their slices)} for each layer with chosen heads."""
+    by_layer = layer_shifts(chosen, shifts, head_dim, head_geometry(handle)[0])
+    return {layer: out_projection_weight(handle, layer) @ vec for layer, vec in by_layer.items()}
+
+
+def layer_shifts(chosen: Sequence[tuple[int, int]], shifts: torch.Tensor, head_dim: int,
+                 num_heads: int) -> dict[int, torch.Tensor]:
+    """{layer: (heads · head_dim) vector with each chosen head's shift in its slice, zeros elsewhere}."""
+    out: dict[int, torch.Tensor] = {}
+    for (layer, h), shift in zip(chosen, shifts):
+        vec = out.setdefault(int(layer), torch.zeros(num_heads * head_dim))
+        vec[h * head_dim:(h + 1) * head_dim] += shift.float()
+    return out
+
+
+def score_heads(heads: torch.Tensor, chosen: Sequence[tuple[int, int]], shifts: torch.Tensor) -> torch.Tensor:
+    """Per-row truthfulness score: Σ over chosen heads of the projection on σθ̂ / σ² (= θ̂·x / σ)."""
+    total = torch.zeros(heads.shape[0], dtype=torch.float64)
+    for (layer, h), shift in zip(chosen, shifts):
+        s2 = max(float(shift.double().pow(2).sum()), 1e-24)
+        total += heads[:, layer, h, :].double() @ shift.double() / s2
+    return total
+
+
+# ------------------------------------------------------------------ intervention
+class HeadSteer:
+    """Adds ``alpha[row] · shift`` to the o_proj input of each listed layer (an extension for ``steering()``).
+
+    ``shifts``: {layer: (heads · head_dim) tensor}.  ``alpha``: a number or one per batch row.
+    """
+
+    def __init__(self, shifts: dict[int, torch.Tensor], alpha: Any = 1.0, positions: str = "all"):
+        if positions not in POSITIONS:
+            raise SteeringError(f"positions must be one of {POSITIONS}, got '{positions}'")
+        alpha_t = torch.as_tensor(alpha, dtype=torch.float32).reshape(-1)
+        if not torch.isfinite(alpha_t).all():
+            raise SteeringError(f"alpha must be a finite number, got {alpha!r}")
+        self.shifts = {int(k): torch.as_tensor(v).float().reshape(-1) for k, v in shifts.items()}
+        self.alpha = alpha_t
+        self.positions = positions
+
+    @property
+    def layer(self) -> int:
+        return min(self.shifts)
+
+    @property
+    def scalar_alpha(self) -> torch.Tensor:
+        return self.alpha.reshape(-1)[0]
+
+    def with_alpha(self, alpha) -> "HeadSteer":
+        return HeadSteer(self.shifts, alpha, self.positions)
+
+    def install(self, handle, state: StepState) -> list:
+        removers = []
+        for layer, shift in self.shifts.items():
+            if not 0 <= layer < handle.arch.num_layers:
+                raise SteeringError(f"ITI head at layer {layer}, but the model has layers 0..{handle.arch.num_layers - 1}")
+            module = out_projection(handle, layer)
+            width = module.weight.shape[0] if type(module).__name__ == "Conv1D" else module.weight.shape[1]
+            if shift.numel() != width:
+                raise SteeringError(f"ITI shift for layer {layer} has {shift.numel()} values but the attention "
+                                    f"output projection takes {width}")
+            removers.append(module.register_forward_pre_hook(self._hook(shift, state)))
+        return removers
+
+    def _hook(self, shift: torch.Tensor, state: StepState):
+        alpha = self.alpha
+        positions = self.positions
+
+        def hook(_module, args):
+            x = args[0]
+            rows, seq, _ = x.shape
+            if alpha.numel() not in (1, rows):
+                raise SteeringError(f"{alpha.numel()} alphas given for a batch of {rows} rows")
+            a = alpha.to(device=x.device, dtype=x.dtype).expand(rows).reshape(rows, 1, 1)
+            add = a * shift.to(device=x.device, dtype=x.dtype)
+            mask = state.position_mask(seq, positions, x.device)
+            if mask is not None:
+                add = add * mask.to(x.dtype)
+            return (x + add,) + tuple(args[1:])
+
+        hook._steer_ui = True
+        return hook
+
+
+def shifts_of(vector) -> tuple[list[tuple[int, int]], torch.Tensor, int]:
+    """(chosen heads, (K, head_dim) shifts, num_heads) stored in an ITI vector."""
+    if HEADS not in vector.extras or SHIFTS not in vector.extras:
+        raise SteeringError("this ITI vector has no per-head data (extras 'iti.heads' / 'iti.shifts'); "
+                            "it can only be used as a residual-stream vector")
+    heads = [(int(l), int(h)) for l, h in vector.extras[HEADS].tolist()]
+    shifts = vector.extras[SHIFTS].float()
+    num_heads = int(vector.hyperparameters.get("num_heads", 0))
+    if not num_heads:
+        raise SteeringError("this ITI vector does not record num_heads in its hyperparameters")
+    return heads, shifts, num_heads
+
+
+def relative_factor(handle, vector) -> float:
+    """Raw α per relative α (see the module docstring)."""
+    layers = vector.layers
+    combined = float(torch.sqrt(sum(vector.direction(L).double().pow(2).sum() for L in layers)))
+    if combined == 0:
+        raise SteeringError("the ITI vector's residual-equivalent shift is zero; relative units are undefined")
+    mean_norm = float(np.mean([handle.relative_scale(L) for L in layers]))
+    return mean_norm / combined
+
+
+def build_steers(handle, vector, alpha: float, relative: bool = False, positions: str | None = None) -> list:
+    """One :class:`HeadSteer` applying ``vector``'s heads with ``alpha`` (relative or raw, see module docstring)."""
+    heads, shifts, num_heads = shifts_of(vector)
+    model_heads, head_dim = head_geometry(handle)
+    if model_heads != num_heads or shifts.shape[1] != head_dim:
+        raise SteeringError(f"ITI vector is for {num_heads} heads of size {shifts.shape[1]}; the loaded model has "
+                            f"{model_heads} heads of size {head_dim}")
+    a = float(alpha) * (relative_factor(handle, vector) if relative else 1.0)
+    return [HeadSteer(layer_shifts(heads, shifts, head_dim, num_heads), a, positions or vector.positions)]
+
+
+def kl_at(handle, vector, prompts: Sequence[str], alphas: Sequence[float], relative: bool = True) -> np.ndarray:
+    """Mean next-token KL to the unsteered distribution for each α, one batched forward per prompt."""
+    from ..model.generation import encode_prompt
+    from ..model.hooks import steering
+
+    base = build_steers(handle, vector, 1.0, relative=relative)[0]
+    total = np.zeros(len(alphas))
+    row_alpha = torch.tensor([0.0] + [float(a) * float(base.scalar_alpha) for a in alphas])
+    for p in prompts:
+        ids = encode_prompt(handle, p).to(handle.input_device).expand(len(row_alpha), -1)
+        with torch.inference_mode(), steering(handle, [base.with_alpha(row_alpha)], StepState(prompt_len=None)):
+            out = handle.model.base_model(input_ids=ids, use_cache=False)
+            logits = handle.arch.logits(out.last_hidden_state[:, -1, :]).float()
+        logp = logits.log_softmax(-1)
+        kl = (logp[0].exp() * (logp[0] - logp[1:])).sum(-1)
+        total += kl.cpu().numpy()
+    return total / len(prompts)
+
+
+def heatmap(vector) -> list[list[float]]:
+    """The (layer × head) validation accuracy table, as lists for the UI."""
+    return vector.extras[ACCURACY].tolist() if ACCURACY in vector.extras else []
+
+
+__all__ = ["METHOD", "DEFAULTS", "HeadSteer", "build_steers", "head_accuracy", "top_heads", "head_shifts",
+           "residual_equivalent", "layer_shifts", "score_heads", "shifts_of", "heatmap", "kl_at", "auroc"]
