@@ -1,0 +1,384 @@
+"""lm_head constraints: keep a learned steering vector from blowing up the logits.
+
+The failure they prevent: a vector added to the residual stream reaches the
+unembedding through the skip connections almost unchanged.  If it lines up
+with one token's unembedding row, that token's logit moves by hundreds and
+the steered model emits it forever.  Two penalties, both zero while the
+steering is gentle:
+
+* :func:`logit_penalty`: the excess of |Δlogit| over ``max_change``, as a
+  hinge, per token.  Training applies it to the real Δlogit at the last
+  position (steered vs unsteered run of the blocks after L, through the final
+  norm) and to the *direct path*: the vector added straight to the final
+  residual (:func:`direct_delta_logits`).
+* :func:`kl_penalty`: KL(p_unsteered ‖ p_steered) of the next-token
+  distribution.
+
+Both take plain tensors so other code (the Concepts tab's "logit explosion
+and its fix" demo) can reuse them.  :func:`constrain_vector` rotates an
+existing vector, at a fixed α, until its max |Δlogit| and KL are bounded,
+keeping it as close in direction to the original as the bounds allow.
+
+This module also holds the machinery both TSV and :func:`constrain_vector`
+use to train through a frozen model cheaply: :func:`cache_prefix` runs the
+model once and keeps, per batch, the output of block L and the arguments
+every later block was called with; :func:`run_suffix` re-runs only the
+blocks after L on ``h_L + added`` (with autograd when ``added`` needs it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+Progress = Callable[[float, str], None]
+
+DEFAULT_MAX_CHANGE = 2.0
+REDUCTIONS = ("mean", "sum", "max")
+
+
+# ------------------------------------------------------------------ penalties
+def logit_penalty(delta_logits: torch.Tensor, max_change: float = DEFAULT_MAX_CHANGE,
+                  reduction: str = "mean") -> torch.Tensor:
+    """Hinge on |Δlogit| above ``max_change``: zero when every token moves less than that.
+
+    ``delta_logits``: (vocab,) or (rows, vocab).  ``reduction`` over the
+    vocabulary: ``mean`` (the excess averaged over all tokens), ``sum`` (the
+    total excess; one exploding token is not diluted by a 262k vocabulary) or
+    ``max`` (the worst token only).  Rows are averaged.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got '{reduction}'")
+    if max_change < 0:
+        raise ValueError(f"max_change must be >= 0, got {max_change}")
+    excess = F.relu(delta_logits.float().abs() - float(max_change))
+    if excess.ndim == 1:
+        excess = excess.unsqueeze(0)
+    if reduction == "mean":
+        per_row = excess.mean(-1)
+    elif reduction == "sum":
+        per_row = excess.sum(-1)
+    else:
+        per_row = excess.max(-1).values
+    return per_row.mean()
+
+
+def kl_penalty(logp_unsteered: torch.Tensor, logp_steered: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of KL(p_unsteered ‖ p_steered), in nats; inputs are log-probabilities (…, vocab)."""
+    logp_unsteered, logp_steered = logp_unsteered.float(), logp_steered.float()
+    kl = (logp_unsteered.exp() * (logp_unsteered - logp_steered)).sum(-1)
+    return kl.reshape(-1).mean()
+
+
+def direct_delta_logits(handle, added: torch.Tensor, final_residual: torch.Tensor | None = None) -> torch.Tensor:
+    """Δlogit from adding ``added`` straight to the final residual stream (the skip-connection path).
+
+    With ``final_residual`` (rows, hidden): logits(norm(h + added)) −
+    logits(norm(h)), through the model's final norm, which is what sets the
+    scale on models whose residual norm grows to thousands.  Without it:
+    ``added · W_Uᵀ`` (no norm), meaningful only for models without a final
+    norm or at unit residual scale.  Returns (rows, vocab) or (vocab,).
+    """
+    arch = handle.arch
+    if final_residual is None:
+        w = arch.unembedding
+        return torch.matmul(w.float(), added.float().to(w.device))
+    h = final_residual.to(handle.dtype)
+    steered = arch.logits(arch.final_hidden(h + added.to(h.device, h.dtype)))
+    with torch.no_grad():
+        base = arch.logits(arch.final_hidden(h))
+    return steered - base
+
+
+def top_offenders(handle, delta_logits: torch.Tensor, k: int = 10) -> list[dict]:
+    """The ``k`` tokens with the largest |Δlogit| (max over rows), with their signed change."""
+    d = delta_logits.detach().float()
+    if d.ndim == 1:
+        d = d.unsqueeze(0)
+    worst_row = d.abs().argmax(0)
+    signed = d.gather(0, worst_row.unsqueeze(0))[0]
+    top = torch.topk(signed.abs(), min(k, signed.numel()))
+    return [{"token": handle.tokenizer.decode([int(i)]), "token_id": int(i), "delta_logit": float(signed[i])}
+            for i in top.indices]
+
+
+# ---------------------------------------------------- cached frozen prefix
+@dataclass
+class SuffixBatch:
+    """One padded batch run once through the frozen model, ready to re-run the blocks after ``layer``."""
+
+    index: list[int]  # rows of this batch in the caller's list
+    layer: int
+    hidden: torch.Tensor  # (rows, seq, hidden): output of block `layer`, unsteered
+    calls: dict[int, tuple[tuple, dict]]  # block i > layer -> (extra args, kwargs) it was called with
+    attention_mask: torch.Tensor  # (rows, seq), 1 for real tokens (left padding)
+    final_last: torch.Tensor  # (rows, hidden): unsteered final residual (before the final norm), last position
+    layer_last: torch.Tensor  # (rows, hidden): output of block `layer`, last position
+    input_ids: torch.Tensor  # (rows, seq)
+
+    final_all: torch.Tensor | None = None  # (rows, seq, hidden): final residual everywhere, when asked for
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def select(self, rows: Sequence[int]) -> "SuffixBatch":
+        """The same cache restricted to some of its rows (positions within this batch)."""
+        rows = list(rows)
+        n = len(self.index)
+        pick = torch.tensor(rows, dtype=torch.long)
+
+        def cut(x):
+            if isinstance(x, torch.Tensor):
+                return x[pick.to(x.device)] if x.ndim >= 1 and x.shape[0] == n and n > 1 else x
+            if isinstance(x, tuple):
+                return tuple(cut(v) for v in x)
+            if isinstance(x, list):
+                return [cut(v) for v in x]
+            if isinstance(x, dict):
+                return {k: cut(v) for k, v in x.items()}
+            return x
+
+        return SuffixBatch(index=[self.index[r] for r in rows], layer=self.layer, hidden=cut(self.hidden),
+                           calls={i: cut(c) for i, c in self.calls.items()},
+                           attention_mask=cut(self.attention_mask), final_last=cut(self.final_last),
+                           layer_last=cut(self.layer_last), input_ids=cut(self.input_ids),
+                           final_all=cut(self.final_all) if self.final_all is not None else None)
+
+
+def encode_batch(handle, texts: Sequence[str]):
+    tok = handle.tokenizer
+    enc = tok(list(texts), return_tensors="pt", padding=True)
+    ids, mask = enc.input_ids, enc.attention_mask
+    if (mask.sum(1) == 0).any():
+        raise ValueError("a text tokenised to nothing")
+    # Left padding: real tokens get positions 0..n-1 whatever the padding, so a
+    # row's activations do not depend on which batch it landed in.
+    position_ids = (mask.long().cumsum(1) - 1).clamp_min(0)
+    return ids, mask, position_ids
+
+
+def cache_prefix(handle, texts: Sequence[str], layer: int, batch_size: int = 16,
+                 progress: Progress | None = None, keep_final: bool = False) -> list[SuffixBatch]:
+    """Run ``texts`` once through the frozen model; keep what re-running blocks > ``layer`` needs.
+
+    Texts are batched by token length (less padding).  Runs under
+    ``torch.no_grad`` rather than inference mode so the cached tensors can
+    take part in autograd later.  ``keep_final`` also keeps the unsteered
+    final residual at every position (for answer log-probabilities).
+    """
+    arch = handle.arch
+    if not 0 <= layer < arch.num_layers:
+        raise ValueError(f"layer {layer} does not exist: the model has layers 0..{arch.num_layers - 1}")
+    lengths = [len(handle.tokenizer(t).input_ids) for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: lengths[i])
+    batches: list[SuffixBatch] = []
+    device = handle.input_device
+    for start in range(0, len(order), batch_size):
+        index = order[start:start + batch_size]
+        ids, mask, pos = encode_batch(handle, [texts[i] for i in index])
+        calls: dict[int, tuple[tuple, dict]] = {}
+        grabbed: dict[str, torch.Tensor] = {}
+
+        def pre(i):
+            def hook(_m, args, kwargs):
+                calls[i] = (tuple(args[1:]), dict(kwargs))
+            return hook
+
+        def post(_m, _inp, out):
+            grabbed["h"] = (out[0] if isinstance(out, tuple) else out).detach()
+
+        def last_block(_m, _inp, out):
+            full = (out[0] if isinstance(out, tuple) else out).detach()
+            grabbed["final"] = full[:, -1, :]
+            if keep_final:
+                grabbed["final_all"] = full
+
+        with handle.lock, torch.no_grad():
+            removers = [arch.layers[layer].register_forward_hook(post),
+                        arch.layers[-1].register_forward_hook(last_block)]
+            removers += [arch.layers[i].register_forward_pre_hook(pre(i), with_kwargs=True)
+                         for i in range(layer + 1, arch.num_layers)]
+            try:
+                handle.model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                        position_ids=pos.to(device), use_cache=False)
+            finally:
+                for r in removers:
+                    r.remove()
+        h = grabbed["h"]
+        batches.append(SuffixBatch(index=index, layer=layer, hidden=h, calls=calls, attention_mask=mask,
+                                   final_last=grabbed["final"].float(), layer_last=h[:, -1, :].float(),
+                                   input_ids=ids, final_all=grabbed.get("final_all")))
+        if progress:
+            progress(min(1.0, (start + len(index)) / max(len(order), 1)), f"cached {start + len(index)}/{len(order)}")
+    return batches
+
+
+def run_suffix(handle, batch: SuffixBatch, added: torch.Tensor | None) -> torch.Tensor:
+    """Final residual (before the final norm) at the last position after adding ``added`` to block L's output.
+
+    ``added``: (hidden,) added at every position, or (rows, hidden) per row,
+    or None.  Gradients flow to ``added`` when it requires them; the model's
+    weights are frozen.  Holds the model lock (another session's hooks must
+    not fire on these calls).
+    """
+    arch = handle.arch
+    h = batch.hidden
+    if added is not None:
+        add = added.to(h.device, h.dtype)
+        h = h + (add.unsqueeze(1) if add.ndim == 2 else add)
+    with handle.lock:
+        for i in range(batch.layer + 1, arch.num_layers):
+            args, kwargs = batch.calls[i]
+            out = arch.layers[i](h, *args, **kwargs)
+            h = out[0] if isinstance(out, tuple) else out
+    return h[:, -1, :].float()
+
+
+def logits_of(handle, final_residual: torch.Tensor) -> torch.Tensor:
+    """Next-token logits (rows, vocab) from final residuals (rows, hidden)."""
+    arch = handle.arch
+    return arch.logits(arch.final_hidden(final_residual.to(handle.dtype)))
+
+
+def penalty_terms(handle, batch: SuffixBatch, added: torch.Tensor, steered_final: torch.Tensor,
+                  rows: Sequence[int] | slice, max_change: float, reduction: str,
+                  use_logit: bool, use_kl: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(logit penalty, KL penalty, max |real Δlogit|) on the given rows of a batch; autograd-ready."""
+    zero = steered_final.new_zeros(())
+    if not (use_logit or use_kl):
+        return zero, zero, float("nan")
+    base_final = batch.final_last[rows]
+    with torch.no_grad():
+        base_logits = logits_of(handle, base_final)
+    steered_logits = logits_of(handle, steered_final[rows])
+    delta = steered_logits - base_logits
+    logit_term, kl_term = zero, zero
+    if use_logit:
+        direct = direct_delta_logits(handle, added, base_final)
+        logit_term = logit_penalty(delta, max_change, reduction) + logit_penalty(direct, max_change, reduction)
+    if use_kl:
+        kl_term = kl_penalty(base_logits.log_softmax(-1), steered_logits.log_softmax(-1))
+    return logit_term, kl_term, float(delta.detach().abs().max())
+
+
+def measure_delta(handle, batches: Sequence[SuffixBatch], added: torch.Tensor, top_k: int = 10,
+                  finals: Sequence[torch.Tensor] | None = None) -> dict:
+    """max |Δlogit| at the last position over every cached row, KL, and the top offending tokens.
+
+    ``finals``: the steered final residuals per batch when the caller already
+    has them (saves re-running the blocks).
+    """
+    worst, kls, per_row_max = None, [], []
+    direct_max = 0.0
+    with torch.no_grad():
+        for n, b in enumerate(batches):
+            final = finals[n] if finals is not None else run_suffix(handle, b, added)
+            steered = logits_of(handle, final)
+            base = logits_of(handle, b.final_last)
+            delta = steered - base
+            per_row_max += delta.abs().max(-1).values.tolist()
+            kls += (base.log_softmax(-1).exp() * (base.log_softmax(-1) - steered.log_softmax(-1))).sum(-1).tolist()
+            row = delta.abs().max(0).values
+            signed = delta.gather(0, delta.abs().argmax(0, keepdim=True))[0]
+            worst = signed if worst is None else torch.where(row > worst.abs(), signed, worst)
+            direct_max = max(direct_max, float(direct_delta_logits(handle, added, b.final_last).abs().max()))
+    if worst is None:
+        return {"max_abs_delta_logit": None, "rows": 0}
+    rows = torch.tensor(per_row_max)
+    return {
+        "max_abs_delta_logit": float(rows.max()),
+        "median_max_abs_delta_logit": float(rows.median()),
+        "direct_max_abs_delta_logit": direct_max,
+        "mean_kl": float(torch.tensor(kls).mean()),
+        "rows": len(per_row_max),
+        "top_tokens": top_offenders(handle, worst, top_k),
+    }
+
+
+# ------------------------------------------------------ constrain a vector
+def constrain_vector(handle, vector, layer: int | None = None, alpha: float = 1.0,
+                     prompts: Sequence[str] | None = None, max_change: float = DEFAULT_MAX_CHANGE, *,
+                     relative: bool = False, logit_weight: float = 1.0, kl_weight: float = 0.1,
+                     reduction: str = "sum", steps: int = 60, lr: float = 0.05, progress: Progress | None = None):
+    """Rotate ``vector`` so that, added at ``layer`` with strength ``alpha``, no logit moves more than ``max_change``.
+
+    ``vector``: a :class:`SteeringVector` (its layer unless ``layer`` is given)
+    or a 1-D tensor (then ``layer`` is required).  The added vector is
+    ``alpha_raw · u/‖u‖`` with ``alpha_raw = alpha`` times ‖v‖ in raw units, or
+    times the layer's mean residual norm when ``relative``; only the direction
+    ``u`` is optimised (starting from v), so the strength stays what the user
+    asked for.  Loss: (1 − cos(u, v)) + logit_weight · (hinge on the real and
+    direct-path Δlogit) + kl_weight · KL, on the last position of ``prompts``
+    (default: neutral sentences).
+
+    Returns (new vector of the same type and norm as the input, report) where
+    the report has before/after max |Δlogit|, KL, top offending tokens, the
+    cosine to the original and the loss per step.
+    """
+    from ..model.analysis import NEUTRAL_PROMPTS
+    from ..vector import SteeringVector
+
+    if isinstance(vector, SteeringVector):
+        layer = vector.layer if layer is None else layer
+        original = vector.direction(layer if layer in vector.directions else None).float()
+    else:
+        original = torch.as_tensor(vector).detach().float().reshape(-1)
+        if layer is None:
+            raise ValueError("constrain_vector needs a layer when given a bare tensor")
+    if original.numel() != handle.arch.hidden_size:
+        raise ValueError(f"vector has {original.numel()} values but the model's hidden size is {handle.arch.hidden_size}")
+    norm = float(original.norm())
+    if norm == 0:
+        raise ValueError("the vector is all zeros: nothing to constrain")
+    alpha_raw = float(alpha) * (handle.relative_scale(layer) if relative else norm)
+    prompts = list(prompts or NEUTRAL_PROMPTS)
+    batches = cache_prefix(handle, prompts, layer)
+    target = original / norm
+
+    def added_of(u: torch.Tensor) -> torch.Tensor:
+        return alpha_raw * u / u.norm().clamp_min(1e-12)
+
+    before = measure_delta(handle, batches, added_of(target))
+    u = target.clone().requires_grad_(True)
+    opt = torch.optim.Adam([u], lr=lr)
+    curve = []
+    for step in range(int(steps)):
+        opt.zero_grad()
+        added = added_of(u)
+        total_logit, total_kl, worst = 0.0, 0.0, 0.0
+        loss = 1 - F.cosine_similarity(u, target, dim=0)
+        for b in batches:
+            steered = run_suffix(handle, b, added)
+            lt, kt, w = penalty_terms(handle, b, added, steered, slice(None), max_change, reduction,
+                                      logit_weight > 0, kl_weight > 0)
+            share = len(b) / len(prompts)
+            loss = loss + share * (logit_weight * lt + kl_weight * kt)
+            total_logit += share * float(lt.detach())
+            total_kl += share * float(kt.detach())
+            worst = max(worst, w)
+        loss.backward()
+        opt.step()
+        curve.append({"step": step, "loss": float(loss.detach()), "logit_penalty": total_logit, "kl": total_kl,
+                      "max_abs_delta_logit": worst, "cosine": float(F.cosine_similarity(u.detach(), target, dim=0))})
+        if progress:
+            progress((step + 1) / steps, f"constraining: step {step + 1}/{steps}, max |Δlogit| {worst:.2f}")
+    final_unit = (u.detach() / u.detach().norm()).float()
+    after = measure_delta(handle, batches, added_of(final_unit))
+    report = {
+        "layer": layer, "alpha_raw": alpha_raw, "max_change": max_change,
+        "before": before, "after": after,
+        "cosine_to_original": float(torch.dot(final_unit, target)),
+        "curve": curve,
+        "settings": {"logit_weight": logit_weight, "kl_weight": kl_weight, "reduction": reduction,
+                     "steps": steps, "lr": lr, "prompts": len(prompts)},
+    }
+    new_direction = final_unit * norm
+    if isinstance(vector, SteeringVector):
+        hp = dict(vector.hyperparameters)
+        hp["constrained"] = {"max_change": max_change, "alpha_raw": alpha_raw, **report["settings"]}
+        metrics = dict(vector.metrics)
+        metrics["constrained_max_abs_delta_logit"] = after["max_abs_delta_logit"]
+        return vector.with_direction(layer, new_direction, hyperparameters=hp, metrics=metrics), report
+    return new_direction, report

@@ -1,0 +1,242 @@
+"""TSV: the pieces of the algorithm on tensors, data handling, and a short run on a tiny model."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from steer_ui.methods import tsv
+from steer_ui.vector import SteeringVector
+
+
+# ------------------------------------------------------------------ sinkhorn
+def _logits(n=200, seed=0, bias=2.0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, 2, generator=g) * 3
+    logits[:, 1] += bias  # the model leans towards class 1
+    return logits
+
+
+@pytest.mark.parametrize("epsilon,iterations", [(0.5, 100), (0.2, 100)])
+def test_sinkhorn_rows_are_distributions_and_class_totals_reach_the_marginals(epsilon, iterations):
+    logits = _logits()
+    marginals = torch.tensor([0.5, 0.5])
+    plan = tsv.sinkhorn(logits, marginals, epsilon=epsilon, iterations=iterations)
+    assert plan.shape == (200, 2)
+    assert torch.allclose(plan.sum(1), torch.ones(200), atol=1e-5)
+    assert torch.allclose(plan.sum(0) / 200, marginals, atol=1e-3)
+
+
+def test_sinkhorn_moves_a_biased_model_towards_the_marginals_with_each_iteration():
+    logits = _logits(bias=2.0)  # the model gives class 0 about a third of the mass
+    raw_gap = abs(float(logits.softmax(-1)[:, 0].mean()) - 0.5)
+    gaps = []
+    for iterations in (3, 20, 100):
+        plan = tsv.sinkhorn(logits, torch.tensor([0.5, 0.5]), epsilon=0.05, iterations=iterations)
+        assert torch.allclose(plan.sum(1), torch.ones(len(logits)), atol=1e-5)
+        gaps.append(abs(float(plan[:, 0].mean()) - 0.5))
+    assert raw_gap > gaps[0] > gaps[1] > gaps[2]
+
+
+def test_sinkhorn_survives_extreme_logits_and_rejects_bad_marginals():
+    logits = torch.tensor([[1000.0, -1000.0], [-1000.0, 1000.0], [0.0, 0.0]])
+    plan = tsv.sinkhorn(logits, torch.tensor([0.5, 0.5]))
+    assert torch.isfinite(plan).all()
+    with pytest.raises(tsv.TSVError, match="marginal"):
+        tsv.sinkhorn(logits, torch.tensor([1.0, 0.0]))
+
+
+# ------------------------------------------------------- confident selection
+def test_select_confident_takes_the_lowest_cross_entropy_per_class_in_proportion():
+    # rows 0-3 class 0, rows 4-7 class 1; confidence decreases with the row number inside each class
+    p0 = torch.tensor([0.99, 0.9, 0.7, 0.6])
+    probs = torch.cat([torch.stack([p0, 1 - p0], 1), torch.stack([1 - p0, p0], 1)])
+    plan = (probs > 0.5).float()
+    picked = tsv.select_confident(probs, plan, k=4, class_dist=[0.5, 0.5])
+    assert sorted(picked.tolist()) == [0, 1, 4, 5]
+    picked = tsv.select_confident(probs, plan, k=4, class_dist=[0.25, 0.75])
+    assert sorted(picked.tolist()) == [0, 4, 5, 6]
+
+
+def test_select_confident_does_not_refill_a_short_class_from_the_other():
+    probs = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.3, 0.7], [0.4, 0.6]])
+    plan = (probs > 0.5).float()
+    picked = tsv.select_confident(probs, plan, k=4, class_dist=[0.5, 0.5])
+    assert sorted(picked.tolist()) == [0, 1, 2]  # only one class-0 row exists
+
+
+# -------------------------------------------------------------- prototypes
+def test_ema_prototypes_move_towards_class_means_and_stay_on_the_sphere():
+    g = torch.Generator().manual_seed(0)
+    protos = F.normalize(torch.randn(2, 8, generator=g), dim=-1)
+    reps = F.normalize(torch.randn(6, 8, generator=g), dim=-1)
+    labels = F.one_hot(torch.tensor([0, 0, 0, 1, 1, 1]), 2).float()
+    means = F.normalize(torch.stack([reps[:3].mean(0), reps[3:].mean(0)]), dim=-1)
+    fresh = tsv.ema_prototypes(protos, reps, labels, decay=0.0)
+    assert torch.allclose(fresh, means, atol=1e-6)
+    slow = tsv.ema_prototypes(protos, reps, labels, decay=0.99)
+    assert torch.allclose(slow.norm(dim=-1), torch.ones(2), atol=1e-6)
+    for c in range(2):
+        assert float(slow[c] @ means[c]) > float(protos[c] @ means[c])  # moved towards the class mean
+        assert float(slow[c] @ protos[c]) > 0.99  # but only a little
+
+
+def test_ema_prototypes_keep_a_class_absent_from_the_batch():
+    protos = F.normalize(torch.randn(2, 4, generator=torch.Generator().manual_seed(1)), dim=-1)
+    reps = torch.randn(3, 4)
+    only_class_1 = F.one_hot(torch.tensor([1, 1, 1]), 2).float()
+    out = tsv.ema_prototypes(protos, reps, only_class_1, decay=0.5)
+    assert torch.allclose(out[0], protos[0])
+    assert not torch.allclose(out[1], protos[1])
+
+
+def test_class_probs_is_a_softmax_sharpened_by_kappa():
+    protos = torch.eye(3)[:2]
+    rep = torch.tensor([[0.8, 0.6, 0.0]])
+    p10 = tsv.class_probs(rep, protos, 10.0)
+    assert torch.allclose(p10.sum(-1), torch.ones(1))
+    assert float(p10[0, 0]) == pytest.approx(float(torch.tensor([8.0, 6.0]).softmax(0)[0]))
+    assert float(tsv.class_probs(rep, protos, 100.0)[0, 0]) > float(p10[0, 0])
+
+
+def test_auroc_is_none_for_one_class():
+    assert tsv.auroc([1, 1], [0.2, 0.3]) is None
+    assert tsv.auroc([0, 1, 0, 1], [0.1, 0.9, 0.2, 0.8]) == 1.0
+
+
+# ----------------------------------------------------------------------- data
+def test_rows_of_reads_tuples_statements_and_frames():
+    rows = tsv.rows_of([("Q?", "yes", 1, "g1"), ("Q?", "no", "false", "g1")])
+    assert rows.label.tolist() == [1, 0] and rows.group.tolist() == ["g1", "g1"]
+    statements = tsv.rows_of([("Paris is in France.", True), ("Paris is in Peru.", False)])
+    assert statements.prompt.tolist() == ["", ""]
+    frame = tsv.rows_of(pd.DataFrame({"question": ["a?", "a?"], "answer": ["x", "y"], "label": ["truthful", "hallucinated"]}))
+    assert frame.group.tolist() == ["a?", "a?"] and frame.label.tolist() == [1, 0]
+
+
+def test_rows_of_names_the_problem():
+    with pytest.raises(tsv.TSVError, match="row 1: label 'maybe'"):
+        tsv.rows_of([("Q", "a", 1), ("Q", "b", "maybe")])
+    with pytest.raises(tsv.TSVError, match="contrastive pairs"):
+        tsv.rows_of(pd.DataFrame({"prompt": ["p"], "positive": ["a"], "negative": ["b"]}))
+    with pytest.raises(tsv.TSVError, match="completion"):
+        tsv.rows_of(pd.DataFrame({"foo": [1], "label": [1]}))
+
+
+def test_format_text_wraps_questions_and_leaves_statements_alone():
+    assert tsv.format_text("Where is Paris?", " France ") == \
+        "Answer the question concisely. Q: Where is Paris? A: France"
+    assert tsv.format_text("", "Paris is in France.") == "Paris is in France."
+    already = "Answer the question concisely. Q: Where is Paris? A:"
+    assert tsv.format_text(already, "France") == already + " France"
+
+
+def test_group_split_never_puts_a_group_on_both_sides():
+    groups = [f"g{i // 3}" for i in range(60)]
+    labels = [i % 2 for i in range(60)]
+    train, test = tsv.group_split(groups, labels, 0.25, seed=3)
+    assert not {groups[i] for i in train} & {groups[i] for i in test}
+    assert sorted(train + test) == list(range(60))
+    assert {labels[i] for i in test} == {0, 1}
+
+
+def test_subsample_groups_keeps_whole_groups():
+    frame = tsv.rows_of([(f"q{i // 4}", f"a{i}", i % 2, f"q{i // 4}") for i in range(40)])
+    sub = tsv.subsample_groups(frame, 12, seed=0)
+    assert len(sub) == 12
+    assert (sub.group.value_counts() == 4).all()
+
+
+# --------------------------------------------------------- tiny end-to-end
+def _rows(n=24):
+    rows = []
+    for i in range(n):
+        rows.append((f"What colour is thing {i}?", f"It is red {i}", 1, f"q{i}"))
+        rows.append((f"What colour is thing {i}?", f"It is blue, no {i}", 0, f"q{i}"))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trained(tiny):
+    h = tiny("llama")
+    vector, report = tsv.train(h, _rows(), layer=2, init_epochs=2, aug_epochs=2, exemplars=8, selected=8,
+                               batch_size=16)
+    return h, vector, report
+
+
+def test_train_returns_a_tsv_record_and_a_full_report(trained):
+    h, vector, report = trained
+    assert vector.method == "tsv" and vector.layer == 2
+    assert tuple(vector.extras["prototypes"].shape) == (2, h.arch.hidden_size)
+    assert torch.allclose(vector.extras["prototypes"].norm(dim=-1), torch.ones(2), atol=1e-5)
+    assert vector.hyperparameters["kappa"] == 10.0 and vector.hyperparameters["lam_raw"] > 0
+    assert float(vector.direction().norm()) > 0
+    assert [c["epoch"] for c in report["curves"]] == [1, 2, 3, 4]
+    assert [c["stage"] for c in report["curves"]] == [1, 1, 2, 2]
+    assert all(0 <= c["exemplar_accuracy"] <= 1 for c in report["curves"])
+    counts = report["pseudo_labels"]["counts"]
+    assert set(counts) == {"hallucinated", "truthful"} and sum(counts.values()) == report["pseudo_labels"]["selected"]
+    assert 0 < report["pseudo_labels"]["selected"] <= 8
+    assert 0 <= report["auroc"] <= 1
+    assert set(report["baselines"]) >= {"probe", "mean_difference", "mean_token_logprob"}
+    assert set(report["max_abs_delta_logit"]) >= {"with_constraints", "without_constraints"}
+    assert set(report["runs"]) == {"constrained", "unconstrained"}
+    assert report["top_tokens"] and "token" in report["top_tokens"][0]
+    assert report["rows"]["exemplars"] == 8 and report["rows"]["test"] == len(report["held_out"])
+
+
+def test_detection_from_a_saved_file_matches_the_training_path(trained, tmp_path):
+    h, vector, report = trained
+    loaded = SteeringVector.load(vector.save(tmp_path / "tsv.safetensors"))
+    held = report["held_out"]
+    scores = tsv.score(h, loaded, [(r["prompt"], r["answer"]) for r in held])
+    for got, row in zip(scores, held):  # hooks + padding at detection vs cached suffix at training
+        assert got == pytest.approx(row["score"], abs=1e-4)
+    result = tsv.detect(h, loaded, [(r["prompt"], r["answer"], r["label"]) for r in held])
+    assert result["auroc"] == pytest.approx(report["auroc"], abs=1e-6)
+    assert set(result["scores"][0]) == {"prompt", "answer", "score", "label"}
+
+
+def test_detect_without_labels_gives_no_auroc(trained):
+    h, vector, _ = trained
+    out = tsv.detect(h, vector, pd.DataFrame({"prompt": ["What colour is thing 1?"], "completion": ["It is red 1"]}))
+    assert out["auroc"] is None and out["scores"][0]["label"] is None
+
+
+def test_detect_refuses_a_vector_that_is_not_tsv(tiny):
+    from steer_ui.vector import random_vector
+
+    h = tiny("llama")
+    with pytest.raises(tsv.TSVError, match="not a TSV vector"):
+        tsv.score(h, random_vector(h.arch.hidden_size, 1), [("q", "a")])
+
+
+def test_supervised_training_uses_every_training_label(tiny):
+    h = tiny("llama")
+    _, report = tsv.train(h, _rows(10), layer=2, supervised=True, init_epochs=1, compare=False,
+                          logit_penalty=False, kl_penalty=False)
+    assert report["rows"]["unlabelled"] == 0 and report["rows"]["exemplars"] == report["rows"]["train"]
+    assert report["pseudo_labels"]["selected"] == 0
+    assert report["max_abs_delta_logit"]["with_constraints"] is None
+
+
+def test_train_rejects_unknown_settings_and_one_class(tiny):
+    h = tiny("llama")
+    with pytest.raises(tsv.TSVError, match="unknown TSV setting"):
+        tsv.train(h, _rows(4), lamda=3)
+    with pytest.raises(tsv.TSVError, match="only one class"):
+        tsv.train(h, [(f"q{i}", "a", 1, f"q{i}") for i in range(8)])
+
+
+def test_train_from_args_maps_the_cli_flags(tiny):
+    import argparse
+
+    h = tiny("llama")
+    args = argparse.Namespace(layer=1, generate=False, exemplars=6, epochs=1, no_logit_penalty=True,
+                              no_kl_penalty=True, seed=0)
+    vector, report = tsv.train_from_args(h, _rows(8), args)
+    s = report["settings"]
+    assert (s["layer"], s["exemplars"], s["init_epochs"], s["aug_epochs"]) == (1, 6, 1, 1)
+    assert not s["logit_penalty"] and not s["kl_penalty"]
+    assert vector.layer == 1 and "unconstrained" in vector.name
