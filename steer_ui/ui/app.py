@@ -79,21 +79,22 @@ def build_demo(backend: Backend, num_layers: int | None = None) -> gr.Blocks:
             lang = gr.Radio([("English", "en"), ("简体中文", "zh-CN")], value="en", label=T("app.language"), scale=1,
                             elem_id="lang-switch")
         banner = gr.Markdown(elem_id="model-banner")
+        tabs: dict[str, gr.Tab] = {}  # i18n key -> tab (their labels are re-sent on a language switch)
         with gr.Tabs(selected="explore"):
-            with gr.Tab(T("tab.model"), id="model"):
+            with gr.Tab(T("tab.model"), id="model") as tabs["tab.model"]:
                 model = build_model_tab(backend)
-            with gr.Tab(T("tab.data"), id="data"):
+            with gr.Tab(T("tab.data"), id="data") as tabs["tab.data"]:
                 data = build_data_tab(backend)
-            with gr.Tab(T("tab.train"), id="train"):
+            with gr.Tab(T("tab.train"), id="train") as tabs["tab.train"]:
                 train = build_train_tab(backend, num_layers)
-            with gr.Tab(T("tab.explore"), id="explore"):
+            with gr.Tab(T("tab.explore"), id="explore") as tabs["tab.explore"]:
                 explore = build_explore_tab(backend, num_layers)
             if concepts is not None:
-                with gr.Tab(T("tab.concepts"), id="concepts"):
+                with gr.Tab(T("tab.concepts"), id="concepts") as tabs["tab.concepts"]:
                     concepts(backend)
-            with gr.Tab(T("tab.detect"), id="detect"):
+            with gr.Tab(T("tab.detect"), id="detect") as tabs["tab.detect"]:
                 detect = build_detect_tab(backend)
-            with gr.Tab(T("tab.export"), id="export"):
+            with gr.Tab(T("tab.export"), id="export") as tabs["tab.export"]:
                 export = build_export_tab(backend)
 
         vector_pickers = [explore.vector, detect.vector, export.vector]
@@ -126,7 +127,14 @@ def build_demo(backend: Backend, num_layers: int | None = None) -> gr.Blocks:
         def set_language(lang, request: gr.Request):
             return backend.set_language(sid(request), lang)
 
-        lang.change(set_language, [lang], [lang], js=JS_SWITCH_LOCALE, api_name="set_language", queue=False)
+        def tab_labels(lang_value):
+            # gradio re-translates every label on a locale switch except the buttons of unselected tabs
+            lang_value = i18n.normalise_lang(lang_value)
+            return tuple(gr.update(label=i18n.label(lang_value, key)) for key in tabs)
+
+        lang.change(set_language, [lang], [lang], js=JS_SWITCH_LOCALE, api_name="set_language", queue=False) \
+            .then(tab_labels, [lang], list(tabs.values()), api_name="tab_labels", api_visibility="undocumented",
+                  queue=False)
 
         # ---------------------------------------------------------- page load
         @handler(backend)

@@ -1,0 +1,157 @@
+"""A real Chromium drives the app (tiny model): drag α, upload data, export, both languages.
+
+Needs Debian's Chromium at /usr/bin/chromium (``apt-get install -y chromium``;
+CJK glyphs need a font such as ``fonts-wqy-microhei`` only for screenshots).
+"""
+from __future__ import annotations
+
+import re
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Chromium is not installed at /usr/bin/chromium "
+                                                     "(apt-get install -y chromium); browser tests skipped"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    from steer_ui.backend import Backend
+    from steer_ui.tiny import tiny_handle
+    from steer_ui.ui.app import build_demo, launch_kwargs
+
+    backend = Backend(handle=tiny_handle("llama"), workdir=tmp_path_factory.mktemp("browser"))
+    demo = build_demo(backend)
+    demo.queue()
+    port = _free_port()
+    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, url, locale="en-US"):
+    page = browser.new_page(locale=locale, viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=60_000)
+    return page
+
+
+def bar_heights(page) -> list[list[float]]:
+    return page.evaluate("() => document.querySelector('#next-token-bars .js-plotly-plot')._fullData"
+                         ".map(t => Array.from(t.y))")
+
+
+def test_dragging_alpha_updates_the_bars_then_release_regenerates(browser, url):
+    page = open_page(browser, url)
+    before = bar_heights(page)
+    assert before[0] == before[1]  # α = 0: unsteered and steered bars coincide
+    box = page.locator("#alpha-slider input[type=range]").bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    for step in range(1, 11):
+        page.mouse.move(x + step * box["width"] * 0.045, y)
+        time.sleep(0.05)
+    # still holding the mouse: the bars follow the drag (slider .input), no release needed
+    page.wait_for_function("(b) => JSON.stringify(document.querySelector('#next-token-bars .js-plotly-plot')"
+                           "._fullData.map(t => Array.from(t.y))) !== b", arg=str(before).replace("'", '"'),
+                           timeout=30_000)
+    during = bar_heights(page)
+    assert during[0] != during[1]
+    page.mouse.up()
+    page.wait_for_function("() => document.querySelector('#steered-text').innerText.trim().length > 0",
+                           timeout=30_000)
+    value = float(page.locator("#alpha-slider input[type=number]").input_value())
+    assert value > 0.2
+    page.close()
+
+
+def test_upload_dataset_shows_the_preview(browser, url):
+    page = open_page(browser, url)
+    page.get_by_role("tab", name="Data").click()
+    page.locator("#data-file input[type=file]").set_input_files(str(ROOT / "assets/datasets/capitals_statements.csv"))
+    page.wait_for_function("() => document.querySelector('#data-summary').innerText.includes('capitals_statements')",
+                           timeout=30_000)
+    preview = page.locator("#data-preview").inner_text()
+    assert "completion" in preview and "label" in preview
+    page.close()
+
+
+def test_export_gives_a_file(browser, url, tmp_path):
+    page = open_page(browser, url)
+    page.get_by_role("tab", name="Export / Import").click()
+    page.locator("#export-btn").click()
+    link = page.locator("#export-files a").first
+    link.wait_for(timeout=30_000)
+    with page.expect_download() as info:
+        link.click()
+    target = tmp_path / info.value.suggested_filename
+    info.value.save_as(target)
+    assert target.suffix == ".safetensors" and target.stat().st_size > 64
+    page.close()
+
+
+def _visible_text_of_every_tab(page) -> str:
+    texts = []
+    for tab in page.locator("button[role=tab]").all():
+        tab.click()
+        time.sleep(0.3)
+        texts.append(page.locator("body").inner_text())
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("locale, lang", [("zh-CN", "zh-CN"), ("en-US", "en")])
+def test_every_visible_label_is_in_the_browser_language(browser, url, locale, lang):
+    from steer_ui.ui import i18n
+
+    page = open_page(browser, url, locale=locale)
+    text = _visible_text_of_every_tab(page)
+    assert "__i18n__" not in text
+    raw_keys = [k for k in i18n.TRANSLATIONS["en"] if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w.])", text)]
+    assert raw_keys == [], f"untranslated keys shown: {raw_keys}"
+    other = "en" if lang == "zh-CN" else "zh-CN"
+    for key, foreign in i18n.TRANSLATIONS[other].items():
+        mine = i18n.TRANSLATIONS[lang][key]
+        shown = foreign.lstrip("# ").strip()
+        if foreign == mine or len(shown) < 4 or shown in mine:
+            continue
+        assert shown not in text, f"{key}: {shown!r} shown in the {lang} page"
+    page.close()
+
+
+def test_language_switch_changes_labels_and_tabs(browser, url):
+    page = open_page(browser, url)
+    page.locator("#lang-switch label", has_text="简体中文").click()
+    page.wait_for_function("() => [...document.querySelectorAll('button[role=tab]')].map(b => b.innerText)"
+                           ".join('|').includes('导出')", timeout=20_000)
+    assert "模型" in page.locator("button[role=tab]").all_inner_texts()
+    page.locator("#lang-switch label", has_text="English").click()
+    page.wait_for_function("() => [...document.querySelectorAll('button[role=tab]')].map(b => b.innerText)"
+                           ".join('|').includes('Export')", timeout=20_000)
+    page.close()
