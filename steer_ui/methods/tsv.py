@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.hooks import Steer, StepState, steering
-from ..vector import SteeringVector, dataset_hash
+from ..vector import SteeringVector, VectorError, dataset_hash
 from . import constraints as C
 
 Progress = Callable[[float, str], None]
@@ -54,7 +54,13 @@ PROMPT_TEMPLATE = "Answer the question concisely. Q: {question} A:"
 CLASSES = ("hallucinated", "truthful")  # class index = label: 1 means truthful
 
 
-class TSVError(ValueError):
+try:  # the CLI and the UI report DatasetError as a one-line message
+    from ..data import DatasetError as _Base
+except ImportError:  # pragma: no cover - the data package is part of the project
+    _Base = ValueError
+
+
+class TSVError(_Base):
     """A TSV request that cannot run as asked (bad data, bad settings)."""
 
 
@@ -75,7 +81,9 @@ class TSVSettings:
     sinkhorn_iterations: int = 3
     batch_size: int = 128
     supervised: bool = False  # train on every labelled training row; no pseudo-labels
-    prototype_init: str = "random"  # "random" (paper) or "class_means" (exemplar means, unsteered)
+    # "class_means": the exemplars' class means with v = 0 (our default: with EMA 0.99 and the few steps a CPU
+    # affords, random prototypes, the paper's choice, barely move); "random": the paper's.
+    prototype_init: str = "class_means"
     logit_penalty: bool = True
     logit_weight: float = 0.2
     max_logit_change: float = 2.0
@@ -592,6 +600,13 @@ def _baselines(handle, st: TSVSettings, train_batches, test_batches, exemplar_ro
 
 
 def _settings(layer, hp: dict) -> TSVSettings:
+    hp = dict(hp)
+    # Names the shared train form uses: one epoch count for both stages; TSV always reads the last token.
+    epochs = hp.pop("epochs", None)
+    if epochs is not None:
+        hp.setdefault("init_epochs", epochs)
+        hp.setdefault("aug_epochs", epochs)
+    hp.pop("position", None)
     names = {f.name for f in fields(TSVSettings)}
     unknown = sorted(set(hp) - names)
     if unknown:
@@ -722,11 +737,11 @@ def _check_tsv(handle, vector: SteeringVector) -> None:
     from ..steering import check_compatible
 
     if vector.method != "tsv" or "prototypes" not in vector.extras:
-        raise TSVError(f"'{vector.name or vector.method}' is not a TSV vector (method={vector.method}, "
+        raise VectorError(f"'{vector.name or vector.method}' is not a TSV vector (method={vector.method}, "
                        f"extras={sorted(vector.extras)}); train one with --method tsv")
     protos = vector.extras["prototypes"]
     if tuple(protos.shape) != (2, vector.hidden_size):
-        raise TSVError(f"TSV prototypes have shape {tuple(protos.shape)}, expected (2, {vector.hidden_size})")
+        raise VectorError(f"TSV prototypes have shape {tuple(protos.shape)}, expected (2, {vector.hidden_size})")
     check_compatible(handle, vector)
 
 
@@ -808,7 +823,9 @@ def _question_table(questions) -> pd.DataFrame:
 
     frame = getattr(questions, "frame", questions)
     if isinstance(frame, (list, tuple)):
-        frame = pd.DataFrame({"question": list(frame)})
+        if all(isinstance(q, str) for q in frame):
+            raise TSVError("generate-and-label needs reference answers, not questions alone")
+        frame = rows_of(frame)
     cols = {c.lower().replace("_", " "): c for c in frame.columns}
     if "question" in cols and ("correct answers" in cols or "best answer" in cols):
         out = []
@@ -911,3 +928,67 @@ def train_from_args(handle, dataset, args) -> tuple[SteeringVector, dict]:
         report["generated"] = generated[["prompt", "completion", "label", "similarity_correct",
                                          "similarity_incorrect"]].to_dict("records")
     return vector, report
+
+
+# ------------------------------------------------------- the README table
+def table_markdown(report: dict) -> str:
+    """The held-out AUROC table (TSV vs baselines) and the Δlogit check, as Markdown."""
+    def fmt(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    runs = report["runs"]
+    lines = ["| detector | held-out AUROC |", "|---|---|"]
+    for name, key in (("TSV (constrained)", "constrained"), ("TSV (unconstrained)", "unconstrained")):
+        if key in runs:
+            lines.append(f"| {name} | {fmt(runs[key]['auroc'])} |")
+    for name, b in report["baselines"].items():
+        lines.append(f"| {name.replace('_', ' ')} | {fmt(b['auroc'])} |")
+    lines += ["", "| run | max abs Δlogit (held-out, last position) | median per row | mean KL |", "|---|---|---|---|"]
+    for key, r in runs.items():
+        lines.append(f"| {key} | {fmt(r['max_abs_delta_logit'])} | {fmt(r['median_max_abs_delta_logit'])} | "
+                     f"{fmt(r['mean_kl'])} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m steer_ui.methods.tsv --data FILE``: train on the embedded model and print the AUROC table."""
+    import argparse
+    import json
+    import sys
+    import time
+
+    p = argparse.ArgumentParser(prog="python -m steer_ui.methods.tsv", description=main.__doc__)
+    p.add_argument("--data", required=True)
+    p.add_argument("--model", default=None)
+    p.add_argument("--max-rows", type=int, default=None, help="subsample whole groups (questions) to this many rows")
+    p.add_argument("--layer", type=int, default=None)
+    p.add_argument("--epochs", type=int, default=None, help="epochs of each stage (default 20)")
+    p.add_argument("--exemplars", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the full report here")
+    args = p.parse_args(argv)
+    from ..data import load_dataset
+    from ..model.loading import load_model
+
+    dataset = load_dataset(args.data)
+    handle = load_model(args.model)
+    hp = {"seed": args.seed, "max_rows": args.max_rows, "exemplars": args.exemplars}
+    if args.epochs is not None:
+        hp["epochs"] = args.epochs
+    start = time.perf_counter()
+    _vector, report = train(handle, dataset, layer=args.layer,
+                            progress=lambda f, m: print(f"[{f:4.0%}] {m}", file=sys.stderr, flush=True),
+                            **{k: v for k, v in hp.items() if v is not None})
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    print(table_markdown(report))
+    print(f"\nrows {report['rows']}, layer {report['layer']}, λ = {report['lam']} × mean norm = "
+          f"{report['lam_raw']:.1f}, pseudo-labels {report['pseudo_labels'].get('counts')}, "
+          f"{report['seconds']} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -207,8 +207,10 @@ def test_detect_without_labels_gives_no_auroc(trained):
 def test_detect_refuses_a_vector_that_is_not_tsv(tiny):
     from steer_ui.vector import random_vector
 
+    from steer_ui.vector import VectorError
+
     h = tiny("llama")
-    with pytest.raises(tsv.TSVError, match="not a TSV vector"):
+    with pytest.raises(VectorError, match="not a TSV vector"):
         tsv.score(h, random_vector(h.arch.hidden_size, 1), [("q", "a")])
 
 

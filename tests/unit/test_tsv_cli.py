@@ -1,0 +1,43 @@
+"""The CLI's ``train --method tsv`` and ``detect`` on a tiny model: one JSON object each."""
+from __future__ import annotations
+
+import json
+
+from steer_ui import cli
+
+
+def _csv(tmp_path):
+    path = tmp_path / "answers.csv"
+    lines = ["question,answer,label"]
+    for i in range(12):
+        lines += [f"What colour is thing {i}?,It is red {i},true", f"What colour is thing {i}?,It is blue {i},false"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_train_then_detect_print_one_json_object_each(tmp_path, capsys):
+    data = _csv(tmp_path)
+    out = tmp_path / "tsv.safetensors"
+    code = cli.main(["train", "--method", "tsv", "--model", "tiny:llama", "--data", str(data), "--layer", "2",
+                     "--exemplars", "6", "--epochs", "1", "--out", str(out), "--json"])
+    trained = json.loads(capsys.readouterr().out)
+    assert code == 0, trained
+    assert trained["method"] == "tsv" and out.is_file()
+    report = trained["report"]
+    assert {"auroc", "baselines", "max_abs_delta_logit", "curves", "pseudo_labels"} <= set(report)
+    code = cli.main(["detect", "--model", "tiny:llama", "--vector", str(out), "--data", str(data), "--json"])
+    detected = json.loads(capsys.readouterr().out)
+    assert code == 0, detected
+    assert len(detected["scores"]) == 24
+    assert set(detected["scores"][0]) >= {"prompt", "answer", "score", "label"}
+    assert 0.0 <= detected["auroc"] <= 1.0
+
+
+def test_detect_with_a_non_tsv_vector_is_a_one_line_error(tmp_path, capsys):
+    from steer_ui.vector import random_vector
+
+    vec = random_vector(64, 1).save(tmp_path / "random.safetensors")
+    code = cli.main(["detect", "--model", "tiny:llama", "--vector", str(vec), "--data", str(_csv(tmp_path)),
+                     "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 2 and "not a TSV vector" in out["error"]
