@@ -14,7 +14,7 @@ from . import i18n
 from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
 
 # Keys of a method's report that hold its main result table, best first.
-RESULT_KEYS = ("table", "auroc_table", "baselines", "comparison", "results", "layers", "delta_logit")
+RESULT_KEYS = ("table", "auroc_table", "comparison", "results", "layers")
 
 
 @dataclass
@@ -53,16 +53,38 @@ def find_curves(report: dict) -> pd.DataFrame | None:
 
 
 def find_results(report: dict) -> pd.DataFrame | None:
-    """The method's main result table (AUROC vs baselines, L2S vs Mean-S, ...)."""
+    """The method's main result table, from whichever shape its report has.
+
+    L2S: ``table`` (L2S vs Mean-S vs P2S); TSV: its constrained/unconstrained
+    runs next to the ``baselines`` on the same split (AUROC, max |Δlogit|);
+    mean-diff / probe / PCA / ITI: their ``metrics``.
+    """
+    rows: list[dict] = []
+    for name, run in (report.get("runs") or {}).items():
+        if isinstance(run, dict):
+            rows.append({"row": f"TSV ({name})", "auroc": run.get("auroc"),
+                         "max_abs_delta_logit": run.get("max_abs_delta_logit"), "note": ""})
+    for name, base in (report.get("baselines") or {}).items():
+        if isinstance(base, dict):
+            rows.append({"row": name, "auroc": base.get("auroc"), "max_abs_delta_logit": None,
+                         "note": base.get("note", "")})
+        elif isinstance(base, (int, float)):
+            rows.append({"row": name, "auroc": base, "max_abs_delta_logit": None, "note": ""})
+    if rows:
+        return pd.DataFrame(rows)
     for key in RESULT_KEYS:
         frame = _records(report.get(key))
         if frame is not None and "epoch" not in frame:
             return frame
-        if isinstance(report.get(key), dict) and report[key] and all(
-                isinstance(v, (int, float)) for v in report[key].values()):
-            return pd.DataFrame({"name": list(report[key]), "value": list(report[key].values())})
-    scalars = {k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    metrics = report.get("metrics") if isinstance(report.get("metrics"), dict) else report
+    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return pd.DataFrame({"name": list(scalars), "value": list(scalars.values())}) if scalars else None
+
+
+def find_alpha_sweep(report: dict) -> pd.DataFrame | None:
+    """The KL-vs-α sweep a method ran to pick its recommended α range (shown when there are no epochs)."""
+    frame = _records(report.get("alpha_sweep"))
+    return frame if frame is not None and "alpha" in frame else None
 
 
 def _jsonable(value):
@@ -130,10 +152,10 @@ def build_train_tab(backend: Backend, num_layers: int | None = None) -> TrainTab
               context_layer, hidden, extra, request: gr.Request, progress=gr.Progress()):
         lang = lang_of(backend, request)
         hp: dict[str, Any] = {"seed": seed}
-        if method in ("mean-diff", "probe", "pca", "iti", "tsv"):
+        if method in ("mean-diff", "probe", "pca", "iti"):
             hp["position"] = position
-        if method == "tsv":
-            hp.update(exemplars=exemplars, epochs=epochs, logit_penalty=bool(logit_penalty),
+        if method == "tsv":  # TSV reads the last answer token by design; epochs apply to both stages
+            hp.update(exemplars=exemplars, init_epochs=epochs, aug_epochs=epochs, logit_penalty=bool(logit_penalty),
                       kl_penalty=bool(kl_penalty))
         elif method == "iti":
             hp["top_heads"] = top_heads
@@ -150,8 +172,13 @@ def build_train_tab(backend: Backend, num_layers: int | None = None) -> TrainTab
         name, report = backend.train(sid(request), method, None if auto_layer else layer,
                                      progress=progress_adapter(progress), **hp)
         curves_frame = find_curves(report)
-        curves_fig = plots.training_curves(curves_frame, labels=i18n.plot_labels(lang, "curves")) \
-            if curves_frame is not None else plots.empty_figure(i18n.message(lang, "no_curves"))
+        sweep_frame = find_alpha_sweep(report)
+        if curves_frame is not None:
+            curves_fig = plots.training_curves(curves_frame, labels=i18n.plot_labels(lang, "curves"))
+        elif sweep_frame is not None:
+            curves_fig = plots.training_curves(sweep_frame, x="alpha", labels=i18n.plot_labels(lang, "alpha_sweep"))
+        else:
+            curves_fig = plots.empty_figure(i18n.message(lang, "no_curves"))
         choices = backend.vector_names(sid(request))
         text = i18n.message(lang, "trained", name=name)
         return (text, curves_fig, table(find_results(report)), _jsonable(report),
