@@ -189,7 +189,8 @@ def naive_logits(handle, prompt: str, steers: Sequence[Steer], rows: int = 1) ->
 
 # ----------------------------------------------------------- distributions
 def _decode_ids(handle, ids) -> list[str]:
-    return [handle.tokenizer.decode([int(i)]) for i in ids]
+    ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+    return handle.tokenizer.batch_decode([[int(i)] for i in ids]) if ids else []
 
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -229,37 +230,84 @@ class NextTokenView:
         return pd.DataFrame({"token": tokens})
 
 
-def _top_frame(handle, logits: torch.Tensor, k: int) -> pd.DataFrame:
-    probs = logits.softmax(-1)
-    top = torch.topk(probs, k)
+def _top_frame(handle, logits: torch.Tensor, k: int, logp: torch.Tensor | None = None) -> pd.DataFrame:
+    # top-k of the logits is the top-k of the probabilities; only k exponentials are needed
+    top = torch.topk(logits, k)
+    if logp is None:
+        logp = logits.log_softmax(-1)
     return pd.DataFrame({
         "rank": range(1, k + 1),
         "token": _decode_ids(handle, top.indices),
         "token_id": top.indices.tolist(),
-        "prob": top.values.tolist(),
-        "logit": logits[top.indices].tolist(),
+        "prob": logp[top.indices].exp().tolist(),
+        "logit": top.values.tolist(),
     })
 
 
 def compare_logits(handle, unsteered: torch.Tensor, steered: torch.Tensor, top_k: int = 10) -> NextTokenView:
-    lu, ls = unsteered.float().log_softmax(-1), steered.float().log_softmax(-1)
-    delta = steered.float() - unsteered.float()
+    unsteered, steered = unsteered.float(), steered.float()
+    lu, ls = unsteered.log_softmax(-1), steered.log_softmax(-1)
+    delta = steered - unsteered
     order = torch.topk(delta, top_k)
-    low = torch.topk(-delta, top_k)
+    low = torch.topk(delta, top_k, largest=False)
     worst = int(delta.abs().argmax())
     return NextTokenView(
-        unsteered=_top_frame(handle, unsteered, top_k),
-        steered=_top_frame(handle, steered, top_k),
+        unsteered=_top_frame(handle, unsteered, top_k, lu),
+        steered=_top_frame(handle, steered, top_k, ls),
         promoted=pd.DataFrame({"token": _decode_ids(handle, order.indices), "token_id": order.indices.tolist(),
                                "delta_logit": order.values.tolist()}),
         suppressed=pd.DataFrame({"token": _decode_ids(handle, low.indices), "token_id": low.indices.tolist(),
-                                 "delta_logit": (-low.values).tolist()}),
+                                 "delta_logit": low.values.tolist()}),
         kl=float(_kl(lu, ls)),
         entropy_unsteered=float(_entropy(lu)),
         entropy_steered=float(_entropy(ls)),
-        max_abs_delta_logit=float(delta.abs().max()),
+        max_abs_delta_logit=float(delta[worst].abs()),
         max_delta_token=handle.tokenizer.decode([worst]),
     )
+
+
+class AlphaGrid:
+    """Next-token views precomputed over a grid of α, so dragging the slider is a lookup.
+
+    An optional speed mode: the grid's logits come from batched fast-path
+    passes (rows of 21 α), equal to single calls up to float rounding.  A
+    lookup at an α that is not on the grid is never answered with a
+    neighbour: it is computed (and remembered); :meth:`nearest` is there for
+    a slider whose step matches the grid.
+    """
+
+    def __init__(self, handle, prompt: str, steer: Steer, alphas: Sequence[float], top_k: int = 10,
+                 batch: int = 21):
+        if not isinstance(steer, Steer):
+            raise ValueError("an α grid needs a Steer (one layer, one direction)")
+        self.handle, self.prompt, self.steer, self.top_k = handle, prompt, steer, top_k
+        self.alphas = sorted({float(a) for a in alphas})
+        if not self.alphas:
+            raise ValueError("an α grid needs at least one α")
+        self.state = prefix_state(handle, prompt, steer.layer)
+        self.views: dict[float, NextTokenView] = {}
+        for start in range(0, len(self.alphas), batch):
+            chunk = self.alphas[start:start + batch]
+            logits = self.state.logits([steer.with_alpha(torch.tensor(chunk))], rows=len(chunk))
+            for a, row in zip(chunk, logits):
+                self.views[a] = compare_logits(handle, self.state.unsteered_logits, row, top_k)
+
+    def nearest(self, alpha: float) -> tuple[float, NextTokenView]:
+        """The grid point closest to ``alpha`` and its view (for a slider that snaps to the grid)."""
+        a = min(self.alphas, key=lambda g: abs(g - float(alpha)))
+        return a, self.views[a]
+
+    def view(self, alpha: float) -> NextTokenView:
+        """The view at exactly ``alpha``: a lookup on the grid, else one fast-path call."""
+        alpha = float(alpha)
+        span = max(abs(self.alphas[0]), abs(self.alphas[-1]), 1e-12)
+        a, found = self.nearest(alpha)
+        if abs(a - alpha) <= 1e-9 * span:
+            return found
+        if alpha not in self.views:
+            logits = self.state.logits([self.steer.with_alpha(alpha)], rows=1)[0]
+            self.views[alpha] = compare_logits(self.handle, self.state.unsteered_logits, logits, self.top_k)
+        return self.views[alpha]
 
 
 def next_token(handle, prompt: str, steers: Sequence[Steer], top_k: int = 10, fast: bool = True) -> NextTokenView:

@@ -74,19 +74,18 @@ class Architecture:
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Unembed already-normalised hidden states of shape (..., hidden).
 
-        For a handful of rows, ``W @ h.T`` streams W once, whereas the
-        ``h @ W.T`` kernel ``nn.Linear`` picks re-reads W per row on CPU: with
-        a 262k-token vocabulary that is the difference between batching three
-        rows for free and paying three times.  Results agree to float
-        rounding (not bit-for-bit) with ``lm_head(normed)``.
+        With a 262k-token vocabulary the unembedding is most of a decode step,
+        and for a handful of rows the CPU BLAS picks very different kernels
+        for ``h @ W.T`` (what ``nn.Linear`` does) and ``(W @ h.T).T``
+        depending on the row and thread counts: one streams W once, the other
+        may re-read it per row.  :func:`unembed` times both once per (rows,
+        threads) and keeps the faster.  Results agree to float rounding (not
+        bit-for-bit) with ``lm_head(normed)``.
         """
         w = self.lm_head.weight
         shape = normed.shape
         flat = normed.reshape(-1, shape[-1]).to(w.dtype)
-        if flat.device.type == "cpu" and flat.shape[0] <= 16:
-            out = torch.matmul(w, flat.T).T
-        else:
-            out = flat @ w.T
+        out = unembed(w, flat)
         bias = getattr(self.lm_head, "bias", None)
         if bias is not None:
             out = out + bias
@@ -94,6 +93,61 @@ class Architecture:
         if self.logit_softcap:
             out = torch.tanh(out / self.logit_softcap) * self.logit_softcap
         return out.reshape(*shape[:-1], out.shape[-1])
+
+    def logits_at(self, normed: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """The logit of one token per row: ``logits(normed)[i, token_ids[i]]`` without the full vocabulary.
+
+        ``normed``: (rows, hidden); ``token_ids``: (rows,).  A dot product per
+        row instead of a pass over W; equal to :meth:`logits` up to float rounding.
+        """
+        w = self.lm_head.weight
+        ids = token_ids.reshape(-1).to(w.device)
+        flat = normed.reshape(-1, normed.shape[-1]).to(w.dtype)
+        out = (w.index_select(0, ids) * flat).sum(-1)
+        bias = getattr(self.lm_head, "bias", None)
+        if bias is not None:
+            out = out + bias.index_select(0, ids)
+        out = out.float()
+        if self.logit_softcap:
+            out = torch.tanh(out / self.logit_softcap) * self.logit_softcap
+        return out
+
+
+# (weight storage, dtype, rows, threads) -> True when (W @ h.T).T beat h @ W.T on this machine
+_UNEMBED_KERNEL: dict[tuple, bool] = {}
+_TUNE_MIN_VOCAB = 16384  # below this both kernels take microseconds: not worth timing
+_TUNE_MAX_ROWS = 64
+
+
+def _time_once(fn) -> float:
+    import time
+
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def unembed(w: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``flat @ w.T`` for (rows, hidden) ``flat`` and (vocab, hidden) ``w``, with the faster CPU kernel.
+
+    On CPU, for a large vocabulary and up to 64 rows, the first call for a
+    given row count times ``flat @ w.T`` and ``(w @ flat.T).T`` (best of two
+    each, alternated) and remembers the winner; ``h @ W.T`` is kept unless
+    the other is at least 10 % faster.  Other devices use ``flat @ w.T``.
+    """
+    rows = flat.shape[0]
+    if flat.device.type != "cpu" or rows > _TUNE_MAX_ROWS or w.shape[0] < _TUNE_MIN_VOCAB:
+        return flat @ w.T
+    key = (w.data_ptr(), w.dtype, rows, torch.get_num_threads())
+    transposed = _UNEMBED_KERNEL.get(key)
+    if transposed is None:
+        plain_t, trans_t = [], []
+        for _ in range(2):
+            plain_t.append(_time_once(lambda: flat @ w.T))
+            trans_t.append(_time_once(lambda: torch.matmul(w, flat.T)))
+        transposed = min(trans_t) < 0.9 * min(plain_t)
+        _UNEMBED_KERNEL[key] = transposed
+    return torch.matmul(w, flat.T).T if transposed else flat @ w.T
 
 
 def discover(model: nn.Module) -> Architecture:

@@ -120,10 +120,15 @@ def process_logits(logits: torch.Tensor, history: torch.Tensor | None, s: Sampli
     """Apply repetition penalty, temperature, top-k and top-p to (rows, vocab) logits.
 
     Filtered-out tokens get -inf.  Greedy (temperature 0) only applies the
-    repetition penalty.
+    repetition penalty.  ``logits`` is never modified; when there is nothing
+    to apply it is returned as is (no copy of a vocabulary-sized tensor).
     """
+    penalise = s.repetition_penalty != 1.0 and history is not None and history.numel()
+    if not penalise and s.temperature == 0:
+        return logits
     logits = logits.clone()
-    if s.repetition_penalty != 1.0 and history is not None and history.numel():
+    if penalise:
+        history = history.to(logits.device)
         seen = torch.gather(logits, 1, history)
         seen = torch.where(seen < 0, seen * s.repetition_penalty, seen / s.repetition_penalty)
         logits.scatter_(1, history, seen)
@@ -149,22 +154,17 @@ def choose(processed: torch.Tensor, s: Sampling, uniform: float | None) -> torch
         return processed.argmax(-1)
     probs = processed.softmax(-1)
     cdf = probs.cumsum(-1)
-    u = torch.full((probs.shape[0], 1), float(uniform), dtype=cdf.dtype) * cdf[:, -1:]
+    u = torch.full((probs.shape[0], 1), float(uniform), dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u).squeeze(1)
     return idx.clamp_max(probs.shape[-1] - 1)
 
 
-def _record(handle, token_id: int, logprobs_row: torch.Tensor, k: int) -> TokenRecord:
-    tok = handle.tokenizer
-    top = torch.topk(logprobs_row, k) if k else None
-    alts = [] if top is None else [(tok.decode([int(i)]), float(p.exp())) for p, i in zip(top.values, top.indices)]
-    return TokenRecord(token_id=token_id, token=tok.decode([token_id]), logprob=float(logprobs_row[token_id]),
-                       alternatives=alts)
+def _steered_direction(steers: Sequence[Steer], state: StepState) -> torch.Tensor | None:
+    """Σ α·v over the steers, for the steered row: the residual added at the steering site.
 
-
-def _direct_effects(handle, steers: Sequence[Steer], state: StepState) -> torch.Tensor | None:
-    """α·(v·W_Uᵀ) summed over steers, for the steered row: shape (vocab,)."""
-    w = handle.arch.unembedding
+    The direct (unembedding-only) Δlogit of a token t is W_U[t]·(Σ α·v), so one
+    dot product per generated token replaces a vocabulary-sized projection.
+    """
     total = None
     for s in steers:
         if not isinstance(s, Steer):
@@ -177,17 +177,37 @@ def _direct_effects(handle, steers: Sequence[Steer], state: StepState) -> torch.
         else:
             vec = s.vector
         alpha = s.alpha if s.alpha.numel() == 1 else s.alpha[STEERED]
-        proj = torch.matmul(w, vec.to(w.device, w.dtype)).float().cpu() * float(alpha)
-        total = proj if total is None else total + proj
+        add = vec.float() * float(alpha)
+        total = add if total is None else total + add.to(total.device)
     return total
 
 
-def _forward_last(handle, input_ids, attention_mask, position_ids, cache):
-    """Run the base model (final norm included) and unembed only the last position."""
-    out = handle.model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  past_key_values=cache, use_cache=True)
-    logits = handle.arch.logits(out.last_hidden_state[:, -1, :])
-    return logits, out.past_key_values
+def _forward_hidden(handle, input_ids, position_ids, cache):
+    """Run the base model (final norm included); return the last position's hidden state and the cache."""
+    out = handle.model.base_model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
+                                  use_cache=True)
+    return out.last_hidden_state[:, -1, :], out.past_key_values
+
+
+def _prefill_rows(steers: Sequence) -> list[int] | None:
+    """Which rows the prompt pass must compute, as an index map onto the three decode rows.
+
+    The counterfactual row is the unsteered model on the same prompt, so its
+    prefill equals the unsteered row's and is copied rather than computed;
+    when no steer touches prompt positions, the steered row's is too.  None
+    (compute all three rows): an extension object, whose per-row behaviour we
+    cannot reason about, or an input-dependent steer, whose function is
+    called once on all three rows' contexts.
+    """
+    if any(not isinstance(s, Steer) or s.fn is not None for s in steers):
+        return None
+    if all(s.positions == "generated" for s in steers):
+        return [UNSTEERED, UNSTEERED, UNSTEERED]
+    return [UNSTEERED, STEERED, UNSTEERED]
+
+
+def _decode_many(tok, ids: list[int]) -> list[str]:
+    return tok.batch_decode([[i] for i in ids]) if ids else []
 
 
 def stream_side_by_side(
@@ -200,13 +220,18 @@ def stream_side_by_side(
 
     ``steers`` carry the *steered* α (scalar); this function sets the
     per-row α to (0, α, 0).  The last event's ``result`` is complete.
+
+    Per step: one forward of the three rows through the blocks, the full
+    unembedding for the unsteered and steered rows only (the counterfactual
+    row needs one logit, the steered token's, so it gets a dot product), and
+    a few small tensors brought to the host in one transfer each.
     """
     sampling = sampling or Sampling()
     sampling.validate()
     ids = encode_prompt(handle, prompt)
     rows = 3
-    row_steers = [s.with_alpha(torch.stack([torch.zeros(()), s.scalar_alpha.float(), torch.zeros(())]))
-                  for s in steers]
+    zero = torch.zeros(())
+    row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
     eos = set()
     if sampling.stop_at_eos:
         e = handle.tokenizer.eos_token_id
@@ -218,56 +243,98 @@ def stream_side_by_side(
     sides = {UNSTEERED: result.unsteered, STEERED: result.steered}
     generated: dict[int, list[int]] = {UNSTEERED: [], STEERED: []}
     rng = torch.Generator().manual_seed(int(sampling.seed))
+    tok = handle.tokenizer
+    arch = handle.arch
     device = handle.input_device
+    k = min(int(sampling.alternatives), arch.vocab_size)
     prompt_len = ids.shape[1]
-    input_ids = ids.to(device).expand(rows, -1).contiguous()
-    history = input_ids.cpu()
-    position = torch.arange(prompt_len, device=device).unsqueeze(0).expand(rows, -1)
-    cache = None
+    ids = ids.to(device)
+    history = ids.expand(2, -1) if sampling.repetition_penalty != 1.0 else None
     state = StepState(prompt_len=prompt_len, offset=0)
-    with torch.inference_mode(), steering(handle, row_steers, state):
-        direct = None
-        for step in range(sampling.max_new_tokens):
-            logits, cache = _forward_last(handle, input_ids, None, position, cache)
-            logits = logits.cpu()
-            if step == 0:
-                direct = _direct_effects(handle, row_steers, state)
-            logprobs = logits.log_softmax(-1)
-            uniform = float(torch.rand((), generator=rng)) if sampling.temperature > 0 else None
-            processed = process_logits(logits[:2], history[:2], sampling)
-            picked = choose(processed, sampling, uniform)
-            new = {}
-            for row in (UNSTEERED, STEERED):
-                side = sides[row]
-                if side.finished:
-                    new[row] = None
-                    continue
-                tid = int(picked[row])
-                rec = _record(handle, tid, logprobs[row], sampling.alternatives)
-                if row == STEERED:
-                    rec.delta_logit = float(logits[STEERED, tid] - logits[COUNTERFACTUAL, tid])
-                    rec.direct_delta_logit = float(direct[tid]) if direct is not None else 0.0
-                new[row] = rec
-                if tid in eos:
-                    side.finished = "eos"
-                    continue
-                side.tokens.append(rec)
-                generated[row].append(tid)
-                side.text = handle.tokenizer.decode(generated[row], skip_special_tokens=True)
-                for stop in sampling.stop:
-                    if stop and stop in side.text:
-                        side.text = side.text[: side.text.index(stop)]
-                        side.finished = "stop"
-                        break
-            result.steps = step + 1
-            yield StepEvent(step=step, unsteered=new[UNSTEERED], steered=new[STEERED], result=result)
-            if all(sides[r].finished for r in sides):
-                break
-            nxt = torch.tensor([int(picked[UNSTEERED]), int(picked[STEERED]), int(picked[STEERED])])
-            history = torch.cat([history, nxt.unsqueeze(1)], dim=1)
-            input_ids = nxt.unsqueeze(1).to(device)
-            state.offset = prompt_len + step
-            position = torch.full((rows, 1), prompt_len + step, device=device)
+    index_map = _prefill_rows(steers) if steers else [UNSTEERED, UNSTEERED, UNSTEERED]
+
+    with torch.inference_mode(), handle.lock:
+        # ---- prompt pass: only the distinct rows, then copied into the three decode rows
+        position = torch.arange(prompt_len, device=device).unsqueeze(0)
+        if index_map is None:
+            with steering(handle, row_steers, state):
+                hidden, cache = _forward_hidden(handle, ids.expand(rows, -1), position.expand(rows, -1), None)
+        else:
+            distinct = sorted(set(index_map))
+            pre_steers = [s.with_alpha(s.alpha[distinct]) for s in row_steers]
+            with steering(handle, pre_steers, state):
+                hidden, cache = _forward_hidden(handle, ids.expand(len(distinct), -1),
+                                                position.expand(len(distinct), -1), None)
+            gather = torch.tensor([distinct.index(r) for r in index_map], device=device)
+            hidden = hidden.index_select(0, gather)
+            cache.reorder_cache(gather)
+        direction = _steered_direction(row_steers, state)
+        w_direct = None
+
+        with steering(handle, row_steers, state):
+            for step in range(sampling.max_new_tokens):
+                if step:
+                    hidden, cache = _forward_hidden(handle, input_ids, position, cache)
+                logits = arch.logits(hidden[:2])  # (2, vocab): the rows whose distributions we show and sample
+                uniform = float(torch.rand((), generator=rng)) if sampling.temperature > 0 else None
+                processed = process_logits(logits, history, sampling)
+                picked = choose(processed, sampling, uniform)
+                counterfactual = arch.logits_at(hidden[COUNTERFACTUAL:], picked[STEERED:])
+                lse = torch.logsumexp(logits, dim=-1)
+                chosen = logits.gather(1, picked.unsqueeze(1)).squeeze(1)
+                floats = [chosen, lse, counterfactual]
+                if direction is not None:
+                    if w_direct is None:
+                        w_direct = direction.to(device=arch.unembedding.device, dtype=arch.unembedding.dtype)
+                    floats.append(arch.unembedding[picked[STEERED]].float() @ w_direct.float())
+                if k:
+                    top = torch.topk(logits, k, dim=-1)
+                    floats.append((top.values - lse.unsqueeze(1)).exp().reshape(-1))
+                # one device-to-host transfer for the floats, one for the ids
+                values = torch.cat([f.reshape(-1).float() for f in floats]).tolist()
+                id_list = torch.cat([picked.reshape(-1), top.indices.reshape(-1)] if k else [picked]).tolist()
+                picked_ids, alt_ids = id_list[:2], id_list[2:]
+                chosen_v, lse_v, cf_v = values[0:2], values[2:4], values[4]
+                pos = 5
+                direct_v = 0.0
+                if direction is not None:
+                    direct_v, pos = values[pos], pos + 1
+                alt_probs = values[pos:]
+                strings = _decode_many(tok, picked_ids + alt_ids)
+                new = {}
+                for row in (UNSTEERED, STEERED):
+                    side = sides[row]
+                    if side.finished:
+                        new[row] = None
+                        continue
+                    tid = picked_ids[row]
+                    alts = [(strings[2 + row * k + j], alt_probs[row * k + j]) for j in range(k)]
+                    rec = TokenRecord(token_id=tid, token=strings[row], logprob=chosen_v[row] - lse_v[row],
+                                      alternatives=alts)
+                    if row == STEERED:
+                        rec.delta_logit = chosen_v[STEERED] - cf_v
+                        rec.direct_delta_logit = direct_v
+                    new[row] = rec
+                    if tid in eos:
+                        side.finished = "eos"
+                        continue
+                    side.tokens.append(rec)
+                    generated[row].append(tid)
+                    side.text = tok.decode(generated[row], skip_special_tokens=True)
+                    for stop in sampling.stop:
+                        if stop and stop in side.text:
+                            side.text = side.text[: side.text.index(stop)]
+                            side.finished = "stop"
+                            break
+                result.steps = step + 1
+                yield StepEvent(step=step, unsteered=new[UNSTEERED], steered=new[STEERED], result=result)
+                if all(sides[r].finished for r in sides):
+                    break
+                input_ids = picked[[UNSTEERED, STEERED, STEERED]].unsqueeze(1)
+                if history is not None:
+                    history = torch.cat([history, picked.unsqueeze(1)], dim=1)
+                state.offset = prompt_len + step
+                position = torch.full((rows, 1), prompt_len + step, device=device)
         for side in sides.values():
             side.finished = side.finished or "length"
 

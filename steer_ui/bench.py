@@ -1,0 +1,803 @@
+"""The benchmark behind ``python -m steer_ui bench [--quick] --json``.
+
+Shared machines are noisy, so every headline figure is a *ratio of two
+timings taken in the same run*, each the median of several repetitions, with
+the two sides interleaved (A, B, A, B, ...) so a burst of load hits both.
+Absolute milliseconds are reported next to every ratio, together with the
+load average before and after, so a reader can judge the conditions.
+
+Headline ratios (targets from the performance issue):
+
+* ``side_by_side_speedup``: two sequential ``model.generate()`` calls
+  (unsteered, then steered through a forward hook: how steering demos usually
+  do it) ÷ one batched side-by-side decode (unsteered + steered +
+  counterfactual rows), greedy, the same number of new tokens.
+* ``decode_floor_fraction``: (weight bytes ÷ measured read bandwidth) ÷ our
+  time per side-by-side decode step (all three rows).
+* ``slider_speedup``: one full forward of a 32-token prompt with the hook and
+  full logits ÷ the slider's fast path (:class:`~steer_ui.model.analysis.PrefixState`).
+* ``hook_overhead``: steered ÷ unsteered decode time per step.
+* ``sweep_speedup``: 21 separate fast-path calls ÷ one batched 21-α sweep.
+* ``extract_speedup``: one-at-a-time ÷ batched activation extraction over the
+  bundled statements.
+
+``--quick`` (CI's smoke run) uses fewer tokens and repetitions and skips the
+cold GGUF load, the training times and the bfloat16 modes.  Nothing here
+asserts a timing: the JSON reports, the reader judges.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATASETS = ROOT / "assets" / "datasets"
+
+# name: (comparison, target)
+TARGETS = {
+    "side_by_side_speedup": (">=", 1.8),
+    "decode_floor_fraction": (">=", 0.4),
+    "slider_speedup": (">=", 4.0),
+    "hook_overhead": ("<=", 1.03),
+    "sweep_speedup": (">=", 2.0),
+    "extract_speedup": (">=", 3.0),
+    "warm_load_s": ("<=", 10.0),
+    "peak_rss_gb": ("<=", 3.0),
+}
+
+GENERATION_PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+SLIDER_TEXT = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lamp and a "
+               "thermos of tea, and from the top he watched the ships return to the harbour while the gulls "
+               "circled above the grey water and the wind rose over the cliffs")
+PROBE_PROMPTS = (
+    "The capital of France is",
+    "Water boils at one hundred degrees Celsius at sea level, and",
+    "She opened the book and began to read",
+    "The best way to learn a new language is",
+    "In 1969, the first humans walked on",
+    "def fibonacci(n):",
+)
+
+
+# ------------------------------------------------------------------ helpers
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median(xs) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def _percentile(xs, q: float) -> float:
+    if not xs:
+        return float("nan")
+    ordered = sorted(xs)
+    pos = (len(ordered) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num / den) if den > 0 else float("nan")
+
+
+def _rss_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:  # pragma: no cover - psutil is a pinned runtime dependency
+        return 0
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux/macOS), else the current RSS."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+    except (ImportError, OSError):
+        return _rss_bytes()
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+@contextmanager
+def _cache_dir(path: str):
+    """Point ``STEER_UI_CACHE`` somewhere else for the block (cold caches), then restore it."""
+    old = os.environ.get("STEER_UI_CACHE")
+    os.environ["STEER_UI_CACHE"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("STEER_UI_CACHE", None)
+        else:
+            os.environ["STEER_UI_CACHE"] = old
+
+
+def _clean(obj):
+    """JSON-safe: NaN/inf become None, tensors and numpy scalars become numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        obj = obj.item() if obj.numel() == 1 else obj.tolist()
+        return _clean(obj)
+    if hasattr(obj, "item") and not isinstance(obj, (int, float)):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    return obj
+
+
+# ------------------------------------------------------------------ setup
+def _load(model: str | None, device: str, dtype: str, log):
+    """(handle, load facts).  ``tiny:FAMILY`` builds a random tiny model (tests, CI)."""
+    from .model.loading import EMBEDDED, embedded_gguf_path, from_model, gguf_cache_dir, load_model, resolve_device
+
+    if model and model.startswith("tiny:"):
+        from .tiny import tiny_model
+
+        start = time.perf_counter()
+        m, tok = tiny_model(model.split(":", 1)[1])
+        m.to(resolve_device(device))
+        handle = from_model(m, tok, model_id=model)
+        return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": None, "source": model}
+    source = model or EMBEDDED
+    cache_hit = None
+    if source == EMBEDDED or source.endswith(".gguf"):
+        gguf = embedded_gguf_path() if source == EMBEDDED else Path(source).expanduser()
+        cache_hit = gguf_cache_dir(gguf).is_dir() if gguf.is_file() else None
+    log(f"bench: loading {source} ({'warm' if cache_hit else 'cold' if cache_hit is False else 'direct'})")
+    start = time.perf_counter()
+    handle = load_model(source, device=device, dtype=dtype)
+    return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": cache_hit, "source": source}
+
+
+def _weight_bytes(module: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Bytes of distinct parameter storage (a tied unembedding counts once)."""
+    seen, total = set(), 0
+    for p in module.parameters():
+        key = (p.data_ptr(), p.numel())
+        if key in seen:
+            continue
+        seen.add(key)
+        size = torch.empty((), dtype=dtype).element_size() if dtype is not None else p.element_size()
+        total += p.numel() * size
+    return total
+
+
+def measure_bandwidth(handle, reps: int = 5) -> dict:
+    """Memory read bandwidth, measured by summing the model's own largest weight matrix.
+
+    The unembedding is what the decode streams every step, so the rate at
+    which the machine reads *it* is the honest denominator for the floor.  A
+    copy of the same bytes (read + write) is reported alongside.
+    """
+    device = handle.input_device
+    w = handle.arch.unembedding.detach()
+    nbytes = w.numel() * w.element_size()
+    with torch.inference_mode():
+        float(w.sum())  # touch every page once
+        sums = []
+        for _ in range(reps):
+            _sync(device)
+            t = time.perf_counter()
+            w.sum()
+            _sync(device)
+            sums.append(time.perf_counter() - t)
+        out = torch.empty_like(w)
+        copies = []
+        for _ in range(max(2, reps // 2)):
+            _sync(device)
+            t = time.perf_counter()
+            out.copy_(w)
+            _sync(device)
+            copies.append(time.perf_counter() - t)
+        del out
+    read = nbytes / min(sums)
+    return {
+        "bytes": nbytes,
+        "read_gb_s": read / 1e9,
+        "read_gb_s_median": nbytes / _median(sums) / 1e9,
+        "copy_gb_s": 2 * nbytes / min(copies) / 1e9,
+        "method": "best of repeated sums of the unembedding matrix (copy = read + write of the same bytes)",
+    }
+
+
+def _steer(handle, layer: int, seed: int = 0, relative_alpha: float = 0.5):
+    """A seeded unit random direction at ``layer``, α in units of the layer's mean residual norm."""
+    from .model.hooks import Steer
+
+    gen = torch.Generator().manual_seed(seed)
+    vec = torch.randn(handle.arch.hidden_size, generator=gen)
+    vec = vec / vec.norm()
+    scale = handle.relative_scale(layer)
+    return Steer(layer=layer, vector=vec, alpha=relative_alpha * scale), vec, scale
+
+
+def _prompt_of_tokens(handle, text: str, n_tokens: int) -> tuple[str, int]:
+    """The longest word prefix of ``text`` that encodes to at most ``n_tokens`` tokens."""
+    from .model.generation import encode_prompt
+
+    words = text.split()
+    best = words[0]
+    for i in range(1, len(words) + 1):
+        candidate = " ".join(words[:i])
+        if encode_prompt(handle, candidate).shape[1] > n_tokens:
+            break
+        best = candidate
+    return best, int(encode_prompt(handle, best).shape[1])
+
+
+# ------------------------------------------------------------------ decode
+def _hf_generate(handle, ids: torch.Tensor, n: int, steer=None) -> tuple[float, list[int]]:
+    """One ``model.generate()`` call (greedy, exactly ``n`` new tokens), steered through a plain forward hook."""
+    from transformers import GenerationConfig
+
+    model = handle.model
+    device = handle.input_device
+    config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, num_beams=1,
+                              pad_token_id=handle.tokenizer.pad_token_id,
+                              eos_token_id=handle.tokenizer.eos_token_id, use_cache=True)
+    remover = None
+    if steer is not None:
+        add = (steer.scalar_alpha * steer.vector).to(device=device, dtype=handle.arch.unembedding.dtype)
+
+        def hook(_module, _inputs, output):
+            if isinstance(output, tuple):
+                return (output[0] + add,) + tuple(output[1:])
+            return output + add
+
+        remover = handle.arch.layers[steer.layer].register_forward_hook(hook)
+    try:
+        with handle.lock, torch.inference_mode():
+            ids = ids.to(device)
+            _sync(device)
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            _sync(device)
+            seconds = time.perf_counter() - start
+    finally:
+        if remover is not None:
+            remover.remove()
+    return seconds, out[0, ids.shape[1]:].tolist()
+
+
+def _ours(handle, prompt: str, steers, n: int) -> tuple[float, list[float], object]:
+    """(total seconds, per-step seconds for steps 1.., result) of one side-by-side decode."""
+    from .model.generation import Sampling, stream_side_by_side
+
+    sampling = Sampling(max_new_tokens=n, temperature=0.0, stop_at_eos=False)
+    device = handle.input_device
+    stamps = []
+    result = None
+    _sync(device)
+    start = time.perf_counter()
+    for event in stream_side_by_side(handle, prompt, steers, sampling):
+        _sync(device)
+        stamps.append(time.perf_counter())
+        result = event.result
+    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return stamps[-1] - start, steps, result
+
+
+def bench_side_by_side(handle, steer, n_tokens: int, reps: int, floor_s: float, log) -> dict:
+    from .model.generation import encode_prompt
+
+    ids = encode_prompt(handle, GENERATION_PROMPT)
+    # warm-up: first calls pay one-off allocation and kernel selection
+    _hf_generate(handle, ids, 2)
+    _ours(handle, GENERATION_PROMPT, [steer], 2)
+    hf_pairs, ours_total, ours_steps = [], [], []
+    hf_tokens = ours_result = None
+    for rep in range(reps):
+        log(f"bench: side-by-side rep {rep + 1}/{reps} ({n_tokens} tokens)")
+        t_unsteered, unsteered_tokens = _hf_generate(handle, ids, n_tokens)
+        t_steered, steered_tokens = _hf_generate(handle, ids, n_tokens, steer)
+        hf_pairs.append((t_unsteered, t_steered))
+        hf_tokens = (unsteered_tokens, steered_tokens)
+        total, steps, ours_result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
+        ours_total.append(total)
+        ours_steps.extend(steps)
+    hf_two = _median([a + b for a, b in hf_pairs])
+    ours = _median(ours_total)
+    step = _median(ours_steps)
+    # HF is told to make exactly n tokens (EOS masked); compare up to our first EOS
+    eos = handle.tokenizer.eos_token_id
+
+    def until_eos(tokens):
+        ids = [t.token_id for t in tokens]
+        return ids[: ids.index(eos)] if eos in ids else ids
+
+    ours_unsteered = until_eos(ours_result.unsteered.tokens)
+    ours_steered = until_eos(ours_result.steered.tokens)
+    return {
+        "new_tokens": n_tokens,
+        "reps": reps,
+        "hf_two_generate_calls_ms": _ms(hf_two),
+        "hf_unsteered_ms": _ms(_median([a for a, _ in hf_pairs])),
+        "hf_steered_ms": _ms(_median([b for _, b in hf_pairs])),
+        "hf_ms_per_token": _ms(hf_two / (2 * n_tokens)),
+        "ours_side_by_side_ms": _ms(ours),
+        "ours_ms_per_step": _ms(step),
+        "ours_ms_per_step_p95": _ms(_percentile(ours_steps, 0.95)),
+        "side_by_side_speedup": _ratio(hf_two, ours),
+        "floor_ms": _ms(floor_s),
+        "decode_floor_fraction": _ratio(floor_s, step),
+        "hf_hook_overhead": _ratio(_median([b for _, b in hf_pairs]), _median([a for a, _ in hf_pairs])),
+        # greedy decodes of the same model: the unsteered rows should agree token for token
+        "unsteered_tokens_match_hf": ours_unsteered == hf_tokens[0][:len(ours_unsteered)],
+        "steered_tokens_match_hf": ours_steered == hf_tokens[1][:len(ours_steered)],
+    }
+
+
+def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
+    """Per-step decode time with the steering hook installed vs without, runs interleaved A B B A."""
+    log(f"bench: hook overhead ({reps} x 2 runs of {n_tokens} tokens)")
+    plain, steered = [], []
+    for rep in range(reps):
+        order = ((False, True) if rep % 2 == 0 else (True, False))
+        for with_hook in order:
+            _, steps, _ = _ours(handle, GENERATION_PROMPT, [steer] if with_hook else [], n_tokens)
+            (steered if with_hook else plain).extend(steps)
+    return {
+        "new_tokens": n_tokens,
+        "reps": reps,
+        "unsteered_ms_per_step": _ms(_median(plain)),
+        "steered_ms_per_step": _ms(_median(steered)),
+        "hook_overhead": _ratio(_median(steered), _median(plain)),
+    }
+
+
+# ------------------------------------------------------------------ slider
+def bench_slider(handle, steer, layer: int, samples: int, log) -> dict:
+    """Naive full forward (hook, full logits) vs the prefix fast path, for the same α values, interleaved."""
+    from .model.analysis import PrefixState, compare_logits, naive_logits, next_token
+
+    prompt, n_tok = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
+    device = handle.input_device
+    log(f"bench: slider ({samples} α values, {n_tok}-token prompt, layer {layer})")
+    _sync(device)
+    start = time.perf_counter()
+    state = PrefixState(handle, prompt, layer)
+    _sync(device)
+    build = time.perf_counter() - start
+    base = float(steer.scalar_alpha)
+    alphas = [base * (-1.0 + 2.0 * i / max(samples - 1, 1)) for i in range(samples)]
+    naive_logits(handle, prompt, [steer])  # warm-up
+    state.logits([steer], rows=1)
+    naive_t, fast_t, max_diff = [], [], 0.0
+    for a in alphas:
+        s = steer.with_alpha(a)
+        _sync(device)
+        t0 = time.perf_counter()
+        ref = naive_logits(handle, prompt, [s])
+        _sync(device)
+        t1 = time.perf_counter()
+        fast = state.logits([s], rows=1)
+        _sync(device)
+        t2 = time.perf_counter()
+        naive_t.append(t1 - t0)
+        fast_t.append(t2 - t1)
+        max_diff = max(max_diff, float((ref - fast).abs().max()))
+    # what a slider event costs end to end (distributions, top-k frames, Δlogit extremes)
+    view_t = []
+    for a in alphas[: max(3, samples // 2)]:
+        t0 = time.perf_counter()
+        next_token(handle, prompt, [steer.with_alpha(a)], fast=True)
+        view_t.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    compare_logits(handle, state.unsteered_logits, state.unsteered_logits)
+    view_only = time.perf_counter() - t0
+    return {
+        "prompt_tokens": n_tok,
+        "layer": layer,
+        "samples": samples,
+        "prefix_build_ms": _ms(build),
+        "naive_ms": _ms(_median(naive_t)),
+        "fast_ms_p50": _ms(_median(fast_t)),
+        "fast_ms_p95": _ms(_percentile(fast_t, 0.95)),
+        "slider_speedup": _ratio(_median(naive_t), _median(fast_t)),
+        "next_token_view_ms_p50": _ms(_median(view_t)),
+        "compare_only_ms": _ms(view_only),
+        "max_abs_logit_diff_vs_naive": max_diff,
+        "prompt": prompt,
+    }
+
+
+def bench_sweep(handle, steer, vec: torch.Tensor, layer: int, reps: int, log, n_alphas: int = 21) -> dict:
+    """21 separate fast-path calls vs one batched 21-α :func:`~steer_ui.model.analysis.sweep`."""
+    from .model.analysis import prefix_state, sweep
+
+    prompt, n_tok = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
+    device = handle.input_device
+    state = prefix_state(handle, prompt, layer)  # the same LRU entry the sweep will use
+    scale = float(steer.scalar_alpha)
+    alphas = [scale * (-1.0 + 2.0 * i / (n_alphas - 1)) for i in range(n_alphas)]
+    raw = vec.to(torch.float32)
+    log(f"bench: sweep ({n_alphas} α, {reps} reps)")
+    sweep(handle, prompt, raw, layer, alphas[:2])  # warm-up
+    separate, batched = [], []
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        singles = [state.logits([steer.with_alpha(a)], rows=1) for a in alphas]
+        _sync(device)
+        t1 = time.perf_counter()
+        frame = sweep(handle, prompt, raw, layer, alphas)
+        _sync(device)
+        t2 = time.perf_counter()
+        separate.append(t1 - t0)
+        batched.append(t2 - t1)
+    top1 = [int(s[0].argmax()) for s in singles]
+    sweep_top1 = [handle.tokenizer.decode([t]) for t in top1]
+    return {
+        "alphas": n_alphas,
+        "prompt_tokens": n_tok,
+        "reps": reps,
+        "separate_ms": _ms(_median(separate)),
+        "batched_ms": _ms(_median(batched)),
+        "sweep_speedup": _ratio(_median(separate), _median(batched)),
+        "top1_agree": sweep_top1 == list(frame["top1_token"]),
+    }
+
+
+# ------------------------------------------------------------------ extraction
+def bench_extract(handle, rows: int | None, reps: int, log) -> dict:
+    try:
+        from .data import load_dataset
+        from .data.activations import extract
+    except ImportError as exc:
+        return {"status": f"not measured yet: activation extraction is not available ({exc})"}
+    dataset = load_dataset(str(DATASETS / "capitals_statements.csv"))
+    if rows is not None and rows < len(dataset):
+        dataset = dataset.subset(range(rows), suffix=f"[:{rows}]")
+    log(f"bench: activation extraction ({len(dataset)} statements, one at a time vs batched)")
+    device = handle.input_device
+    one, batched = [], []
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        a = extract(handle, dataset, batch_size=1, cache=False)
+        _sync(device)
+        t1 = time.perf_counter()
+        b = extract(handle, dataset, batch_size=32, cache=False)
+        _sync(device)
+        t2 = time.perf_counter()
+        one.append(t1 - t0)
+        batched.append(t2 - t1)
+    scale = float(a.values.abs().max()) or 1.0
+    return {
+        "status": "measured",
+        "rows": len(dataset),
+        "reps": reps,
+        "one_at_a_time_ms": _ms(_median(one)),
+        "batched_ms": _ms(_median(batched)),
+        "extract_speedup": _ratio(_median(one), _median(batched)),
+        "max_rel_diff": float((a.values - b.values).abs().max()) / scale,
+    }
+
+
+# ------------------------------------------------------------------ loads, memory
+def bench_cold_load(model: str | None, device: str, dtype: str, log) -> dict:
+    """GGUF → safetensors conversion + load in a fresh process with an empty STEER_UI_CACHE."""
+    if model and not (model == "embedded" or model.endswith(".gguf")):
+        return {"status": "skipped: only GGUF sources have a cold (dequantising) load"}
+    log("bench: cold load from GGUF into an empty cache (about a minute)")
+    code = ("import json, sys, time\n"
+            "t = time.perf_counter()\n"
+            "from steer_ui.model.loading import load_model\n"
+            "t_import = time.perf_counter() - t\n"
+            "t = time.perf_counter()\n"
+            f"load_model({model!r}, device={device!r}, dtype={dtype!r})\n"
+            "print(json.dumps({'cold_load_s': time.perf_counter() - t, 'import_s': t_import}))\n")
+    with tempfile.TemporaryDirectory(prefix="steer-ui-cold-") as tmp:
+        env = dict(os.environ, STEER_UI_CACHE=tmp)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        return {"status": f"failed: {tail[0]}"}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"status": "measured", **out}
+
+
+# ------------------------------------------------------------------ training
+def _train_args(method: str, data: Path):
+    from .cli import build_parser
+
+    return build_parser().parse_args(["train", "--method", method, "--data", str(data), "--out", os.devnull])
+
+
+def bench_training(handle, log) -> dict:
+    """Wall time of each training method on the bundled data, with a cold activation cache."""
+    try:
+        from . import methods
+        from .data import load_dataset
+    except ImportError as exc:
+        return {"status": f"not available ({exc})"}
+    jobs = [
+        ("probe_sweep_all_layers", "capitals_statements.csv",
+         lambda ds: methods.probe_layers(handle, ds, position="last", seed=0), "probe_layers"),
+        ("mean_diff", "capitals_statements.csv",
+         lambda ds: methods.train_from_args(handle, ds, _train_args("mean-diff", DATASETS / "capitals_statements.csv")),
+         "train_from_args"),
+        ("tsv", "qa_answers.csv",
+         lambda ds: methods.train_from_args(handle, ds, _train_args("tsv", DATASETS / "qa_answers.csv")),
+         "train_from_args"),
+        ("l2s", "capitals_pairs.csv",
+         lambda ds: methods.train_from_args(handle, ds, _train_args("l2s", DATASETS / "capitals_pairs.csv")),
+         "train_from_args"),
+    ]
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="steer-ui-bench-") as tmp, _cache_dir(tmp):
+        for name, data_file, job, needs in jobs:
+            if not hasattr(methods, needs):
+                out[name] = {"status": f"not available (steer_ui.methods has no {needs} yet)"}
+                continue
+            dataset = load_dataset(str(DATASETS / data_file))
+            log(f"bench: training {name} on {data_file} ({len(dataset)} rows)")
+            start = time.perf_counter()
+            try:
+                job(dataset)
+            except Exception as exc:  # a method still being written must not sink the whole benchmark
+                message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                status = "not available" if isinstance(exc, (ImportError, NotImplementedError)) else "failed"
+                out[name] = {"status": f"{status}: {message}"[:300]}
+                continue
+            out[name] = {"status": "measured", "seconds": time.perf_counter() - start, "data": data_file,
+                         "rows": len(dataset)}
+    return out
+
+
+# ------------------------------------------------------------------ optional speed modes
+def _final_hidden(handle, prompts) -> list[torch.Tensor]:
+    from .model.generation import encode_prompt
+
+    hs = []
+    with handle.lock, torch.inference_mode():
+        for p in prompts:
+            ids = encode_prompt(handle, p).to(handle.input_device)
+            out = handle.model.base_model(input_ids=ids, use_cache=False)
+            hs.append(out.last_hidden_state[:, -1, :])
+    return hs
+
+
+def bench_bf16_lm_head(handle, reps: int, log) -> dict:
+    """The unembedding in bfloat16 (weights and activations, float32 accumulate) vs float32."""
+    arch = handle.arch
+    device = handle.input_device
+    if arch.unembedding.dtype != torch.float32:
+        return {"status": "skipped: the model is not float32"}
+    log("bench: bfloat16 lm_head mode")
+    w16 = arch.unembedding.detach().to(torch.bfloat16)
+    hs = _final_hidden(handle, PROBE_PROMPTS)
+    max_dp = 0.0
+    agree = 0
+    with torch.inference_mode():
+        for h in hs:
+            p32 = arch.logits(h).softmax(-1)
+            l16 = torch.matmul(w16, h.to(torch.bfloat16).T).T.float()
+            if arch.logit_softcap:
+                l16 = torch.tanh(l16 / arch.logit_softcap) * arch.logit_softcap
+            p16 = l16.softmax(-1)
+            max_dp = max(max_dp, float((p32 - p16).abs().max()))
+            agree += int(p32.argmax() == p16.argmax())
+        rows = torch.cat(hs[:3], 0)
+        t32, t16 = [], []
+        for _ in range(reps):
+            _sync(device)
+            t0 = time.perf_counter()
+            arch.logits(rows)
+            _sync(device)
+            t1 = time.perf_counter()
+            torch.matmul(w16, rows.to(torch.bfloat16).T).T.float()
+            _sync(device)
+            t2 = time.perf_counter()
+            t32.append(t1 - t0)
+            t16.append(t2 - t1)
+    del w16
+    return {
+        "status": "measured",
+        "rows": 3,
+        "float32_ms": _ms(_median(t32)),
+        "bfloat16_ms": _ms(_median(t16)),
+        "speedup": _ratio(_median(t32), _median(t16)),
+        "max_abs_delta_prob": max_dp,
+        "top1_agree": f"{agree}/{len(hs)}",
+        "prompts": len(hs),
+    }
+
+
+def bench_bf16_model(handle, steer, n_tokens: int, bandwidth: float, log) -> dict:
+    """The whole model in bfloat16: decode step time against its own (halved) floor, and the accuracy cost."""
+    from .model.loading import from_model
+
+    if handle.arch.unembedding.dtype != torch.float32:
+        return {"status": "skipped: the model is not float32"}
+    log("bench: bfloat16 model mode (a temporary copy)")
+    model16 = copy.deepcopy(handle.model).to(torch.bfloat16)
+    h16 = from_model(model16, handle.tokenizer, model_id=handle.model_id + " (bfloat16 copy)")
+    h16._layer_norms = handle.layer_norms()
+    try:
+        max_dp, agree = 0.0, 0
+        hs32 = _final_hidden(handle, PROBE_PROMPTS)
+        hs16 = _final_hidden(h16, PROBE_PROMPTS)
+        with torch.inference_mode():
+            for a, b in zip(hs32, hs16):
+                p32 = handle.arch.logits(a).softmax(-1)
+                p16 = h16.arch.logits(b).softmax(-1)
+                max_dp = max(max_dp, float((p32 - p16).abs().max()))
+                agree += int(p32.argmax() == p16.argmax())
+        _ours(h16, GENERATION_PROMPT, [steer], 2)
+        _, steps16, _ = _ours(h16, GENERATION_PROMPT, [steer], n_tokens)
+        _, steps32, _ = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
+        floor16 = _weight_bytes(model16) / bandwidth
+        return {
+            "status": "measured",
+            "float32_ms_per_step": _ms(_median(steps32)),
+            "bfloat16_ms_per_step": _ms(_median(steps16)),
+            "speedup": _ratio(_median(steps32), _median(steps16)),
+            "bfloat16_floor_ms": _ms(floor16),
+            "bfloat16_floor_fraction": _ratio(floor16, _median(steps16)),
+            "max_abs_delta_prob": max_dp,
+            "top1_agree": f"{agree}/{len(hs32)}",
+            "prompts": len(hs32),
+        }
+    finally:
+        del h16, model16
+        gc.collect()
+
+
+def bench_alpha_grid(handle, steer, layer: int, log, points: int = 41) -> dict:
+    """Precompute the slider's next-token views over a grid of α; a drag is then a dictionary lookup."""
+    try:
+        from .model.analysis import AlphaGrid
+    except ImportError:
+        return {"status": "not available"}
+    from .model.analysis import next_token
+
+    prompt, _ = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
+    scale = float(steer.scalar_alpha)
+    alphas = [scale * (-1.0 + 2.0 * i / (points - 1)) for i in range(points)]
+    log(f"bench: precomputed α grid ({points} points)")
+    t0 = time.perf_counter()
+    grid = AlphaGrid(handle, prompt, steer, alphas)
+    build = time.perf_counter() - t0
+    lookups, max_dp = [], 0.0
+    for a in alphas[:: max(1, points // 8)]:
+        t0 = time.perf_counter()
+        view = grid.view(a)
+        lookups.append(time.perf_counter() - t0)
+        direct = next_token(handle, prompt, [steer.with_alpha(a)], fast=True)
+        max_dp = max(max_dp, float((view.steered.prob - direct.steered.prob).abs().max()))
+    return {
+        "status": "measured",
+        "points": points,
+        "build_ms": _ms(build),
+        "lookup_ms_p50": _ms(_median(lookups)),
+        "max_abs_delta_prob_vs_direct": max_dp,
+    }
+
+
+# ------------------------------------------------------------------ the run
+def _verdicts(ratios: dict) -> dict:
+    out = {}
+    for name, (op, target) in TARGETS.items():
+        value = ratios.get(name)
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            out[name] = None
+        else:
+            out[name] = bool(value >= target) if op == ">=" else bool(value <= target)
+    return out
+
+
+def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto", quick: bool = False,
+              log: Callable[[str], None] = print) -> dict:
+    """Run the benchmark; return one JSON-ready dict (ratios, absolute ms, targets, conditions).
+
+    ``model``: None/'embedded' (Gemma 3 270M), any ``load_model`` source, or
+    ``tiny:FAMILY``.  ``quick``: the CI smoke run (fewer tokens and
+    repetitions; no cold load, training or bfloat16 modes).
+    """
+    started = time.perf_counter()
+    load_before = _loadavg()
+    handle, load = _load(model, device, dtype, log)
+    dev = handle.input_device
+    arch = handle.arch
+    layer = arch.num_layers // 2
+    n_tokens = 8 if quick else 64
+    reps = 1 if quick else 3
+
+    handle.layer_norms()  # measured once (cached on disk for real models); relative α needs it
+    steer, vec, scale = _steer(handle, layer)
+    weight_bytes = _weight_bytes(handle.model)
+    bw = measure_bandwidth(handle, reps=3 if quick else 7)
+    floor_s = weight_bytes / (bw["read_gb_s"] * 1e9)
+
+    result: dict = {
+        "model": handle.facts(),
+        "quick": quick,
+        "conditions": {
+            "device": str(dev), "dtype": str(arch.unembedding.dtype).replace("torch.", ""),
+            "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "loadavg_start": load_before,
+        },
+        "weights": {"bytes": weight_bytes, "gb": weight_bytes / 1e9},
+        "bandwidth": bw,
+        "steering": {"layer": layer, "alpha_relative": 0.5, "alpha_raw": float(steer.scalar_alpha),
+                     "layer_norm": scale, "vector": "seeded unit random direction (seed 0)"},
+    }
+    result["side_by_side"] = bench_side_by_side(handle, steer, n_tokens, reps, floor_s, log)
+    result["hook"] = bench_hook_overhead(handle, steer, 8 if quick else 32, 1 if quick else 4, log)
+    result["slider"] = bench_slider(handle, steer, layer, 5 if quick else 25, log)
+    result["sweep"] = bench_sweep(handle, steer, steer.vector, layer, reps, log)
+    result["alpha_grid"] = bench_alpha_grid(handle, steer, layer, log, points=9 if quick else 41)
+    # the app's footprint: model loaded, decoded, analysed (before the extra copies the modes below make)
+    result["memory"] = {"rss_gb": _rss_bytes() / 1e9, "peak_rss_gb": _peak_rss_bytes() / 1e9,
+                        "note": "peak RSS of this process after load, decode, slider and sweep"}
+    result["extract"] = bench_extract(handle, 24 if quick else None, 1, log)
+    if quick:
+        skipped = {"status": "skipped (--quick)"}
+        result["cold_load"] = dict(skipped)
+        result["training"] = dict(skipped)
+        result["bf16_lm_head"] = dict(skipped)
+        result["bf16_model"] = dict(skipped)
+    else:
+        result["training"] = bench_training(handle, log)
+        result["bf16_lm_head"] = bench_bf16_lm_head(handle, 5, log)
+        result["bf16_model"] = bench_bf16_model(handle, steer, 32, bw["read_gb_s"] * 1e9, log)
+        result["cold_load"] = bench_cold_load(model, device, dtype, log) \
+            if not (model or "").startswith("tiny:") else {"status": "skipped: tiny models are built, not loaded"}
+    result["memory"]["peak_rss_gb_end"] = _peak_rss_bytes() / 1e9
+
+    ratios = {
+        "side_by_side_speedup": result["side_by_side"]["side_by_side_speedup"],
+        "decode_floor_fraction": result["side_by_side"]["decode_floor_fraction"],
+        "slider_speedup": result["slider"]["slider_speedup"],
+        "hook_overhead": result["hook"]["hook_overhead"],
+        "sweep_speedup": result["sweep"]["sweep_speedup"],
+        "extract_speedup": result["extract"].get("extract_speedup"),
+        "warm_load_s": load["warm_load_s"] if load["cache_hit"] is not False else None,
+        "cold_load_s": result["cold_load"].get("cold_load_s")
+        if load["cache_hit"] is not False else load["warm_load_s"],
+        "peak_rss_gb": result["memory"]["peak_rss_gb"],
+    }
+    result["load"] = load
+    result["ratios"] = ratios
+    result["targets"] = {k: f"{op} {v}" for k, (op, v) in TARGETS.items()}
+    result["met"] = _verdicts(ratios)
+    result["conditions"]["loadavg_end"] = _loadavg()
+    result["seconds"] = time.perf_counter() - started
+    return _clean(result)

@@ -1,0 +1,116 @@
+"""The benchmark's smoke run on a tiny model, and the fast paths it measures.
+
+No timing assertions: the numbers must exist and be finite, and the fast
+paths must give the same answers as the slow ones.
+"""
+import json
+import math
+
+import pytest
+import torch
+
+from steer_ui.bench import TARGETS, run_bench
+from steer_ui.model.architecture import _UNEMBED_KERNEL, unembed
+from steer_ui.model.generation import Sampling, side_by_side
+from steer_ui.model.hooks import Steer
+
+
+@pytest.fixture(scope="module")
+def quick_result():
+    messages = []
+    result = run_bench(model="tiny:llama", device="cpu", quick=True, log=messages.append)
+    assert messages, "the benchmark reports progress through log"
+    return result
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def test_quick_run_reports_every_ratio_as_a_finite_number(quick_result):
+    ratios = quick_result["ratios"]
+    for name in ("side_by_side_speedup", "decode_floor_fraction", "slider_speedup", "hook_overhead",
+                 "sweep_speedup", "extract_speedup", "warm_load_s", "peak_rss_gb"):
+        assert _finite(ratios[name]) and ratios[name] > 0, (name, ratios[name])
+    assert set(quick_result["met"]) == set(TARGETS)
+    assert all(v in (True, False, None) for v in quick_result["met"].values())
+    # one JSON object, no NaN
+    json.dumps(quick_result, allow_nan=False)
+
+
+def test_quick_run_absolute_numbers_and_conditions(quick_result):
+    sbs = quick_result["side_by_side"]
+    for key in ("hf_two_generate_calls_ms", "ours_side_by_side_ms", "ours_ms_per_step", "floor_ms"):
+        assert _finite(sbs[key]) and sbs[key] > 0, key
+    assert quick_result["bandwidth"]["read_gb_s"] > 0
+    assert quick_result["weights"]["bytes"] > 0
+    slider = quick_result["slider"]
+    assert slider["fast_ms_p95"] >= slider["fast_ms_p50"] > 0
+    assert quick_result["conditions"]["torch_threads"] >= 1
+    assert quick_result["training"]["status"].startswith("skipped")
+    assert quick_result["cold_load"]["status"].startswith("skipped")
+
+
+def test_quick_run_fast_paths_agree_with_reference(quick_result):
+    # the slider's fast path gives the naive full forward's logits
+    assert quick_result["slider"]["max_abs_logit_diff_vs_naive"] < 1e-3
+    # the batched sweep picks the same top-1 tokens as 21 single calls
+    assert quick_result["sweep"]["top1_agree"] is True
+    # our unsteered row decodes what HF generate decodes
+    assert quick_result["side_by_side"]["unsteered_tokens_match_hf"] is True
+    extract = quick_result["extract"]
+    if extract.get("status") == "measured":
+        assert extract["max_rel_diff"] < 1e-3
+    grid = quick_result["alpha_grid"]
+    if grid.get("status") == "measured":
+        assert grid["max_abs_delta_prob_vs_direct"] < 1e-4
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+def test_unembed_picks_a_kernel_and_matches_linear(rows):
+    torch.manual_seed(0)
+    w = torch.randn(20000, 32)
+    flat = torch.randn(rows, 32)
+    ref = flat @ w.T
+    with torch.inference_mode():
+        first = unembed(w, flat)
+        again = unembed(w, flat)
+    torch.testing.assert_close(first, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(again, first, atol=0, rtol=0)  # the remembered kernel is reused
+    assert (w.data_ptr(), w.dtype, rows, torch.get_num_threads()) in _UNEMBED_KERNEL
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
+def test_logits_at_equals_full_logits(tiny, family):
+    handle = tiny(family)
+    arch = handle.arch
+    torch.manual_seed(1)
+    normed = torch.randn(3, arch.hidden_size)
+    ids = torch.tensor([5, 100, 259])
+    full = arch.logits(normed)
+    picked = arch.logits_at(normed, ids)
+    torch.testing.assert_close(picked, full[torch.arange(3), ids], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["prompt", "generated"])
+def test_shared_prefill_matches_full_forward(tiny, positions):
+    """The prompt pass computes only distinct rows; the first tokens still match a full forward."""
+    from steer_ui.model.analysis import naive_logits
+
+    handle = tiny("qwen2")
+    torch.manual_seed(2)
+    v = torch.randn(64)
+    steer = Steer(layer=1, vector=v, alpha=8.0, positions=positions)
+    result = side_by_side(handle, "shared prefill", [steer], Sampling(max_new_tokens=4, stop_at_eos=False))
+    first = result.steered.tokens[0]
+    plain = naive_logits(handle, "shared prefill", [])[0].log_softmax(-1)
+    if positions == "prompt":
+        # naive_logits treats every position as a prompt position
+        ref = naive_logits(handle, "shared prefill", [steer])[0].log_softmax(-1)
+    else:
+        ref = plain  # generated-only steering leaves the first token's distribution untouched
+    assert first.token_id == int(ref.argmax())
+    assert first.logprob == pytest.approx(float(ref[first.token_id]), abs=1e-4)
+    assert result.unsteered.tokens[0].token_id == int(plain.argmax())
+    if positions == "generated":
+        assert first.delta_logit == pytest.approx(0.0, abs=1e-4)
