@@ -168,7 +168,7 @@ def _train_iti(handle, dataset: Dataset, progress: Progress, hp: dict[str, Any])
     from . import iti
     from .common import alpha_range_from_kl, auroc
     from ..data.activations import head_geometry
-    from ..model.analysis import NEUTRAL_PROMPTS
+    from .common import SWEEP_PROMPTS
 
     timer = Timer()
     seed = int(hp.get("seed", 0))
@@ -211,7 +211,7 @@ def _train_iti(handle, dataset: Dataset, progress: Progress, hp: dict[str, Any])
                          alpha_range=None, extras=extras, site="attention_heads")
     vector.dataset_hash = dataset.content_hash
     progress(0.9, "measuring the recommended α range")
-    alpha_range, table = alpha_range_from_kl(lambda a: iti.kl_at(handle, vector, NEUTRAL_PROMPTS[:3], a),
+    alpha_range, table = alpha_range_from_kl(lambda a: iti.kl_at(handle, vector, SWEEP_PROMPTS, a),
                                              bound=hyper["kl_bound"])
     vector.alpha_range = alpha_range
     progress(1.0, f"ITI with {len(chosen)} heads: test AUROC {metrics['test_auroc']:.3f}")

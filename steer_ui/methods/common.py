@@ -30,7 +30,16 @@ from ..vector import SteeringVector
 Progress = Callable[[float, str], None]
 TEST_FRACTION = 0.25
 KL_BOUND = 1.0  # nats, mean over the sweep prompts
-ALPHA_GRID = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)  # relative units
+ALPHA_GRID = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)  # relative units
+SWEEP_PROMPTS = NEUTRAL_PROMPTS[:2]
+
+
+def one_blas_thread():
+    """Many tiny BLAS calls (a probe per layer or head) run several times faster on one thread than on
+    several that spin-wait for each other on a busy CPU."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def noop(_f: float, _m: str) -> None:
@@ -109,44 +118,50 @@ def class_separation(direction: torch.Tensor, x: torch.Tensor, y: np.ndarray) ->
 
 
 # ------------------------------------------------------------------ layers
+def grouped_cv_splits(y: np.ndarray, train_idx: Sequence[int], groups: Sequence[str], seed: int = 0,
+                      folds: int = 3) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Stratified grouped K-fold inside the train split (positions into ``train_idx``); folds with one class dropped."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    tr = np.asarray(train_idx)
+    g = np.asarray(groups)[tr]
+    n_folds = int(min(folds, len(np.unique(g))))
+    if n_folds < 2:
+        return []
+    splitter = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    return [(f, v) for f, v in splitter.split(np.zeros(len(tr)), y[tr], g)
+            if len(np.unique(y[tr][f])) == 2 and len(np.unique(y[tr][v])) == 2]
+
+
+def _cv_auroc(x_train: np.ndarray, y_train: np.ndarray, splits, c: float, seed: int) -> float:
+    scores = [auroc(fit_probe(x_train[f], y_train[f], c=c, seed=seed).predict_proba(x_train[v])[:, 1], y_train[v])
+              for f, v in splits]
+    return float(np.mean(scores)) if scores else float("nan")
+
+
 def layer_scores(acts: Activations, y: np.ndarray, train_idx: Sequence[int], test_idx: Sequence[int],
                  groups: Sequence[str], seed: int = 0, folds: int = 3, progress: Progress | None = None,
                  c: float = 1.0) -> list[dict[str, Any]]:
     """Per layer: held-out probe AUROC/accuracy, mean-difference AUROC and a grouped CV AUROC on train."""
-    from sklearn.model_selection import StratifiedGroupKFold
-
     progress = progress or noop
     tr, te = np.asarray(train_idx), np.asarray(test_idx)
     check_binary(y[tr], "training split")
     check_binary(y[te], "test split")
-    g_train = np.asarray(groups)[tr]
-    n_folds = int(min(folds, len(np.unique(g_train))))
-    cv_splits = []
-    if n_folds >= 2:
-        splitter = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
-        for fit, val in splitter.split(np.zeros(len(tr)), y[tr], g_train):
-            if len(np.unique(y[tr][fit])) == 2 and len(np.unique(y[tr][val])) == 2:
-                cv_splits.append((fit, val))
+    splits = grouped_cv_splits(y, tr, groups, seed, folds)
     rows = []
-    num_layers = acts.num_layers
-    for layer in range(num_layers):
-        x = acts.layer(layer).numpy().astype(np.float64)
-        model = fit_probe(x[tr], y[tr], c=c, seed=seed)
-        prob = model.predict_proba(x[te])[:, 1]
-        md = torch.as_tensor(x[tr][y[tr] == 1].mean(0) - x[tr][y[tr] == 0].mean(0))
-        md_scores = x[te] @ md.numpy()
-        cv = []
-        for fit, val in cv_splits:
-            m = fit_probe(x[tr][fit], y[tr][fit], c=c, seed=seed)
-            cv.append(auroc(m.predict_proba(x[tr][val])[:, 1], y[tr][val]))
-        rows.append({
-            "layer": layer,
-            "auroc": auroc(prob, y[te]),
-            "accuracy": float(((prob > 0.5).astype(int) == y[te]).mean()),
-            "mean_diff_auroc": auroc(md_scores, y[te]),
-            "cv_auroc": float(np.mean(cv)) if cv else float("nan"),
-        })
-        progress((layer + 1) / num_layers, f"probing layer {layer + 1}/{num_layers}")
+    with one_blas_thread():
+        for layer in range(acts.num_layers):
+            x = acts.layer(layer).numpy().astype(np.float64)
+            prob = fit_probe(x[tr], y[tr], c=c, seed=seed).predict_proba(x[te])[:, 1]
+            mean_diff = x[tr][y[tr] == 1].mean(0) - x[tr][y[tr] == 0].mean(0)
+            rows.append({
+                "layer": layer,
+                "auroc": auroc(prob, y[te]),
+                "accuracy": float(((prob > 0.5).astype(int) == y[te]).mean()),
+                "mean_diff_auroc": auroc(x[te] @ mean_diff, y[te]),
+                "cv_auroc": _cv_auroc(x[tr], y[tr], splits, c, seed),
+            })
+            progress((layer + 1) / acts.num_layers, f"probing layer {layer + 1}/{acts.num_layers}")
     return rows
 
 
@@ -166,23 +181,17 @@ def choose_layer(rows: list[dict[str, Any]], tolerance: float = 0.005) -> int:
 def choose_layer_on_train(acts: Activations, y: np.ndarray, train_idx: Sequence[int], groups: Sequence[str],
                           seed: int = 0, progress: Progress | None = None) -> tuple[int, list[dict[str, Any]]]:
     """Pick a layer from the train split only (grouped CV of a probe on each layer)."""
-    from sklearn.model_selection import StratifiedGroupKFold
-
     progress = progress or noop
     tr = np.asarray(train_idx)
-    g = np.asarray(groups)[tr]
-    n_folds = int(min(3, len(np.unique(g))))
-    if n_folds < 2:
+    splits = grouped_cv_splits(y, tr, groups, seed)
+    if not splits:
         return acts.num_layers // 2, []
-    splitter = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
-    splits = [(f, v) for f, v in splitter.split(np.zeros(len(tr)), y[tr], g)
-              if len(np.unique(y[tr][f])) == 2 and len(np.unique(y[tr][v])) == 2]
     rows = []
-    for layer in range(acts.num_layers):
-        x = acts.layer(layer).numpy().astype(np.float64)[tr]
-        cv = [auroc(fit_probe(x[f], y[tr][f], seed=seed).predict_proba(x[v])[:, 1], y[tr][v]) for f, v in splits]
-        rows.append({"layer": layer, "cv_auroc": float(np.mean(cv)) if cv else float("nan")})
-        progress((layer + 1) / acts.num_layers, f"choosing a layer: {layer + 1}/{acts.num_layers}")
+    with one_blas_thread():
+        for layer in range(acts.num_layers):
+            x = acts.layer(layer).numpy().astype(np.float64)[tr]
+            rows.append({"layer": layer, "cv_auroc": _cv_auroc(x, y[tr], splits, 1.0, seed)})
+            progress((layer + 1) / acts.num_layers, f"choosing a layer: {layer + 1}/{acts.num_layers}")
     return choose_layer(rows), rows
 
 
@@ -211,7 +220,7 @@ def alpha_range_from_kl(kl_at: Callable[[list[float]], np.ndarray], grid: Sequen
     return (float(reach(-1.0)), float(reach(1.0))), table
 
 
-def residual_alpha_range(handle, direction: torch.Tensor, layer: int, prompts: Sequence[str] = NEUTRAL_PROMPTS[:3],
+def residual_alpha_range(handle, direction: torch.Tensor, layer: int, prompts: Sequence[str] = SWEEP_PROMPTS,
                          bound: float = KL_BOUND) -> tuple[tuple[float, float], list[dict[str, float]]]:
     """Recommended relative α range for a residual direction at ``layer`` (see :func:`alpha_range_from_kl`)."""
     from ..model.analysis import sweep

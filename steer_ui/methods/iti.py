@@ -40,7 +40,7 @@ import torch
 
 from ..data.activations import head_geometry, out_projection, out_projection_weight
 from ..model.hooks import POSITIONS, SteeringError, StepState
-from .common import auroc, fit_probe
+from .common import auroc, fit_probe, one_blas_thread
 
 METHOD = "iti"
 DEFAULTS = {"top_heads": 16, "val_fraction": 0.25}
@@ -54,11 +54,12 @@ def head_accuracy(heads: torch.Tensor, y: np.ndarray, fit_idx: Sequence[int], va
     _rows, layers, n_heads, _d = heads.shape
     fit, val = np.asarray(fit_idx), np.asarray(val_idx)
     acc = np.zeros((layers, n_heads))
-    for layer in range(layers):
-        for h in range(n_heads):
-            x = heads[:, layer, h, :].numpy().astype(np.float64)
-            model = fit_probe(x[fit], y[fit], seed=seed)
-            acc[layer, h] = float(model.score(x[val], y[val]))
+    with one_blas_thread():
+        for layer in range(layers):
+            for h in range(n_heads):
+                x = heads[:, layer, h, :].numpy().astype(np.float64)
+                model = fit_probe(x[fit], y[fit], seed=seed)
+                acc[layer, h] = float(model.score(x[val], y[val]))
     return acc
 
 
