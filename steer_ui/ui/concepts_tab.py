@@ -1,0 +1,373 @@
+"""Concepts: lm_head, sampling, the logit explosion and the KV cache, computed on the loaded model.
+
+Every number comes from :mod:`steer_ui.concepts` (gradio-free); this module
+only wires components to it and formats the results in the session's
+language.  Named endpoints: ``/concepts_lm_head``, ``/concepts_sampling``,
+``/concepts_sample``, ``/concepts_explode``, ``/concepts_fix``,
+``/concepts_kv``, ``/concepts_kv_time``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from .. import concepts, plots, plots_concepts
+from ..backend import Backend, UserError
+from . import i18n
+from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
+
+DEMO_KEY = "concepts_demo"
+
+
+@dataclass
+class ConceptsTab:
+    lm_bins: gr.Slider
+    lm_run: gr.Button
+    lm_facts: gr.Markdown
+    lm_hist: gr.Plot
+    lm_extremes: gr.Dataframe
+    s_prompt: gr.Textbox
+    s_temperature: gr.Slider
+    s_top_k: gr.Number
+    s_top_p: gr.Slider
+    s_repetition: gr.Slider
+    s_run: gr.Button
+    s_summary: gr.Markdown
+    s_chart: gr.Plot
+    s_table: gr.Dataframe
+    s_n: gr.Number
+    s_seed: gr.Number
+    s_sample: gr.Button
+    s_sample_summary: gr.Markdown
+    s_sample_chart: gr.Plot
+    e_prompt: gr.Textbox
+    e_layer: gr.Number
+    e_alpha: gr.Number
+    e_token: gr.Textbox
+    e_bound: gr.Number
+    e_steps: gr.Slider
+    e_run: gr.Button
+    e_summary: gr.Markdown
+    e_chart: gr.Plot
+    e_curve: gr.Plot
+    e_bars: gr.Plot
+    e_bars_fixed: gr.Plot
+    e_unsteered: gr.Textbox
+    e_exploded: gr.Textbox
+    e_fixed: gr.Textbox
+    e_details: gr.JSON
+    kv_seq: gr.Number
+    kv_batch: gr.Number
+    kv_dtype: gr.Dropdown
+    kv_run: gr.Button
+    kv_summary: gr.Markdown
+    kv_chart: gr.Plot
+    kv_tokens: gr.Slider
+    kv_time: gr.Button
+    kv_timing: gr.Markdown
+    kv_timing_chart: gr.Plot
+
+
+def _fail(exc: BaseException) -> UserError:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UserError("concepts_failed", detail=text)
+
+
+def _call(fn, *args, **kwargs):
+    """Run a core computation; a bad input becomes a one-line message in the session's language."""
+    try:
+        return fn(*args, **kwargs)
+    except UserError:
+        raise
+    except ValueError as exc:  # ConceptsError, GenerationError, SteeringError are ValueErrors
+        raise _fail(exc) from None
+
+
+def _num(x, digits: int = 4) -> str:
+    if x is None:
+        return "…"
+    x = float(x)
+    return f"{x:.{digits}g}" if abs(x) < 1e4 else f"{x:,.0f}"
+
+
+# ------------------------------------------------------------------ text
+def lm_head_markdown(lang: str, facts: dict, stats: dict) -> str:
+    yes_no = i18n.message(lang, "concepts_yes" if facts["tied"] else "concepts_no")
+    bias = i18n.message(lang, "concepts_bias") if facts["has_bias"] else ""
+    head = i18n.message(lang, "concepts_lm_head", rows=f"{facts['vocab_size']:,}", cols=f"{facts['hidden_size']:,}",
+                        params=f"{facts['parameters']:,}", share=f"{facts['share']:.1%}",
+                        total=f"{facts['model_parameters']:,}", tied=yes_no,
+                        size=plots_concepts.bytes_text(facts["bytes"]), dtype=facts["dtype"], bias=bias)
+    rows = i18n.message(lang, "concepts_row_stats", mean=_num(stats["mean"]), std=_num(stats["std"]),
+                        min=_num(stats["min"]), max=_num(stats["max"]), rows=f"{stats['rows']:,}")
+    return f"{head}\n\n{rows}"
+
+
+def sampling_markdown(lang: str, view: concepts.SamplingView) -> str:
+    s = view.summary
+    if s["greedy"]:
+        return i18n.message(lang, "concepts_greedy_mode", token=repr(s["greedy_token"]))
+    return i18n.message(lang, "concepts_sampling", token=repr(s["greedy_token"]), prob=_num(s["greedy_prob"]),
+                        k_kept=f"{s['survivors_top_k']:,}", vocab=f"{s['vocab_size']:,}", kept=f"{s['survivors']:,}",
+                        h_raw=_num(s["entropy_raw"]), h_final=_num(s["entropy_final"]))
+
+
+def explosion_markdown(lang: str, demo: concepts.ExplosionDemo, max_new_tokens: int) -> str:
+    e, f = demo.exploded, demo.fixed
+
+    def pair(run, attr, digits=4):
+        return _num(getattr(run, attr), digits) if run is not None else "…"
+
+    def prob(run):
+        return f"{run.prob_unsteered:.3g} → {run.prob_steered:.3g}" if run is not None else "…"
+
+    def rep(run):
+        return f"{run.repeats}/{max_new_tokens}" if run is not None else "…"
+
+    text = i18n.message(
+        lang, "concepts_explosion", token=repr(demo.token), token_id=demo.token_id, layer=demo.layer,
+        alpha=_num(demo.alpha), alpha_raw=_num(demo.alpha_raw),
+        e_naive=pair(e, "naive_direct"), f_naive=pair(f, "naive_direct"),
+        e_direct=pair(e, "direct"), f_direct=pair(f, "direct"),
+        e_delta=pair(e, "delta_logit"), f_delta=pair(f, "delta_logit"),
+        e_max=pair(e, "max_abs_delta_logit"), f_max=pair(f, "max_abs_delta_logit"),
+        e_prob=prob(e), f_prob=prob(f), e_kl=pair(e, "kl"), f_kl=pair(f, "kl"), e_rep=rep(e), f_rep=rep(f))
+    if f is None:
+        return text + "\n\n" + i18n.message(lang, "concepts_fixing")
+    rep_ = demo.report
+    after = rep_["after"]["max_abs_delta_logit"]
+    verdict = i18n.message(lang, "concepts_within" if after <= rep_["max_change"] else "concepts_over")
+    return text + "\n\n" + i18n.message(
+        lang, "concepts_constraint", bound=_num(rep_["max_change"]), prompts=rep_["settings"]["prompts"],
+        steps=rep_["settings"]["steps"], before=_num(rep_["before"]["max_abs_delta_logit"]), after=_num(after),
+        verdict=verdict, cosine=_num(rep_["cosine_to_original"], 3))
+
+
+def kv_markdown(lang: str, layout: concepts.KVLayout, seq_len: int, batch: int, dtype: str,
+                measured: dict | None) -> str:
+    full = concepts.kv_cache_bytes(layout, seq_len, batch, dtype)
+    mha = concepts.kv_cache_bytes(layout, seq_len, batch, dtype, kv_heads=layout.attention_heads)
+    text = i18n.message(lang, "concepts_kv", bytes=plots_concepts.bytes_text(full), seq_len=f"{seq_len:,}",
+                        batch=batch, dtype=dtype, layers=layout.layers, kv_heads=layout.kv_heads,
+                        head_dim=layout.head_dim, dtype_bytes=concepts.dtype_bytes(dtype),
+                        heads=layout.attention_heads, mha=plots_concepts.bytes_text(mha),
+                        ratio=_num(mha / full if full else float("nan"), 3))
+    if layout.sliding_window is not None:
+        n_sliding = sum(1 for t in layout.layer_types if t == "sliding_attention")
+        text += " " + i18n.message(
+            lang, "concepts_kv_sliding", n_sliding=n_sliding, layers=layout.layers, window=layout.sliding_window,
+            sliding_bytes=plots_concepts.bytes_text(concepts.kv_cache_bytes(layout, seq_len, batch, dtype,
+                                                                            sliding=True)))
+    if measured:
+        formula = measured["formula_sliding_bytes"]
+        text += "\n\n" + i18n.message(lang, "concepts_kv_measured", seq_len=measured["seq_len"],
+                                      measured=f"{measured['measured_bytes']:,} B", formula=f"{formula:,} B")
+    return text
+
+
+def timing_markdown(lang: str, summary: dict) -> str:
+    same = i18n.message(lang, "concepts_yes" if summary["same_tokens"] else "concepts_no")
+    return i18n.message(lang, "concepts_timing", n=summary["n_tokens"], with_s=_num(summary["seconds_with_cache"], 3),
+                        without_s=_num(summary["seconds_without_cache"], 3), speedup=_num(summary["speedup"], 3),
+                        same=same, cache=plots_concepts.bytes_text(summary["cache_bytes"]),
+                        prompt_tokens=summary["prompt_tokens"])
+
+
+# ----------------------------------------------------------------- build
+def build_concepts_tab(backend: Backend) -> ConceptsTab:
+    gr.Markdown(T("concepts.intro"))
+
+    # 1 · lm_head
+    with gr.Accordion(T("concepts.lm_head.title"), open=True):
+        gr.Markdown(T("concepts.lm_head.explain"))
+        with gr.Row():
+            lm_bins = gr.Slider(10, 200, value=60, step=1, label=T("concepts.lm_head.bins"))
+            lm_run = gr.Button(T("concepts.lm_head.run"), variant="primary", elem_id="concepts-lm-run")
+        lm_facts = gr.Markdown(elem_id="concepts-lm-facts")
+        with gr.Row():
+            lm_hist = gr.Plot(label=T("concepts.lm_head.histogram"), elem_id="concepts-lm-hist")
+            lm_extremes = gr.Dataframe(label=T("concepts.lm_head.extremes"), interactive=False, wrap=True)
+
+    # 2 · sampling
+    with gr.Accordion(T("concepts.sampling.title"), open=True):
+        gr.Markdown(T("concepts.sampling.explain"))
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                s_prompt = gr.Textbox(value=concepts.DEFAULT_PROMPT, lines=2, label=T("concepts.prompt"),
+                                      elem_id="concepts-sampling-prompt")
+                s_temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label=T("concepts.sampling.temperature"),
+                                          info=T("concepts.sampling.temperature_info"))
+                with gr.Row():
+                    s_top_k = gr.Number(value=0, precision=0, minimum=0, label=T("concepts.sampling.top_k"))
+                    s_top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.01, label=T("concepts.sampling.top_p"))
+                s_repetition = gr.Slider(1.0, 2.0, value=1.0, step=0.05, label=T("concepts.sampling.repetition"),
+                                         info=T("concepts.sampling.repetition_info"))
+                s_run = gr.Button(T("concepts.sampling.run"), variant="primary", elem_id="concepts-sampling-run")
+                with gr.Row():
+                    s_n = gr.Number(value=100, precision=0, minimum=1, maximum=100000, label=T("concepts.sampling.n"))
+                    s_seed = gr.Number(value=0, precision=0, minimum=0, label=T("concepts.sampling.seed"))
+                s_sample = gr.Button(T("concepts.sampling.sample"), elem_id="concepts-sample")
+            with gr.Column(scale=2):
+                s_summary = gr.Markdown(elem_id="concepts-sampling-summary")
+                s_chart = gr.Plot(label=T("concepts.sampling.chart"), elem_id="concepts-sampling-chart")
+                s_sample_summary = gr.Markdown(elem_id="concepts-sample-summary")
+                s_sample_chart = gr.Plot(label=T("concepts.sampling.sample_chart"), elem_id="concepts-sample-chart")
+        with gr.Accordion(T("concepts.sampling.table"), open=False):
+            s_table = gr.Dataframe(interactive=False, wrap=True)
+
+    # 3 · the logit explosion and its fix
+    with gr.Accordion(T("concepts.explosion.title"), open=True):
+        gr.Markdown(T("concepts.explosion.explain"))
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                e_prompt = gr.Textbox(value=concepts.DEFAULT_PROMPT, lines=2, label=T("concepts.prompt"))
+                with gr.Row():
+                    e_layer = gr.Number(value=None, precision=0, minimum=0, label=T("concepts.explosion.layer"),
+                                        info=T("concepts.explosion.layer_info"))
+                    e_alpha = gr.Number(value=concepts.DEFAULT_EXPLOSION_ALPHA, minimum=0.0001,
+                                        label=T("concepts.explosion.alpha"), info=T("concepts.explosion.alpha_info"))
+                e_token = gr.Textbox(value="", max_lines=1, label=T("concepts.explosion.token"),
+                                     info=T("concepts.explosion.token_info"))
+                with gr.Row():
+                    e_bound = gr.Number(value=2.0, minimum=0.01, label=T("concepts.explosion.bound"))
+                    e_steps = gr.Slider(5, 300, value=concepts.DEFAULT_FIX_STEPS, step=5,
+                                        label=T("concepts.explosion.steps"))
+                e_run = gr.Button(T("concepts.explosion.run"), variant="primary", elem_id="concepts-explode")
+            with gr.Column(scale=2):
+                e_summary = gr.Markdown(elem_id="concepts-explosion-summary")
+                with gr.Row():
+                    e_chart = gr.Plot(label=T("concepts.explosion.chart"), elem_id="concepts-explosion-chart")
+                    e_curve = gr.Plot(label=T("concepts.explosion.curve"))
+        with gr.Row():
+            e_bars = gr.Plot(label=T("concepts.explosion.bars"))
+            e_bars_fixed = gr.Plot(label=T("concepts.explosion.bars_fixed"))
+        with gr.Row():
+            e_unsteered = gr.Textbox(label=T("concepts.explosion.unsteered"), lines=3, interactive=False)
+            e_exploded = gr.Textbox(label=T("concepts.explosion.exploded"), lines=3, interactive=False,
+                                    elem_id="concepts-exploded-text")
+            e_fixed = gr.Textbox(label=T("concepts.explosion.fixed"), lines=3, interactive=False,
+                                 elem_id="concepts-fixed-text")
+        with gr.Accordion(T("concepts.details"), open=False):
+            e_details = gr.JSON()
+
+    # 4 · KV cache
+    with gr.Accordion(T("concepts.kv.title"), open=True):
+        gr.Markdown(T("concepts.kv.explain"))
+        with gr.Row():
+            kv_seq = gr.Number(value=4096, precision=0, minimum=1, label=T("concepts.kv.seq_len"))
+            kv_batch = gr.Number(value=1, precision=0, minimum=1, label=T("concepts.kv.batch"))
+            kv_dtype = gr.Dropdown(choices=list(concepts.DTYPE_BYTES), value="bfloat16", label=T("concepts.kv.dtype"))
+            kv_run = gr.Button(T("concepts.kv.run"), variant="primary", elem_id="concepts-kv-run")
+        kv_summary = gr.Markdown(elem_id="concepts-kv-summary")
+        kv_chart = gr.Plot(label=T("concepts.kv.chart"), elem_id="concepts-kv-chart")
+        with gr.Row():
+            kv_tokens = gr.Slider(1, 128, value=24, step=1, label=T("concepts.kv.tokens"))
+            kv_time = gr.Button(T("concepts.kv.time"), elem_id="concepts-kv-time")
+        kv_timing = gr.Markdown(elem_id="concepts-kv-timing")
+        kv_timing_chart = gr.Plot(label=T("concepts.kv.timing_chart"))
+
+    tab = ConceptsTab(**{k: v for k, v in locals().items() if k in ConceptsTab.__dataclass_fields__})
+
+    # ------------------------------------------------------------ handlers
+    @handler(backend)
+    def lm_head(bins, request: gr.Request):
+        lang = lang_of(backend, request)
+        handle = backend.handle
+        facts = _call(concepts.lm_head_facts, handle)
+        norms = _call(concepts.row_norms, handle, bins=int(bins or 60))
+        fig = plots_concepts.row_norm_histogram(norms.histogram, norms.stats,
+                                                labels=i18n.plot_labels(lang, "concepts_norms"))
+        return lm_head_markdown(lang, facts, norms.stats), fig, table(norms.extremes)
+
+    @handler(backend)
+    def sampling(prompt, temperature, top_k, top_p, repetition, request: gr.Request):
+        lang = lang_of(backend, request)
+        view = _call(concepts.sampling_filters, backend.handle, prompt, temperature, int(top_k or 0), top_p,
+                     repetition)
+        fig = plots_concepts.sampling_bars(view.frame, labels=i18n.plot_labels(lang, "concepts_sampling"))
+        return sampling_markdown(lang, view), fig, table(view.frame)
+
+    @handler(backend)
+    def sample(prompt, temperature, top_k, top_p, repetition, n, seed, request: gr.Request):
+        lang = lang_of(backend, request)
+        frame = _call(concepts.sample_many, backend.handle, prompt, n=n if n is not None else 100,
+                      seed=int(seed or 0), temperature=temperature, top_k=int(top_k or 0), top_p=top_p,
+                      repetition_penalty=repetition)
+        text = i18n.message(lang, "concepts_sampled", n=frame.attrs["n"], seed=frame.attrs["seed"],
+                            distinct=frame.attrs["distinct"], tv=_num(frame.attrs["total_variation"], 3))
+        return text, plots_concepts.sample_bars(frame, labels=i18n.plot_labels(lang, "concepts_sample"))
+
+    def _explosion_views(lang, demo, max_new_tokens):
+        bar_labels = i18n.plot_labels(lang, "bars")
+        exploded = demo.exploded
+        fixed = demo.fixed
+        chart = plots_concepts.explosion_bars(exploded.as_dict(), fixed.as_dict() if fixed else None,
+                                              bound=demo.report.get("max_change") if fixed else None,
+                                              labels=i18n.plot_labels(lang, "concepts_explosion"))
+        bars = plots.next_token_bars(exploded.unsteered_top, exploded.top, labels=bar_labels)
+        bars_fixed = plots.next_token_bars(fixed.unsteered_top, fixed.top, labels=bar_labels) if fixed else None
+        curve = plots_concepts.constraint_curve(demo.curve(), demo.report.get("max_change"),
+                                                labels=i18n.plot_labels(lang, "concepts_curve")) if fixed else None
+        return (explosion_markdown(lang, demo, max_new_tokens), chart, curve, bars, bars_fixed,
+                exploded.unsteered_text, exploded.steered_text, fixed.steered_text if fixed else "", demo.as_dict())
+
+    @handler(backend)
+    def explode(prompt, layer, alpha, token, request: gr.Request):
+        lang = lang_of(backend, request)
+        layer = None if layer in (None, "") else int(layer)
+        demo = _call(concepts.explode, backend.handle, prompt, layer, alpha if alpha is not None else 1.0,
+                     token or None, concepts.DEMO_TOKENS)
+        backend.session(sid(request)).cache[DEMO_KEY] = demo
+        return _explosion_views(lang, demo, concepts.DEMO_TOKENS)
+
+    @handler(backend)
+    def fix(bound, steps, request: gr.Request, progress=gr.Progress()):
+        lang = lang_of(backend, request)
+        demo = backend.session(sid(request)).cache.get(DEMO_KEY)
+        if demo is None:
+            raise UserError("concepts_no_demo")
+        _call(concepts.fix_explosion, backend.handle, demo, max_change=float(bound or 2.0),
+              steps=int(steps or concepts.DEFAULT_FIX_STEPS), max_new_tokens=concepts.DEMO_TOKENS,
+              progress=progress_adapter(progress))
+        return _explosion_views(lang, demo, concepts.DEMO_TOKENS)
+
+    @handler(backend)
+    def kv(seq_len, batch, dtype, request: gr.Request):
+        lang = lang_of(backend, request)
+        handle = backend.handle
+        layout = _call(concepts.kv_layout, handle.model.config)
+        seq_len_, batch_ = _call(concepts._check_sizes, seq_len, batch)
+        _call(concepts.dtype_bytes, dtype)
+        measured = _call(concepts.measured_cache, handle, concepts.DEFAULT_PROMPT)
+        table_ = concepts.kv_cache_table(layout, batch=batch_, dtype=dtype)
+        fig = plots_concepts.kv_cache_chart(table_, current=seq_len_, labels=i18n.plot_labels(lang, "concepts_kv"))
+        return kv_markdown(lang, layout, seq_len_, batch_, dtype, measured), fig
+
+    @handler(backend)
+    def kv_time_fn(n_tokens, request: gr.Request):
+        lang = lang_of(backend, request)
+        summary, steps = _call(concepts.time_cache, backend.handle, int(n_tokens or 24))
+        fig = plots_concepts.cache_timing_chart(steps, labels=i18n.plot_labels(lang, "concepts_timing"))
+        return timing_markdown(lang, summary), fig
+
+    # -------------------------------------------------------------- events
+    lm_run.click(lm_head, [lm_bins], [lm_facts, lm_hist, lm_extremes], api_name="concepts_lm_head", **MODEL)
+    s_inputs = [s_prompt, s_temperature, s_top_k, s_top_p, s_repetition]
+    s_outputs = [s_summary, s_chart, s_table]
+    s_run.click(sampling, s_inputs, s_outputs, api_name="concepts_sampling", **MODEL)
+    s_prompt.submit(sampling, s_inputs, s_outputs, api_name="concepts_sampling_on_submit",
+                    api_visibility="undocumented", **MODEL)
+    for i, control in enumerate((s_temperature, s_top_p, s_repetition)):
+        control.release(sampling, s_inputs, s_outputs, api_name=f"concepts_sampling_on_slider_{i}",
+                        api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **MODEL)
+    s_top_k.submit(sampling, s_inputs, s_outputs, api_name="concepts_sampling_on_top_k",
+                   api_visibility="undocumented", **MODEL)
+    s_sample.click(sample, s_inputs + [s_n, s_seed], [s_sample_summary, s_sample_chart], api_name="concepts_sample",
+                   **MODEL)
+    e_outputs = [e_summary, e_chart, e_curve, e_bars, e_bars_fixed, e_unsteered, e_exploded, e_fixed, e_details]
+    e_run.click(explode, [e_prompt, e_layer, e_alpha, e_token], e_outputs, api_name="concepts_explode", **MODEL) \
+        .success(fix, [e_bound, e_steps], e_outputs, api_name="concepts_fix", **MODEL)
+    kv_run.click(kv, [kv_seq, kv_batch, kv_dtype], [kv_summary, kv_chart], api_name="concepts_kv", **MODEL)
+    kv_time.click(kv_time_fn, [kv_tokens], [kv_timing, kv_timing_chart], api_name="concepts_kv_time", **MODEL)
+    return tab
