@@ -455,3 +455,293 @@ def gr_i18n():
 
     zh = {**TRANSLATIONS["en"], **TRANSLATIONS["zh-CN"]}
     return gr.I18n(en=dict(TRANSLATIONS["en"]), **{"zh-CN": zh, "zh": zh})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Concepts tab (issue 9): an appended block, owned by the Concepts tab's author (steer_ui/ui/concepts_tab.py).
+extend(
+    labels={
+        "en": {
+            "concepts.intro": "### The ideas behind steering, live on the loaded model\nEvery number below is "
+                              "computed from the model loaded now; load another model in the Model tab and they "
+                              "change with it.",
+            "concepts.prompt": "Prompt",
+            "concepts.details": "Raw numbers (JSON)",
+            "concepts.lm_head.title": "1 · lm_head: one score per token",
+            "concepts.lm_head.explain": "The last step of a language model is a single matrix, the unembedding "
+                                        "W_U (lm_head), with one row per vocabulary token. The final hidden state h "
+                                        "(after the final norm) is multiplied by it: logit(t) = h · W_U[t]. With a "
+                                        "large vocabulary this one matrix is a big part of a small model, and many "
+                                        "models tie it to the input embedding (the same numbers read tokens in and "
+                                        "score them out). A steering vector added to the residual stream reaches "
+                                        "W_U through the skip connections, so its dot product with a row moves that "
+                                        "token's logit directly; long rows are tokens any hidden state pointing "
+                                        "their way promotes strongly.",
+            "concepts.lm_head.bins": "Histogram bins",
+            "concepts.lm_head.run": "Measure lm_head",
+            "concepts.lm_head.histogram": "Norms of the lm_head rows",
+            "concepts.lm_head.extremes": "Longest and shortest rows",
+            "concepts.sampling.title": "2 · Logits → probabilities → sampling",
+            "concepts.sampling.explain": "For the prompt, the model gives one logit per token; softmax turns them "
+                                         "into probabilities. The sampler then reshapes them in this order, exactly "
+                                         "as Generate does: the repetition penalty divides the positive logits (and "
+                                         "multiplies the negative ones) of tokens already in the text, temperature "
+                                         "divides every logit (below 1 sharpens, above 1 flattens, 0 means greedy: "
+                                         "always the most likely token), top-k keeps the k most likely tokens and "
+                                         "top-p keeps the smallest set whose probability reaches p. One token is "
+                                         "then drawn from what survives. Steering changes the logits before all of "
+                                         "this, so a steered token can still be filtered out, or be the only "
+                                         "survivor.",
+            "concepts.sampling.temperature": "Temperature",
+            "concepts.sampling.temperature_info": "0 = greedy (always the most likely token)",
+            "concepts.sampling.top_k": "Top-k (0 = off)",
+            "concepts.sampling.top_p": "Top-p (nucleus)",
+            "concepts.sampling.repetition": "Repetition penalty",
+            "concepts.sampling.repetition_info": "1 = off; tokens of the prompt count as already seen",
+            "concepts.sampling.run": "Show the filters",
+            "concepts.sampling.n": "Draws",
+            "concepts.sampling.seed": "Sampling seed",
+            "concepts.sampling.sample": "Sample 100 times",
+            "concepts.sampling.chart": "Probabilities through the filters",
+            "concepts.sampling.sample_chart": "Sampled frequencies vs probabilities",
+            "concepts.sampling.table": "Every shown token, stage by stage",
+            "concepts.explosion.title": "3 · The logit explosion and its fix",
+            "concepts.explosion.explain": "Take one rare token t and steer along its own unembedding row: "
+                                          "v = W_U[t] / ‖W_U[t]‖. Whatever the layers in between do, the skip "
+                                          "connections carry α·v to the final residual, and the dot product "
+                                          "α·v·W_U[t] is huge, so t's logit jumps, the next-token distribution "
+                                          "collapses onto t and the generation repeats it. The fix keeps the "
+                                          "layer and the strength but rotates the direction, with a penalty on "
+                                          "every |Δlogit| above a bound and on the KL divergence (the TSV "
+                                          "constraints), until no token's logit moves more than the bound; the "
+                                          "generation reads normally again.",
+            "concepts.explosion.layer": "Layer",
+            "concepts.explosion.layer_info": "empty = two thirds of the way up",
+            "concepts.explosion.alpha": "α (relative units)",
+            "concepts.explosion.alpha_info": "a fraction of the layer's mean residual norm",
+            "concepts.explosion.token": "Token t",
+            "concepts.explosion.token_info": "one token, e.g. ' zebra'; empty = the word the model least expects here",
+            "concepts.explosion.bound": "Bound on |Δlogit|",
+            "concepts.explosion.steps": "Optimisation steps",
+            "concepts.explosion.run": "Explode, then fix",
+            "concepts.explosion.chart": "|Δlogit| before and after the constraint",
+            "concepts.explosion.curve": "Constrained optimisation",
+            "concepts.explosion.bars": "Next token with the aligned vector",
+            "concepts.explosion.bars_fixed": "Next token with the constrained vector",
+            "concepts.explosion.unsteered": "Unsteered generation",
+            "concepts.explosion.exploded": "Generation with the aligned vector",
+            "concepts.explosion.fixed": "Generation with the constrained vector",
+            "concepts.kv.title": "4 · The KV cache",
+            "concepts.kv.explain": "While generating, every layer keeps the keys and values of all earlier "
+                                   "positions so each new token attends to them without recomputing them: "
+                                   "bytes = 2 (K and V) × layers × batch × KV heads × sequence length × head "
+                                   "dimension × bytes per value. Grouped-query attention (GQA) shares each KV head "
+                                   "between several query heads, which divides the cache by that factor compared "
+                                   "with full multi-head attention; sliding-window layers keep only their window. "
+                                   "The cache trades memory for time: without it, every step re-runs the whole "
+                                   "sequence.",
+            "concepts.kv.seq_len": "Sequence length (tokens)",
+            "concepts.kv.batch": "Batch size",
+            "concepts.kv.dtype": "Cache data type",
+            "concepts.kv.run": "Compute the cache size",
+            "concepts.kv.chart": "Cache size vs sequence length",
+            "concepts.kv.tokens": "Tokens to generate",
+            "concepts.kv.time": "Time it with and without the cache",
+            "concepts.kv.timing_chart": "Time per token",
+        },
+        "zh-CN": {
+            "concepts.intro": "### 引导背后的原理，在已加载的模型上实时计算\n下面每个数字都来自当前加载的模型；在“模型”页换一个模型，"
+                              "这些数字也随之改变。",
+            "concepts.prompt": "提示词",
+            "concepts.details": "原始数值（JSON）",
+            "concepts.lm_head.title": "1 · lm_head：每个词元一个分数",
+            "concepts.lm_head.explain": "语言模型的最后一步是一个矩阵，即反嵌入矩阵 W_U（lm_head），词表中每个词元对应一行。"
+                                        "最终隐藏状态 h（经过最终归一化）与它相乘：logit(t) = h · W_U[t]。词表很大时，"
+                                        "这一个矩阵就占了小模型参数的很大一部分；许多模型把它与输入嵌入共享（同一组数字既用来读入词元，"
+                                        "也用来给词元打分）。加到残差流上的引导向量会经由跳跃连接到达 W_U，因此它与某一行的点积会直接改变"
+                                        "该词元的 logit；行范数大的词元，只要隐藏状态朝向它，就会被强烈提升。",
+            "concepts.lm_head.bins": "直方图分箱数",
+            "concepts.lm_head.run": "测量 lm_head",
+            "concepts.lm_head.histogram": "lm_head 各行的范数",
+            "concepts.lm_head.extremes": "范数最大和最小的行",
+            "concepts.sampling.title": "2 · Logits → 概率 → 采样",
+            "concepts.sampling.explain": "对于给定提示词，模型为每个词元给出一个 logit；softmax 把它们变成概率。随后采样器按以下顺序"
+                                         "调整它们，与“生成”完全一致：重复惩罚把文本中已出现词元的正 logit 除以惩罚系数（负 logit "
+                                         "则乘以它）；温度把所有 logit 相除（小于 1 更尖锐，大于 1 更平坦，0 表示贪心解码：总是选最"
+                                         "可能的词元）；top-k 只保留最可能的 k 个词元；top-p 保留概率之和达到 p 的最小集合。然后从"
+                                         "保留下来的词元中抽取一个。引导在这一切之前改变 logits，所以被引导的词元仍可能被过滤掉，"
+                                         "也可能成为唯一的幸存者。",
+            "concepts.sampling.temperature": "温度",
+            "concepts.sampling.temperature_info": "0 = 贪心解码（总是选最可能的词元）",
+            "concepts.sampling.top_k": "Top-k（0 = 关闭）",
+            "concepts.sampling.top_p": "Top-p（核采样）",
+            "concepts.sampling.repetition": "重复惩罚",
+            "concepts.sampling.repetition_info": "1 = 关闭；提示词中的词元视为已出现",
+            "concepts.sampling.run": "显示各过滤步骤",
+            "concepts.sampling.n": "抽样次数",
+            "concepts.sampling.seed": "采样种子",
+            "concepts.sampling.sample": "抽样 100 次",
+            "concepts.sampling.chart": "经过各过滤步骤的概率",
+            "concepts.sampling.sample_chart": "抽样频率与概率对比",
+            "concepts.sampling.table": "所显示词元的逐步数值",
+            "concepts.explosion.title": "3 · Logit 爆炸及其修复",
+            "concepts.explosion.explain": "取一个罕见词元 t，沿它自己的反嵌入行进行引导：v = W_U[t] / ‖W_U[t]‖。无论中间各层"
+                                          "做了什么，跳跃连接都会把 α·v 带到最终残差，而点积 α·v·W_U[t] 非常大，于是 t 的 logit "
+                                          "骤增，下一个词元的分布坍缩到 t 上，生成结果不断重复它。修复方法保持层和强度不变，只旋转"
+                                          "方向：对每个超过上限的 |Δlogit| 以及 KL 散度施加惩罚（即 TSV 的约束），直到没有任何词元"
+                                          "的 logit 变化超过上限；生成结果重新变得正常。",
+            "concepts.explosion.layer": "层",
+            "concepts.explosion.layer_info": "留空 = 模型深度的三分之二处",
+            "concepts.explosion.alpha": "α（相对单位）",
+            "concepts.explosion.alpha_info": "该层平均残差范数的倍数",
+            "concepts.explosion.token": "词元 t",
+            "concepts.explosion.token_info": "单个词元，例如 ' zebra'；留空 = 模型在此处最不可能预测的单词",
+            "concepts.explosion.bound": "|Δlogit| 上限",
+            "concepts.explosion.steps": "优化步数",
+            "concepts.explosion.run": "先引爆，再修复",
+            "concepts.explosion.chart": "约束前后的 |Δlogit|",
+            "concepts.explosion.curve": "带约束的优化过程",
+            "concepts.explosion.bars": "使用对齐向量时的下一个词元",
+            "concepts.explosion.bars_fixed": "使用约束后向量时的下一个词元",
+            "concepts.explosion.unsteered": "未引导的生成",
+            "concepts.explosion.exploded": "使用对齐向量的生成",
+            "concepts.explosion.fixed": "使用约束后向量的生成",
+            "concepts.kv.title": "4 · KV 缓存",
+            "concepts.kv.explain": "生成时，每一层都保存之前所有位置的键和值，这样每个新词元可以直接关注它们而无需重新计算："
+                                   "字节数 = 2（K 和 V）× 层数 × 批大小 × KV 头数 × 序列长度 × 头维度 × 每个数值的字节数。"
+                                   "分组查询注意力（GQA）让多个查询头共享一个 KV 头，与完整的多头注意力相比，缓存按这个倍数缩小；"
+                                   "滑动窗口层只保留窗口内的位置。缓存用内存换时间：没有它，每一步都要重新计算整个序列。",
+            "concepts.kv.seq_len": "序列长度（词元数）",
+            "concepts.kv.batch": "批大小",
+            "concepts.kv.dtype": "缓存数据类型",
+            "concepts.kv.run": "计算缓存大小",
+            "concepts.kv.chart": "缓存大小随序列长度的变化",
+            "concepts.kv.tokens": "要生成的词元数",
+            "concepts.kv.time": "测量有无缓存的用时",
+            "concepts.kv.timing_chart": "每个词元的用时",
+        },
+    },
+    messages={
+        "en": {
+            "concepts_failed": "Could not compute this panel: {detail}",
+            "concepts_no_demo": "Run the explosion first (the button above), then the fix.",
+            "concepts_yes": "yes",
+            "concepts_no": "no",
+            "concepts_bias": " · with a bias vector",
+            "concepts_lm_head": "**lm_head** is a {rows} × {cols} matrix: **{params}** parameters, **{share}** of the "
+                                "model's {total} · tied to the input embedding: **{tied}** · {size} in {dtype}{bias}",
+            "concepts_row_stats": "Row norms over {rows} tokens: mean {mean}, std {std}, min {min}, max {max}.",
+            "concepts_sampling": "**Greedy choice**: {token} (p = {prob}) · top-k keeps **{k_kept}** of {vocab} tokens, "
+                                 "top-p leaves **{kept}** · entropy {h_raw} → {h_final} nats",
+            "concepts_greedy_mode": "Temperature 0 is greedy decoding: the filters do not apply and the sampler always "
+                                    "returns {token}.",
+            "concepts_sampled": "{n} draws (seed {seed}) gave {distinct} different tokens; total variation distance "
+                                "between the frequencies and the probabilities: {tv}.",
+            "concepts_explosion": "Steering along the unembedding row of {token} (id {token_id}) at layer {layer}, "
+                                  "α = {alpha} relative = {alpha_raw} raw.\n\n"
+                                  "| | aligned vector | constrained vector |\n|---|---|---|\n"
+                                  "| α·v·W_U[t] (no final norm) | {e_naive} | {f_naive} |\n"
+                                  "| Δlogit(t) added at the final residual (through the final norm) | {e_direct} | "
+                                  "{f_direct} |\n"
+                                  "| Δlogit(t), whole model | {e_delta} | {f_delta} |\n"
+                                  "| max \\|Δlogit\\| over the vocabulary | {e_max} | {f_max} |\n"
+                                  "| p(t): unsteered → steered | {e_prob} | {f_prob} |\n"
+                                  "| KL(unsteered‖steered), nats | {e_kl} | {f_kl} |\n"
+                                  "| t among the generated tokens | {e_rep} | {f_rep} |",
+            "concepts_fixing": "Now optimising the direction under the bound…",
+            "concepts_constraint": "Constraint: bound {bound} on {prompts} prompt(s), {steps} steps: max |Δlogit| "
+                                   "{before} → **{after}** ({verdict}); cosine to the original direction {cosine}.",
+            "concepts_within": "within the bound",
+            "concepts_over": "still above the bound: try more steps or a smaller α",
+            "concepts_kv": "**{bytes}** for {seq_len} tokens, batch {batch}, {dtype}: 2 × {layers} layers × {batch} × "
+                           "{kv_heads} KV heads × {seq_len} × {head_dim} × {dtype_bytes} bytes. Full multi-head "
+                           "attention ({heads} KV heads) would need **{mha}** ({ratio}×).",
+            "concepts_kv_sliding": "{n_sliding} of the {layers} layers only look at a {window}-token window; "
+                                   "transformers' cache then keeps **{sliding_bytes}**.",
+            "concepts_kv_measured": "Measured on the loaded model: after a {seq_len}-token prompt its cache tensors "
+                                    "hold {measured} (formula, windows included: {formula}).",
+            "concepts_timing": "{n} tokens after a {prompt_tokens}-token prompt: **{with_s} s** with the cache, "
+                               "**{without_s} s** without ({speedup}×); same tokens: {same}; cache at the end: {cache}.",
+        },
+        "zh-CN": {
+            "concepts_failed": "无法计算此面板：{detail}",
+            "concepts_no_demo": "请先运行爆炸演示（上面的按钮），再进行修复。",
+            "concepts_yes": "是",
+            "concepts_no": "否",
+            "concepts_bias": " · 带偏置向量",
+            "concepts_lm_head": "**lm_head** 是一个 {rows} × {cols} 的矩阵：**{params}** 个参数，占模型 {total} 个参数的 "
+                                "**{share}** · 与输入嵌入共享：**{tied}** · {dtype} 下占 {size}{bias}",
+            "concepts_row_stats": "{rows} 个词元的行范数：均值 {mean}，标准差 {std}，最小 {min}，最大 {max}。",
+            "concepts_sampling": "**贪心选择**：{token}（p = {prob}）· top-k 在 {vocab} 个词元中保留 **{k_kept}** 个，"
+                                 "top-p 之后剩下 **{kept}** 个 · 熵 {h_raw} → {h_final} nats",
+            "concepts_greedy_mode": "温度为 0 即贪心解码：过滤器不起作用，采样器总是返回 {token}。",
+            "concepts_sampled": "{n} 次抽样（种子 {seed}）得到 {distinct} 个不同的词元；频率与概率之间的总变差距离：{tv}。",
+            "concepts_explosion": "沿词元 {token}（id {token_id}）的反嵌入行在第 {layer} 层引导，α = {alpha}（相对）= "
+                                  "{alpha_raw}（原始）。\n\n"
+                                  "| | 对齐向量 | 约束后向量 |\n|---|---|---|\n"
+                                  "| α·v·W_U[t]（不含最终归一化） | {e_naive} | {f_naive} |\n"
+                                  "| 加在最终残差上时的 Δlogit(t)（经过最终归一化） | {e_direct} | {f_direct} |\n"
+                                  "| Δlogit(t)，完整模型 | {e_delta} | {f_delta} |\n"
+                                  "| 词表上的最大 \\|Δlogit\\| | {e_max} | {f_max} |\n"
+                                  "| p(t)：未引导 → 已引导 | {e_prob} | {f_prob} |\n"
+                                  "| KL(未引导‖已引导)，nats | {e_kl} | {f_kl} |\n"
+                                  "| 生成的词元中 t 出现的次数 | {e_rep} | {f_rep} |",
+            "concepts_fixing": "正在在上限约束下优化方向……",
+            "concepts_constraint": "约束：在 {prompts} 个提示词上以 {bound} 为上限，优化 {steps} 步：最大 |Δlogit| "
+                                   "{before} → **{after}**（{verdict}）；与原方向的余弦相似度 {cosine}。",
+            "concepts_within": "在上限之内",
+            "concepts_over": "仍高于上限：请增加步数或减小 α",
+            "concepts_kv": "{seq_len} 个词元、批大小 {batch}、{dtype} 时为 **{bytes}**：2 × {layers} 层 × {batch} × "
+                           "{kv_heads} 个 KV 头 × {seq_len} × {head_dim} × {dtype_bytes} 字节。完整多头注意力"
+                           "（{heads} 个 KV 头）需要 **{mha}**（{ratio} 倍）。",
+            "concepts_kv_sliding": "{layers} 层中有 {n_sliding} 层只关注 {window} 个词元的窗口；transformers 的缓存因此只保留 "
+                                   "**{sliding_bytes}**。",
+            "concepts_kv_measured": "在已加载模型上实测：{seq_len} 个词元的提示词之后，缓存张量占 {measured}"
+                                    "（公式，含滑动窗口：{formula}）。",
+            "concepts_timing": "在 {prompt_tokens} 个词元的提示词之后生成 {n} 个词元：有缓存 **{with_s} 秒**，无缓存 "
+                               "**{without_s} 秒**（{speedup} 倍）；词元相同：{same}；最终缓存大小：{cache}。",
+        },
+    },
+    plots={
+        "en": {
+            "concepts_norms": {"title": "Norms of the lm_head rows", "norm": "row norm ‖W_U[t]‖", "tokens": "tokens",
+                               "mean": "mean"},
+            "concepts_sampling": {"title": "Next token: logits → probabilities → filters", "raw": "softmax(logits)",
+                                  "tempered": "after penalty and temperature",
+                                  "final": "after top-k and top-p (sampled from)", "probability": "probability"},
+            "concepts_sample": {"title": "Sampled {n} times: frequency vs probability", "probability": "probability",
+                                "frequency": "frequency", "share": "share"},
+            "concepts_explosion": {"title": "The logit explosion and its fix", "naive_direct": "α·v·W_U[t]",
+                                   "direct": "Δlogit(t) at the final residual", "delta_logit": "Δlogit(t)",
+                                   "max_abs_delta_logit": "max |Δlogit|", "exploded": "aligned vector",
+                                   "fixed": "constrained vector", "bound": "bound",
+                                   "abs_logit": "|value| (log scale)"},
+            "concepts_curve": {"title": "Constrained optimisation", "max_delta": "max |Δlogit|",
+                               "cosine": "cosine to the original", "step": "step"},
+            "concepts_kv": {"title": "KV cache size vs sequence length", "this": "this model ({kv} KV heads)",
+                            "mha": "full multi-head ({h} KV heads)", "sliding": "with sliding-window layers",
+                            "seq_len": "sequence length (tokens)", "bytes": "cache bytes"},
+            "concepts_timing": {"title": "Time per token with and without the KV cache", "with": "with cache",
+                                "without": "without cache", "step": "generated token", "ms": "milliseconds per token"},
+        },
+        "zh-CN": {
+            "concepts_norms": {"title": "lm_head 各行的范数", "norm": "行范数 ‖W_U[t]‖", "tokens": "词元数", "mean": "均值"},
+            "concepts_sampling": {"title": "下一个词元：logits → 概率 → 过滤", "raw": "softmax(logits)",
+                                  "tempered": "重复惩罚和温度之后", "final": "top-k 和 top-p 之后（实际抽样分布）",
+                                  "probability": "概率"},
+            "concepts_sample": {"title": "抽样 {n} 次：频率与概率", "probability": "概率", "frequency": "频率",
+                                "share": "占比"},
+            "concepts_explosion": {"title": "Logit 爆炸及其修复", "naive_direct": "α·v·W_U[t]",
+                                   "direct": "最终残差处的 Δlogit(t)", "delta_logit": "Δlogit(t)",
+                                   "max_abs_delta_logit": "最大 |Δlogit|", "exploded": "对齐向量",
+                                   "fixed": "约束后向量", "bound": "上限", "abs_logit": "|数值|（对数刻度）"},
+            "concepts_curve": {"title": "带约束的优化过程", "max_delta": "最大 |Δlogit|", "cosine": "与原方向的余弦",
+                               "step": "步"},
+            "concepts_kv": {"title": "KV 缓存大小随序列长度的变化", "this": "本模型（{kv} 个 KV 头）",
+                            "mha": "完整多头注意力（{h} 个 KV 头）", "sliding": "含滑动窗口层",
+                            "seq_len": "序列长度（词元数）", "bytes": "缓存字节数"},
+            "concepts_timing": {"title": "有无 KV 缓存时每个词元的用时", "with": "有缓存", "without": "无缓存",
+                                "step": "生成的词元", "ms": "每个词元的毫秒数"},
+        },
+    },
+)
