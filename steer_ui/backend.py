@@ -557,20 +557,23 @@ class Backend:
         if s.dataset is None:
             raise UserError("no_dataset")
         frame = s.dataset.frame
-        if "label" not in frame:
-            return pd.DataFrame({"label": ["pairs"], "count": [len(frame)]})
         try:
             from .data import split_by_group
 
-            train, test = split_by_group(s.dataset, seed=0)
-            parts = [("train", train), ("test", test)]
-            parts = [(name, getattr(p, "frame", p)) for name, p in parts]
-            counts = [pd.DataFrame({"label": c.index.astype(str), "count": c.values, "split": name})
-                      for name, part in parts for c in [part["label"].value_counts().sort_index()]]
-            return pd.concat(counts, ignore_index=True)
-        except Exception:  # no splitter yet, or one class per group: plain counts still help
-            c = frame["label"].value_counts().sort_index()
-            return pd.DataFrame({"label": c.index.astype(str), "count": c.values})
+            parts = [("train", p.frame) for p in split_by_group(s.dataset, seed=0)[:1]] + \
+                    [("test", p.frame) for p in split_by_group(s.dataset, seed=0)[1:]]
+        except Exception:  # e.g. too few groups to split: plain counts still help
+            parts = [(None, frame)]
+        counts = []
+        for name, part in parts:
+            if "label" in part:
+                c = part["label"].value_counts().sort_index()
+                counts.append(pd.DataFrame({"label": c.index.astype(str), "count": c.values}))
+            else:  # contrastive pairs: one bar of pairs per split
+                counts.append(pd.DataFrame({"label": ["pairs"], "count": [len(part)]}))
+            if name is not None:
+                counts[-1]["split"] = name
+        return pd.concat(counts, ignore_index=True)
 
     # ================================================================= train
     def probe_layers(self, session: str | None, position: str = "last", seed: int = 0,

@@ -28,7 +28,7 @@ def _label(labels: Mapping[str, str] | None, key: str, default: str) -> str:
 def _show_token(token: str) -> str:
     """Make whitespace visible: a bar labelled ' ' or '\\n' is unreadable."""
     text = repr(token)[1:-1] if token.strip() == "" or "\n" in token else token
-    return text.replace(" ", "␣") if text.strip() != text else text
+    return text.replace(" ", "·") if text.strip() != text else text
 
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kwargs) -> go.Figure:

@@ -108,6 +108,8 @@ def table(frame, max_rows: int = 200):
         return pd.DataFrame()
     frame = frame.head(max_rows).copy()
     for column in frame.columns:
+        if pd.api.types.is_float_dtype(frame[column]):
+            frame[column] = frame[column].round(4)
         if frame[column].dtype == object:
             frame[column] = frame[column].map(lambda v: v if isinstance(v, str) or v is None else str(v))
     return frame

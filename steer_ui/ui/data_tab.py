@@ -39,10 +39,10 @@ def build_data_tab(backend: Backend) -> DataTab:
         file = gr.File(label=T("data.file"), type="filepath", scale=2, elem_id="data-file")
         with gr.Column(scale=1):
             bundled = gr.Dropdown(choices=backend.bundled_datasets(), value=None, label=T("data.bundled"),
-                                  allow_custom_value=True)
+                                  allow_custom_value=True, elem_id="data-bundled")
             schema = gr.Dropdown(choices=SCHEMAS, value="auto", allow_custom_value=True, label=T("data.schema"),
                                  info=T("data.schema_info"))
-            use_bundled = gr.Button(T("data.use_bundled"))
+            use_bundled = gr.Button(T("data.use_bundled"), elem_id="data-use-bundled")
     summary = gr.Markdown(T("data.empty"), elem_id="data-summary")
     with gr.Row():
         preview = gr.Dataframe(label=T("data.preview"), interactive=False, wrap=True, elem_id="data-preview",

@@ -45,14 +45,14 @@ def build_detect_tab(backend: Backend) -> DetectTab:
     with gr.Row():
         with gr.Column(scale=1, min_width=320):
             vector = gr.Dropdown(choices=[], value=None, allow_custom_value=True, label=T("detect.vector"),
-                                 info=T("detect.vector_info"))
+                                 info=T("detect.vector_info"), elem_id="detect-vector")
             answers = gr.Dataframe(headers=["prompt", "answer"], value=[["", ""]], column_count=(2, "fixed"),
                                    interactive=True, label=T("detect.answers"), wrap=True)
-            from_explore = gr.Button(T("detect.from_explore"))
+            from_explore = gr.Button(T("detect.from_explore"), elem_id="detect-from-explore")
             file = gr.File(label=T("detect.file"), type="filepath")
-            detect_btn = gr.Button(T("detect.run"), variant="primary")
+            detect_btn = gr.Button(T("detect.run"), variant="primary", elem_id="detect-btn")
         with gr.Column(scale=2):
-            summary = gr.Markdown(T("detect.empty"))
+            summary = gr.Markdown(T("detect.empty"), elem_id="detect-summary")
             scores = gr.Dataframe(label=T("detect.scores"), interactive=False, wrap=True)
             histogram = gr.Plot(label=T("detect.histogram"))
             with gr.Accordion(T("detect.details"), open=False):

@@ -25,10 +25,12 @@ def build_export_tab(backend: Backend) -> ExportTab:
     with gr.Row():
         with gr.Column():
             gr.Markdown(T("export.export_title"))
-            vector = gr.Dropdown(choices=[RANDOM], value=RANDOM, allow_custom_value=True, label=T("export.vector"))
-            fmt = gr.Radio(list(FORMATS), value="native", label=T("export.format"), info=T("export.format_info"))
+            vector = gr.Dropdown(choices=[RANDOM], value=RANDOM, allow_custom_value=True, label=T("export.vector"),
+                                 elem_id="export-vector")
+            fmt = gr.Radio(list(FORMATS), value="native", label=T("export.format"), info=T("export.format_info"),
+                           elem_id="export-format")
             export_btn = gr.Button(T("export.export"), variant="primary", elem_id="export-btn")
-            export_status = gr.Markdown()
+            export_status = gr.Markdown(elem_id="export-status")
             files = gr.File(label=T("export.files"), file_count="multiple", interactive=False, elem_id="export-files")
         with gr.Column():
             gr.Markdown(T("export.import_title"))

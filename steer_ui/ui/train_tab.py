@@ -95,7 +95,8 @@ def build_train_tab(backend: Backend, num_layers: int | None = None) -> TrainTab
     top = (num_layers or 128) - 1
     with gr.Row():
         with gr.Column(scale=1, min_width=320):
-            method = gr.Radio(list(METHODS), value="mean-diff", label=T("train.method"), info=T("train.method_info"))
+            method = gr.Radio(list(METHODS), value="mean-diff", label=T("train.method"), info=T("train.method_info"),
+                              elem_id="train-method")
             with gr.Row():
                 auto_layer = gr.Checkbox(value=True, label=T("train.auto_layer"))
                 layer = gr.Slider(0, top, value=(num_layers or 12) // 2, step=1, label=T("train.layer"))
@@ -115,10 +116,11 @@ def build_train_tab(backend: Backend, num_layers: int | None = None) -> TrainTab
                 with gr.Row():
                     context_layer = gr.Number(value=None, precision=0, minimum=0, label=T("train.context_layer"))
                     hidden = gr.Number(value=None, precision=0, minimum=1, label=T("train.hidden"))
-            extra = gr.Textbox(label=T("train.extra"), info=T("train.extra_info"), max_lines=3, placeholder="{}")
+            extra = gr.Textbox(label=T("train.extra"), info=T("train.extra_info"), max_lines=3, placeholder="{}",
+                               elem_id="train-extra")
             with gr.Row():
                 probe_btn = gr.Button(T("train.probe"))
-                train_btn = gr.Button(T("train.train"), variant="primary")
+                train_btn = gr.Button(T("train.train"), variant="primary", elem_id="train-btn")
         with gr.Column(scale=2):
             status = gr.Markdown(T("train.empty"), elem_id="train-status")
             probe_plot = gr.Plot(label=T("train.probe_chart"))

@@ -31,7 +31,7 @@ def test_next_token_bars_keep_same_text_tokens_apart_and_show_whitespace():
     labels = list(fig.data[0].x)
     assert len(set(labels)) == 3
     assert "x #11" in labels and "x #12" in labels
-    assert "␣" in labels  # a bare space is drawn visibly
+    assert "·" in labels  # a bare space is drawn visibly
 
 
 def test_delta_logit_bars_flag_the_explosion_only_above_threshold():
@@ -53,7 +53,7 @@ def test_per_token_delta_has_actual_and_direct_series():
     fig = plots.per_token_delta(frame, labels={"actual": "A", "direct": "D"})
     assert [t.name for t in fig.data] == ["A", "D"]
     assert list(fig.data[0].y) == [1.5, -0.5] and list(fig.data[1].y) == [1.0, 0.2]
-    assert fig.data[0].x[1] == "1:␣there"
+    assert fig.data[0].x[1] == "1:·there"
 
 
 def test_dose_response_marks_current_alpha_and_uses_second_axis_for_max_delta():
@@ -94,6 +94,6 @@ def test_layer_norms_detection_vocab_and_empty():
     assert empty.layout.annotations[0].text == "nothing yet"
 
 
-@pytest.mark.parametrize("token, shown", [("a", "a"), (" ", "␣"), ("\n", "\\n"), (" the", "␣the")])
+@pytest.mark.parametrize("token, shown", [("a", "a"), (" ", "·"), ("\n", "\\n"), (" the", "·the")])
 def test_whitespace_is_visible(token, shown):
     assert plots._show_token(token) == shown
