@@ -212,7 +212,7 @@ def _train_iti(handle, dataset: Dataset, progress: Progress, hp: dict[str, Any])
     vector.dataset_hash = dataset.content_hash
     progress(0.9, "measuring the recommended α range")
     alpha_range, table = alpha_range_from_kl(lambda a: iti.kl_at(handle, vector, SWEEP_PROMPTS, a),
-                                             bound=hyper["kl_bound"])
+                                             grid=iti.ALPHA_GRID, bound=hyper["kl_bound"])
     vector.alpha_range = alpha_range
     progress(1.0, f"ITI with {len(chosen)} heads: test AUROC {metrics['test_auroc']:.3f}")
     report = {"method": "iti", "layers": vector.layers, "metrics": metrics,

@@ -30,7 +30,7 @@ from ..vector import SteeringVector
 Progress = Callable[[float, str], None]
 TEST_FRACTION = 0.25
 KL_BOUND = 1.0  # nats, mean over the sweep prompts
-ALPHA_GRID = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)  # relative units
+ALPHA_GRID = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)  # relative units
 SWEEP_PROMPTS = NEUTRAL_PROMPTS[:2]
 
 
