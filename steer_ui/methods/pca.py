@@ -3,8 +3,9 @@
 For each pair (positive, negative) take d = h⁺ − h⁻ and the first principal
 component of the d's.  Like repeng (scikit-learn's PCA) the differences are
 centred by default (``center=False`` keeps the mean, so a consistent offset
-dominates PC1).  A principal component has no sign: we flip it so the
-positive rows project higher than the negative ones on average.  Raw α = 1
+dominates PC1).  A principal component has no sign: as repeng does, we flip
+it when fewer pairs have the positive side projecting higher than the
+negative side (ties: by the mean gap).  Raw α = 1
 moves an activation by the class-mean distance along the component
 (``normalize=True``: unit length instead).
 """
@@ -33,9 +34,11 @@ def direction(pos: torch.Tensor, neg: torch.Tensor, normalize: bool = False,
     explained = float((s[0] ** 2) / (s ** 2).sum().clamp_min(1e-30))
     x = torch.cat([pos, neg])
     y = np.r_[np.ones(len(pos), dtype=int), np.zeros(len(neg), dtype=int)]
+    gap = (pos - neg) @ pc
+    votes = int((gap > 0).sum()) - int((gap < 0).sum())
     sep = class_separation(pc, x, y)
-    if sep < 0:
+    if votes < 0 or (votes == 0 and sep < 0):
         pc, sep = -pc, -sep
-    vec = pc if normalize else pc * sep
+    vec = pc if normalize else pc * abs(sep)  # keep the voted sign; the length is the class gap
     return vec.float(), {"explained_variance_ratio": explained, "class_separation": sep,
                          "pairs": int(len(pos))}
