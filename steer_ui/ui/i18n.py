@@ -516,7 +516,7 @@ extend(
                                           "constraints), until no token's logit moves more than the bound; the "
                                           "generation reads normally again.",
             "concepts.explosion.layer": "Layer",
-            "concepts.explosion.layer_info": "empty = two thirds of the way up",
+            "concepts.explosion.layer_info": "empty = the last block",
             "concepts.explosion.alpha": "α (relative units)",
             "concepts.explosion.alpha_info": "a fraction of the layer's mean residual norm",
             "concepts.explosion.token": "Token t",
@@ -591,7 +591,7 @@ extend(
                                           "方向：对每个超过上限的 |Δlogit| 以及 KL 散度施加惩罚（即 TSV 的约束），直到没有任何词元"
                                           "的 logit 变化超过上限；生成结果重新变得正常。",
             "concepts.explosion.layer": "层",
-            "concepts.explosion.layer_info": "留空 = 模型深度的三分之二处",
+            "concepts.explosion.layer_info": "留空 = 最后一个模块",
             "concepts.explosion.alpha": "α（相对单位）",
             "concepts.explosion.alpha_info": "该层平均残差范数的倍数",
             "concepts.explosion.token": "词元 t",
