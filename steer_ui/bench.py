@@ -759,28 +759,35 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "steering": {"layer": layer, "alpha_relative": 0.5, "alpha_raw": float(steer.scalar_alpha),
                      "layer_norm": scale, "vector": "seeded unit random direction (seed 0)"},
     }
-    result["side_by_side"] = bench_side_by_side(handle, steer, n_tokens, reps, floor_s, log)
-    result["hook"] = bench_hook_overhead(handle, steer, 8 if quick else 32, 1 if quick else 4, log)
-    result["slider"] = bench_slider(handle, steer, layer, 5 if quick else 25, log)
-    result["sweep"] = bench_sweep(handle, steer, steer.vector, layer, reps, log)
-    result["alpha_grid"] = bench_alpha_grid(handle, steer, layer, log, points=9 if quick else 41)
+    sections: dict[str, float] = {}
+
+    def timed(name: str, fn):
+        start = time.perf_counter()
+        result[name] = fn()
+        sections[name] = round(time.perf_counter() - start, 2)
+
+    timed("side_by_side", lambda: bench_side_by_side(handle, steer, n_tokens, reps, floor_s, log))
+    timed("hook", lambda: bench_hook_overhead(handle, steer, 8 if quick else 32, 1 if quick else 4, log))
+    timed("slider", lambda: bench_slider(handle, steer, layer, 5 if quick else 25, log))
+    timed("sweep", lambda: bench_sweep(handle, steer, steer.vector, layer, reps, log))
+    timed("alpha_grid", lambda: bench_alpha_grid(handle, steer, layer, log, points=5 if quick else 41))
     # the app's footprint: model loaded, decoded, analysed (before the extra copies the modes below make)
     result["memory"] = {"rss_gb": _rss_bytes() / 1e9, "peak_rss_gb": _peak_rss_bytes() / 1e9,
                         "note": "peak RSS of this process after load, decode, slider and sweep"}
-    result["extract"] = bench_extract(handle, 24 if quick else None, 1, log)
+    timed("extract", lambda: bench_extract(handle, 16 if quick else None, 1, log))
     if quick:
-        skipped = {"status": "skipped (--quick)"}
-        result["cold_load"] = dict(skipped)
-        result["training"] = dict(skipped)
-        result["bf16_lm_head"] = dict(skipped)
-        result["bf16_model"] = dict(skipped)
+        for name in ("cold_load", "training", "bf16_lm_head", "bf16_model"):
+            result[name] = {"status": "skipped (--quick)"}
     else:
-        result["training"] = bench_training(handle, log)
-        result["bf16_lm_head"] = bench_bf16_lm_head(handle, 5, log)
-        result["bf16_model"] = bench_bf16_model(handle, steer, 32, bw["read_gb_s"] * 1e9, log)
-        result["cold_load"] = bench_cold_load(model, device, dtype, log) \
-            if not (model or "").startswith("tiny:") else {"status": "skipped: tiny models are built, not loaded"}
+        timed("training", lambda: bench_training(handle, log))
+        timed("bf16_lm_head", lambda: bench_bf16_lm_head(handle, 5, log))
+        timed("bf16_model", lambda: bench_bf16_model(handle, steer, 32, bw["read_gb_s"] * 1e9, log))
+        if (model or "").startswith("tiny:"):
+            result["cold_load"] = {"status": "skipped: tiny models are built, not loaded"}
+        else:
+            timed("cold_load", lambda: bench_cold_load(model, device, dtype, log))
     result["memory"]["peak_rss_gb_end"] = _peak_rss_bytes() / 1e9
+    result["section_seconds"] = sections
 
     ratios = {
         "side_by_side_speedup": result["side_by_side"]["side_by_side_speedup"],

@@ -131,7 +131,7 @@ def unembed(w: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     """``flat @ w.T`` for (rows, hidden) ``flat`` and (vocab, hidden) ``w``, with the faster CPU kernel.
 
     On CPU, for a large vocabulary and up to 64 rows, the first call for a
-    given row count times ``flat @ w.T`` and ``(w @ flat.T).T`` (best of two
+    given row count times ``flat @ w.T`` and ``(w @ flat.T).T`` (best of three
     each, alternated) and remembers the winner; ``h @ W.T`` is kept unless
     the other is at least 10 % faster.  Other devices use ``flat @ w.T``.
     """
@@ -142,7 +142,7 @@ def unembed(w: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     transposed = _UNEMBED_KERNEL.get(key)
     if transposed is None:
         plain_t, trans_t = [], []
-        for _ in range(2):
+        for _ in range(3):
             plain_t.append(_time_once(lambda: flat @ w.T))
             trans_t.append(_time_once(lambda: torch.matmul(w, flat.T)))
         transposed = min(trans_t) < 0.9 * min(plain_t)
