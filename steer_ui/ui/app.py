@@ -1,6 +1,7 @@
 """Assemble the tabs into one gr.Blocks and wire what crosses tabs (vector lists, model reloads, language)."""
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 
@@ -52,7 +53,8 @@ def fan_out(fn, copies: int):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)
-        return tuple(out[:-1]) + (out[-1],) * copies
+        # one copy per output: gradio consumes update dicts while post-processing them
+        return tuple(out[:-1]) + tuple(copy.deepcopy(out[-1]) for _ in range(copies))
 
     return wrapper
 

@@ -38,8 +38,12 @@ def pick(page, elem_id: str, text: str) -> None:
 
 
 def wait_text(page, selector: str, text: str, timeout: float = 600) -> None:
-    page.wait_for_function(f"() => (document.querySelector('{selector}')?.innerText || '').includes({text!r})",
-                           timeout=timeout * 1000)
+    try:
+        page.wait_for_function(f"() => (document.querySelector('{selector}')?.innerText || '').includes({text!r})",
+                               timeout=timeout * 1000)
+    except Exception:
+        page.screenshot(path="/tmp/steer_ui_screenshot_failure.png", full_page=True)
+        raise
 
 
 def settle(page, seconds: float = 1.0) -> None:

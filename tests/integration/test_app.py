@@ -117,6 +117,7 @@ def test_export_then_import_in_another_session(app, tmp_path):
     result = other.predict(handle_file(files[0]), api_name="/import_vector")
     name = result[2]["value"]
     assert name in [c[0] for c in result[2]["choices"]]
+    assert result[3]["value"] == result[4]["value"] == name  # every vector picker (Explore, Detect, Export)
     imported = next_token(other, 2.0, vector=name)[3]
     random_ = next_token(other, 2.0, vector=RANDOM)[3]  # same seeded direction, moved to the same layer
     assert imported["kl"] == pytest.approx(random_["kl"], rel=1e-4)
