@@ -1,0 +1,37 @@
+"""The UI's report readers pick the right table and curves from each method's report shape."""
+from __future__ import annotations
+
+import pandas as pd
+
+from steer_ui.ui.detect_tab import answers_from_table
+from steer_ui.ui.train_tab import find_alpha_sweep, find_curves, find_results
+
+
+def test_tsv_report_shows_its_runs_next_to_the_baselines():
+    report = {"auroc": 0.7, "curves": [{"epoch": 1, "stage": 1, "loss": 0.6}, {"epoch": 2, "stage": 2, "loss": 0.4}],
+              "runs": {"constrained": {"auroc": 0.7, "max_abs_delta_logit": 1.9},
+                       "unconstrained": {"auroc": 0.71, "max_abs_delta_logit": 240.0}},
+              "baselines": {"probe": {"auroc": 0.65, "note": "logistic"}, "perplexity": 0.55}}
+    table = find_results(report)
+    assert list(table.row) == ["TSV (constrained)", "TSV (unconstrained)", "probe", "perplexity"]
+    assert list(table.auroc) == [0.7, 0.71, 0.65, 0.55]
+    assert table.max_abs_delta_logit[1] == 240.0
+    assert list(find_curves(report).loss) == [0.6, 0.4]
+
+
+def test_l2s_table_and_residual_metrics_and_sweep():
+    l2s = {"table": [{"source": "Mean-S", "cosine_to_target": 0.3}, {"source": "L2S", "cosine_to_target": 0.8}],
+           "fit": {"history": [{"epoch": 1, "train_loss": 1.0, "val_loss": 1.1}]}}
+    assert list(find_results(l2s).source) == ["Mean-S", "L2S"]
+    assert list(find_curves(l2s).val_loss) == [1.1]  # found one level deep
+    residual = {"metrics": {"test_auroc": 0.99, "test_accuracy": 0.95, "note": "text is skipped"},
+                "alpha_sweep": [{"alpha": -1.0, "kl": 0.2}, {"alpha": 1.0, "kl": 0.3}]}
+    assert dict(zip(find_results(residual).name, find_results(residual).value)) == {"test_auroc": 0.99,
+                                                                                    "test_accuracy": 0.95}
+    assert find_curves(residual) is None and list(find_alpha_sweep(residual).kl) == [0.2, 0.3]
+
+
+def test_answers_table_skips_blank_answers():
+    frame = pd.DataFrame({"prompt": ["q1", "q2", None], "answer": ["a1", "  ", "a3"]})
+    assert answers_from_table(frame) == [("q1", "a1"), ("", "a3")]
+    assert answers_from_table(None) == []
