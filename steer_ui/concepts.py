@@ -40,6 +40,18 @@ from .model.hooks import Steer
 Progress = Callable[[float, str], None]
 
 DEFAULT_PROMPT = "The capital of France is"
+# The cache timing needs a context worth caching: with a handful of tokens the lm_head matmul dominates
+# both runs and the cache saves nothing visible.
+LONG_PROMPT = (
+    "The history of the city begins with a small settlement on an island in the river, where fishermen and "
+    "traders built wooden houses and a market. Over the centuries the settlement grew into a walled town, then "
+    "into the seat of kings, with a cathedral, a university, bridges, hospitals and wide avenues lined with "
+    "trees. Each generation added something: a new quarter for craftsmen, a palace for the court, a railway "
+    "station for travellers arriving from the provinces, museums for the collections of the state, parks for "
+    "the people who worked in the factories on the edge of town. Today visitors walk along the river and read "
+    "the story of the city in its streets, from the oldest stones near the water to the glass towers of the "
+    "business district. The most famous monument in the city is"
+)
 # The explosion demo's defaults (see docs/concepts.md for the numbers they give on Gemma 3 270M).
 DEFAULT_EXPLOSION_ALPHA = 0.07  # relative units: 7% of the layer's mean residual norm
 DEFAULT_FIX_STEPS = 150  # the max-hinge reaches |Δlogit| <= 2 slowly (docs/concepts.md)
@@ -289,10 +301,12 @@ def sample_many(handle, prompt: str, n: int = 100, seed: int = 0, temperature: f
 
 # ======================================================= the logit explosion
 _WORDLIKE = re.compile(r"^ ?[A-Za-z]{5,}$")
+RARE_GAP = 20.0
 
 
 def rare_token(handle, prompt: str) -> int:
-    """The word-like token (a space and 5+ ASCII letters) the model least expects after ``prompt``.
+    """The word-like token (a space and 5+ ASCII letters) the model least expects after ``prompt``,
+    among those at most ``RARE_GAP`` logits below the most likely token.
 
     Falls back to the least likely non-special token when the vocabulary has
     no word-like tokens (byte-level tiny models).
@@ -308,7 +322,11 @@ def rare_token(handle, prompt: str) -> int:
                  and _WORDLIKE.match(p.replace("\u2581", " ").replace("\u0120", " "))]
         words = torch.tensor(words or [i for i in range(logits.numel()) if i not in special], dtype=torch.long)
         handle.__dict__["_concepts_wordlike"] = words
-    return int(words[logits[words].argmin()])
+    # "Least expected" among tokens within RARE_GAP logits of the top one: a token 40 logits down (p ~ 1e-19)
+    # stays improbable even after a jump of 50, and the demo would show no collapse.
+    near = words[logits[words] >= logits.max() - RARE_GAP]
+    pool = near if near.numel() else words
+    return int(pool[logits[pool].argmin()])
 
 
 def token_id_of(handle, text: str) -> int:
@@ -620,7 +638,7 @@ def measured_cache(handle, prompt: str, batch: int = 1) -> dict:
             "formula_sliding_bytes": kv_cache_bytes(lay, n, batch, handle.dtype, sliding=True)}
 
 
-def time_cache(handle, n_tokens: int = 32, prompt: str = DEFAULT_PROMPT) -> tuple[dict, pd.DataFrame]:
+def time_cache(handle, n_tokens: int = 32, prompt: str = LONG_PROMPT) -> tuple[dict, pd.DataFrame]:
     """Greedy-generate ``n_tokens`` twice: with the KV cache, and re-running the whole sequence each step.
 
     Returns (summary, per-step frame ``step, with_cache_s, without_cache_s``).
@@ -632,6 +650,11 @@ def time_cache(handle, n_tokens: int = 32, prompt: str = DEFAULT_PROMPT) -> tupl
         raise ConceptsError(f"the number of tokens to time must be a whole number in 1..1024, got {n_tokens!r}")
     n_tokens = int(n_tokens)
     ids = encode_prompt(handle, prompt).to(handle.input_device)
+    cfg = handle.model.config.get_text_config() if hasattr(handle.model.config, "get_text_config") \
+        else handle.model.config
+    max_positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if max_positions and ids.shape[1] + n_tokens > max_positions:  # small models: keep the prompt's end
+        ids = ids[:, -max(1, int(max_positions) - n_tokens):]
     model, arch = handle.model.base_model, handle.arch
 
     def last_logits(hidden):

@@ -227,7 +227,7 @@ def build_concepts_tab(backend: Backend) -> ConceptsTab:
                                         info=T("concepts.explosion.layer_info"))
                     e_alpha = gr.Number(value=concepts.DEFAULT_EXPLOSION_ALPHA, minimum=0.0001,
                                         label=T("concepts.explosion.alpha"), info=T("concepts.explosion.alpha_info"))
-                e_token = gr.Textbox(value="", max_lines=1, label=T("concepts.explosion.token"),
+                e_token = gr.Textbox(value=" zebra", max_lines=1, label=T("concepts.explosion.token"),
                                      info=T("concepts.explosion.token_info"))
                 with gr.Row():
                     e_bound = gr.Number(value=2.0, minimum=0.01, label=T("concepts.explosion.bound"))

@@ -318,3 +318,13 @@ def test_plots_show_the_frames_numbers(tiny):
     assert list(fig.data[0].y) == [500.0, 300.0, 250.0, 250.0] and min(fig.data[1].y) > 0  # log axis floor
     curve = pd.DataFrame({"step": [0, 1], "max_abs_delta_logit": [9.0, 1.0], "cosine": [1.0, 0.9]})
     assert len(plots_concepts.constraint_curve(curve, 2.0).data) == 2
+
+
+def test_concepts_tab_is_mounted_with_named_endpoints(tiny, tmp_path):
+    from steer_ui.backend import Backend
+    from steer_ui.ui.app import build_demo
+
+    demo = build_demo(Backend(handle=tiny("llama"), workdir=tmp_path))
+    names = {fn.api_name for fn in demo.fns.values()}
+    assert {"concepts_lm_head", "concepts_sampling", "concepts_sample", "concepts_explode", "concepts_fix",
+            "concepts_kv", "concepts_kv_time"} <= names
