@@ -311,14 +311,36 @@ def _ours(handle, prompt: str, steers, n: int) -> tuple[float, list[float], obje
     return stamps[-1] - start, steps, result
 
 
-def bench_side_by_side(handle, steer, n_tokens: int, reps: int, floor_s: float, log) -> dict:
+def _read_seconds(handle) -> float:
+    """One timed read (sum) of the unembedding: a bandwidth sample taken between decode runs."""
+    device = handle.input_device
+    w = handle.arch.unembedding
+    with torch.inference_mode():
+        _sync(device)
+        start = time.perf_counter()
+        w.sum()
+        _sync(device)
+    return time.perf_counter() - start
+
+
+def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: int, best_read_gb_s: float,
+                       log) -> dict:
+    """HF generate twice vs our side-by-side decode, and our decode step against the bandwidth floor.
+
+    The floor uses bandwidth samples taken between the decode runs (median),
+    so on a loaded machine both sides of the fraction see the same
+    conditions; the floor from the best bandwidth seen in the run is
+    reported too (the stricter number on a noisy machine).
+    """
     from .model.generation import encode_prompt
+
+    unembed_bytes = handle.arch.unembedding.numel() * handle.arch.unembedding.element_size()
 
     ids = encode_prompt(handle, GENERATION_PROMPT)
     # warm-up: first calls pay one-off allocation and kernel selection
     _hf_generate(handle, ids, 2)
     _ours(handle, GENERATION_PROMPT, [steer], 2)
-    hf_pairs, ours_total, ours_steps = [], [], []
+    hf_pairs, ours_total, ours_steps, reads = [], [], [], []
     hf_tokens = ours_result = None
     for rep in range(reps):
         log(f"bench: side-by-side rep {rep + 1}/{reps} ({n_tokens} tokens)")
@@ -326,12 +348,17 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, floor_s: float, 
         t_steered, steered_tokens = _hf_generate(handle, ids, n_tokens, steer)
         hf_pairs.append((t_unsteered, t_steered))
         hf_tokens = (unsteered_tokens, steered_tokens)
+        reads.append(_read_seconds(handle))
         total, steps, ours_result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
+        reads.append(_read_seconds(handle))
         ours_total.append(total)
         ours_steps.extend(steps)
     hf_two = _median([a + b for a, b in hf_pairs])
     ours = _median(ours_total)
     step = _median(ours_steps)
+    run_read_gb_s = unembed_bytes / _median(reads) / 1e9
+    floor_s = weight_bytes / (run_read_gb_s * 1e9)
+    strict_floor_s = weight_bytes / (max(best_read_gb_s, unembed_bytes / min(reads) / 1e9) * 1e9)
     # HF is told to make exactly n tokens (EOS masked); compare up to our first EOS
     eos = handle.tokenizer.eos_token_id
 
@@ -352,8 +379,11 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, floor_s: float, 
         "ours_ms_per_step": _ms(step),
         "ours_ms_per_step_p95": _ms(_percentile(ours_steps, 0.95)),
         "side_by_side_speedup": _ratio(hf_two, ours),
+        "read_gb_s_during_run": run_read_gb_s,
         "floor_ms": _ms(floor_s),
         "decode_floor_fraction": _ratio(floor_s, step),
+        "floor_ms_best_bandwidth": _ms(strict_floor_s),
+        "decode_floor_fraction_best_bandwidth": _ratio(strict_floor_s, step),
         "hf_hook_overhead": _ratio(_median([b for _, b in hf_pairs]), _median([a for a, _ in hf_pairs])),
         # greedy decodes of the same model: the unsteered rows should agree token for token
         "unsteered_tokens_match_hf": ours_unsteered == hf_tokens[0][:len(ours_unsteered)],
@@ -411,11 +441,21 @@ def bench_slider(handle, steer, layer: int, samples: int, log) -> dict:
         fast_t.append(t2 - t1)
         max_diff = max(max_diff, float((ref - fast).abs().max()))
     # what a slider event costs end to end (distributions, top-k frames, Δlogit extremes)
-    view_t = []
+    # and the whole next-token view (both distributions, KL, top-k frames): the slow path runs the
+    # unsteered and the steered forward, as an app without the prefix cache would
+    view_t, slow_view_t = [], []
     for a in alphas[: max(3, samples // 2)]:
+        s = steer.with_alpha(a)
+        _sync(device)
         t0 = time.perf_counter()
-        next_token(handle, prompt, [steer.with_alpha(a)], fast=True)
-        view_t.append(time.perf_counter() - t0)
+        next_token(handle, prompt, [s], fast=False)
+        _sync(device)
+        t1 = time.perf_counter()
+        next_token(handle, prompt, [s], fast=True)
+        _sync(device)
+        t2 = time.perf_counter()
+        slow_view_t.append(t1 - t0)
+        view_t.append(t2 - t1)
     t0 = time.perf_counter()
     compare_logits(handle, state.unsteered_logits, state.unsteered_logits)
     view_only = time.perf_counter() - t0
@@ -429,6 +469,8 @@ def bench_slider(handle, steer, layer: int, samples: int, log) -> dict:
         "fast_ms_p95": _ms(_percentile(fast_t, 0.95)),
         "slider_speedup": _ratio(_median(naive_t), _median(fast_t)),
         "next_token_view_ms_p50": _ms(_median(view_t)),
+        "next_token_view_slow_ms_p50": _ms(_median(slow_view_t)),
+        "next_token_view_speedup": _ratio(_median(slow_view_t), _median(view_t)),
         "compare_only_ms": _ms(view_only),
         "max_abs_logit_diff_vs_naive": max_diff,
         "prompt": prompt,
@@ -746,7 +788,6 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     steer, vec, scale = _steer(handle, layer)
     weight_bytes = _weight_bytes(handle.model)
     bw = measure_bandwidth(handle, reps=3 if quick else 7)
-    floor_s = weight_bytes / (bw["read_gb_s"] * 1e9)
 
     result: dict = {
         "model": handle.facts(),
@@ -769,8 +810,9 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         result[name] = fn()
         sections[name] = round(time.perf_counter() - start, 2)
 
-    timed("side_by_side", lambda: bench_side_by_side(handle, steer, n_tokens, reps, floor_s, log))
-    timed("hook", lambda: bench_hook_overhead(handle, steer, 8 if quick else 32, 1 if quick else 4, log))
+    timed("side_by_side", lambda: bench_side_by_side(handle, steer, n_tokens, reps, weight_bytes, bw["read_gb_s"],
+                                                      log))
+    timed("hook", lambda: bench_hook_overhead(handle, steer, 8 if quick else 16, 1 if quick else 8, log))
     timed("slider", lambda: bench_slider(handle, steer, layer, 5 if quick else 25, log))
     timed("sweep", lambda: bench_sweep(handle, steer, steer.vector, layer, reps, log))
     timed("alpha_grid", lambda: bench_alpha_grid(handle, steer, layer, log, points=5 if quick else 41))
