@@ -7,6 +7,7 @@ numbers and token strings are never translated.
 """
 from __future__ import annotations
 
+import html
 from typing import Mapping
 
 import pandas as pd
@@ -99,8 +100,8 @@ def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_d
     title = _label(labels, "title", "Δlogit: most promoted and suppressed tokens")
     if max_abs_delta_logit is not None:
         title += f"  (max |Δlogit| = {max_abs_delta_logit:.2f}"
-        if max_delta_token is not None:
-            title += f" on {_show_token(max_delta_token)!r}"
+        if max_delta_token is not None:  # plotly titles take HTML: '<pad>' must stay text
+            title += f" on {html.escape(repr(_show_token(max_delta_token)))}"
         title += ")"
         if max_abs_delta_logit > threshold:
             title = "⚠ " + title + " — " + _label(labels, "exploded", "logits exploding")

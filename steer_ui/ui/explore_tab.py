@@ -9,6 +9,7 @@ Wiring (the reason this tab feels live on a CPU):
 """
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 import gradio as gr
@@ -57,7 +58,7 @@ def readout_markdown(lang: str, view) -> str:
     """KL / entropy / max |Δlogit| line; numbers and token strings stay as they are."""
     warn = " ⚠" if view.max_abs_delta_logit > plots.EXPLOSION_THRESHOLD else ""
     return i18n.message(lang, "readout", kl=view.kl, hu=view.entropy_unsteered, hs=view.entropy_steered,
-                        maxd=view.max_abs_delta_logit, token=repr(view.max_delta_token), warn=warn)
+                        maxd=view.max_abs_delta_logit, token=html.escape(repr(view.max_delta_token)), warn=warn)
 
 
 def highlighted(frame) -> list[tuple[str, float | None]]:
@@ -200,8 +201,9 @@ def build_explore_tab(backend: Backend, num_layers: int | None = None) -> Explor
         if not 0 <= index < len(steered_tokens):
             return gr.skip()
         t = steered_tokens[index]
-        alternatives = ", ".join(f"{a['token']!r} {a['prob']:.3f}" for a in t["alternatives"])
-        return msg(backend, request, "token_detail", token=repr(t["token"]), logprob=t["logprob"],
+        # token strings go into Markdown: escape them, or '<pad>' would be swallowed as an HTML tag
+        alternatives = html.escape(", ".join(f"{a['token']!r} {a['prob']:.3f}" for a in t["alternatives"]))
+        return msg(backend, request, "token_detail", token=html.escape(repr(t["token"])), logprob=t["logprob"],
                    delta=t.get("delta_logit") or 0.0, direct=t.get("direct_delta_logit") or 0.0, alts=alternatives)
 
     # ------------------------------------------------------------------ events
