@@ -47,8 +47,8 @@ the target position and the training settings.
 """
 from __future__ import annotations
 
-import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -78,7 +78,8 @@ DEFAULTS: dict[str, Any] = {
     "activation": "tanh",
     "test_fraction": 0.2,  # held out by group for the report; never trained on
     "val_fraction": 0.2,  # of the training groups, for early stopping
-    "eval_alpha": 1.0,  # raw α of the held-out steering comparison
+    "eval_alpha": 0.5,  # raw α of the held-out steering comparison (chosen on the validation split)
+    "eval_limit": None,  # score steering on at most this many held-out pairs (cosines use all of them)
     "steer_positions": "all",
     "extract_batch": 32,
 }
@@ -223,7 +224,7 @@ def _forward_collect(handle, ids, mask, position_ids, layers: Sequence[int]) -> 
         return hook
 
     dev = handle.input_device
-    with handle.lock, torch.inference_mode():
+    with handle.lock, torch.inference_mode(), one_thread(dev):
         removers = [arch.layers[i].register_forward_hook(grab(i)) for i in sorted(set(layers))]
         try:
             handle.model.base_model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
@@ -401,7 +402,35 @@ def fit_mlp(contexts: torch.Tensor, targets: torch.Tensor, train_idx: Sequence[i
     # Standardised residual targets and the standardised Mean-S offset (for the cosine term on whole vectors).
     offset = (net.target_mean / net.target_scale).detach()
     r_all = (z - net.target_mean) / net.target_scale
+    with one_thread():
+        return _fit_loop(net, x, r_all, offset, train_idx, val_idx, epochs, patience, lr, weight_decay, batch_size,
+                         cos_weight, gen, progress, started)
 
+
+@contextmanager
+def one_thread(device=None):
+    """Run CPU work on one intra-op thread.
+
+    The MLP's hundreds of tiny products and the small-batch forward passes
+    here spend most of their time in threads spin-waiting for each other on
+    a busy CPU: measured on the shared 2-core machine, one thread took 1/6 of
+    the CPU time for a fit and 1/5 of the wall time for an activation pass.
+    The setting is process-wide, so it is restored on exit; GPU work is left
+    alone.
+    """
+    if device is not None and torch.device(device).type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _fit_loop(net, x, r_all, offset, train_idx, val_idx, epochs, patience, lr, weight_decay, batch_size, cos_weight,
+              gen, progress, started):
     def val_loss() -> float:
         with torch.no_grad():
             return float(_loss(net.residual(x[val_idx]) + offset, r_all[val_idx] + offset, cos_weight))
@@ -590,6 +619,8 @@ def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tens
         for s in names:
             for sign in ("positive", "negative"):
                 jobs.append((i, s, sign))
+    # Rows of similar length share a batch, so little compute goes to padding.
+    jobs.sort(key=lambda j: (len(pairs[j[0]].prompt), len(getattr(pairs[j[0]], j[2]))))
     results = {}
     arch = handle.arch
     for start in range(0, len(jobs), batch_size):
@@ -607,17 +638,21 @@ def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tens
                       alpha=torch.tensor(rows_alpha), positions=positions)
         dev = handle.input_device
         state = StepState(prompt_len=P)
-        with torch.inference_mode(), steering(handle, [steer], state):
+        with torch.inference_mode(), one_thread(dev), steering(handle, [steer], state):
             out = handle.model.base_model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
                                           position_ids=pos_ids.to(dev), use_cache=False)
         hidden = out.last_hidden_state
+        # One unembedding call per batch: per-row calls would stream the (vocab × D) matrix once per row.
+        where = [(r, P - 1 + t) for r, n in enumerate(lengths) for t in range(n)]
+        rows_at = torch.tensor([r for r, _ in where])
+        cols_at = torch.tensor([c for _, c in where])
+        logits = arch.logits(hidden[rows_at.to(hidden.device), cols_at.to(hidden.device)]).cpu()
+        wanted = ids[rows_at, cols_at + 1]
+        logp = logits.log_softmax(-1).gather(1, wanted.unsqueeze(1)).squeeze(1)
+        hit = logits.argmax(-1) == wanted
         for r, (i, s, sign) in enumerate(chunk):
-            n = lengths[r]
-            logits = arch.logits(hidden[r, P - 1:P - 1 + n]).cpu()
-            targets = ids[r, P:P + n]
-            logp = logits.log_softmax(-1)[torch.arange(n), targets]
-            greedy = bool((logits.argmax(-1) == targets).all())
-            results[(i, s, sign)] = (float(logp.sum()), greedy)
+            sel = rows_at == r
+            results[(i, s, sign)] = (float(logp[sel].sum()), bool(hit[sel].all()))
     rows = []
     for i in range(len(pairs)):
         for s in names:
@@ -633,9 +668,12 @@ def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tens
 
 def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha: float | None = None,
                     relative: bool = False, contexts: torch.Tensor | None = None,
-                    targets: torch.Tensor | None = None) -> dict:
+                    targets: torch.Tensor | None = None, limit: int | None = None) -> dict:
     """The held-out table: cosine / MSE of L2S and Mean-S predictions to the true targets, the margin gain and
-    greedy-positive rate per source (none, Mean-S, L2S, P2S) at ``alpha``, and per-input predicted norms."""
+    greedy-positive rate per source (none, Mean-S, L2S, P2S) at ``alpha``, and per-input predicted norms.
+
+    ``limit``: measure steering on the first ``limit`` pairs only (it costs 8 forward rows per pair); the
+    cosines and MSEs always use every pair."""
     layer, context_layer = layers_of(vector)
     hp = vector.hyperparameters
     position = hp.get("position", "mean")
@@ -647,8 +685,9 @@ def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha
         pred = net(contexts)
     mean = vector.directions[layer].unsqueeze(0).expand_as(targets)
     raw_alpha = alpha * unit_scale(handle, vector, relative)
-    effect = steering_effect(handle, pairs, {"mean": mean, "l2s": pred, "p2s": targets}, layer, context_layer,
-                             raw_alpha, positions=vector.positions)
+    k = len(pairs) if not limit else min(int(limit), len(pairs))
+    effect = steering_effect(handle, pairs[:k], {"mean": mean[:k], "l2s": pred[:k], "p2s": targets[:k]}, layer,
+                             context_layer, raw_alpha, positions=vector.positions)
     by_source = effect.groupby("source", sort=False)
     l2s_cos, mean_cos = _cos(pred, targets), _cos(mean, targets)
     per_input = pd.DataFrame({
@@ -665,6 +704,7 @@ def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha
     greedy = by_source["greedy_positive"].mean()
     return {
         "n": len(pairs),
+        "n_steered": k,
         "alpha": alpha,
         "relative": relative,
         "raw_alpha": raw_alpha,
@@ -685,6 +725,11 @@ def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha
 
 def table(result: dict) -> pd.DataFrame:
     """The held-out comparison as one frame, one row per source (for the README and the UI)."""
+    return pd.DataFrame(table_rows(result))
+
+
+def table_rows(result: dict) -> list[dict]:
+    """The held-out comparison as JSON-safe records (None where a number does not apply)."""
     rows = []
     for s in SOURCES:
         if s not in result["positive_rate"]:
@@ -697,7 +742,7 @@ def table(result: dict) -> pd.DataFrame:
             "margin_gain": result["margin_gain"].get(s, 0.0),
             "positive_rate": result["positive_rate"][s],
         })
-    return pd.DataFrame(rows)
+    return rows
 
 
 # ==================================================================== training
@@ -707,10 +752,11 @@ def train(handle, dataset, layer: int | None = None, context_layer: int | None =
 
     Groups are split three ways, seeded: ``test_fraction`` held out (only
     scored), then ``val_fraction`` of the rest for early stopping, the rest
-    for fitting.  ``layer`` (L*) defaults to ~40 % depth, ``context_layer``
-    (L′) to L*.  Other settings: see ``DEFAULTS``.
+    for fitting.  ``layer`` (L*) defaults to a third of the depth,
+    ``context_layer`` (L′) to L*.  Other settings: see ``DEFAULTS``; settings
+    other methods take (e.g. ``template``) are refused unless None.
     """
-    unknown = set(hp) - set(DEFAULTS)
+    unknown = {k for k, v in hp.items() if v is not None} - set(DEFAULTS)
     if unknown:
         raise L2SError(f"unknown L2S settings {sorted(unknown)} (known: {sorted(DEFAULTS)})")
     settings = {**DEFAULTS, **{k: v for k, v in hp.items() if v is not None}}
@@ -771,19 +817,22 @@ def train(handle, dataset, layer: int | None = None, context_layer: int | None =
         dataset_hash=frame_hash,
         extras=net.state_tensors(),
     )
-    # Recommended α in relative units: one typical residual norm is as far as steering usefully goes here.
-    vector.alpha_range = (-1.0, 1.0)
+    # Recommended α (relative units): up to raw α = 2, i.e. twice the average target; beyond that P2S itself
+    # overshoots (validation split of the capitals pairs, docs/l2s.md).
+    reach = 2.0 * target_norm_mean / max(handle.relative_scale(layer), 1e-12)
+    vector.alpha_range = (-reach, reach)
 
-    progress(0.8, f"scoring {len(test_idx)} held-out pairs")
     test_pairs = [pairs[i] for i in test_idx]
+    limit = settings["eval_limit"]
+    progress(0.8, f"scoring steering on {min(len(test_idx), limit or len(test_idx))} held-out pairs")
     held = compare_heldout(handle, vector, test_pairs, alpha=settings["eval_alpha"],
-                           contexts=contexts[test_idx], targets=targets[test_idx])
+                           contexts=contexts[test_idx], targets=targets[test_idx], limit=limit)
     with torch.no_grad():
         val_pred = net(contexts[val_idx])
     val_cos = float(_cos(val_pred, targets[val_idx]).mean())
     val_mean_cos = float(_cos(mean_s.unsqueeze(0).expand(len(val_idx), -1), targets[val_idx]).mean())
     summary = {k: held[k] for k in ("l2s_cosine", "mean_cosine", "l2s_mse", "mean_mse", "margin_gain",
-                                    "positive_rate", "alpha", "n")}
+                                    "positive_rate", "alpha", "n", "n_steered")}
     vector.metrics = {"heldout": summary, "validation": {"l2s_cosine": val_cos, "mean_cosine": val_mean_cos},
                       "best_epoch": fit.best_epoch}
     report = {
@@ -793,7 +842,7 @@ def train(handle, dataset, layer: int | None = None, context_layer: int | None =
         "fit": fit.as_dict(),
         "validation": {"l2s_cosine": val_cos, "mean_cosine": val_mean_cos},
         **{k: v for k, v in held.items() if k not in ("per_input", "per_pair_effect")},
-        "table": table(held).to_dict("records"),
+        "table": table_rows(held),
         "per_input": held["per_input"].to_dict("records"),
     }
     progress(1.0, f"held-out cosine: L2S {held['l2s_cosine']:.3f} vs Mean-S {held['mean_cosine']:.3f}")
@@ -801,8 +850,9 @@ def train(handle, dataset, layer: int | None = None, context_layer: int | None =
 
 
 def default_layer(num_layers: int) -> int:
-    """L* default: about 40 % of the depth (block 6 of Gemma 3 270M's 18)."""
-    return max(0, min(num_layers - 1, int(round(0.4 * (num_layers - 1)))))
+    """L* default: a third of the depth (block 6 of Gemma 3 270M's 18, chosen on the validation split of the
+    capitals pairs: see docs/l2s.md)."""
+    return max(0, min(num_layers - 1, int(round((num_layers - 1) / 3))))
 
 
 def train_from_args(handle, dataset, args) -> tuple[SteeringVector, dict]:

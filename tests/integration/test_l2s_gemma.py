@@ -1,0 +1,69 @@
+"""L2S on the embedded Gemma 3 270M with the bundled capitals pairs: held-out countries only."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from steer_ui.methods import l2s
+from steer_ui.vector import SteeringVector
+
+from conftest import DATASETS
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def trained(gemma):
+    from steer_ui.data import load_dataset
+
+    dataset = load_dataset(DATASETS / "capitals_pairs.csv")
+    assert dataset.kind == "pairs" and len(dataset) >= 240
+    # Steering is scored on 16 held-out pairs to keep the test short; cosines use all 64.
+    return l2s.train(gemma, dataset, eval_limit=16)
+
+
+def test_l2s_beats_mean_steering_on_heldout_countries(trained):
+    vector, report = trained
+    assert report["layer"] == 6 and report["context_layer"] == 6
+    assert report["splits"]["test"] == 64 and len(report["splits"]["test_groups"]) == 32
+    # Predicting each input's target beats the one-size-fits-all mean, by a wide margin.
+    assert report["l2s_cosine"] > report["mean_cosine"] + 0.2
+    assert report["l2s_mse"] < report["mean_mse"]
+    # The early-stopped epoch is a trained one, not the Mean-S starting point.
+    assert report["fit"]["best_epoch"] > 0
+    # Steering with L2S moves held-out margins toward the positive completion; Mean-S barely moves them.
+    gain = report["margin_gain"]
+    assert gain["l2s"] > 0.2
+    assert gain["l2s"] > abs(gain["mean"]) + 0.2
+    assert gain["p2s"] > gain["l2s"]  # the oracle bounds what a predictor can do
+    assert set(report["positive_rate"]) == {"none", "mean", "l2s", "p2s"}
+
+
+def test_predicted_vectors_depend_on_the_question(trained, gemma):
+    from steer_ui.data import load_dataset
+
+    vector, report = trained
+    country = report["splits"]["test_groups"][0]
+    pairs = l2s.as_pairs(load_dataset(DATASETS / "capitals_pairs.csv"))
+    prompts = [p.prompt for p in pairs if p.group == country]
+    assert len(prompts) == 2  # "The capital of X ..." and "A major city in X other than its capital ..."
+    pred = l2s.predict(gemma, vector, prompts)
+    # Capital vs not-the-capital ask for opposite directions; Mean-S is one vector for both.
+    assert torch.nn.functional.cosine_similarity(pred[0], pred[1], dim=0) < 0
+    frame = l2s.describe(gemma, vector, prompts)
+    assert (frame.cosine_to_mean.abs() < 0.9).all()
+
+
+def test_saved_vector_steers_identically(trained, gemma, tmp_path):
+    from steer_ui.model.analysis import next_token
+    from steer_ui.steering import build_steers
+
+    vector, _ = trained
+    loaded = SteeringVector.load(vector.save(tmp_path / "l2s.safetensors"))
+    assert loaded.directions[6].shape == (640,)  # Mean-S, for tools that know nothing of L2S
+    prompt = "A major city in Australia other than its capital is the city of"
+    a = next_token(gemma, prompt, build_steers(gemma, vector, 1.0))
+    b = next_token(gemma, prompt, build_steers(gemma, loaded, 1.0))
+    assert a.kl > 0.01  # it steers
+    assert a.steered.token.tolist() == b.steered.token.tolist()
+    assert a.steered.prob.tolist() == pytest.approx(b.steered.prob.tolist(), abs=1e-6)
