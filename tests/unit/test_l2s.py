@@ -9,7 +9,7 @@ import torch
 
 from steer_ui.methods import l2s
 from steer_ui.model.generation import Sampling, side_by_side
-from steer_ui.model.hooks import Steer, SteeringError, StepState, steering
+from steer_ui.model.hooks import SteeringError, StepState, steering
 from steer_ui.vector import SteeringVector, VectorError
 
 
