@@ -207,7 +207,12 @@ def cmd_sweep(args) -> dict:
         alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
     except ValueError:
         raise CliError(f"--alphas must be comma-separated numbers, got '{args.alphas}'") from None
-    unit_steer = build_steers(handle, vector, 1.0, layer=layer, relative=args.relative, positions=args.positions)[0]
+    steers = build_steers(handle, vector, 1.0, layer=layer, relative=args.relative, positions=args.positions)
+    if len(steers) != 1 or getattr(steers[0], "vector", None) is None:
+        raise CliError(f"sweep needs a single fixed direction; this {vector.method} vector steers "
+                       + ("per input" if vector.input_dependent else "at several sites")
+                       + " (use next-token with --alpha for each value instead)")
+    unit_steer = steers[0]
     scale = float(unit_steer.alpha.reshape(-1)[0])
     frame = sweep(handle, args.prompt, unit_steer.vector, unit_steer.layer, [a * scale for a in alphas],
                   positions=unit_steer.positions, target=args.target)

@@ -61,3 +61,17 @@ def test_vector_record_roundtrip(tmp_path):
     back = SteeringVector.load(vec.save(tmp_path / "v.safetensors"))
     assert torch.equal(back.direction(3), vec.direction(3)) and torch.equal(back.extras["prototypes"], vec.extras["prototypes"])
     assert back.metadata() == vec.metadata()
+
+
+def test_sweep_refuses_input_dependent_vectors_in_one_line(capsys, tmp_path, tiny):
+    from steer_ui.methods import l2s
+
+    handle = tiny("llama")
+    import pandas as pd
+
+    pairs = pd.DataFrame({"prompt": [f"p{i} is" for i in range(12)], "positive": [f" a{i}" for i in range(12)],
+                          "negative": [f" b{i}" for i in range(12)], "group": [f"g{i}" for i in range(12)]})
+    vector, _ = l2s.train(handle, pairs, layer=2, context_layer=1, hidden=16, epochs=2, eval_limit=2)
+    path = vector.save(tmp_path / "l2s.safetensors")
+    code, out, _ = run(capsys, "sweep", "--model", "tiny:llama", "--prompt", "hi", "--vector", str(path), "--json")
+    assert code == 2 and "per input" in json.loads(out)["error"]
