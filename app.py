@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python app.py", description="steer_ui: explore activation steering in a browser.")
     p.add_argument("--model", default="embedded",
                    help="embedded (default: Gemma 3 270M), a hub id, a local directory, a .gguf file, or tiny:FAMILY")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps, or multi (spread over all GPUs with accelerate)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for the local network)")
     p.add_argument("--port", type=int, default=7860)

@@ -27,7 +27,7 @@ def command(name: str):
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="embedded (default), a hub id, a local directory, a .gguf file, or tiny:FAMILY")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps, or multi (accelerate device_map='auto')")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 

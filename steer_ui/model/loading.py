@@ -218,14 +218,17 @@ def load_model(
 ) -> ModelHandle:
     """Load ``source``: None/'embedded', a .gguf path, a local directory or a hub id.
 
-    ``device_map='auto'`` spreads a large model over the available GPUs (and
-    CPU) through accelerate; hooks move the vector to each block's device.
+    ``device='multi'`` (or ``device_map='auto'``) spreads a model too large for
+    one GPU over the available GPUs (and CPU) through accelerate; the hooks
+    move the vector to each block's own device, so steering is unchanged.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress = progress or _noop
     start = time.perf_counter()
     source = source or EMBEDDED
+    if device == "multi":
+        device, device_map = "auto", device_map or "auto"
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
 

@@ -59,3 +59,18 @@ def test_unreachable_hub_answers_quickly(monkeypatch, tmp_path):
     with pytest.raises(ModelLoadError) as err:
         load_model("someone/not-a-real-model-xyz", device="cpu")
     assert "someone/not-a-real-model-xyz" in str(err.value) and "--model DIR" in str(err.value)
+
+
+def test_device_map_auto_keeps_steering_correct(tmp_path):
+    """device='multi' loads through accelerate's device_map; the hooks still steer the same way."""
+    from steer_ui.model.analysis import naive_logits
+    from steer_ui.model.hooks import Steer
+
+    model, tok = tiny_model("llama")
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    plain = load_model(str(tmp_path), device="cpu", dtype="float32")
+    mapped = load_model(str(tmp_path), device="multi", dtype="float32")
+    # (on a CPU-only machine accelerate places everything on the CPU; several GPUs are not testable here)
+    steer = [Steer(layer=1, vector=torch.randn(64, generator=torch.Generator().manual_seed(0)), alpha=3.0)]
+    torch.testing.assert_close(naive_logits(mapped, "abc", steer), naive_logits(plain, "abc", steer))
