@@ -114,3 +114,13 @@ def test_shared_prefill_matches_full_forward(tiny, positions):
     assert result.unsteered.tokens[0].token_id == int(plain.argmax())
     if positions == "generated":
         assert first.delta_logit == pytest.approx(0.0, abs=1e-4)
+
+
+def test_markdown_table_lists_every_headline(quick_result):
+    from steer_ui.bench import markdown_table
+
+    table = markdown_table(quick_result)
+    for name in ("side_by_side_speedup", "decode_floor_fraction", "slider_speedup", "hook_overhead",
+                 "sweep_speedup", "extract_speedup", "warm_load_s", "peak_rss_gb"):
+        assert f"`{name}`" in table
+    assert "nan" not in table.lower()
