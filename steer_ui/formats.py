@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from .vector import SteeringVector, VectorError
+from .vector import SteeringVector, VectorError, read_safetensors
 
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 MAX_VECTOR_FILE_BYTES = 512 * 1024 * 1024
@@ -168,14 +168,7 @@ def _write_native(vector: SteeringVector, out: Path) -> list[Path]:
 
 
 def _read_native(path: Path) -> tuple[SteeringVector, list[str]]:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as exc:  # safetensors raises several types for junk
-        raise VectorError(f"{path.name}: not a valid safetensors file ({_first_line(exc)})") from None
+    tensors, header = read_safetensors(path)
     directions, extras, other = {}, {}, []
     for key, tensor in tensors.items():
         if key.startswith("direction."):

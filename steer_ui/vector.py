@@ -125,15 +125,8 @@ class SteeringVector:
 
     @classmethod
     def load(cls, path: str | Path) -> "SteeringVector":
-        from safetensors import safe_open
-
         path = Path(path)
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                header = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as exc:  # safetensors raises several types for junk
-            raise VectorError(f"{path.name}: not a safetensors steering-vector file ({exc})") from None
+        tensors, header = read_safetensors(path)
         return cls.from_tensors(tensors, header.get("steer_ui"), source=path.name)
 
     @classmethod
@@ -149,6 +142,20 @@ class SteeringVector:
         if kwargs.get("alpha_range") is not None:
             kwargs["alpha_range"] = tuple(kwargs["alpha_range"])
         return cls(directions=directions, extras=extras, hidden_size=int(hidden), **kwargs)
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, header metadata) of a safetensors file; junk becomes a one-line VectorError."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors raises several types for junk
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise VectorError(f"{path.name}: not a valid safetensors file ({first})") from None
+    return tensors, header
 
 
 def random_vector(hidden_size: int, layer: int, seed: int = 0, **meta: Any) -> SteeringVector:
