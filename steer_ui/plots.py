@@ -193,6 +193,18 @@ def training_curves(curves: pd.DataFrame, x: str = "epoch", labels: Mapping[str,
     return _layout(fig, _label(labels, "title", "Training curves"))
 
 
+def head_heatmap(accuracy: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
+    """ITI's layer × head probe accuracy (rows = layers, columns = heads); NaN cells stay blank."""
+    fig = go.Figure(go.Heatmap(
+        z=accuracy.to_numpy(dtype=float), x=[str(c) for c in accuracy.columns], y=[str(i) for i in accuracy.index],
+        colorscale="Viridis", colorbar={"title": _label(labels, "accuracy", "accuracy")},
+        hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>",
+    ))
+    fig.update_xaxes(title_text=_label(labels, "head", "head"))
+    fig.update_yaxes(title_text=_label(labels, "layer", "layer"), autorange="reversed")
+    return _layout(fig, _label(labels, "title", "ITI: per-head probe accuracy"), height=360)
+
+
 def class_balance(counts: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
     """Bars of ``count`` per ``label``, optionally split by ``split`` (train/test)."""
     if "split" in counts:

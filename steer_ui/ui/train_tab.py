@@ -87,6 +87,16 @@ def find_alpha_sweep(report: dict) -> pd.DataFrame | None:
     return frame if frame is not None and "alpha" in frame else None
 
 
+def find_head_heatmap(report: dict) -> pd.DataFrame | None:
+    """ITI's (layer × head) validation accuracy as a frame indexed by layer, columns = heads."""
+    matrix = report.get("heatmap")
+    if not matrix or not isinstance(matrix, list) or not isinstance(matrix[0], list):
+        return None
+    frame = pd.DataFrame(matrix, dtype=float)
+    frame.index.name, frame.columns.name = "layer", "head"
+    return frame
+
+
 def _jsonable(value):
     return json.loads(json.dumps(value, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
@@ -175,7 +185,10 @@ def build_train_tab(backend: Backend, num_layers: int | None = None) -> TrainTab
                                      progress=progress_adapter(progress), **hp)
         curves_frame = find_curves(report)
         sweep_frame = find_alpha_sweep(report)
-        if curves_frame is not None:
+        heads_frame = find_head_heatmap(report)
+        if heads_frame is not None:
+            curves_fig = plots.head_heatmap(heads_frame, labels=i18n.plot_labels(lang, "heads"))
+        elif curves_frame is not None:
             curves_fig = plots.training_curves(curves_frame, labels=i18n.plot_labels(lang, "curves"))
         elif sweep_frame is not None:
             curves_fig = plots.training_curves(sweep_frame, x="alpha", labels=i18n.plot_labels(lang, "alpha_sweep"))

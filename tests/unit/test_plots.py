@@ -97,3 +97,18 @@ def test_layer_norms_detection_vocab_and_empty():
 @pytest.mark.parametrize("token, shown", [("a", "a"), (" ", "·"), ("\n", "\\n"), (" the", "·the")])
 def test_whitespace_is_visible(token, shown):
     assert plots._show_token(token) == shown
+
+
+def test_head_heatmap_from_an_iti_report():
+    import math
+
+    from steer_ui import plots
+    from steer_ui.ui.train_tab import find_head_heatmap
+
+    report = {"heatmap": [[0.5, 0.9], [float("nan"), 0.7], [0.6, 0.55]]}
+    frame = find_head_heatmap(report)
+    assert frame.shape == (3, 2)
+    fig = plots.head_heatmap(frame, labels={"title": "T"})
+    z = fig.data[0].z
+    assert z[0][1] == 0.9 and math.isnan(z[1][0]) and fig.layout.title.text == "T"
+    assert find_head_heatmap({"curves": []}) is None
