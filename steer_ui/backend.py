@@ -519,10 +519,7 @@ class Backend:
         size = path.stat().st_size
         if size > self.max_file_bytes:
             raise UserError("file_too_large", name=path.name, size=size >> 20, limit=self.max_file_bytes >> 20)
-        try:
-            from .data import load_dataset
-        except ImportError:
-            raise UserError("feature_missing", feature="steer_ui.data") from None
+        from .data import load_dataset
         try:
             dataset = load_dataset(path, schema=None if schema in (None, "", "auto") else schema,
                                    max_bytes=self.max_file_bytes)
@@ -581,10 +578,7 @@ class Backend:
         s = self.session(session)
         if s.dataset is None:
             raise UserError("no_dataset")
-        try:
-            from .methods import probe_layers
-        except ImportError:
-            raise UserError("feature_missing", feature="steer_ui.methods.probe_layers") from None
+        from .methods import probe_layers
         handle = self.handle
         try:
             with handle.lock:
@@ -602,10 +596,7 @@ class Backend:
         s = self.session(session)
         if s.dataset is None:
             raise UserError("no_dataset")
-        try:
-            from .methods import train
-        except ImportError:
-            raise UserError("feature_missing", feature="steer_ui.methods.train") from None
+        from .methods import train
         handle = self.handle
         if layer is not None:
             layer = self._check_layer(handle, layer)
@@ -628,10 +619,7 @@ class Backend:
         vector = self.get_vector(session, vector_name)
         if vector.method != "tsv":
             raise UserError("not_tsv", name=vector_name, method=vector.method)
-        try:
-            from .methods import tsv
-        except ImportError:
-            raise UserError("feature_missing", feature="steer_ui.methods.tsv") from None
+        from .methods import tsv
         handle = self.handle
         try:
             with handle.lock:

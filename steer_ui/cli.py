@@ -293,17 +293,11 @@ def _expected_errors() -> tuple[type, ...]:
     from .model.hooks import SteeringError
     from .model.loading import ModelLoadError
     from .model.architecture import ArchitectureError
+    from .data import DatasetError
     from .vector import VectorError
 
-    errors: list[type] = [CliError, GenerationError, SteeringError, ModelLoadError, ArchitectureError, VectorError,
-                          FileNotFoundError]
-    try:
-        from .data import DatasetError
-
-        errors.append(DatasetError)
-    except ImportError:
-        pass
-    return tuple(errors)
+    return (CliError, GenerationError, SteeringError, ModelLoadError, ArchitectureError, VectorError, DatasetError,
+            FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:

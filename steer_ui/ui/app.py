@@ -59,20 +59,12 @@ def fan_out(fn, copies: int):
     return wrapper
 
 
-def _concepts_tab(backend: Backend):
-    """The Concepts tab (issue 9) when its module exists; nothing otherwise."""
-    try:
-        from .concepts_tab import build_concepts_tab
-    except ImportError:
-        return None
-    return build_concepts_tab
-
-
 def build_demo(backend: Backend, num_layers: int | None = None) -> gr.Blocks:
     """The whole app.  ``num_layers`` sizes the layer sliders before the model is known (page load fixes them)."""
     if num_layers is None and backend.model_ready:
         num_layers = backend.handle.arch.num_layers
-    concepts = _concepts_tab(backend)  # imported first: it may extend the i18n catalog
+    from .concepts_tab import build_concepts_tab  # imported before building: it extends the i18n catalog
+
     with gr.Blocks(title="steer_ui", analytics_enabled=False) as demo:
         with gr.Row(elem_classes="steer-header"):
             with gr.Column(scale=4):
@@ -91,9 +83,8 @@ def build_demo(backend: Backend, num_layers: int | None = None) -> gr.Blocks:
                 train = build_train_tab(backend, num_layers)
             with gr.Tab(T("tab.explore"), id="explore") as tabs["tab.explore"]:
                 explore = build_explore_tab(backend, num_layers)
-            if concepts is not None:
-                with gr.Tab(T("tab.concepts"), id="concepts") as tabs["tab.concepts"]:
-                    concepts(backend)
+            with gr.Tab(T("tab.concepts"), id="concepts") as tabs["tab.concepts"]:
+                build_concepts_tab(backend)
             with gr.Tab(T("tab.detect"), id="detect") as tabs["tab.detect"]:
                 detect = build_detect_tab(backend)
             with gr.Tab(T("tab.export"), id="export") as tabs["tab.export"]:
