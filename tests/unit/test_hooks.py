@@ -6,48 +6,38 @@ from steer_ui.model.generation import Sampling, stream_side_by_side
 from steer_ui.model.hooks import Steer, SteeringError, StepState, hook_count, steering
 
 
-def _block_outputs(handle, ids, steers, state=None):
-    seen = {}
-    hooks = [layer.register_forward_hook(lambda m, i, o, k=k: seen.__setitem__(k, o[0] if isinstance(o, tuple) else o))
-             for k, layer in enumerate(handle.arch.layers)]
-    try:
-        with torch.inference_mode(), steering(handle, steers, state):
-            handle.model.base_model(input_ids=ids, use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    return seen
-
-
-def test_adds_alpha_times_vector_at_block_output(tiny):
-    handle = tiny("llama")
-    ids = handle.tokenizer("abc", return_tensors="pt").input_ids
-    v = torch.randn(64)
-    base = _block_outputs(handle, ids, [])
-    # Our observer hook was registered first, so it sees the block output before steering; check the next block's input instead.
-    steered_logits = naive_logits(handle, "abc", [Steer(layer=1, vector=v, alpha=2.0)])
-    manual = base[1] + 2.0 * v
-    h = manual
-    with torch.inference_mode():
-        st = _capture_call_kwargs(handle, ids)
-        for i in range(2, handle.arch.num_layers):
-            out = handle.arch.layers[i](h, *st[i][0], **st[i][1])
-            h = out[0] if isinstance(out, tuple) else out
-        expect = handle.arch.logits(handle.arch.final_hidden(h)[:, -1])
-    torch.testing.assert_close(steered_logits, expect, atol=1e-5, rtol=1e-5)
-
-
-def _capture_call_kwargs(handle, ids):
-    calls = {}
-    hooks = [layer.register_forward_pre_hook(lambda m, a, kw, k=k: calls.__setitem__(k, (a[1:], dict(kw))), with_kwargs=True)
-             for k, layer in enumerate(handle.arch.layers)]
+def _record_blocks(handle, ids):
+    """One unsteered pass: each block's output and the (args, kwargs) each block was called with."""
+    outputs, calls = {}, {}
+    hooks = []
+    for k, layer in enumerate(handle.arch.layers):
+        hooks.append(layer.register_forward_pre_hook(
+            lambda m, a, kw, k=k: calls.__setitem__(k, (a[1:], dict(kw))), with_kwargs=True))
+        hooks.append(layer.register_forward_hook(
+            lambda m, i, o, k=k: outputs.__setitem__(k, o[0] if isinstance(o, tuple) else o)))
     try:
         with torch.inference_mode():
             handle.model.base_model(input_ids=ids, use_cache=False)
     finally:
         for h in hooks:
             h.remove()
-    return calls
+    return outputs, calls
+
+
+def test_adds_alpha_times_vector_at_block_output(tiny):
+    """Steering block 1 equals re-running blocks 2.. by hand on (block-1 output + α·v)."""
+    handle = tiny("llama")
+    ids = handle.tokenizer("abc", return_tensors="pt").input_ids
+    v = torch.randn(64)
+    steered_logits = naive_logits(handle, "abc", [Steer(layer=1, vector=v, alpha=2.0)])
+    outputs, calls = _record_blocks(handle, ids)
+    h = outputs[1] + 2.0 * v
+    with torch.inference_mode():
+        for i in range(2, handle.arch.num_layers):
+            out = handle.arch.layers[i](h, *calls[i][0], **calls[i][1])
+            h = out[0] if isinstance(out, tuple) else out
+        expect = handle.arch.logits(handle.arch.final_hidden(h)[:, -1])
+    torch.testing.assert_close(steered_logits, expect, atol=1e-5, rtol=1e-5)
 
 
 def test_per_row_alpha(tiny):
