@@ -44,6 +44,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..data import DatasetError
 from ..model.hooks import Steer, StepState, steering
 from ..vector import SteeringVector, VectorError, dataset_hash
 from . import constraints as C
@@ -54,13 +55,7 @@ PROMPT_TEMPLATE = "Answer the question concisely. Q: {question} A:"
 CLASSES = ("hallucinated", "truthful")  # class index = label: 1 means truthful
 
 
-try:  # the CLI and the UI report DatasetError as a one-line message
-    from ..data import DatasetError as _Base
-except ImportError:  # pragma: no cover - the data package is part of the project
-    _Base = ValueError
-
-
-class TSVError(_Base):
+class TSVError(DatasetError):  # the CLI and the UI report DatasetError as a one-line message
     """A TSV request that cannot run as asked (bad data, bad settings)."""
 
 

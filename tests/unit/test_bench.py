@@ -46,6 +46,10 @@ def test_quick_run_absolute_numbers_and_conditions(quick_result):
     assert quick_result["weights"]["bytes"] > 0
     slider = quick_result["slider"]
     assert slider["fast_ms_p95"] >= slider["fast_ms_p50"] > 0
+    # the decomposition: unembedding + later blocks; blocks re-run on every prompt position
+    assert slider["fast_unembed_ms"] > 0 and slider["fast_blocks_ms"] >= 0
+    assert slider["fast_unembed_floor_ms"] > 0 and slider["slider_speedup_if_blocks_were_free"] > 0
+    assert slider["blocks_rerun"].endswith(f"on {slider['prompt_tokens']} positions")
     assert quick_result["conditions"]["torch_threads"] >= 1
     assert quick_result["training"]["status"].startswith("skipped")
     assert quick_result["cold_load"]["status"].startswith("skipped")
