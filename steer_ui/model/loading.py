@@ -209,29 +209,6 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def prefer_input_major_weights(model: torch.nn.Module) -> int:
-    """Store each decoder-block ``nn.Linear`` weight input-major (the same values, transposed memory).
-
-    ``F.linear`` computes ``x @ W.T``; with W kept as the transpose of a
-    contiguous (in, out) matrix, the CPU BLAS runs a plain non-transposed
-    GEMM, which on this class of CPU is 10-50 % faster for the 8-64-row
-    products of prompt processing, the slider's re-run of the later blocks
-    and training (down_proj 32×2048→640: 1.2 → 0.56 ms) and no slower for
-    one-row decoding.  Results agree with the original layout to float
-    rounding.  The lm_head is left alone (:func:`~.architecture.unembed`
-    picks its kernel by timing).  Returns the number of weights moved.
-    """
-    arch = discover(model)
-    moved = 0
-    for block in arch.layers:
-        for module in block.modules():
-            w = getattr(module, "weight", None)
-            if isinstance(module, torch.nn.Linear) and w is not None and w.device.type == "cpu" and w.is_contiguous():
-                module.weight.data = w.data.t().contiguous().t()
-                moved += 1
-    return moved
-
-
 def load_model(
     source: str | None = None,
     device: str = "auto",
@@ -295,8 +272,6 @@ def load_model(
         ) from None
     if not device_map:
         model.to(dev)
-        if dev.type == "cpu":
-            prefer_input_major_weights(model)
     model.eval()
     model.requires_grad_(False)
     if tok.pad_token_id is None:

@@ -17,23 +17,6 @@ def test_local_directory_roundtrip(tmp_path):
         torch.testing.assert_close(handle.model(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
-def test_cpu_load_stores_block_weights_input_major(tmp_path):
-    """The faster GEMM layout: same values, transposed storage, same logits; lm_head untouched."""
-    model, tok = tiny_model("gemma3")
-    model.save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
-    handle = load_model(str(tmp_path), device="cpu", dtype="float32")
-    linears = [m for b in handle.arch.layers for m in b.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(m.weight.t().is_contiguous() and not m.weight.is_contiguous() for m in linears)
-    assert handle.arch.lm_head.weight.is_contiguous()
-    originals = dict(model.named_parameters())
-    for name, p in handle.model.named_parameters():
-        assert torch.equal(p, originals[name]), name
-    ids = tok(["a longer prompt of several tokens", "xy"], return_tensors="pt", padding=True).input_ids
-    with torch.inference_mode():
-        torch.testing.assert_close(handle.model(input_ids=ids).logits, model(input_ids=ids).logits)
-
-
 def test_bfloat16_dtype(tmp_path):
     model, tok = tiny_model("llama")
     model.save_pretrained(tmp_path)
