@@ -242,3 +242,20 @@ def test_train_from_args_maps_the_cli_flags(tiny):
     assert (s["layer"], s["exemplars"], s["init_epochs"], s["aug_epochs"]) == (1, 6, 1, 1)
     assert not s["logit_penalty"] and not s["kl_penalty"]
     assert vector.layer == 1 and "unconstrained" in vector.name
+
+
+def test_seeds_markdown_reports_mean_sd_and_each_seed(trained, tiny):
+    h, _vector, first = trained
+    _v, second = tsv.train(h, _rows(), layer=2, init_epochs=2, aug_epochs=2, exemplars=8, selected=8,
+                           batch_size=16, seed=1)
+    assert second["settings"]["seed"] == 1
+    table = tsv.seeds_markdown([first, second])
+    pairs = [r["runs"]["constrained"]["auroc"] for r in (first, second)]
+    mean = sum(pairs) / 2
+    sd = abs(pairs[0] - pairs[1]) / 2 ** 0.5
+    row = next(line for line in table.splitlines() if line.startswith("| TSV (constrained) |"))
+    assert f"{mean:.3f} ± {sd:.3f}" in row and f"{pairs[0]:.3f}, {pairs[1]:.3f}" in row
+    drops = [r["runs"]["unconstrained"]["auroc"] - r["runs"]["constrained"]["auroc"] for r in (first, second)]
+    drop_row = next(line for line in table.splitlines() if line.startswith("| drop from the constraints |"))
+    assert f"{drops[0]:.3f}, {drops[1]:.3f}" in drop_row
+    assert "per seed (0, 1)" in table and "| probe |" in table
