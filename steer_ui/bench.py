@@ -79,6 +79,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _timings(fn: Callable[[], object], reps: int, device: torch.device) -> list[float]:
+    """Seconds of ``reps`` back-to-back calls of ``fn``, each bracketed by device syncs."""
+    out = []
+    for _ in range(reps):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append(time.perf_counter() - start)
+    return out
+
+
 def _median(xs) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
@@ -205,21 +217,9 @@ def measure_bandwidth(handle, reps: int = 5) -> dict:
     nbytes = w.numel() * w.element_size()
     with torch.inference_mode():
         float(w.sum())  # touch every page once
-        sums = []
-        for _ in range(reps):
-            _sync(device)
-            t = time.perf_counter()
-            w.sum()
-            _sync(device)
-            sums.append(time.perf_counter() - t)
+        sums = _timings(w.sum, reps, device)
         out = torch.empty_like(w)
-        copies = []
-        for _ in range(max(2, reps // 2)):
-            _sync(device)
-            t = time.perf_counter()
-            out.copy_(w)
-            _sync(device)
-            copies.append(time.perf_counter() - t)
+        copies = _timings(lambda: out.copy_(w), max(2, reps // 2), device)
         del out
     read = nbytes / min(sums)
     return {
@@ -462,13 +462,7 @@ def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float 
     arch = handle.arch
     with torch.inference_mode():
         row = arch.final_hidden(state.block_out[:, -1:, :])[:, -1, :]
-        unembed_t = []
-        for _ in range(max(3, samples // 2)):
-            _sync(device)
-            t0 = time.perf_counter()
-            arch.logits(row)
-            _sync(device)
-            unembed_t.append(time.perf_counter() - t0)
+        unembed_t = _timings(lambda: arch.logits(row), max(3, samples // 2), device)
     w = arch.unembedding
     unembed_floor = (w.numel() * w.element_size() / bandwidth) if bandwidth else None
     fast_unembed = _median(unembed_t)
