@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--no-logit-penalty", action="store_true")
     p.add_argument("--no-kl-penalty", action="store_true")
+    p.add_argument("--max-logit-change", type=float, default=None,
+                   help="TSV: the |Δlogit| bound of the logit hinge (default 2.0)")
+    p.add_argument("--logit-weight", type=float, default=None, help="TSV: weight of the logit hinge (default 0.2)")
+    p.add_argument("--kl-weight", type=float, default=None, help="TSV: weight of the KL penalty (default 0.1)")
     # ITI
     p.add_argument("--top-heads", type=int, default=None)
     # L2S

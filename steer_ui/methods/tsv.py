@@ -111,6 +111,7 @@ class TSVSettings:
             (self.batch_size >= 1, "batch_size must be >= 1"),
             (self.prototype_init in ("random", "class_means"), "prototype_init must be 'random' or 'class_means'"),
             (self.max_logit_change >= 0, "max_logit_change must be >= 0"),
+            (self.logit_weight >= 0 and self.kl_weight >= 0, "logit_weight and kl_weight must be >= 0"),
             (self.logit_reduction in C.REDUCTIONS, f"logit_reduction must be one of {C.REDUCTIONS}"),
             (0 < self.test_fraction < 1, f"test_fraction must be in (0, 1), got {self.test_fraction}"),
             ("{question}" in self.template, "template must contain '{question}'"),
@@ -906,7 +907,8 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
 
 # ------------------------------------------------------------------ the CLI
 def train_from_args(handle, dataset, args) -> tuple[SteeringVector, dict]:
-    """``train --method tsv``: flags --layer --generate --exemplars --epochs --no-logit-penalty --no-kl-penalty --seed."""
+    """``train --method tsv``: --layer --generate --exemplars --epochs --seed, and the constraints:
+    --no-logit-penalty --no-kl-penalty --max-logit-change --logit-weight --kl-weight."""
     hp: dict[str, Any] = {"seed": getattr(args, "seed", 0) or 0}
     if getattr(args, "exemplars", None) is not None:
         hp["exemplars"] = args.exemplars
@@ -916,6 +918,9 @@ def train_from_args(handle, dataset, args) -> tuple[SteeringVector, dict]:
         hp["logit_penalty"] = False
     if getattr(args, "no_kl_penalty", False):
         hp["kl_penalty"] = False
+    for name in ("max_logit_change", "logit_weight", "kl_weight"):
+        if getattr(args, name, None) is not None:
+            hp[name] = float(getattr(args, name))
     generated = None
     if getattr(args, "generate", False):
         generated = generate_and_label(handle, dataset)
@@ -993,6 +998,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default=None,
                    help="comma-separated seeds (e.g. 0,1,2): one run per seed (its own split, exemplars and "
                         "initialisation), reported as mean ± sd")
+    p.add_argument("--max-logit-change", type=float, default=None, help="the |Δlogit| bound (default 2.0)")
     p.add_argument("--json", help="also write the full report here")
     args = p.parse_args(argv)
     from ..data import load_dataset
@@ -1003,7 +1009,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     reports = []
     for seed in seeds:
-        hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars}
+        hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars,
+              "max_logit_change": args.max_logit_change}
         if args.epochs is not None:
             hp["epochs"] = args.epochs
         start = time.perf_counter()

@@ -41,3 +41,23 @@ def test_detect_with_a_non_tsv_vector_is_a_one_line_error(tmp_path, capsys):
                      "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 2 and "not a TSV vector" in out["error"]
+
+
+def test_constraint_bound_and_weights_reach_training_and_bad_ones_are_refused(tmp_path, capsys):
+    data = _csv(tmp_path)
+    out = tmp_path / "tsv.safetensors"
+    code = cli.main(["train", "--method", "tsv", "--model", "tiny:llama", "--data", str(data), "--layer", "2",
+                     "--exemplars", "6", "--epochs", "1", "--max-logit-change", "0.5", "--logit-weight", "0.7",
+                     "--kl-weight", "0.3", "--out", str(out), "--json"])
+    trained = json.loads(capsys.readouterr().out)
+    assert code == 0, trained
+    settings = trained["report"]["settings"]
+    assert (settings["max_logit_change"], settings["logit_weight"], settings["kl_weight"]) == (0.5, 0.7, 0.3)
+    assert trained["report"]["max_abs_delta_logit"]["limit"] == 0.5
+    for flag, value, message in (("--kl-weight", "-1", "kl_weight must be >= 0"),
+                                 ("--max-logit-change", "nan", "max_logit_change must be >= 0")):
+        code = cli.main(["train", "--method", "tsv", "--model", "tiny:llama", "--data", str(data), "--layer", "2",
+                         "--epochs", "1", flag, value, "--out", str(tmp_path / "bad.safetensors"), "--json"])
+        refused = json.loads(capsys.readouterr().out)
+        assert code == 2 and message in refused["error"], refused
+        assert not (tmp_path / "bad.safetensors").exists()
