@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TSV: the |Δlogit| bound of the logit hinge (default 2.0)")
     p.add_argument("--logit-weight", type=float, default=None, help="TSV: weight of the logit hinge (default 0.2)")
     p.add_argument("--kl-weight", type=float, default=None, help="TSV: weight of the KL penalty (default 0.1)")
+    p.add_argument("--bound-sweep", default=None,
+                   help="TSV: comma-separated extra |Δlogit| bounds (e.g. 6,20), one more constrained run each; "
+                        "the report's bound_sweep gives held-out AUROC against the bound")
     # ITI
     p.add_argument("--top-heads", type=int, default=None)
     # L2S

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Sequence
 
 import pandas as pd
@@ -93,6 +93,9 @@ class TSVSettings:
     test_fraction: float = 0.25
     max_rows: int | None = None  # subsample (whole groups) for speed
     compare: bool = True  # also train the opposite constraint setting for the with/without report
+    # extra constrained runs, one per |Δlogit| bound, so the AUROC cost of each bound is measured on the same
+    # split (report["bound_sweep"]); each costs one more training run
+    bound_sweep: tuple[float, ...] = ()
     cache_batch: int = 16
     template: str = PROMPT_TEMPLATE
     seed: int = 0
@@ -111,6 +114,11 @@ class TSVSettings:
             (self.batch_size >= 1, "batch_size must be >= 1"),
             (self.prototype_init in ("random", "class_means"), "prototype_init must be 'random' or 'class_means'"),
             (self.max_logit_change >= 0, "max_logit_change must be >= 0"),
+            (all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and b >= 0
+                 for b in self.bound_sweep),
+             f"bound_sweep must be a list of finite bounds >= 0, got {list(self.bound_sweep)}"),
+            (self.logit_penalty or not self.bound_sweep,
+             "bound_sweep varies max_logit_change, which only the logit penalty uses: turn logit_penalty on"),
             (self.logit_weight >= 0 and self.kl_weight >= 0, "logit_weight and kl_weight must be >= 0"),
             (self.logit_reduction in C.REDUCTIONS, f"logit_reduction must be one of {C.REDUCTIONS}"),
             (0 < self.test_fraction < 1, f"test_fraction must be in (0, 1), got {self.test_fraction}"),
@@ -609,6 +617,11 @@ def _settings(layer, hp: dict) -> TSVSettings:
     unknown = sorted(set(hp) - names)
     if unknown:
         raise TSVError(f"unknown TSV setting(s) {unknown}; known: {sorted(names)}")
+    sweep = hp.get("bound_sweep")
+    if sweep is not None:
+        if not isinstance(sweep, (list, tuple)):
+            raise TSVError(f"bound_sweep must be a list of bounds like [6, 20], got {sweep!r}")
+        hp["bound_sweep"] = tuple(sweep)
     st = TSVSettings(**{k: v for k, v in hp.items() if v is not None})
     if layer is not None:
         st.layer = int(layer)
@@ -662,15 +675,25 @@ def train(handle, dataset, layer: int | None = None, progress: Progress | None =
     targets = {i: F.one_hot(torch.tensor(labels[i]), 2).float() for i in train_rows}
 
     settings_to_run = [st.constrained] + ([not st.constrained] if st.compare else [])
+    # validate() allows a sweep only with the logit penalty on, so the main run is constrained and has its bound
+    bounds = [b for b in dict.fromkeys(float(b) for b in st.bound_sweep) if b != st.max_logit_change]
     runs: dict[bool, _Run] = {}
-    span = 0.65 / len(settings_to_run)
+    span = 0.65 / (len(settings_to_run) + len(bounds))
     for n, constrained in enumerate(settings_to_run):
         runs[constrained] = _train_run(handle, st, st.layer, lam_raw, targets, exemplar_batches,
                                        unlabelled_batches, labels, constrained, progress,
                                        (0.27 + n * span, 0.27 + (n + 1) * span))
+    swept: dict[float, _Run] = {}
+    for n, bound in enumerate(bounds, start=len(settings_to_run)):
+        progress(0.27 + n * span, f"bound sweep: |Δlogit| bound {bound:g}")
+        swept[bound] = _train_run(handle, replace(st, max_logit_change=bound), st.layer, lam_raw, targets,
+                                  exemplar_batches, unlabelled_batches, labels, True, progress,
+                                  (0.27 + n * span, 0.27 + (n + 1) * span))
     progress(0.93, "scoring the held-out split")
     evals = {c: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels)
              for c, r in runs.items()}
+    swept_evals = {b: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels)
+                   for b, r in swept.items()}
     n_answer = {}
     for i in test_rows:
         full = len(handle.tokenizer(texts[i]).input_ids)
@@ -681,14 +704,23 @@ def train(handle, dataset, layer: int | None = None, progress: Progress | None =
     main = runs[st.constrained]
     main_eval = evals[st.constrained]
 
-    def run_report(c: bool) -> dict:
-        e = evals[c]
+    def run_report(e: dict, run: _Run) -> dict:
         return {"auroc": e["auroc"], "max_abs_delta_logit": e["delta"]["max_abs_delta_logit"],
                 "median_max_abs_delta_logit": e["delta"]["median_max_abs_delta_logit"],
                 "direct_max_abs_delta_logit": e["delta"]["direct_max_abs_delta_logit"],
                 "mean_kl": e["delta"]["mean_kl"], "top_tokens": e["delta"]["top_tokens"],
-                "vector_norm": float((lam_raw * runs[c].v).norm()), "curves": runs[c].curves,
-                "pseudo_labels": runs[c].pseudo}
+                "vector_norm": float((lam_raw * run.v).norm()), "curves": run.curves,
+                "pseudo_labels": run.pseudo}
+
+    run_reports = {("constrained" if c else "unconstrained"): run_report(evals[c], r) for c, r in runs.items()}
+    run_reports.update({f"constrained, bound {b:g}": run_report(swept_evals[b], r) for b, r in swept.items()})
+    # AUROC against the bound, loosest last; the unconstrained run is the bound-free end (None)
+    tradeoff = {**swept_evals, st.max_logit_change: evals[True]} if swept else {}
+    if swept and False in evals:
+        tradeoff[None] = evals[False]
+    bound_sweep = [{"bound": b, "auroc": e["auroc"], "max_abs_delta_logit": e["delta"]["max_abs_delta_logit"],
+                    "mean_kl": e["delta"]["mean_kl"]}
+                   for b, e in sorted(tradeoff.items(), key=lambda kv: math.inf if kv[0] is None else kv[0])]
 
     report: dict[str, Any] = {
         "method": "tsv", "layer": st.layer, "lam": st.lam, "lam_raw": lam_raw,
@@ -707,7 +739,8 @@ def train(handle, dataset, layer: int | None = None, progress: Progress | None =
         "top_tokens": main_eval["delta"]["top_tokens"],
         "held_out": [{"prompt": frame.prompt[i], "answer": frame.completion[i], "label": labels[i],
                       "score": main_eval["scores"][i]} for i in test_rows],
-        "runs": {("constrained" if c else "unconstrained"): run_report(c) for c in runs},
+        "runs": run_reports,
+        "bound_sweep": bound_sweep,
         "settings": asdict(st),
     }
     direction = lam_raw * main.v
@@ -908,7 +941,7 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
 # ------------------------------------------------------------------ the CLI
 def train_from_args(handle, dataset, args) -> tuple[SteeringVector, dict]:
     """``train --method tsv``: --layer --generate --exemplars --epochs --seed, and the constraints:
-    --no-logit-penalty --no-kl-penalty --max-logit-change --logit-weight --kl-weight."""
+    --no-logit-penalty --no-kl-penalty --max-logit-change --logit-weight --kl-weight --bound-sweep."""
     hp: dict[str, Any] = {"seed": getattr(args, "seed", 0) or 0}
     if getattr(args, "exemplars", None) is not None:
         hp["exemplars"] = args.exemplars
@@ -921,6 +954,9 @@ def train_from_args(handle, dataset, args) -> tuple[SteeringVector, dict]:
     for name in ("max_logit_change", "logit_weight", "kl_weight"):
         if getattr(args, name, None) is not None:
             hp[name] = float(getattr(args, name))
+    bounds = parse_bounds(getattr(args, "bound_sweep", None))
+    if bounds:
+        hp["bound_sweep"] = bounds
     generated = None
     if getattr(args, "generate", False):
         generated = generate_and_label(handle, dataset)
@@ -980,6 +1016,39 @@ def seeds_markdown(reports: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def bounds_markdown(reports: Sequence[dict]) -> str:
+    """The AUROC-against-bound table of ``bound_sweep`` runs (mean ± sd over the reports), as Markdown."""
+    import statistics
+
+    def cell(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "n/a"
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.mean(values):.3f}" + (f" ± {sd:.3f}" if len(values) > 1 else "")
+
+    lines = ["| bound | held-out AUROC | held-out max abs Δlogit | mean KL |", "|---|---|---|---|"]
+    for n, row in enumerate(reports[0].get("bound_sweep") or []):
+        rows = [r["bound_sweep"][n] for r in reports]
+        bound = "none" if row["bound"] is None else f"{row['bound']:g}"
+        lines.append(f"| {bound} | {cell([x['auroc'] for x in rows])} | "
+                     f"{cell([x['max_abs_delta_logit'] for x in rows])} | {cell([x['mean_kl'] for x in rows])} |")
+    return "\n".join(lines)
+
+
+def parse_bounds(text: str | None) -> tuple[float, ...] | None:
+    """``--bound-sweep 2,6,20`` → (2.0, 6.0, 20.0); a bad entry is a :class:`TSVError` naming it."""
+    if not text:
+        return None
+    out = []
+    for part in text.split(","):
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise TSVError(f"--bound-sweep takes comma-separated numbers like 2,6,20; {part.strip()!r} is not one") from None
+    return tuple(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m steer_ui.methods.tsv --data FILE``: train on the embedded model and print the AUROC table."""
     import argparse
@@ -999,6 +1068,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated seeds (e.g. 0,1,2): one run per seed (its own split, exemplars and "
                         "initialisation), reported as mean ± sd")
     p.add_argument("--max-logit-change", type=float, default=None, help="the |Δlogit| bound (default 2.0)")
+    p.add_argument("--bound-sweep", default=None,
+                   help="comma-separated extra |Δlogit| bounds (e.g. 6,20): one more constrained run per bound, "
+                        "reported as AUROC against the bound")
     p.add_argument("--json", help="also write the full report here")
     args = p.parse_args(argv)
     from ..data import load_dataset
@@ -1010,7 +1082,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     for seed in seeds:
         hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars,
-              "max_logit_change": args.max_logit_change}
+              "max_logit_change": args.max_logit_change, "bound_sweep": parse_bounds(args.bound_sweep)}
         if args.epochs is not None:
             hp["epochs"] = args.epochs
         start = time.perf_counter()
@@ -1026,6 +1098,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{report['seconds']} s\n", flush=True)
     if len(reports) > 1:
         print(seeds_markdown(reports))
+    if reports[0]["bound_sweep"]:
+        print("\n" + bounds_markdown(reports))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(reports[0] if len(reports) == 1 else reports, f, indent=1, default=str)

@@ -78,7 +78,8 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "train.extra": "More hyperparameters (JSON)",
         "train.extra_info": "passed to the method as keyword arguments, e.g. {\"lr\": 0.001}; TSV's constraint "
                               "bound and weights: {\"max_logit_change\": 2.0, \"logit_weight\": 0.2, "
-                              "\"kl_weight\": 0.1}",
+                              "\"kl_weight\": 0.1}; the AUROC each bound costs: {\"bound_sweep\": [6, 20]} "
+                              "(one more run per bound)",
         "train.probe": "Probe every layer",
         "train.train": "Train",
         "train.empty": "Load a dataset in the Data tab, then train.",
@@ -185,7 +186,8 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "train.hidden": "MLP 隐藏层大小（留空 = 默认）",
         "train.extra": "更多超参数（JSON）",
         "train.extra_info": "作为关键字参数传给方法，例如 {\"lr\": 0.001}；TSV 约束的上限与权重："
-                              "{\"max_logit_change\": 2.0, \"logit_weight\": 0.2, \"kl_weight\": 0.1}",
+                              "{\"max_logit_change\": 2.0, \"logit_weight\": 0.2, \"kl_weight\": 0.1}；"
+                              "各上限对应的 AUROC 代价：{\"bound_sweep\": [6, 20]}（每个上限多训练一次）",
         "train.probe": "逐层探测",
         "train.train": "训练",
         "train.empty": "先在“数据”页加载数据集，然后训练。",

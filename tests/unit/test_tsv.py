@@ -259,3 +259,42 @@ def test_seeds_markdown_reports_mean_sd_and_each_seed(trained, tiny):
     drop_row = next(line for line in table.splitlines() if line.startswith("| drop from the constraints |"))
     assert f"{drops[0]:.3f}, {drops[1]:.3f}" in drop_row
     assert "per seed (0, 1)" in table and "| probe |" in table
+
+
+def test_bound_sweep_measures_auroc_against_each_bound_on_the_same_split(tiny):
+    h = tiny("llama")
+    # λ and lr large enough that the tiny model's Δlogit (~0.6 unconstrained) crosses the tightest bound
+    _v, report = tsv.train(h, _rows(), layer=2, init_epochs=3, aug_epochs=3, exemplars=8, selected=8,
+                           batch_size=16, lam=1.0, lr=0.05, bound_sweep=[50, 0.05, 2.0])
+    sweep = report["bound_sweep"]
+    assert [row["bound"] for row in sweep] == [0.05, 2.0, 50.0, None]  # sorted, the main bound once, none last
+    assert set(report["runs"]) == {"constrained", "unconstrained", "constrained, bound 0.05",
+                                   "constrained, bound 50"}
+    by_bound = {row["bound"]: row for row in sweep}
+    assert by_bound[2.0]["auroc"] == report["runs"]["constrained"]["auroc"]
+    assert by_bound[None]["max_abs_delta_logit"] == report["runs"]["unconstrained"]["max_abs_delta_logit"]
+    # a bound nothing reaches leaves the hinge at zero, so that run is the main run step for step
+    assert by_bound[50.0]["max_abs_delta_logit"] == pytest.approx(by_bound[2.0]["max_abs_delta_logit"], rel=1e-6)
+    # a bound that binds pulls the logit change down
+    assert by_bound[0.05]["max_abs_delta_logit"] < 0.6 * by_bound[50.0]["max_abs_delta_logit"]
+    assert all(0 <= row["auroc"] <= 1 for row in sweep)
+    table = tsv.bounds_markdown([report])
+    assert table.splitlines()[2].startswith("| 0.05 |") and table.splitlines()[-1].startswith("| none |")
+
+
+@pytest.mark.parametrize("hp, message", [
+    ({"bound_sweep": "6"}, "bound_sweep must be a list"),
+    ({"bound_sweep": [6, float("nan")]}, "finite bounds >= 0"),
+    ({"bound_sweep": [-1]}, "finite bounds >= 0"),
+    ({"bound_sweep": [6], "logit_penalty": False}, "turn logit_penalty on"),
+])
+def test_bound_sweep_refuses_bad_bounds_by_name(tiny, hp, message):
+    with pytest.raises(tsv.TSVError, match=message):
+        tsv.train(tiny("llama"), _rows(4), layer=1, init_epochs=1, **hp)
+
+
+def test_parse_bounds_reads_the_cli_list_and_names_a_bad_entry():
+    assert tsv.parse_bounds("2, 6,20") == (2.0, 6.0, 20.0)
+    assert tsv.parse_bounds(None) is None
+    with pytest.raises(tsv.TSVError, match="'six' is not one"):
+        tsv.parse_bounds("2,six")

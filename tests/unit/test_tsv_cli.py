@@ -61,3 +61,18 @@ def test_constraint_bound_and_weights_reach_training_and_bad_ones_are_refused(tm
         refused = json.loads(capsys.readouterr().out)
         assert code == 2 and message in refused["error"], refused
         assert not (tmp_path / "bad.safetensors").exists()
+
+
+def test_bound_sweep_flag_reaches_the_report_and_a_bad_list_is_refused(tmp_path, capsys):
+    data = _csv(tmp_path)
+    out = tmp_path / "tsv.safetensors"
+    code = cli.main(["train", "--method", "tsv", "--model", "tiny:llama", "--data", str(data), "--layer", "2",
+                     "--exemplars", "6", "--epochs", "1", "--bound-sweep", "0.5,8", "--out", str(out), "--json"])
+    trained = json.loads(capsys.readouterr().out)
+    assert code == 0, trained
+    assert [row["bound"] for row in trained["report"]["bound_sweep"]] == [0.5, 2.0, 8.0, None]
+    code = cli.main(["train", "--method", "tsv", "--model", "tiny:llama", "--data", str(data), "--layer", "2",
+                     "--epochs", "1", "--bound-sweep", "2,x", "--out", str(tmp_path / "bad.safetensors"), "--json"])
+    refused = json.loads(capsys.readouterr().out)
+    assert code == 2 and "'x' is not one" in refused["error"], refused
+    assert not (tmp_path / "bad.safetensors").exists()
