@@ -988,16 +988,22 @@ def table_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def seeds_markdown(reports: Sequence[dict]) -> str:
-    """Per-seed held-out AUROCs and max |Δlogit| with their mean ± standard deviation, as Markdown."""
+def _mean_sd(values) -> str:
+    """``mean ± sd`` of the values that are not None (sd 0 for one value), or n/a."""
     import statistics
 
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} ± {sd:.3f}"
+
+
+def seeds_markdown(reports: Sequence[dict]) -> str:
+    """Per-seed held-out AUROCs and max |Δlogit| with their mean ± standard deviation, as Markdown."""
     def cell(values):
-        values = [v for v in values if v is not None]
-        if not values:
-            return "n/a", "n/a"
-        sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.mean(values):.3f} ± {sd:.3f}", ", ".join(f"{v:.3f}" for v in values)
+        each = ", ".join(f"{v:.3f}" for v in values if v is not None)
+        return _mean_sd(values), each or "n/a"
 
     rows = [("TSV (constrained)", [r["runs"].get("constrained", {}).get("auroc") for r in reports]),
             ("TSV (unconstrained)", [r["runs"].get("unconstrained", {}).get("auroc") for r in reports])]
@@ -1018,21 +1024,12 @@ def seeds_markdown(reports: Sequence[dict]) -> str:
 
 def bounds_markdown(reports: Sequence[dict]) -> str:
     """The AUROC-against-bound table of ``bound_sweep`` runs (mean ± sd over the reports), as Markdown."""
-    import statistics
-
-    def cell(values):
-        values = [v for v in values if v is not None]
-        if not values:
-            return "n/a"
-        sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.mean(values):.3f}" + (f" ± {sd:.3f}" if len(values) > 1 else "")
-
     lines = ["| bound | held-out AUROC | held-out max abs Δlogit | mean KL |", "|---|---|---|---|"]
     for n, row in enumerate(reports[0].get("bound_sweep") or []):
         rows = [r["bound_sweep"][n] for r in reports]
         bound = "none" if row["bound"] is None else f"{row['bound']:g}"
-        lines.append(f"| {bound} | {cell([x['auroc'] for x in rows])} | "
-                     f"{cell([x['max_abs_delta_logit'] for x in rows])} | {cell([x['mean_kl'] for x in rows])} |")
+        cells = [_mean_sd([x[key] for x in rows]) for key in ("auroc", "max_abs_delta_logit", "mean_kl")]
+        lines.append(f"| {bound} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -1045,7 +1042,8 @@ def parse_bounds(text: str | None) -> tuple[float, ...] | None:
         try:
             out.append(float(part))
         except ValueError:
-            raise TSVError(f"--bound-sweep takes comma-separated numbers like 2,6,20; {part.strip()!r} is not one") from None
+            raise TSVError(f"--bound-sweep takes comma-separated numbers like 2,6,20; "
+                           f"{part.strip()!r} is not one") from None
     return tuple(out)
 
 
