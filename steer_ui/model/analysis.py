@@ -20,6 +20,7 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from .architecture import argmax_last, topk_last
 from .generation import encode_prompt
 from .hooks import Steer, StepState, steering, validate
 
@@ -230,17 +231,23 @@ class NextTokenView:
         return pd.DataFrame({"token": tokens})
 
 
+def _topk(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk`` of a vocabulary-sized vector (values, indices) through the block-wise kernel."""
+    values, indices = topk_last((x if largest else -x).unsqueeze(0), k)
+    return (values[0] if largest else -values[0]), indices[0]
+
+
 def _top_frame(handle, logits: torch.Tensor, k: int, logp: torch.Tensor | None = None) -> pd.DataFrame:
     # top-k of the logits is the top-k of the probabilities; only k exponentials are needed
-    top = torch.topk(logits, k)
+    values, indices = _topk(logits, k)
     if logp is None:
         logp = logits.log_softmax(-1)
     return pd.DataFrame({
         "rank": range(1, k + 1),
-        "token": _decode_ids(handle, top.indices),
-        "token_id": top.indices.tolist(),
-        "prob": logp[top.indices].exp().tolist(),
-        "logit": top.values.tolist(),
+        "token": _decode_ids(handle, indices),
+        "token_id": indices.tolist(),
+        "prob": logp[indices].exp().tolist(),
+        "logit": values.tolist(),
     })
 
 
@@ -248,16 +255,16 @@ def compare_logits(handle, unsteered: torch.Tensor, steered: torch.Tensor, top_k
     unsteered, steered = unsteered.float(), steered.float()
     lu, ls = unsteered.log_softmax(-1), steered.log_softmax(-1)
     delta = steered - unsteered
-    order = torch.topk(delta, top_k)
-    low = torch.topk(delta, top_k, largest=False)
-    worst = int(delta.abs().argmax())
+    up_values, up_ids = _topk(delta, top_k)
+    down_values, down_ids = _topk(delta, top_k, largest=False)
+    worst = int(argmax_last(delta.abs().unsqueeze(0))[0])
     return NextTokenView(
         unsteered=_top_frame(handle, unsteered, top_k, lu),
         steered=_top_frame(handle, steered, top_k, ls),
-        promoted=pd.DataFrame({"token": _decode_ids(handle, order.indices), "token_id": order.indices.tolist(),
-                               "delta_logit": order.values.tolist()}),
-        suppressed=pd.DataFrame({"token": _decode_ids(handle, low.indices), "token_id": low.indices.tolist(),
-                                 "delta_logit": low.values.tolist()}),
+        promoted=pd.DataFrame({"token": _decode_ids(handle, up_ids), "token_id": up_ids.tolist(),
+                               "delta_logit": up_values.tolist()}),
+        suppressed=pd.DataFrame({"token": _decode_ids(handle, down_ids), "token_id": down_ids.tolist(),
+                                 "delta_logit": down_values.tolist()}),
         kl=float(_kl(lu, ls)),
         entropy_unsteered=float(_entropy(lu)),
         entropy_steered=float(_entropy(ls)),

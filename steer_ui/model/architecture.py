@@ -150,6 +150,76 @@ def unembed(w: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     return torch.matmul(w, flat.T).T if transposed else flat @ w.T
 
 
+_BLOCK = 1024  # elements per block for the vocabulary-sized top-k / argmax below
+_BLOCK_MAX_K = 64
+
+
+def _blocks(x: torch.Tensor):
+    """(rows, n) -> a (rows, n // _BLOCK, _BLOCK) view of the whole blocks, and the tail's start."""
+    rows, n = x.shape
+    whole = n // _BLOCK
+    return x[:, : whole * _BLOCK].view(rows, whole, _BLOCK), whole * _BLOCK
+
+
+def _use_blocks(x: torch.Tensor, k: int = 1) -> bool:
+    return (x.dim() == 2 and x.device.type == "cpu" and x.is_contiguous() and x.shape[-1] >= 64 * _BLOCK
+            and 0 < k <= _BLOCK_MAX_K)
+
+
+def topk_last(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(x, k, dim=-1)`` (values, indices; sorted) for (rows, vocab) ``x``, several times faster on CPU.
+
+    ``torch.topk`` over 262,144 logits costs about 1 ms a row on this CPU, a
+    noticeable slice of a decode step; a max over each block of 1,024 is a
+    vectorised reduction costing a few percent of that.  Exact: a block holding
+    one of the k largest values has fewer than k blocks with a larger maximum,
+    so the k blocks with the largest maxima (plus the tail that fills no block)
+    hold all of them.  Equal values may come back in a different order than
+    ``torch.topk`` gives, as its order for ties is unspecified too.
+    """
+    if not _use_blocks(x, k):  # NaN needs no case: amax and topk both rank it above everything
+        return tuple(torch.topk(x, k, dim=-1))
+    main, tail_start = _blocks(x)
+    kb = min(k, main.shape[1])
+    picked = main.amax(-1).topk(kb, dim=-1).indices  # (rows, kb)
+    span = torch.arange(_BLOCK, device=x.device)
+    values = main.gather(1, picked.unsqueeze(-1).expand(-1, -1, _BLOCK)).reshape(x.shape[0], -1)
+    index = (picked.unsqueeze(-1) * _BLOCK + span).reshape(x.shape[0], -1)
+    if tail_start < x.shape[1]:
+        values = torch.cat([values, x[:, tail_start:]], dim=1)
+        tail = torch.arange(tail_start, x.shape[1], device=x.device).expand(x.shape[0], -1)
+        index = torch.cat([index, tail], dim=1)
+    top, where = values.topk(k, dim=-1)
+    return top, index.gather(1, where)
+
+
+def argmax_last(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` for (rows, vocab) ``x`` (the first maximal index, as torch documents), faster on CPU.
+
+    ``argmax`` over a 262,144 vocabulary is not vectorised on this CPU (about
+    0.3 ms a row), ``amax`` is; so the maximum comes from block maxima and
+    only the first block that reaches it is searched for the index.
+    """
+    if not _use_blocks(x):
+        return x.argmax(-1)
+    main, tail_start = _blocks(x)
+    block_max = main.amax(-1)  # (rows, blocks)
+    best = block_max.amax(-1)
+    if tail_start < x.shape[1]:
+        best = torch.maximum(best, x[:, tail_start:].amax(-1))
+    if torch.isnan(best).any():  # NaN counts as the maximum for argmax; leave those semantics to torch
+        return x.argmax(-1)
+    out = []
+    for row in range(x.shape[0]):
+        hits = (block_max[row] == best[row]).nonzero()
+        if len(hits):
+            b = int(hits[0])
+            out.append(b * _BLOCK + int((main[row, b] == best[row]).nonzero()[0]))
+        else:  # the maximum is only in the tail
+            out.append(tail_start + int((x[row, tail_start:] == best[row]).nonzero()[0]))
+    return torch.tensor(out, dtype=torch.long, device=x.device)
+
+
 def discover(model: nn.Module) -> Architecture:
     """Find decoder blocks, final norm and unembedding; raise a clear error if not found."""
     config = getattr(model, "config", None)

@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from .architecture import argmax_last, topk_last
 from .hooks import Steer, StepState, steering
 
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
@@ -136,7 +137,7 @@ def process_logits(logits: torch.Tensor, history: torch.Tensor | None, s: Sampli
         return logits
     logits = logits / s.temperature
     if s.top_k and s.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, s.top_k, dim=-1).values[:, -1:]
+        kth = topk_last(logits, s.top_k)[0][:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if s.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
@@ -151,7 +152,7 @@ def process_logits(logits: torch.Tensor, history: torch.Tensor | None, s: Sampli
 def choose(processed: torch.Tensor, s: Sampling, uniform: float | None) -> torch.Tensor:
     """Greedy argmax, or inverse-CDF sampling with one shared uniform so equal rows pick equal tokens."""
     if s.temperature == 0:
-        return processed.argmax(-1)
+        return argmax_last(processed)
     probs = processed.softmax(-1)
     cdf = probs.cumsum(-1)
     u = torch.full((probs.shape[0], 1), float(uniform), dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
@@ -288,11 +289,11 @@ def stream_side_by_side(
                         w_direct = direction.to(device=arch.unembedding.device, dtype=arch.unembedding.dtype)
                     floats.append(arch.unembedding[picked[STEERED]].float() @ w_direct.float())
                 if k:
-                    top = torch.topk(logits, k, dim=-1)
-                    floats.append((top.values - lse.unsqueeze(1)).exp().reshape(-1))
+                    top_values, top_indices = topk_last(logits, k)
+                    floats.append((top_values - lse.unsqueeze(1)).exp().reshape(-1))
                 # one device-to-host transfer for the floats, one for the ids
                 values = torch.cat([f.reshape(-1).float() for f in floats]).tolist()
-                id_list = torch.cat([picked.reshape(-1), top.indices.reshape(-1)] if k else [picked]).tolist()
+                id_list = torch.cat([picked.reshape(-1), top_indices.reshape(-1)] if k else [picked]).tolist()
                 picked_ids, alt_ids = id_list[:2], id_list[2:]
                 chosen_v, lse_v, cf_v = values[0:2], values[2:4], values[4]
                 pos = 5

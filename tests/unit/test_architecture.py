@@ -59,3 +59,48 @@ def test_unknown_architecture_names_what_is_missing():
         discover(Odd())
     message = str(err.value)
     assert "decoder block list" in message and "final norm" in message and "unembedding" in message
+
+
+# ------------------------------------------------ vocabulary-sized top-k / argmax
+@pytest.mark.parametrize("vocab", [262_144, 151_937, 70_000])  # whole blocks; a tail; a tail past the last block
+@pytest.mark.parametrize("k", [1, 5, 64])
+def test_topk_last_equals_torch_topk(vocab, k):
+    from steer_ui.model.architecture import topk_last
+
+    x = torch.randn(3, vocab, generator=torch.Generator().manual_seed(vocab + k)) * 4
+    x[1, -1] = 50.0  # the largest value of row 1 sits in the tail (or the last block)
+    x[2, : vocab // 2] = float("-inf")  # what the sampling filters leave
+    values, indices = topk_last(x, k)
+    ref = torch.topk(x, k, dim=-1)
+    assert torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
+
+
+def test_topk_last_finds_k_values_packed_into_one_block():
+    from steer_ui.model.architecture import topk_last
+
+    x = torch.zeros(1, 262_144)
+    x[0, 2048:2058] = torch.arange(10, 20, dtype=torch.float32)  # the top 10 all in block 2
+    values, indices = topk_last(x, 10)
+    assert indices[0].tolist() == list(range(2057, 2047, -1)) and values[0, 0] == 19.0
+
+
+def test_argmax_last_returns_the_first_maximum_like_torch():
+    from steer_ui.model.architecture import argmax_last
+
+    x = torch.randn(4, 151_937, generator=torch.Generator().manual_seed(0))
+    x[0, [7000, 90000, 140000]] = 9.0  # ties in three blocks: the first wins
+    x[1, 151_936] = 9.0  # only in the tail
+    x[2, [151_000, 151_936]] = 9.0  # in the last whole block and the tail
+    x[3, 5] = float("nan")  # NaN counts as the maximum for torch.argmax
+    assert torch.equal(argmax_last(x), x.argmax(-1))
+    assert argmax_last(x)[:3].tolist() == [7000, 151_936, 151_000]
+
+
+def test_small_vocabularies_and_large_k_use_torch_directly():
+    from steer_ui.model.architecture import argmax_last, topk_last
+
+    x = torch.randn(2, 1000)
+    assert torch.equal(topk_last(x, 5)[1], torch.topk(x, 5, dim=-1).indices)
+    assert torch.equal(argmax_last(x), x.argmax(-1))
+    big = torch.randn(2, 262_144)
+    assert torch.equal(topk_last(big, 200)[1], torch.topk(big, 200, dim=-1).indices)
