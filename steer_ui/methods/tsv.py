@@ -976,9 +976,8 @@ def table_markdown(report: dict) -> str:
 
     runs = report["runs"]
     lines = ["| detector | held-out AUROC |", "|---|---|"]
-    for name, key in (("TSV (constrained)", "constrained"), ("TSV (unconstrained)", "unconstrained")):
-        if key in runs:
-            lines.append(f"| {name} | {fmt(runs[key]['auroc'])} |")
+    for key, run in runs.items():  # constrained, unconstrained, then any bound-sweep runs
+        lines.append(f"| TSV ({key}) | {fmt(run['auroc'])} |")
     for name, b in report["baselines"].items():
         lines.append(f"| {name.replace('_', ' ')} | {fmt(b['auroc'])} |")
     lines += ["", "| run | max abs Δlogit (held-out, last position) | median per row | mean KL |", "|---|---|---|---|"]

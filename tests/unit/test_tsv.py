@@ -280,6 +280,9 @@ def test_bound_sweep_measures_auroc_against_each_bound_on_the_same_split(tiny):
     assert all(0 <= row["auroc"] <= 1 for row in sweep)
     table = tsv.bounds_markdown([report])
     assert table.splitlines()[2].startswith("| 0.05 |") and table.splitlines()[-1].startswith("| none |")
+    per_run = tsv.table_markdown(report)
+    assert f"| TSV (constrained, bound 0.05) | {by_bound[0.05]['auroc']:.3f} |" in per_run
+    assert f"| TSV (unconstrained) | {by_bound[None]['auroc']:.3f} |" in per_run
 
 
 @pytest.mark.parametrize("hp, message", [
