@@ -173,3 +173,13 @@ def test_load_tiny_model_and_unknown_family(tmp_path):
     with pytest.raises(UserError, match="could not be loaded"):
         backend.load_model("tiny:nosuchfamily")
     assert backend.model_ready  # the previous model stays usable
+
+
+def test_tsv_bound_sweep_from_the_train_form_and_a_bad_bound_keeps_the_session(backend):
+    backend.upload_dataset("s", None, bundled="capitals_statements.csv")
+    name, report = backend.train("s", "tsv", 1, epochs=1, exemplars=8, max_rows=48, bound_sweep=[0.5])
+    assert [row["bound"] for row in report["bound_sweep"]] == [0.5, 2.0, None]
+    assert "constrained, bound 0.5" in report["runs"]
+    with pytest.raises(UserError, match="finite bounds"):
+        backend.train("s", "tsv", 1, epochs=1, bound_sweep=["six"])
+    assert name in backend.vector_names("s") and backend.dataset_summary("s")["rows"] > 100
