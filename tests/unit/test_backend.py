@@ -180,6 +180,8 @@ def test_tsv_bound_sweep_from_the_train_form_and_a_bad_bound_keeps_the_session(b
     name, report = backend.train("s", "tsv", 1, epochs=1, exemplars=8, max_rows=48, bound_sweep=[0.5])
     assert [row["bound"] for row in report["bound_sweep"]] == [0.5, 2.0, None]
     assert "constrained, bound 0.5" in report["runs"]
+    names = backend.vector_names("s")
     with pytest.raises(UserError, match="finite bounds"):
         backend.train("s", "tsv", 1, epochs=1, bound_sweep=["six"])
-    assert name in backend.vector_names("s") and backend.dataset_summary("s")["rows"] > 100
+    assert backend.vector_names("s") == names and name in names
+    assert backend.dataset_summary("s")["rows"] > 100
