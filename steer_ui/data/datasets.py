@@ -543,24 +543,26 @@ def _expand_truthfulqa(records: pd.DataFrame, name: str, cols: dict[str, str], w
 
 
 # ------------------------------------------------------------------ splits
-def split_indices(dataset: Dataset, test_fraction: float = 0.25, seed: int = 0) -> tuple[list[int], list[int]]:
-    """Row indices (train, test) split by group, seeded, stratified by label.
+def group_split(groups: Sequence[str], labels: Sequence[int] | None = None, test_fraction: float = 0.25,
+                seed: int = 0) -> tuple[list[int], list[int]]:
+    """Row indices (train, test) with whole groups on one side only: the one group split of the project.
 
     Groups are sorted into strata by their label make-up (all true, all
-    false, mixed); each stratum sends ``round(test_fraction · groups)`` of its
-    groups (at least one when it has two or more) to test.  No group is ever
-    on both sides.
+    false, mixed; one stratum without ``labels``); each stratum sends
+    ``round(test_fraction · groups)`` of its groups (at least one when it has
+    two or more) to test, chosen by a permutation seeded with ``seed``.
     """
     if not 0 < test_fraction < 1:
         raise DatasetError(f"test_fraction must be between 0 and 1, got {test_fraction}")
-    frame = dataset.frame
-    groups = frame["group"].astype(str)
+    groups = pd.Series([str(g) for g in groups])
     if groups.nunique() < 2:
-        raise DatasetError(f"{dataset.source}: only one group ({groups.iloc[0]!r}); a split by group needs at least two")
-    if dataset.labelled:
-        make_up = frame.groupby(groups, sort=True)["label"].agg(lambda s: "mixed" if s.nunique() > 1 else str(s.iloc[0]))
+        first = groups.iloc[0] if len(groups) else None
+        raise DatasetError(f"only one group ({first!r}); a split by group needs at least two")
+    if labels is not None:
+        frame = pd.DataFrame({"group": groups, "label": list(labels)})
+        make_up = frame.groupby("group", sort=True)["label"].agg(lambda s: "mixed" if s.nunique() > 1 else str(s.iloc[0]))
     else:
-        make_up = pd.Series("pairs", index=sorted(groups.unique()))
+        make_up = pd.Series("all", index=sorted(groups.unique()))
     rng = np.random.default_rng(seed)
     test_groups: set[str] = set()
     for _stratum, members in make_up.groupby(make_up, sort=True):
@@ -573,8 +575,18 @@ def split_indices(dataset: Dataset, test_fraction: float = 0.25, seed: int = 0) 
     is_test = groups.isin(test_groups).to_numpy()
     train, test = np.flatnonzero(~is_test).tolist(), np.flatnonzero(is_test).tolist()
     if not train or not test:
-        raise DatasetError(f"{dataset.source}: too few groups ({groups.nunique()}) for a train/test split")
+        raise DatasetError(f"too few groups ({groups.nunique()}) for a train/test split")
     return train, test
+
+
+def split_indices(dataset: Dataset, test_fraction: float = 0.25, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Row indices (train, test) of ``dataset`` split by its ``group`` column (see :func:`group_split`)."""
+    frame = dataset.frame
+    labels = frame["label"].tolist() if dataset.labelled else None
+    try:
+        return group_split(frame["group"].astype(str).tolist(), labels, test_fraction, seed)
+    except DatasetError as exc:
+        raise DatasetError(f"{dataset.source}: {exc}") from None
 
 
 def split_by_group(dataset: Dataset, test_fraction: float = 0.25, seed: int = 0) -> tuple[Dataset, Dataset]:

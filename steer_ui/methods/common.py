@@ -12,10 +12,11 @@ Conventions (all methods):
 * directions point toward the positive class (label 1 / the pair's
   ``positive``).  Raw α = 1 moves an activation by the distance between the
   class means measured along the direction; relative α is handled by
-  :func:`steer_ui.steering.build_steers` (fraction of the layer's residual norm).
+  :mod:`steer_ui.model.units` (fraction of the layer's residual norm).
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Sequence
 
@@ -24,10 +25,10 @@ import torch
 
 from ..data import Dataset, DatasetError, split_indices
 from ..data.activations import Activations, extract
-from ..model.analysis import NEUTRAL_PROMPTS
+from ..model.units import NEUTRAL_PROMPTS, relative_scale
 from ..vector import SteeringVector
+from .base import Progress
 
-Progress = Callable[[float, str], None]
 TEST_FRACTION = 0.25
 KL_BOUND = 1.0  # nats, mean over the sweep prompts
 ALPHA_GRID = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)  # relative units
@@ -42,8 +43,17 @@ def one_blas_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def noop(_f: float, _m: str) -> None:
-    pass
+def clean(obj: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(obj, dict):
+        return {k: clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(float(obj)) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
 
 
 def sub_progress(progress: Progress, lo: float, hi: float) -> Progress:
@@ -117,84 +127,6 @@ def class_separation(direction: torch.Tensor, x: torch.Tensor, y: np.ndarray) ->
     return float(proj[yt == 1].mean() - proj[yt == 0].mean())
 
 
-# ------------------------------------------------------------------ layers
-def grouped_cv_splits(y: np.ndarray, train_idx: Sequence[int], groups: Sequence[str], seed: int = 0,
-                      folds: int = 3) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Stratified grouped K-fold inside the train split (positions into ``train_idx``); folds with one class dropped."""
-    from sklearn.model_selection import StratifiedGroupKFold
-
-    tr = np.asarray(train_idx)
-    g = np.asarray(groups)[tr]
-    n_folds = int(min(folds, len(np.unique(g))))
-    if n_folds < 2:
-        return []
-    splitter = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
-    return [(f, v) for f, v in splitter.split(np.zeros(len(tr)), y[tr], g)
-            if len(np.unique(y[tr][f])) == 2 and len(np.unique(y[tr][v])) == 2]
-
-
-def _cv_auroc(x_train: np.ndarray, y_train: np.ndarray, splits, c: float, seed: int) -> float:
-    scores = [auroc(fit_probe(x_train[f], y_train[f], c=c, seed=seed).predict_proba(x_train[v])[:, 1], y_train[v])
-              for f, v in splits]
-    return float(np.mean(scores)) if scores else float("nan")
-
-
-def layer_scores(acts: Activations, y: np.ndarray, train_idx: Sequence[int], test_idx: Sequence[int],
-                 groups: Sequence[str], seed: int = 0, folds: int = 3, progress: Progress | None = None,
-                 c: float = 1.0) -> list[dict[str, Any]]:
-    """Per layer: held-out probe AUROC/accuracy, mean-difference AUROC and a grouped CV AUROC on train."""
-    progress = progress or noop
-    tr, te = np.asarray(train_idx), np.asarray(test_idx)
-    check_binary(y[tr], "training split")
-    check_binary(y[te], "test split")
-    splits = grouped_cv_splits(y, tr, groups, seed, folds)
-    rows = []
-    with one_blas_thread():
-        for layer in range(acts.num_layers):
-            x = acts.layer(layer).numpy().astype(np.float64)
-            prob = fit_probe(x[tr], y[tr], c=c, seed=seed).predict_proba(x[te])[:, 1]
-            mean_diff = x[tr][y[tr] == 1].mean(0) - x[tr][y[tr] == 0].mean(0)
-            rows.append({
-                "layer": layer,
-                "auroc": auroc(prob, y[te]),
-                "accuracy": float(((prob > 0.5).astype(int) == y[te]).mean()),
-                "mean_diff_auroc": auroc(x[te] @ mean_diff, y[te]),
-                "cv_auroc": _cv_auroc(x[tr], y[tr], splits, c, seed),
-            })
-            progress((layer + 1) / acts.num_layers, f"probing layer {layer + 1}/{acts.num_layers}")
-    return rows
-
-
-def choose_layer(rows: list[dict[str, Any]], tolerance: float = 0.005) -> int:
-    """The earliest layer whose train-split CV AUROC is within ``tolerance`` of the best one.
-
-    Earlier layers leave more of the network to act on a steered direction, and
-    the plateau of near-perfect probes usually spans many layers.
-    """
-    cv = np.array([r["cv_auroc"] for r in rows], dtype=float)
-    if np.isnan(cv).all():  # too few groups for CV: fall back to the middle of the network
-        return len(rows) // 2
-    best = np.nanmax(cv)
-    return int(np.flatnonzero(cv >= best - tolerance)[0])
-
-
-def choose_layer_on_train(acts: Activations, y: np.ndarray, train_idx: Sequence[int], groups: Sequence[str],
-                          seed: int = 0, progress: Progress | None = None) -> tuple[int, list[dict[str, Any]]]:
-    """Pick a layer from the train split only (grouped CV of a probe on each layer)."""
-    progress = progress or noop
-    tr = np.asarray(train_idx)
-    splits = grouped_cv_splits(y, tr, groups, seed)
-    if not splits:
-        return acts.num_layers // 2, []
-    rows = []
-    with one_blas_thread():
-        for layer in range(acts.num_layers):
-            x = acts.layer(layer).numpy().astype(np.float64)[tr]
-            rows.append({"layer": layer, "cv_auroc": _cv_auroc(x, y[tr], splits, 1.0, seed)})
-            progress((layer + 1) / acts.num_layers, f"choosing a layer: {layer + 1}/{acts.num_layers}")
-    return choose_layer(rows), rows
-
-
 # ------------------------------------------------------------------ α range
 def alpha_range_from_kl(kl_at: Callable[[list[float]], np.ndarray], grid: Sequence[float] = ALPHA_GRID,
                         bound: float = KL_BOUND) -> tuple[tuple[float, float], list[dict[str, float]]]:
@@ -226,7 +158,7 @@ def residual_alpha_range(handle, direction: torch.Tensor, layer: int, prompts: S
     from ..model.analysis import sweep
 
     unit = direction / direction.norm().clamp_min(1e-12)
-    scale = handle.relative_scale(layer)
+    scale = relative_scale(handle, layer)
 
     def kl_at(alphas: list[float]) -> np.ndarray:
         total = np.zeros(len(alphas))

@@ -35,17 +35,20 @@ for ITI; its recommended range is measured on :data:`ALPHA_GRID`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from ..data.activations import head_geometry, out_projection, out_projection_weight
+from ..data import Dataset, DatasetError, split_indices
+from ..model.capture import head_geometry, out_projection, out_projection_weight
 from ..model.hooks import POSITIONS, SteeringError, StepState
-from .common import auroc, fit_probe, one_blas_thread
+from ..vector import SteeringVector
+from .base import Progress, setting, settings_dict, static_steers
+from .common import (KL_BOUND, SWEEP_PROMPTS, TEST_FRACTION, Timer, alpha_range_from_kl, auroc, check_binary, clean,
+                     fit_probe, make_record, one_blas_thread, prepare, sub_progress)
 
-METHOD = "iti"
-DEFAULTS = {"top_heads": 16, "val_fraction": 0.25}
 ALPHA_GRID = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0)  # σ units
 HEADS, SHIFTS, ACCURACY = "iti.heads", "iti.shifts", "iti.accuracy"
 
@@ -222,5 +225,87 @@ def heatmap(vector) -> list[list[float]]:
     return vector.extras[ACCURACY].tolist() if ACCURACY in vector.extras else []
 
 
-__all__ = ["METHOD", "DEFAULTS", "HeadSteer", "build_steers", "head_accuracy", "top_heads", "head_shifts",
-           "residual_equivalent", "layer_shifts", "score_heads", "shifts_of", "heatmap", "kl_at", "auroc"]
+
+
+@dataclass
+class ITISettings:
+    position: str = setting("last", "which token's head activations stand for a row", choices=("last", "mean"))
+    seed: int = setting(0, "seed of the group splits", minimum=0, maximum=2**31 - 1)
+    top_heads: int = setting(16, "how many heads (by validation accuracy) to steer", minimum=1, maximum=4096)
+    val_fraction: float = setting(0.25, "share of training groups used to rank the heads", minimum=0.05,
+                                  maximum=0.9, ui=False)
+    test_fraction: float = setting(TEST_FRACTION, "share of groups held out for test metrics", minimum=0.05,
+                                   maximum=0.9, ui=False)
+    kl_bound: float = setting(KL_BOUND, "mean next-token KL (nats) that bounds the recommended α range",
+                              minimum=0.01, maximum=100.0, ui=False)
+    template: str | None = setting(None, "row text template with {completion} once (and {prompt})", ui=False,
+                                   max_length=500)
+
+
+class ITI:
+    """Per-head steering; heads are chosen across all layers, so there is no layer setting."""
+
+    name = "iti"
+    label = "ITI (attention heads)"
+    Settings = ITISettings
+    steering = "heads"
+
+    def train(self, handle, dataset: Dataset, settings: Any, progress: Progress) -> tuple[SteeringVector, dict]:
+        timer = Timer()
+        st = settings
+        seed, position, test_fraction = st.seed, st.position, st.test_fraction
+        labelled, acts, tr, te = prepare(handle, dataset, position=position, template=st.template,
+                                         site="heads", seed=seed, test_fraction=test_fraction,
+                                         progress=sub_progress(progress, 0.0, 0.5))
+        y = labelled.labels
+        check_binary(y[tr], "training split")
+        num_heads, head_dim = head_geometry(handle)
+        heads = acts.heads(num_heads)
+        # Validation split inside the train split, by group, for choosing heads.
+        train_part = labelled.subset(tr)
+        val_fraction = st.val_fraction
+        try:
+            fit_local, val_local = split_indices(train_part, test_fraction=val_fraction, seed=seed + 1)
+            fit_idx, val_idx = [tr[i] for i in fit_local], [tr[i] for i in val_local]
+            if len(np.unique(y[fit_idx])) < 2 or len(np.unique(y[val_idx])) < 2:
+                raise DatasetError("single-class validation part")
+        except DatasetError:
+            fit_idx, val_idx = list(tr), list(tr)
+        progress(0.5, f"probing {heads.shape[1] * num_heads} heads")
+        accuracy = head_accuracy(heads, y, fit_idx, val_idx, seed=seed)
+        k = st.top_heads
+        chosen = top_heads(accuracy, k)
+        shifts = head_shifts(heads, y, chosen, tr)
+        directions = residual_equivalent(handle, chosen, shifts, head_dim)
+        scores = score_heads(heads, chosen, shifts).numpy()
+        metrics = {"train_auroc": auroc(scores[tr], y[tr]), "test_auroc": auroc(scores[te], y[te]),
+                   "train_rows": len(tr), "test_rows": len(te), "heads": len(chosen),
+                   "mean_val_accuracy_chosen": float(np.mean([accuracy[l, h] for l, h in chosen])),
+                   "best_val_accuracy": float(accuracy.max())}
+        hyper = {**settings_dict(st), "top_heads": len(chosen), "num_heads": num_heads, "head_dim": head_dim}
+        extras = {HEADS: torch.tensor(chosen, dtype=torch.int64), SHIFTS: shifts,
+                  ACCURACY: torch.as_tensor(accuracy, dtype=torch.float32)}
+        vector = make_record(handle, "iti", directions, labelled, hyperparameters=hyper, metrics=clean(metrics),
+                             alpha_range=None, extras=extras, site="attention_heads")
+        vector.dataset_hash = dataset.content_hash
+        progress(0.9, "measuring the recommended α range")
+        alpha_range, table = alpha_range_from_kl(lambda a: kl_at(handle, vector, SWEEP_PROMPTS, a),
+                                                 grid=ALPHA_GRID, bound=hyper["kl_bound"])
+        vector.alpha_range = alpha_range
+        progress(1.0, f"ITI with {len(chosen)} heads: test AUROC {metrics['test_auroc']:.3f}")
+        report = {"method": "iti", "layers": vector.layers, "metrics": metrics,
+                  "heads": [[l, h, float(accuracy[l, h])] for l, h in chosen],
+                  "heatmap": accuracy.tolist(), "heatmap_axes": {"rows": "layer", "columns": "head",
+                                                                 "value": "validation accuracy"},
+                  "alpha_sweep": table, "alpha_range": list(alpha_range), "warnings": list(labelled.warnings),
+                  "dataset": dataset.summary(), "activations_cached": acts.from_cache, "seconds": timer()}
+        return vector, clean(report)
+
+    def steers(self, handle, vector, alpha: float, *, layer: int | None = None, relative: bool = False,
+               positions: str | None = None) -> list:
+        if HEADS not in vector.extras:  # e.g. imported from a residual-only format: its directions still steer
+            return static_steers(handle, vector, alpha, layer=layer, relative=relative, positions=positions)
+        return build_steers(handle, vector, alpha, relative=relative, positions=positions)
+
+
+METHOD = ITI()

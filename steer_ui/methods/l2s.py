@@ -60,7 +60,6 @@ from torch import nn
 from ..model.hooks import Steer, SteeringError, StepState, steering
 from ..vector import SteeringVector, VectorError
 
-METHOD = "l2s"
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 TARGET_POSITIONS = ("mean", "last")
 SOURCES = ("none", "mean", "l2s", "p2s")
@@ -855,22 +854,48 @@ def default_layer(num_layers: int) -> int:
     return max(0, min(num_layers - 1, int(round((num_layers - 1) / 3))))
 
 
-def train_from_args(handle, dataset, args) -> tuple[SteeringVector, dict]:
-    """The CLI's ``train --method l2s``: --layer, --context-layer, --hidden, --position, --seed, --epochs."""
-    position = getattr(args, "position", None) or "mean"
-    return train(handle, dataset, layer=getattr(args, "layer", None),
-                 context_layer=getattr(args, "context_layer", None), hidden=getattr(args, "hidden", None),
-                 position=position, seed=getattr(args, "seed", None), epochs=getattr(args, "epochs", None),
-                 progress=_stderr_progress)
+from dataclasses import asdict, dataclass  # noqa: E402  (interim adapter; the l2s package replaces it)
 
 
-def _stderr_progress(frac: float, msg: str) -> None:
-    import sys
+@dataclass
+class L2SSettings:
+    layer: int | None = None
+    context_layer: int | None = None
+    hidden: int | None = None
+    position: str = "mean"
+    seed: int = 0
+    epochs: int = 400
+    patience: int = 40
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    batch_size: int = 32
+    cos_weight: float = 0.1
+    activation: str = "tanh"
+    test_fraction: float = 0.2
+    val_fraction: float = 0.2
+    eval_alpha: float = 0.5
+    eval_limit: int | None = None
+    steer_positions: str = "all"
+    extract_batch: int = 32
 
-    print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
+
+class _L2S:
+    name = "l2s"
+    label = "L2S (input-dependent)"
+    Settings = L2SSettings
+    steering = "input"
+
+    def train(self, handle, dataset, settings, progress):
+        return train(handle, dataset, progress=progress, **asdict(settings))
+
+    def steers(self, handle, vector, alpha, *, layer=None, relative=False, positions=None):
+        return build_steers(handle, vector, alpha, relative=relative, positions=positions)
 
 
-__all__ = ["train", "train_from_args", "build_steers", "mean_steers", "p2s_vector", "steer_sources", "predict",
+METHOD = _L2S()
+
+
+__all__ = ["train", "build_steers", "mean_steers", "p2s_vector", "steer_sources", "predict",
            "describe", "extract", "prompt_contexts", "fit_mlp", "SteeringMLP", "compare_heldout", "steering_effect",
            "table", "as_pairs", "Pair", "L2SError", "DEFAULTS", "default_hidden", "default_layer", "mlp_of",
            "layers_of"]

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-METHOD = "mean-diff"
-DEFAULTS = {"normalize": False}
+from .residual import ResidualMethod
 
 
 def direction(x: torch.Tensor, y: np.ndarray, normalize: bool = False) -> tuple[torch.Tensor, dict]:
@@ -25,3 +24,15 @@ def direction(x: torch.Tensor, y: np.ndarray, normalize: bool = False) -> tuple[
     if normalize:
         vec = vec / vec.norm().clamp_min(1e-12)
     return vec.float(), {"raw_norm": raw_norm}
+
+
+class MeanDiff(ResidualMethod):
+    name = "mean-diff"
+    label = "Mean difference (CAA)"
+
+    def fit(self, x, y, train_idx, dataset, labelled, settings):
+        vec, info = direction(x[train_idx], y[train_idx], normalize=settings.normalize)
+        return vec, info, []
+
+
+METHOD = MeanDiff()

@@ -11,13 +11,14 @@ moves an activation by the class-mean distance along the component
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from .base import setting
 from .common import class_separation
-
-METHOD = "pca"
-DEFAULTS = {"normalize": False, "center": True}
+from .residual import ResidualMethod, ResidualSettings
 
 
 def direction(pos: torch.Tensor, neg: torch.Tensor, normalize: bool = False,
@@ -42,3 +43,49 @@ def direction(pos: torch.Tensor, neg: torch.Tensor, normalize: bool = False,
     vec = pc if normalize else pc * abs(sep)  # keep the voted sign; the length is the class gap
     return vec.float(), {"explained_variance_ratio": explained, "class_separation": sep,
                          "pairs": int(len(pos))}
+
+
+def pair_indices(dataset, labelled, idx: list[int], seed: int) -> tuple[list[int], list[int], str]:
+    """Positive and negative row indices forming pairs among ``idx`` (same group), and a warning if paired at random."""
+    if dataset.kind == "pairs":  # as_labelled interleaves: row 2i positive, 2i+1 its negative
+        pos = [i for i in idx if i % 2 == 0 and i + 1 in set(idx)]
+        return pos, [i + 1 for i in pos], ""
+    y = labelled.labels
+    groups = labelled.groups
+    by_group: dict[str, tuple[list[int], list[int]]] = {}
+    for i in idx:
+        by_group.setdefault(groups[i], ([], []))[0 if y[i] == 1 else 1].append(i)
+    pos, neg = [], []
+    for p, n in by_group.values():
+        if p and n:
+            for k in range(max(len(p), len(n))):
+                pos.append(p[k % len(p)])
+                neg.append(n[k % len(n)])
+    if pos:
+        return pos, neg, ""
+    rng = np.random.default_rng(seed)
+    p = [i for i in idx if y[i] == 1]
+    n = [i for i in idx if y[i] == 0]
+    p, n = list(rng.permutation(p)), list(rng.permutation(n))
+    k = max(len(p), len(n))
+    return ([int(p[j % len(p)]) for j in range(k)], [int(n[j % len(n)]) for j in range(k)],
+            "no group holds both classes: positives and negatives were paired at random for PCA")
+
+
+@dataclass
+class PCASettings(ResidualSettings):
+    center: bool = setting(True, "centre the paired differences before the PCA (repeng's pca_diff)", ui=False)
+
+
+class PCA(ResidualMethod):
+    name = "pca"
+    label = "PCA of paired differences"
+    Settings = PCASettings
+
+    def fit(self, x, y, train_idx, dataset, labelled, settings):
+        pos, neg, warn = pair_indices(dataset, labelled, train_idx, settings.seed)
+        vec, info = direction(x[pos], x[neg], normalize=settings.normalize, center=settings.center)
+        return vec, info, [warn] if warn else []
+
+
+METHOD = PCA()

@@ -9,13 +9,14 @@ an activation by the distance between the class means along it
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from .base import setting
 from .common import class_separation, fit_probe, probe_weight
-
-METHOD = "probe"
-DEFAULTS = {"normalize": False, "C": 1.0}
+from .residual import ResidualMethod, ResidualSettings
 
 
 def direction(x: torch.Tensor, y: np.ndarray, normalize: bool = False, C: float = 1.0,
@@ -31,3 +32,22 @@ def direction(x: torch.Tensor, y: np.ndarray, normalize: bool = False, C: float 
     vec = unit if normalize else unit * sep
     info = {"train_probe_accuracy": float(model.score(x.numpy(), y)), "class_separation": sep}
     return vec.float(), info
+
+
+@dataclass
+class ProbeSettings(ResidualSettings):
+    C: float = setting(1.0, "inverse L2 strength of the logistic regression", minimum=1e-6, maximum=1e6, ui=False)
+
+
+class Probe(ResidualMethod):
+    name = "probe"
+    label = "Logistic probe"
+    Settings = ProbeSettings
+
+    def fit(self, x, y, train_idx, dataset, labelled, settings):
+        vec, info = direction(x[train_idx], y[train_idx], normalize=settings.normalize, C=settings.C,
+                              seed=settings.seed)
+        return vec, info, []
+
+
+METHOD = Probe()

@@ -938,34 +938,39 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
     return result[~empty].reset_index(drop=True)
 
 
-# ------------------------------------------------------------------ the CLI
-def train_from_args(handle, dataset, args) -> tuple[SteeringVector, dict]:
-    """``train --method tsv``: --layer --generate --exemplars --epochs --seed, and the constraints:
-    --no-logit-penalty --no-kl-penalty --max-logit-change --logit-weight --kl-weight --bound-sweep."""
-    hp: dict[str, Any] = {"seed": getattr(args, "seed", 0) or 0}
-    if getattr(args, "exemplars", None) is not None:
-        hp["exemplars"] = args.exemplars
-    if getattr(args, "epochs", None) is not None:
-        hp["init_epochs"] = hp["aug_epochs"] = args.epochs
-    if getattr(args, "no_logit_penalty", False):
-        hp["logit_penalty"] = False
-    if getattr(args, "no_kl_penalty", False):
-        hp["kl_penalty"] = False
-    for name in ("max_logit_change", "logit_weight", "kl_weight"):
-        if getattr(args, name, None) is not None:
-            hp[name] = float(getattr(args, name))
-    bounds = parse_bounds(getattr(args, "bound_sweep", None))
-    if bounds:
-        hp["bound_sweep"] = bounds
-    generated = None
-    if getattr(args, "generate", False):
-        generated = generate_and_label(handle, dataset)
-        dataset = generated
-    vector, report = train(handle, dataset, layer=getattr(args, "layer", None), **hp)
-    if generated is not None:
-        report["generated"] = generated[["prompt", "completion", "label", "similarity_correct",
-                                         "similarity_incorrect"]].to_dict("records")
-    return vector, report
+# ------------------------------------------------------------------ the Method
+@dataclass
+class TSVMethodSettings(TSVSettings):
+    ALIASES = {"epochs": ("init_epochs", "aug_epochs")}  # one count for both stages, as the form and CLI say
+    generate: bool = False  # answer the questions with the model and label the answers first
+
+
+class _TSV:
+    name = "tsv"
+    label = "TSV (truthfulness separator)"
+    Settings = TSVMethodSettings
+    steering = "static"
+
+    def train(self, handle, dataset, settings, progress):
+        from dataclasses import asdict
+
+        hp = {k: v for k, v in asdict(settings).items() if k != "generate"}
+        generated = None
+        if settings.generate:
+            generated = dataset = generate_and_label(handle, dataset)
+        vector, report = train(handle, dataset, progress=progress, **hp)
+        if generated is not None:
+            report["generated"] = generated[["prompt", "completion", "label", "similarity_correct",
+                                             "similarity_incorrect"]].to_dict("records")
+        return vector, report
+
+    def steers(self, handle, vector, alpha, *, layer=None, relative=False, positions=None):
+        from .base import static_steers
+
+        return static_steers(handle, vector, alpha, layer=layer, relative=relative, positions=positions)
+
+
+METHOD = _TSV()
 
 
 # ------------------------------------------------------- the README table

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from ..paths import cache_root
 from .architecture import Architecture, discover
 
 EMBEDDED = "embedded"
@@ -30,10 +31,6 @@ Progress = Callable[[float, str], None]
 
 class ModelLoadError(RuntimeError):
     """A model that could not be loaded, with what to do about it."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("STEER_UI_CACHE") or Path.home() / ".cache" / "steer_ui")
 
 
 def _noop(_f: float, _m: str) -> None:
@@ -84,15 +81,12 @@ class ModelHandle:
         }
 
     def layer_norms(self) -> list[float]:
-        """Mean residual-stream norm at each block output, measured once (see analysis)."""
+        """Mean residual-stream norm at each block output, measured once (see :mod:`.units`)."""
         if self._layer_norms is None:
-            from .analysis import measure_layer_norms
+            from .units import measure_layer_norms
 
             self._layer_norms = measure_layer_norms(self)
         return self._layer_norms
-
-    def relative_scale(self, layer: int) -> float:
-        return self.layer_norms()[layer]
 
 
 def resolve_device(device: str = "auto") -> torch.device:
