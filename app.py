@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         args.max_file_size = parse_size(args.max_file_size)
     auth = parse_auth(args.auth)
 
-    from steer_ui.backend import Backend, UserError
+    from steer_ui.service import Service, UserError
     from steer_ui.ui.app import build_demo, launch_kwargs
 
-    backend = Backend(max_file_bytes=args.max_file_size)
+    backend = Service(max_file_bytes=args.max_file_size)
     if args.wait or args.model.startswith("tiny:"):
         try:
             backend.load_model(args.model, args.device, args.dtype,

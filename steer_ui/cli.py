@@ -7,6 +7,7 @@ on failure, with a non-zero exit and no traceback).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, Callable
@@ -41,9 +42,52 @@ def _steering_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--positions", choices=("all", "prompt", "generated"), default=None)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so ``--json`` still prints one JSON object for a bad flag."""
+
+    def error(self, message: str):
+        raise CliError(message)
+
+
+def _method_flags(p: argparse.ArgumentParser) -> None:
+    """``--method`` plus one flag per setting of every registered method (generated from the settings dataclasses).
+
+    Flags default to None ("not given"), so a method sees only what the user
+    typed; a flag that names a setting the chosen method does not have is
+    refused by the method's settings parser.
+    """
+    from .methods.base import aliases, all_methods, specs
+
+    methods = all_methods()
+    p.add_argument("--method", required=True, choices=[m.name for m in methods])
+    owners: dict[str, list[str]] = {}
+    first: dict[str, Any] = {}
+    for m in methods:
+        for spec in specs(m.Settings):
+            owners.setdefault(spec.name, []).append(m.name)
+            first.setdefault(spec.name, spec)
+        for alias, targets in aliases(m.Settings).items():
+            owners.setdefault(alias, []).append(m.name)
+            target = next(s for s in specs(m.Settings) if s.name == targets[0])
+            first.setdefault(alias, dataclasses.replace(target, name=alias, flag=None,
+                                                        help=f"sets {', '.join(targets)}"))
+    for name, spec in first.items():
+        where = f" [{', '.join(owners[name])}]"
+        flag = spec.cli_flag
+        if spec.kind == "bool":
+            p.add_argument(flag, dest=name, action="store_const", const=True, default=None, help=spec.help + where)
+            p.add_argument("--no-" + flag[2:], dest=name, action="store_const", const=False, default=None,
+                           help=argparse.SUPPRESS)
+            continue
+        kind = {"int": int, "float": float}.get(spec.kind, str)
+        p.add_argument(flag, dest=name, type=kind, default=None, choices=list(spec.choices) if spec.choices else None,
+                       help=spec.help + where)
+    p.set_defaults(_settings=list(first))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m steer_ui", description="Activation steering, headless.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="python -m steer_ui", description="Activation steering, headless.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("generate", help="unsteered and steered continuations side by side")
     _common(p)
@@ -77,33 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schema", default=None)
     p.add_argument("--seed", type=int, default=0)
 
-    p = sub.add_parser("train", help="train a steering vector and save it")
+    p = sub.add_parser("train", help="train a steering vector and save it (flags come from each method's settings)")
     _common(p)
-    p.add_argument("--method", required=True, choices=("mean-diff", "probe", "pca", "iti", "tsv", "l2s"))
     p.add_argument("--data", required=True)
     p.add_argument("--schema", default=None)
-    p.add_argument("--layer", type=int)
     p.add_argument("--out", required=True)
-    p.add_argument("--position", choices=("last", "mean"), default=None)
-    p.add_argument("--seed", type=int, default=0)
-    # TSV
-    p.add_argument("--generate", action="store_true", help="TSV: answer the questions with the model and label them")
-    p.add_argument("--exemplars", type=int, default=None)
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--no-logit-penalty", action="store_true")
-    p.add_argument("--no-kl-penalty", action="store_true")
-    p.add_argument("--max-logit-change", type=float, default=None,
-                   help="TSV: the |Δlogit| bound of the logit hinge (default 2.0)")
-    p.add_argument("--logit-weight", type=float, default=None, help="TSV: weight of the logit hinge (default 0.2)")
-    p.add_argument("--kl-weight", type=float, default=None, help="TSV: weight of the KL penalty (default 0.1)")
-    p.add_argument("--bound-sweep", default=None,
-                   help="TSV: comma-separated extra |Δlogit| bounds (e.g. 6,20), one more constrained run each; "
-                        "the report's bound_sweep gives held-out AUROC against the bound")
-    # ITI
-    p.add_argument("--top-heads", type=int, default=None)
-    # L2S
-    p.add_argument("--context-layer", type=int)
-    p.add_argument("--hidden", type=int)
+    _method_flags(p)
 
     p = sub.add_parser("detect", help="score answers with a TSV vector")
     _common(p)
@@ -139,10 +162,7 @@ def load_handle(args: argparse.Namespace):
 
         return tiny_handle(source.split(":", 1)[1])
 
-    def progress(frac: float, msg: str) -> None:
-        print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
-
-    return load_model(source, device=args.device, dtype=args.dtype, progress=progress)
+    return load_model(source, device=args.device, dtype=args.dtype, progress=_stderr_progress)
 
 
 def resolve_vector(args: argparse.Namespace, handle):
@@ -204,7 +224,7 @@ def cmd_next_token(args) -> dict:
 @command("sweep")
 def cmd_sweep(args) -> dict:
     from .model.analysis import sweep
-    from .steering import build_steers
+    from .steering import build_steers, steering_kind
 
     handle = load_handle(args)
     vector, layer, warnings = resolve_vector(args, handle)
@@ -217,7 +237,7 @@ def cmd_sweep(args) -> dict:
     steers = build_steers(handle, vector, 1.0, layer=layer, relative=args.relative, positions=args.positions)
     if len(steers) != 1 or getattr(steers[0], "vector", None) is None:
         raise CliError(f"sweep needs a single fixed direction; this {vector.method} vector steers "
-                       + ("per input" if vector.input_dependent else "at several sites")
+                       + ("per input" if steering_kind(vector) == "input" else "at several sites")
                        + " (use next-token with --alpha for each value instead)")
     unit_steer = steers[0]
     scale = float(unit_steer.alpha.reshape(-1)[0])
@@ -241,11 +261,14 @@ def cmd_probe_layers(args) -> dict:
 @command("train")
 def cmd_train(args) -> dict:
     from .data import load_dataset
-    from .methods import train_from_args
+    from .methods import get, parse_settings
 
+    method = get(args.method)
+    values = {name: getattr(args, name) for name in args._settings if getattr(args, name) is not None}
+    settings = parse_settings(method.Settings, values)  # refuses a flag this method has no setting for
     dataset = load_dataset(args.data, schema=args.schema)
     handle = load_handle(args)
-    vector, report = train_from_args(handle, dataset, args)
+    vector, report = method.train(handle, dataset, settings, _stderr_progress)
     vector.save(args.out)
     return {"out": args.out, **vector.metadata(), **({"report": report} if report else {})}
 
@@ -254,12 +277,15 @@ def cmd_train(args) -> dict:
 def cmd_detect(args) -> dict:
     from .data import load_dataset
     from .formats import read_vector
-    from .methods import tsv
+    from .methods import method_of
 
     dataset = load_dataset(args.data, schema=args.schema)
     handle = load_handle(args)
     vector, warnings = read_vector(args.vector, handle)
-    out = tsv.detect(handle, vector, dataset)
+    method = method_of(vector)
+    if method is None or not hasattr(method, "detect"):  # only detector methods (TSV) score answers
+        raise CliError(f"detect needs a detector vector (TSV); this one was made by '{vector.method}'")
+    out = method.detect(handle, vector, dataset)
     out["warnings"] = warnings
     return out
 
@@ -296,24 +322,25 @@ def cmd_bench(args) -> dict:
 
 
 def _expected_errors() -> tuple[type, ...]:
-    from .model.generation import GenerationError
-    from .model.hooks import SteeringError
+    """Input errors, printed as one line: every core error type is a ValueError except the loader's."""
     from .model.loading import ModelLoadError
-    from .model.architecture import ArchitectureError
-    from .data import DatasetError
-    from .vector import VectorError
 
-    return (CliError, GenerationError, SteeringError, ModelLoadError, ArchitectureError, VectorError, DatasetError,
-            FileNotFoundError)
+    return (CliError, ValueError, ModelLoadError, FileNotFoundError)
+
+
+def _stderr_progress(fraction: float, message: str) -> None:
+    print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wants_json = "--json" in argv
     try:
+        args = build_parser().parse_args(argv)
         result: Any = COMMANDS[args.command](args)
     except _expected_errors() as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if args.json:
+        if wants_json:
             print(json.dumps({"error": message}))
         print(f"error: {message}", file=sys.stderr)
         return 2

@@ -89,10 +89,6 @@ class SteeringVector:
         """The first (usually only) layer."""
         return self.layers[0]
 
-    @property
-    def input_dependent(self) -> bool:
-        return self.method == "l2s"
-
     def direction(self, layer: int | None = None) -> torch.Tensor:
         return self.directions[self.layer if layer is None else layer]
 

@@ -153,10 +153,14 @@ def _number(spec: SettingSpec, value: Any, kind: str) -> int | float:
             raise SettingsError(f"{spec.name} must be a whole number, got {value!r}")
         number = int(number)
     if spec.minimum is not None and number < spec.minimum:
-        raise SettingsError(f"{spec.name} must be >= {spec.minimum:g}, got {value!r}")
+        raise SettingsError(f"{spec.name} must be at least {_show(spec.minimum)}, got {value!r}")
     if spec.maximum is not None and number > spec.maximum:
-        raise SettingsError(f"{spec.name} must be <= {spec.maximum:g}, got {value!r}")
+        raise SettingsError(f"{spec.name} must be at most {_show(spec.maximum)}, got {value!r}")
     return number
+
+
+def _show(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def coerce(spec: SettingSpec, value: Any) -> Any:

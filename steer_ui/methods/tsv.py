@@ -964,6 +964,12 @@ class _TSV:
                                              "similarity_incorrect"]].to_dict("records")
         return vector, report
 
+    def score(self, handle, vector, pairs):
+        return score(handle, vector, pairs)
+
+    def detect(self, handle, vector, dataset):
+        return detect(handle, vector, dataset)
+
     def steers(self, handle, vector, alpha, *, layer=None, relative=False, positions=None):
         from .base import static_steers
 

@@ -7,15 +7,15 @@ import logging
 
 import gradio as gr
 
-from ..backend import RANDOM, Backend
+from ..service import RANDOM, Service
 from . import i18n
-from .common import MODEL, T, handler, sid
+from .common import MODEL, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
 from .explore_tab import build_explore_tab
 from .export_tab import build_export_tab
 from .model_tab import build_model_tab, model_view, status_markdown
-from .train_tab import build_train_tab
+from .train_tab import build_train_tab, parse_extra
 
 log = logging.getLogger("steer_ui.ui")
 
@@ -59,7 +59,7 @@ def fan_out(fn, copies: int):
     return wrapper
 
 
-def build_demo(backend: Backend, num_layers: int | None = None) -> gr.Blocks:
+def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
     """The whole app.  ``num_layers`` sizes the layer sliders before the model is known (page load fixes them)."""
     if num_layers is None and backend.model_ready:
         num_layers = backend.handle.arch.num_layers
@@ -95,7 +95,25 @@ def build_demo(backend: Backend, num_layers: int | None = None) -> gr.Blocks:
 
         # ----------------------------------------------------- cross-tab events
         train.train.click(fan_out(train.train_fn, n_pickers), train.train_inputs, train.train_outputs + vector_pickers,
-                          api_name="train", **MODEL)
+                          api_name="train_form", api_visibility="undocumented", **MODEL)
+
+        # ------------------------------------------------ API-only endpoints
+        def train_api(method: str, layer: float | None, auto_layer: bool, settings: str,
+                      request: gr.Request) -> dict:
+            """Train any registered method: ``settings`` is a JSON object of its settings (see /methods)."""
+            try:
+                name, result = backend.train(sid(request), method, None if auto_layer else layer,
+                                             settings=parse_extra(settings))
+            except Exception as exc:
+                raise as_gr_error(backend, request, exc) from None
+            return {"vector": name, "report": result, "vectors": backend.vector_names(sid(request))}
+
+        def methods_api() -> list:
+            """Every registered method with its settings: name, type, default, bounds, help."""
+            return backend.methods_schema()
+
+        gr.api(train_api, api_name="train", **MODEL)
+        gr.api(methods_api, api_name="methods", queue=False)
         export.upload.upload(fan_out(export.import_fn, n_pickers), [export.upload],
                              [export.import_status, export.info] + vector_pickers, api_name="import_vector")
 
@@ -158,7 +176,7 @@ def build_demo(backend: Backend, num_layers: int | None = None) -> gr.Blocks:
     return demo
 
 
-def _explore_first_view(backend: Backend, explore):
+def _explore_first_view(backend: Service, explore):
     """Draw the α = 0 next-token bars once the page is up, so Explore never opens empty."""
 
     @handler(backend)

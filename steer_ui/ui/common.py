@@ -8,7 +8,7 @@ import logging
 
 import gradio as gr
 
-from ..backend import UserError
+from ..service import UserError
 from . import i18n
 
 log = logging.getLogger("steer_ui.ui")
@@ -46,12 +46,12 @@ def _find_request(args, kwargs) -> gr.Request | None:
     return None
 
 
-def _as_gr_error(backend, request, exc: BaseException) -> gr.Error:
+def as_gr_error(backend, request, exc: BaseException) -> gr.Error:
     lang = lang_of(backend, request)
     title = i18n.message(lang, "error_title")
     if isinstance(exc, UserError):
         # the toast renders HTML: user file names and token strings must not become markup
-        return gr.Error(html.escape(exc.text(lang)), title=title, print_exception=False)
+        return gr.Error(html.escape(i18n.message(lang, exc.key, **exc.params)), title=title, print_exception=False)
     if isinstance(exc, gr.Error):
         return exc
     log.exception("unexpected error in the app")
@@ -75,7 +75,7 @@ def handler(backend):
                 try:
                     yield from fn(*args, **kwargs)
                 except Exception as exc:
-                    raise _as_gr_error(backend, request, exc) from None
+                    raise as_gr_error(backend, request, exc) from None
             return gen
 
         @functools.wraps(fn)
@@ -84,7 +84,7 @@ def handler(backend):
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
-                raise _as_gr_error(backend, request, exc) from None
+                raise as_gr_error(backend, request, exc) from None
         return call
 
     return wrap

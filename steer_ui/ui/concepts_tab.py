@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import concepts, plots, plots_concepts
-from ..backend import Backend, UserError
+from ..service import Service, UserError
 from . import i18n
 from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
 
@@ -175,7 +175,7 @@ def timing_markdown(lang: str, summary: dict) -> str:
 
 
 # ----------------------------------------------------------------- build
-def build_concepts_tab(backend: Backend) -> ConceptsTab:
+def build_concepts_tab(backend: Service) -> ConceptsTab:
     gr.Markdown(T("concepts.intro"))
 
     # 1 · lm_head

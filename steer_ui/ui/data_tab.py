@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import plots
-from ..backend import Backend
+from ..service import Service
 from . import i18n
 from .common import T, handler, lang_of, sid, table
 
@@ -32,7 +32,7 @@ def summary_markdown(lang: str, info: dict) -> str:
     return text
 
 
-def build_data_tab(backend: Backend) -> DataTab:
+def build_data_tab(backend: Service) -> DataTab:
     with gr.Row():
         # No file_types filter: gradio would refuse other files with its own untranslated message; the data
         # module names the file and the problem (pickle, binary, wrong columns) in plain words instead.

@@ -7,7 +7,7 @@ import gradio as gr
 import pandas as pd
 
 from .. import plots
-from ..backend import RANDOM, Backend, UserError
+from ..service import RANDOM, Service, UserError
 from . import i18n
 from .common import MODEL, T, handler, lang_of, sid, table
 
@@ -41,7 +41,7 @@ def answers_from_table(value) -> list[tuple[str, str]]:
     return rows
 
 
-def build_detect_tab(backend: Backend) -> DetectTab:
+def build_detect_tab(backend: Service) -> DetectTab:
     with gr.Row():
         with gr.Column(scale=1, min_width=320):
             vector = gr.Dropdown(choices=[], value=None, allow_custom_value=True, label=T("detect.vector"),

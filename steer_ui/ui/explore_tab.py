@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import plots
-from ..backend import RANDOM, Backend
+from ..service import RANDOM, Service
 from . import i18n
 from .common import MODEL, AlphaSlider, T, handler, lang_of, msg, sid, table
 
@@ -70,7 +70,7 @@ def highlighted(frame) -> list[tuple[str, float | None]]:
     return out
 
 
-def build_explore_tab(backend: Backend, num_layers: int | None = None) -> ExploreTab:
+def build_explore_tab(backend: Service, num_layers: int | None = None) -> ExploreTab:
     layers = num_layers or MAX_LAYERS
     with gr.Row():
         with gr.Column(scale=1, min_width=320):

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..backend import FORMATS, RANDOM, Backend
+from ..service import FORMATS, RANDOM, Service
 from . import i18n
 from .common import T, handler, lang_of, sid
 
@@ -21,7 +21,7 @@ class ExportTab:
     info: gr.JSON
 
 
-def build_export_tab(backend: Backend) -> ExportTab:
+def build_export_tab(backend: Service) -> ExportTab:
     with gr.Row():
         with gr.Column():
             gr.Markdown(T("export.export_title"))

@@ -1,4 +1,5 @@
-"""English and Simplified Chinese text for the whole app (gradio-free: the backend uses it too).
+"""English and Simplified Chinese text for the whole app (the English server messages come from
+:mod:`steer_ui.messages`, which the core uses; this module is the UI's).
 
 Two kinds of text:
 
@@ -9,7 +10,7 @@ Two kinds of text:
   changes it on the fly without a round trip.
 * **Messages** (``MESSAGES``) and chart text (``PLOTS``): made on the server
   (errors, status lines, plot titles) in the session's language, which the
-  switch also sends to the server (:meth:`Backend.set_language`).
+  switch also sends to the server (:meth:`Service.set_language`).
 
 Numbers and token strings are inserted as they are, never translated.
 
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import string
 from typing import Any
+
+from ..messages import ENGLISH, normalise_lang
 
 LANGS = ("en", "zh-CN")
 
@@ -252,62 +255,7 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
 }
 
 MESSAGES: dict[str, dict[str, str]] = {
-    "en": {
-        "error_title": "Error",
-        "unexpected": "Something went wrong: {detail}. Your data and vectors are kept; try again or change the input.",
-        "no_model": "No model is loaded yet: load one in the Model tab.",
-        "model_load_failed": "The model could not be loaded: {detail}",
-        "model_loading": "Loading the model… {detail}",
-        "model_facts": "**{model_id}** ({model_type}) · {num_layers} layers · hidden size {hidden_size} · "
-                       "vocabulary {vocab_size} · tied lm_head: {tied_lm_head} · {parameters} parameters · "
-                       "{device} {dtype} · loaded in {load_seconds} s",
-        "unknown_vector": "There is no vector named '{name}' in this session (you have: {known}). Train or import "
-                          "one first.",
-        "bad_layer": "Layer {layer} does not exist: this model has layers 0 to {last}.",
-        "steering_failed": "This vector cannot steer the loaded model: {detail}",
-        "bad_alpha": "α must be a finite number, got {alpha}.",
-        "explore_failed": "Could not compute the steered distribution: {detail}",
-        "input_dependent_projection": "This vector is input-dependent (L2S): it has no single direction to project "
-                                      "through lm_head.",
-        "empty_prompt": "The prompt is empty: type some text to continue.",
-        "bad_sampling": "Bad sampling setting: {detail}",
-        "generation_failed": "Generation failed: {detail}",
-        "sweep_unsupported": "The dose-response sweep needs a single fixed direction; this vector is input-dependent "
-                             "or acts on several sites.",
-        "unknown_bundled": "There is no bundled dataset '{name}' (available: {known}).",
-        "no_file": "No file was given.",
-        "file_missing": "The file {name} could not be found (the upload may have expired); upload it again.",
-        "file_too_large": "{name} is {size} MB, over the {limit} MB limit.",
-        "dataset_invalid": "{name} could not be used: {detail}. The previously loaded data is unchanged.",
-        "no_dataset": "No dataset is loaded in this session: use the Data tab first.",
-        "training_failed": "Training failed: {detail}",
-        "unknown_method": "Unknown method '{method}' (choose one of: {known}).",
-        "not_tsv": "Vector '{name}' was made by method '{method}'; detection needs a TSV vector.",
-        "no_answers": "There are no answers to score: type at least one answer.",
-        "detect_failed": "Detection failed: {detail}",
-        "unknown_format": "Unknown format '{fmt}' (choose one of: {known}).",
-        "export_failed": "Could not export to {fmt}: {detail}",
-        "import_failed": "{name} could not be imported: {detail}",
-        "readout": "**KL**(unsteered‖steered) = {kl:.4f} nats · **entropy** {hu:.3f} → {hs:.3f} nats · "
-                   "**max |Δlogit|** = {maxd:.3f} on {token}{warn}",
-        "no_tokens": "No tokens were generated.",
-        "token_detail": "Token {token}: log-probability {logprob:.3f}, Δlogit {delta:+.3f} (direct estimate "
-                        "{direct:+.3f}). Alternatives: {alts}",
-        "drag_alpha": "Drag α to see the distribution change.",
-        "dataset_summary": "**{name}**: {kind}, {rows} rows; columns: {columns}",
-        "dataset_warning": "⚠ {detail}",
-        "bad_json": "The extra hyperparameters are not valid JSON: {detail}",
-        "no_curves": "This method reports no per-epoch curves.",
-        "trained": "Trained **{name}**; it is now in the vector lists of Explore, Detect and Export.",
-        "answers_table": "The answers table needs two columns: prompt and answer.",
-        "pick_tsv": "Pick a TSV vector first.",
-        "detect_summary": "Scored {n} answers · AUROC: {auroc}",
-        "no_generation": "Nothing has been generated in Explore yet.",
-        "exported": "Wrote {n} file(s) in {fmt} format: {names}",
-        "imported": "Imported **{name}**; it is now in the vector lists.",
-        "import_warning": "⚠ {detail}",
-        "share_failed": "Could not create a public share link ({detail}); the app is still available locally.",
-    },
+    "en": ENGLISH,
     "zh-CN": {
         "error_title": "错误",
         "unexpected": "出错了：{detail}。你的数据和向量都已保留；请重试或修改输入。",
@@ -335,6 +283,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "no_dataset": "本会话还没有加载数据集：请先使用“数据”页。",
         "training_failed": "训练失败：{detail}",
         "unknown_method": "未知方法“{method}”（可选：{known}）。",
+        "bad_settings": "设置被拒绝：{detail}",
         "not_tsv": "向量“{name}”由方法“{method}”生成；检测需要 TSV 向量。",
         "no_answers": "没有可评分的回答：请至少输入一个回答。",
         "detect_failed": "检测失败：{detail}",
@@ -397,11 +346,6 @@ PLOTS: dict[str, dict[str, dict[str, str]]] = {
         "detect": {"title": "检测分数", "score": "p(真实)"},
     },
 }
-
-
-def normalise_lang(lang: str | None) -> str:
-    """Any Chinese locale (zh, zh-CN, zh-Hans-CN, ...) -> 'zh-CN'; everything else -> 'en'."""
-    return "zh-CN" if str(lang or "").lower().startswith("zh") else "en"
 
 
 def message(lang: str | None, key: str, **params: Any) -> str:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import plots
-from ..backend import Backend
+from ..service import Service
 from . import i18n
 from .common import T, handler, lang_of, progress_adapter
 
@@ -30,7 +30,7 @@ def facts_markdown(lang: str, facts: dict) -> str:
         "dtype", "load_seconds")})
 
 
-def status_markdown(backend: Backend, lang: str) -> str:
+def status_markdown(backend: Service, lang: str) -> str:
     status = backend.model_status()
     if status["ready"]:
         return facts_markdown(lang, backend.model_facts())
@@ -41,7 +41,7 @@ def status_markdown(backend: Backend, lang: str) -> str:
     return i18n.message(lang, "no_model")
 
 
-def build_model_tab(backend: Backend) -> ModelTab:
+def build_model_tab(backend: Service) -> ModelTab:
     with gr.Row():
         source = gr.Dropdown(choices=SOURCES, value="embedded", allow_custom_value=True, label=T("model.source"),
                              info=T("model.source_info"), scale=3)
@@ -68,7 +68,7 @@ def build_model_tab(backend: Backend) -> ModelTab:
     return tab
 
 
-def model_view(backend: Backend, lang: str):
+def model_view(backend: Service, lang: str):
     """Status, facts and norm chart for whatever is loaded (page load)."""
     if not backend.model_ready:
         return status_markdown(backend, lang), None, plots.empty_figure(status_markdown(backend, lang))

@@ -9,7 +9,7 @@ import gradio as gr
 import pandas as pd
 
 from .. import plots
-from ..backend import METHODS, Backend, UserError
+from ..service import Service, UserError
 from . import i18n
 from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
 
@@ -101,31 +101,91 @@ def _jsonable(value):
     return json.loads(json.dumps(value, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
-def build_train_tab(backend: Backend, num_layers: int | None = None) -> TrainTab:
+def _label(name: str):
+    """The setting's translated label where one exists, else its name in words (a new method needs no i18n)."""
+    key = f"train.{name}"
+    return T(key) if key in i18n.TRANSLATIONS["en"] else name.replace("_", " ")
+
+
+def setting_component(spec):
+    """A form component generated from one :class:`~steer_ui.methods.base.SettingSpec`.
+
+    The component's limits mirror the spec's, but they are a convenience: the
+    service re-checks every value (the API ignores the page).
+    """
+    common = dict(label=_label(spec.name), info=spec.help or None)
+    if spec.kind == "bool":
+        return gr.Checkbox(value=bool(spec.default), **common)
+    if spec.choices:
+        return gr.Dropdown(list(spec.choices), value=spec.default, **common)
+    if spec.kind in ("int", "float"):
+        return gr.Number(value=spec.default, precision=0 if spec.kind == "int" else None, minimum=spec.minimum,
+                         maximum=spec.maximum, **common)
+    if spec.kind == "floats":
+        return gr.Textbox(value=", ".join(f"{v:g}" for v in spec.default), placeholder="e.g. 6, 20", **common)
+    return gr.Textbox(value=spec.default or "", max_lines=3, **common)
+
+
+def form_values(specs_: list, values: list) -> dict[str, Any]:
+    """Settings from the form: blank numbers and texts mean "the default" (None), so the service fills them."""
+    out: dict[str, Any] = {}
+    for spec, value in zip(specs_, values):
+        if value is None or (isinstance(value, str) and not value.strip() and spec.kind != "bool"):
+            continue
+        out[spec.name] = value
+    return out
+
+
+def parse_extra(extra: str | None) -> dict[str, Any]:
+    """The free-form JSON box: an object of more settings (validated by the service like every other value)."""
+    if not extra or not extra.strip():
+        return {}
+    try:
+        more = json.loads(extra)
+    except ValueError as exc:
+        raise UserError("bad_json", detail=str(exc)) from None
+    if not isinstance(more, dict):
+        raise UserError("bad_json", detail="expected an object like {\"epochs\": 10}")
+    return more
+
+
+def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple:
+    """(status, curves figure, results table, report) shown after any training run."""
+    curves_frame = find_curves(report)
+    sweep_frame = find_alpha_sweep(report)
+    heads_frame = find_head_heatmap(report)
+    if heads_frame is not None:
+        curves_fig = plots.head_heatmap(heads_frame, labels=i18n.plot_labels(lang, "heads"))
+    elif curves_frame is not None:
+        curves_fig = plots.training_curves(curves_frame, labels=i18n.plot_labels(lang, "curves"))
+    elif sweep_frame is not None:
+        curves_fig = plots.training_curves(sweep_frame, x="alpha", labels=i18n.plot_labels(lang, "alpha_sweep"))
+    else:
+        curves_fig = plots.empty_figure(i18n.message(lang, "no_curves"))
+    return i18n.message(lang, "trained", name=name), curves_fig, table(find_results(report)), _jsonable(report)
+
+
+def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab:
+    """The Train form, generated from the registered methods' settings dataclasses."""
     top = (num_layers or 128) - 1
+    methods = backend.methods_schema()
+    default = methods[0]["name"]  # the registry's first: mean difference, the quickest to train
+    groups: dict[str, Any] = {}
+    fields: list[tuple[str, Any, Any]] = []  # (method, spec, component), in form order
+    from ..methods.base import get, specs
+
     with gr.Row():
         with gr.Column(scale=1, min_width=320):
-            method = gr.Radio(list(METHODS), value="mean-diff", label=T("train.method"), info=T("train.method_info"),
-                              elem_id="train-method")
+            method = gr.Radio([(m["label"], m["name"]) for m in methods], value=default, label=T("train.method"),
+                              info=T("train.method_info"), elem_id="train-method")
             with gr.Row():
                 auto_layer = gr.Checkbox(value=True, label=T("train.auto_layer"))
                 layer = gr.Slider(0, top, value=(num_layers or 12) // 2, step=1, label=T("train.layer"))
-            with gr.Row():
-                position = gr.Radio(["last", "mean"], value="last", label=T("train.position"))
-                seed = gr.Number(value=0, precision=0, minimum=0, label=T("train.seed"))
-            with gr.Group(visible=False) as tsv_group:
-                with gr.Row():
-                    exemplars = gr.Number(value=32, precision=0, minimum=2, label=T("train.exemplars"))
-                    epochs = gr.Number(value=20, precision=0, minimum=1, label=T("train.epochs"))
-                with gr.Row():
-                    logit_penalty = gr.Checkbox(value=True, label=T("train.logit_penalty"))
-                    kl_penalty = gr.Checkbox(value=True, label=T("train.kl_penalty"))
-            with gr.Group(visible=False) as iti_group:
-                top_heads = gr.Number(value=16, precision=0, minimum=1, label=T("train.top_heads"))
-            with gr.Group(visible=False) as l2s_group:
-                with gr.Row():
-                    context_layer = gr.Number(value=None, precision=0, minimum=0, label=T("train.context_layer"))
-                    hidden = gr.Number(value=None, precision=0, minimum=1, label=T("train.hidden"))
+            for m in methods:
+                shown = [spec for spec in specs(get(m["name"]).Settings) if spec.ui and spec.name != "layer"]
+                with gr.Group(visible=m["name"] == default) as groups[m["name"]]:
+                    for spec in shown:
+                        fields.append((m["name"], spec, setting_component(spec)))
             extra = gr.Textbox(label=T("train.extra"), info=T("train.extra_info"), max_lines=3, placeholder="{}",
                                elem_id="train-extra")
             with gr.Row():
@@ -143,70 +203,43 @@ def build_train_tab(backend: Backend, num_layers: int | None = None) -> TrainTab
 
     tab = TrainTab(method=method, layer=layer, auto_layer=auto_layer, train=train_btn, status=status, curves=curves,
                    results=results, report=report, probe_plot=probe_plot, probe_table=probe_table)
+    position = next((c for name, spec, c in fields if name == default and spec.name == "position"), None)
+    seed = next((c for name, spec, c in fields if name == default and spec.name == "seed"), None)
 
-    def show_groups(method):
-        return (gr.update(visible=method == "tsv"), gr.update(visible=method == "iti"),
-                gr.update(visible=method == "l2s"))
+    def show_groups(chosen):
+        return tuple(gr.update(visible=name == chosen) for name in groups)
 
     @handler(backend)
     def probe_layers(position, seed, request: gr.Request, progress=gr.Progress()):
-        lang = lang_of(backend, request)
-        result = backend.probe_layers(sid(request), position=position, seed=seed, progress=progress_adapter(progress))
+        result = backend.probe_layers(sid(request), position=position or "last", seed=int(seed or 0),
+                                      progress=progress_adapter(progress))
         frame = pd.DataFrame(result.get("layers", []))
         best = result.get("best_layer")
-        fig = plots.probe_layers(frame, best, labels=i18n.plot_labels(lang, "probe")) if len(frame) else \
-            plots.empty_figure()
+        fig = plots.probe_layers(frame, best, labels=i18n.plot_labels(lang_of(backend, request), "probe")) \
+            if len(frame) else plots.empty_figure()
         update = gr.update(value=best) if best is not None else gr.skip()
         return fig, table(frame), update, gr.update(value=False) if best is not None else gr.skip()
 
     @handler(backend)
-    def train(method, layer, auto_layer, position, seed, exemplars, epochs, logit_penalty, kl_penalty, top_heads,
-              context_layer, hidden, extra, request: gr.Request, progress=gr.Progress()):
-        lang = lang_of(backend, request)
-        hp: dict[str, Any] = {"seed": seed}
-        if method in ("mean-diff", "probe", "pca", "iti"):
-            hp["position"] = position
-        if method == "tsv":  # TSV reads the last answer token by design; epochs apply to both stages
-            hp.update(exemplars=exemplars, init_epochs=epochs, aug_epochs=epochs, logit_penalty=bool(logit_penalty),
-                      kl_penalty=bool(kl_penalty))
-        elif method == "iti":
-            hp["top_heads"] = top_heads
-        elif method == "l2s":
-            hp.update(context_layer=context_layer, hidden=hidden)
-        if extra and extra.strip():
-            try:
-                more = json.loads(extra)
-            except ValueError as exc:
-                raise UserError("bad_json", detail=str(exc)) from None
-            if not isinstance(more, dict):
-                raise UserError("bad_json", detail="expected an object like {\"epochs\": 10}")
-            hp.update(more)
-        name, report = backend.train(sid(request), method, None if auto_layer else layer,
-                                     progress=progress_adapter(progress), **hp)
-        curves_frame = find_curves(report)
-        sweep_frame = find_alpha_sweep(report)
-        heads_frame = find_head_heatmap(report)
-        if heads_frame is not None:
-            curves_fig = plots.head_heatmap(heads_frame, labels=i18n.plot_labels(lang, "heads"))
-        elif curves_frame is not None:
-            curves_fig = plots.training_curves(curves_frame, labels=i18n.plot_labels(lang, "curves"))
-        elif sweep_frame is not None:
-            curves_fig = plots.training_curves(sweep_frame, x="alpha", labels=i18n.plot_labels(lang, "alpha_sweep"))
-        else:
-            curves_fig = plots.empty_figure(i18n.message(lang, "no_curves"))
+    def train(data: dict, request: gr.Request, progress=gr.Progress()):
+        """The form's Train button; ``data`` maps every input component to its value (a set of inputs)."""
+        chosen = data[method]
+        mine = [(spec, data[component]) for name, spec, component in fields if name == chosen]
+        settings = {**form_values([s for s, _ in mine], [v for _, v in mine]), **parse_extra(data[extra])}
+        name, result = backend.train(sid(request), chosen, None if data[auto_layer] else data[layer],
+                                     progress=progress_adapter(progress), settings=settings)
         choices = backend.vector_names(sid(request))
-        text = i18n.message(lang, "trained", name=name)
-        return (text, curves_fig, table(find_results(report)), _jsonable(report),
-                gr.update(choices=choices, value=name))
+        return train_outputs(backend, lang_of(backend, request), name, result) + \
+            (gr.update(choices=choices, value=name),)
 
-    method.change(show_groups, [method], [tsv_group, iti_group, l2s_group], api_name="train_method_options",
+    method.change(show_groups, [method], list(groups.values()), api_name="train_method_options",
                   api_visibility="undocumented", queue=False)
     auto_layer.change(lambda auto: gr.update(interactive=not auto), [auto_layer], [layer], api_name="auto_layer",
                       api_visibility="undocumented", queue=False)
-    tab.probe_event = probe_btn.click(probe_layers, [position, seed], [probe_plot, probe_table, layer, auto_layer],
+    probe_inputs = [c for c in (position, seed) if c is not None]
+    tab.probe_event = probe_btn.click(probe_layers, probe_inputs, [probe_plot, probe_table, layer, auto_layer],
                                       api_name="probe_layers", **MODEL)
-    tab.train_inputs = [method, layer, auto_layer, position, seed, exemplars, epochs, logit_penalty, kl_penalty,
-                        top_heads, context_layer, hidden, extra]
+    tab.train_inputs = {method, layer, auto_layer, extra} | {c for _n, _s, c in fields}
     tab.train_fn = train
     tab.train_outputs = [status, curves, results, report]
     return tab

@@ -62,10 +62,10 @@ def main() -> int:
 
     from playwright.sync_api import sync_playwright
 
-    from steer_ui.backend import Backend
+    from steer_ui.service import Service
     from steer_ui.ui.app import build_demo, launch_kwargs
 
-    backend = Backend()
+    backend = Service()
     backend.load_model(args.model)
     demo = build_demo(backend)
     demo.queue()

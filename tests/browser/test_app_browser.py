@@ -32,11 +32,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
-    from steer_ui.backend import Backend
+    from steer_ui.service import Service
     from steer_ui.tiny import tiny_handle
     from steer_ui.ui.app import build_demo, launch_kwargs
 
-    backend = Backend(handle=tiny_handle("llama"), workdir=tmp_path_factory.mktemp("browser"))
+    backend = Service(handle=tiny_handle("llama"), workdir=tmp_path_factory.mktemp("browser"))
     demo = build_demo(backend)
     demo.queue()
     port = _free_port()

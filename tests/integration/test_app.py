@@ -13,7 +13,7 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
 
-from steer_ui.backend import RANDOM, Backend  # noqa: E402
+from steer_ui.service import RANDOM, Service  # noqa: E402
 
 ENDPOINTS = ["/load_model", "/upload_dataset", "/train", "/next_token", "/generate", "/sweep", "/detect",
              "/export_vector", "/import_vector"]
@@ -29,7 +29,7 @@ def _free_port() -> int:
 def launch(handle, tmp_path_factory):
     from steer_ui.ui.app import build_demo, launch_kwargs
 
-    backend = Backend(handle=handle, workdir=tmp_path_factory.mktemp("app"))
+    backend = Service(handle=handle, workdir=tmp_path_factory.mktemp("app"))
     demo = build_demo(backend)
     demo.queue(default_concurrency_limit=4)
     port = _free_port()

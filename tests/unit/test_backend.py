@@ -1,4 +1,4 @@
-"""Backend on a tiny random model: sessions, explore calls, errors that keep state, export/import."""
+"""Service on a tiny random model: sessions, explore calls, errors that keep state, export/import."""
 from __future__ import annotations
 
 import threading
@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from steer_ui.backend import RANDOM, Backend, UserError
+from steer_ui.service import RANDOM, Service, UserError
 from steer_ui.model.hooks import hook_count
 from steer_ui.vector import SteeringVector, random_vector
 
@@ -15,7 +15,7 @@ PROMPT = "The cat sat on the"
 
 @pytest.fixture()
 def backend(tiny, tmp_path):
-    return Backend(handle=tiny("llama"), workdir=tmp_path)
+    return Service(handle=tiny("llama"), workdir=tmp_path)
 
 
 def test_alpha_zero_changes_nothing_and_alpha_moves_the_distribution(backend):
@@ -153,7 +153,7 @@ def test_a_bad_dataset_leaves_the_loaded_one_in_place(backend, tmp_path):
 
 
 def test_upload_size_limit(tiny, tmp_path):
-    small = Backend(handle=tiny("llama"), max_file_bytes=100, workdir=tmp_path)
+    small = Service(handle=tiny("llama"), max_file_bytes=100, workdir=tmp_path)
     big = tmp_path / "big.csv"
     big.write_text("statement,label\n" + "x is y,true\n" * 50)
     with pytest.raises(UserError, match="over the 0 MB limit|big.csv is"):
@@ -162,11 +162,11 @@ def test_upload_size_limit(tiny, tmp_path):
 
 def test_no_model_yet_is_a_plain_message(tmp_path):
     with pytest.raises(UserError, match="No model is loaded"):
-        Backend(workdir=tmp_path).next_token("s", PROMPT, RANDOM, 0, 0.0)
+        Service(workdir=tmp_path).next_token("s", PROMPT, RANDOM, 0, 0.0)
 
 
 def test_load_tiny_model_and_unknown_family(tmp_path):
-    backend = Backend(workdir=tmp_path)
+    backend = Service(workdir=tmp_path)
     facts = backend.load_model("tiny:gpt2")
     assert facts["num_layers"] == 4 and facts["hidden_size"] == 64
     assert len(backend.layer_norm_frame()) == 4

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from steer_ui.backend import UserError
+from steer_ui.service import UserError
 from steer_ui.ui import i18n
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -321,10 +321,10 @@ def test_plots_show_the_frames_numbers(tiny):
 
 
 def test_concepts_tab_is_mounted_with_named_endpoints(tiny, tmp_path):
-    from steer_ui.backend import Backend
+    from steer_ui.service import Service
     from steer_ui.ui.app import build_demo
 
-    demo = build_demo(Backend(handle=tiny("llama"), workdir=tmp_path))
+    demo = build_demo(Service(handle=tiny("llama"), workdir=tmp_path))
     names = {fn.api_name for fn in demo.fns.values()}
     assert {"concepts_lm_head", "concepts_sampling", "concepts_sample", "concepts_explode", "concepts_fix",
             "concepts_kv", "concepts_kv_time"} <= names

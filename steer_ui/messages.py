@@ -1,0 +1,83 @@
+"""Server-side messages in plain English, by key: the core raises errors that carry a key and parameters.
+
+The core (service, CLI) never imports the UI; the UI's translations
+(:mod:`steer_ui.ui.i18n`) take these English texts as their base and add
+other languages under the same keys and ``{placeholders}``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+ENGLISH: dict[str, str] = {
+    "error_title": "Error",
+    "unexpected": "Something went wrong: {detail}. Your data and vectors are kept; try again or change the input.",
+    "no_model": "No model is loaded yet: load one in the Model tab.",
+    "model_load_failed": "The model could not be loaded: {detail}",
+    "model_loading": "Loading the model… {detail}",
+    "model_facts": "**{model_id}** ({model_type}) · {num_layers} layers · hidden size {hidden_size} · "
+                   "vocabulary {vocab_size} · tied lm_head: {tied_lm_head} · {parameters} parameters · "
+                   "{device} {dtype} · loaded in {load_seconds} s",
+    "unknown_vector": "There is no vector named '{name}' in this session (you have: {known}). Train or import "
+                      "one first.",
+    "bad_layer": "Layer {layer} does not exist: this model has layers 0 to {last}.",
+    "steering_failed": "This vector cannot steer the loaded model: {detail}",
+    "bad_alpha": "α must be a finite number, got {alpha}.",
+    "explore_failed": "Could not compute the steered distribution: {detail}",
+    "input_dependent_projection": "This vector is input-dependent (L2S): it has no single direction to project "
+                                  "through lm_head.",
+    "empty_prompt": "The prompt is empty: type some text to continue.",
+    "bad_sampling": "Bad sampling setting: {detail}",
+    "generation_failed": "Generation failed: {detail}",
+    "sweep_unsupported": "The dose-response sweep needs a single fixed direction; this vector is input-dependent "
+                         "or acts on several sites.",
+    "unknown_bundled": "There is no bundled dataset '{name}' (available: {known}).",
+    "no_file": "No file was given.",
+    "file_missing": "The file {name} could not be found (the upload may have expired); upload it again.",
+    "file_too_large": "{name} is {size} MB, over the {limit} MB limit.",
+    "dataset_invalid": "{name} could not be used: {detail}. The previously loaded data is unchanged.",
+    "no_dataset": "No dataset is loaded in this session: use the Data tab first.",
+    "training_failed": "Training failed: {detail}",
+    "unknown_method": "Unknown method '{method}' (choose one of: {known}).",
+    "bad_settings": "Settings refused: {detail}",
+    "not_tsv": "Vector '{name}' was made by method '{method}'; detection needs a TSV vector.",
+    "no_answers": "There are no answers to score: type at least one answer.",
+    "detect_failed": "Detection failed: {detail}",
+    "unknown_format": "Unknown format '{fmt}' (choose one of: {known}).",
+    "export_failed": "Could not export to {fmt}: {detail}",
+    "import_failed": "{name} could not be imported: {detail}",
+    "readout": "**KL**(unsteered‖steered) = {kl:.4f} nats · **entropy** {hu:.3f} → {hs:.3f} nats · "
+               "**max |Δlogit|** = {maxd:.3f} on {token}{warn}",
+    "no_tokens": "No tokens were generated.",
+    "token_detail": "Token {token}: log-probability {logprob:.3f}, Δlogit {delta:+.3f} (direct estimate "
+                    "{direct:+.3f}). Alternatives: {alts}",
+    "drag_alpha": "Drag α to see the distribution change.",
+    "dataset_summary": "**{name}**: {kind}, {rows} rows; columns: {columns}",
+    "dataset_warning": "⚠ {detail}",
+    "bad_json": "The extra hyperparameters are not valid JSON: {detail}",
+    "no_curves": "This method reports no per-epoch curves.",
+    "trained": "Trained **{name}**; it is now in the vector lists of Explore, Detect and Export.",
+    "answers_table": "The answers table needs two columns: prompt and answer.",
+    "pick_tsv": "Pick a TSV vector first.",
+    "detect_summary": "Scored {n} answers · AUROC: {auroc}",
+    "no_generation": "Nothing has been generated in Explore yet.",
+    "exported": "Wrote {n} file(s) in {fmt} format: {names}",
+    "imported": "Imported **{name}**; it is now in the vector lists.",
+    "import_warning": "⚠ {detail}",
+    "share_failed": "Could not create a public share link ({detail}); the app is still available locally.",
+}
+
+
+def normalise_lang(lang: str | None) -> str:
+    """Any Chinese locale (zh, zh-CN, zh-Hans-CN, ...) -> 'zh-CN'; everything else -> 'en'."""
+    return "zh-CN" if str(lang or "").lower().startswith("zh") else "en"
+
+
+def english(key: str, **params: Any) -> str:
+    """The English text of message ``key`` with ``params`` filled in (missing ones shown as '?')."""
+    template = ENGLISH.get(key)
+    if template is None:
+        return key if not params else f"{key}: {params}"
+    try:
+        return template.format(**params)
+    except (KeyError, IndexError, ValueError):
+        return key

@@ -1,0 +1,710 @@
+"""The only door: everything the app does, reachable from Python without gradio.
+
+The UI, the HTTP API (through the UI's named events) and the CLI call these
+functions; validation and limits live here once.  :class:`Service` holds the one shared :class:`ModelHandle` and a small store
+of per-session things (uploaded data, trained and imported vectors, the last
+generation).  The UI is a thin layer that passes ``request.session_hash`` as
+``session`` and turns :class:`UserError` into ``gr.Error``.
+
+Rules kept here so the UI cannot forget them:
+
+* every model call holds ``handle.lock`` (the core functions take it too; it is
+  re-entrant), so two sessions never see each other's hooks;
+* a failed action raises :class:`UserError` with a plain message and leaves the
+  session's data and vectors as they were;
+* streamed generation runs in its own worker thread that owns the lock from
+  start to finish, so a browser that disconnects mid-stream cannot leave the
+  lock held by a half-consumed generator.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import re
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import torch
+
+from .messages import english, normalise_lang
+from .steering import steering_kind
+
+log = logging.getLogger(__name__)
+
+RANDOM = "random direction"
+FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
+DATASETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "datasets"
+DATASET_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
+DEFAULT_MAX_FILE_BYTES = 50 * 1024 * 1024
+MAX_SESSIONS = 256
+Progress = Callable[[float, str], None]
+
+
+class UserError(Exception):
+    """A failure to show the user as is: ``key`` names the message (the UI translates it), ``params`` fill it."""
+
+    def __init__(self, key: str, **params: Any):
+        self.key, self.params = key, params
+        super().__init__(english(key, **params))
+
+
+def _noop(_f: float, _m: str = "") -> None:
+    pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """Exception types whose message is already written for a user (core and method modules).
+
+    Every one of them is a ValueError except the loader's, so the tuple stays short.
+    """
+    from .model.loading import ModelLoadError
+
+    return (ValueError, ModelLoadError, FileNotFoundError)
+
+
+@dataclass
+class Session:
+    """What one browser tab (or one gradio_client) owns."""
+
+    dataset: Any = None
+    dataset_name: str = ""
+    vectors: "OrderedDict[str, Any]" = field(default_factory=OrderedDict)
+    reports: dict[str, dict] = field(default_factory=dict)
+    probe: dict | None = None
+    last_generation: dict | None = None
+    cache: dict = field(default_factory=dict)  # UI-side memo (e.g. the last sweep), safe to drop
+    lang: str = "en"
+    touched: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Frame:
+    """One snapshot of a streamed side-by-side generation (copied, so the worker may go on)."""
+
+    prompt: str
+    unsteered_text: str
+    steered_text: str
+    unsteered_tokens: list
+    steered_tokens: list
+    done: bool
+    steps: int
+
+    def token_frame(self) -> pd.DataFrame:
+        """Per steered token: position, token, logprob, Δlogit (actual and direct), top alternatives."""
+        return pd.DataFrame({
+            "position": list(range(len(self.steered_tokens))),
+            "token": [t.token for t in self.steered_tokens],
+            "logprob": [t.logprob for t in self.steered_tokens],
+            "delta_logit": [t.delta_logit for t in self.steered_tokens],
+            "direct_delta_logit": [t.direct_delta_logit for t in self.steered_tokens],
+            "alternatives": [", ".join(f"{a!r} {p:.2f}" for a, p in t.alternatives[:5]) for t in self.steered_tokens],
+        })
+
+    def as_dict(self) -> dict:
+        return {"prompt": self.prompt, "done": self.done, "steps": self.steps,
+                "unsteered": {"text": self.unsteered_text, "tokens": [t.as_dict() for t in self.unsteered_tokens]},
+                "steered": {"text": self.steered_text, "tokens": [t.as_dict() for t in self.steered_tokens]}}
+
+
+class Service:
+    """The shared model, per-session stores, and one method per app feature."""
+
+    def __init__(self, handle=None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, workdir: str | Path | None = None):
+        self._handle = handle
+        self._load_error: str | None = None
+        self._loading = threading.Event()
+        self._loaded = threading.Event()
+        if handle is not None:
+            self._loaded.set()
+        self._load_message = "" if handle is None else f"loaded {handle.model_id}"
+        self._sessions: "OrderedDict[str, Session]" = OrderedDict()
+        self._sessions_lock = threading.Lock()
+        self.max_file_bytes = int(max_file_bytes)
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="steer_ui-"))
+
+    # ================================================================ model
+    @property
+    def handle(self):
+        """The loaded model; waits for a load in progress (cold GGUF conversion can take a minute)."""
+        if self._handle is None and self._loading.is_set():
+            self._loaded.wait(timeout=600)
+        if self._handle is None:
+            if self._load_error:
+                raise UserError("model_load_failed", detail=self._load_error)
+            raise UserError("no_model")
+        return self._handle
+
+    @property
+    def model_ready(self) -> bool:
+        return self._handle is not None
+
+    def model_status(self) -> dict:
+        return {"ready": self._handle is not None, "loading": self._loading.is_set() and not self._loaded.is_set(),
+                "message": self._load_message, "error": self._load_error,
+                "model_id": self._handle.model_id if self._handle is not None else None}
+
+    def load_model(self, source: str | None = None, device: str = "auto", dtype: str = "auto",
+                   progress: Progress | None = None) -> dict:
+        """Load and share a model: 'embedded' (default), a hub id, a local dir, a .gguf, or tiny:FAMILY."""
+        progress = progress or _noop
+        source = (source or "embedded").strip() or "embedded"
+        self._loading.set()
+        self._loaded.clear()
+        self._load_error = None
+        self._load_message = f"loading {source}"
+        try:
+            if source.startswith("tiny:"):
+                from .tiny import tiny_handle
+
+                try:
+                    handle = tiny_handle(source.split(":", 1)[1])
+                except ValueError as exc:
+                    raise UserError("model_load_failed", detail=_first_line(exc)) from None
+            else:
+                from .model.loading import load_model
+
+                def report(frac: float, msg: str) -> None:
+                    self._load_message = msg
+                    progress(frac, msg)
+
+                try:
+                    handle = load_model(source, device=device or "auto", dtype=dtype or "auto", progress=report)
+                except UserError:
+                    raise
+                except _expected_errors() + (OSError, RuntimeError) as exc:
+                    raise UserError("model_load_failed", detail=_first_line(exc)) from None
+            progress(0.95, "measuring residual norms")
+            handle.layer_norms()
+            self._handle = handle
+            self._load_message = f"loaded {handle.model_id}"
+            return self.model_facts()
+        except UserError as exc:
+            self._load_error = exc.params.get("detail", str(exc))
+            self._load_message = str(exc)
+            raise
+        finally:
+            self._loaded.set()
+            self._loading.clear()
+
+    def load_in_background(self, source: str | None = None, device: str = "auto", dtype: str = "auto") -> threading.Thread:
+        """Start loading now and return at once; model calls wait for it (see :attr:`handle`)."""
+        self._loading.set()
+        self._loaded.clear()
+
+        def run():
+            try:
+                self.load_model(source, device, dtype)
+            except UserError as exc:
+                log.error("model load failed: %s", exc)
+            except Exception as exc:  # never let the thread die silently
+                self._load_error = _first_line(exc)
+                self._loaded.set()
+                log.exception("model load failed")
+
+        thread = threading.Thread(target=run, name="steer_ui-load", daemon=True)
+        thread.start()
+        return thread
+
+    def model_facts(self) -> dict:
+        facts = dict(self.handle.facts())
+        facts["source"] = self.handle.source
+        return facts
+
+    def layer_norm_frame(self) -> pd.DataFrame:
+        norms = self.handle.layer_norms()
+        return pd.DataFrame({"layer": list(range(len(norms))), "norm": norms})
+
+    # ============================================================= sessions
+    def session(self, session: str | None) -> Session:
+        key = session or "default"
+        with self._sessions_lock:
+            s = self._sessions.get(key)
+            if s is None:
+                s = self._sessions[key] = Session()
+                while len(self._sessions) > MAX_SESSIONS:  # forget the least recently used tab
+                    self._sessions.popitem(last=False)
+            else:
+                self._sessions.move_to_end(key)
+            s.touched = time.monotonic()
+            return s
+
+    def end_session(self, session: str | None) -> None:
+        with self._sessions_lock:
+            self._sessions.pop(session or "default", None)
+
+    def set_language(self, session: str | None, lang: str) -> str:
+        s = self.session(session)
+        s.lang = normalise_lang(lang)
+        return s.lang
+
+    def language(self, session: str | None) -> str:
+        return self.session(session).lang
+
+    # =============================================================== vectors
+    def vector_names(self, session: str | None) -> list[str]:
+        return [RANDOM] + list(self.session(session).vectors)
+
+    def add_vector(self, session: str | None, vector, name: str | None = None, report: dict | None = None) -> str:
+        s = self.session(session)
+        base = name or vector.name or vector.method
+        base = re.sub(r"\s+", " ", str(base)).strip() or "vector"
+        if base == RANDOM:
+            base = f"{base} (saved)"
+        unique, n = base, 2
+        while unique in s.vectors:
+            unique, n = f"{base} ({n})", n + 1
+        if not vector.name:
+            vector.name = unique
+        s.vectors[unique] = vector
+        if report is not None:
+            s.reports[unique] = report
+        return unique
+
+    def get_vector(self, session: str | None, name: str | None, layer: int | None = None, seed: int = 0):
+        """The session's vector ``name``, or a seeded random direction at ``layer`` for :data:`RANDOM`."""
+        from .vector import random_vector
+
+        if not name or name == RANDOM:
+            handle = self.handle
+            layer = self._check_layer(handle, layer if layer is not None else handle.arch.num_layers // 2)
+            return random_vector(handle.arch.hidden_size, layer, seed=int(seed or 0), model_id=handle.model_id,
+                                 model_type=handle.model_type)
+        s = self.session(session)
+        if name not in s.vectors:
+            raise UserError("unknown_vector", name=name, known=", ".join(s.vectors) or "none")
+        return s.vectors[name]
+
+    def vector_info(self, session: str | None, name: str | None) -> dict:
+        """Metadata of a vector (layers, method, recommended α range, metrics) for the pickers."""
+        if not name or name == RANDOM:
+            handle = self.handle
+            return {"name": RANDOM, "method": "random", "layers": [handle.arch.num_layers // 2],
+                    "alpha_range": None, "input_dependent": False}
+        vector = self.get_vector(session, name)
+        meta = vector.metadata()
+        meta["input_dependent"] = steering_kind(vector) == "input"
+        meta["steering"] = steering_kind(vector)
+        return meta
+
+    @staticmethod
+    def _check_layer(handle, layer) -> int:
+        try:
+            layer = int(layer)
+        except (TypeError, ValueError):
+            raise UserError("bad_layer", layer=layer, last=handle.arch.num_layers - 1) from None
+        if not 0 <= layer < handle.arch.num_layers:
+            raise UserError("bad_layer", layer=layer, last=handle.arch.num_layers - 1)
+        return layer
+
+    def _vector_layer(self, vector, layer) -> int | None:
+        """Single-layer vectors move to the chosen layer; multi-layer and input-dependent ones keep theirs."""
+        if layer is None or steering_kind(vector) != "static" or len(vector.layers) > 1:
+            return None
+        return int(layer)
+
+    def steers(self, session: str | None, vector_name: str | None, layer: int | None, alpha: float,
+               relative: bool = True, seed: int = 0, positions: str | None = None) -> list:
+        """Hook specs for the chosen vector, layer and α (raw or relative units)."""
+        from .steering import build_steers
+
+        handle = self.handle
+        if layer is not None:
+            layer = self._check_layer(handle, layer)
+        vector = self.get_vector(session, vector_name, layer, seed)
+        alpha = self._check_alpha(alpha)
+        try:
+            return build_steers(handle, vector, alpha, layer=self._vector_layer(vector, layer), relative=bool(relative),
+                                positions=positions)
+        except UserError:
+            raise
+        except _expected_errors() as exc:
+            raise UserError("steering_failed", detail=_first_line(exc)) from None
+
+    @staticmethod
+    def _check_alpha(alpha) -> float:
+        try:
+            value = float(alpha)
+        except (TypeError, ValueError):
+            raise UserError("bad_alpha", alpha=alpha) from None
+        if not math.isfinite(value):
+            raise UserError("bad_alpha", alpha=alpha)
+        return value
+
+    # =============================================================== explore
+    def next_token(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,
+                   relative: bool = True, seed: int = 0, top_k: int = 10):
+        """Top-k next tokens unsteered vs steered, KL, entropies, Δlogit extremes (analysis fast path)."""
+        from .model.analysis import next_token
+
+        self._check_prompt(prompt)
+        steers = self.steers(session, vector_name, layer, alpha, relative, seed)
+        handle = self.handle
+        try:
+            with handle.lock:
+                return next_token(handle, prompt, steers, top_k=int(top_k))
+        except _expected_errors() as exc:
+            raise UserError("explore_failed", detail=_first_line(exc)) from None
+
+    def vocab_projection(self, session: str | None, vector_name: str | None, layer: int | None, seed: int = 0,
+                         top_k: int = 12) -> pd.DataFrame:
+        from .model.analysis import vocab_projection
+
+        handle = self.handle
+        vector = self.get_vector(session, vector_name, layer, seed)
+        if steering_kind(vector) == "input":
+            raise UserError("input_dependent_projection")
+        direction = vector.direction(layer if layer in vector.directions else None)
+        with handle.lock:
+            return vocab_projection(handle, direction, top_k=top_k)
+
+    @staticmethod
+    def _check_prompt(prompt) -> None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise UserError("empty_prompt")
+
+    @staticmethod
+    def sampling(max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 repetition_penalty: float = 1.0, seed: int = 0, greedy: bool | None = None):
+        from .model.generation import GenerationError, Sampling
+
+        try:
+            s = Sampling(max_new_tokens=int(max_new_tokens), temperature=0.0 if greedy else float(temperature),
+                         top_k=int(top_k or 0), top_p=float(top_p), repetition_penalty=float(repetition_penalty),
+                         seed=int(seed or 0))
+            s.validate()
+        except (GenerationError, TypeError, ValueError) as exc:
+            raise UserError("bad_sampling", detail=_first_line(exc)) from None
+        return s
+
+    def stream_generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
+                        alpha: float, relative: bool = True, seed: int = 0, sampling=None) -> Iterator[Frame]:
+        """Unsteered and steered continuations from one batched decode, yielded as snapshots.
+
+        A worker thread runs the decode under the model lock; this generator
+        yields the newest snapshot whenever the consumer asks (intermediate
+        ones are skipped if the consumer is slower than the model).  Closing
+        the generator early stops the worker at its next step.
+        """
+        from .model.generation import stream_side_by_side
+
+        self._check_prompt(prompt)
+        steers = self.steers(session, vector_name, layer, alpha, relative, seed)
+        handle = self.handle
+        sampling = sampling or self.sampling()
+        events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
+        stop = threading.Event()
+
+        def snapshot(result, done: bool) -> Frame:
+            return Frame(prompt=prompt, unsteered_text=result.unsteered.text, steered_text=result.steered.text,
+                         unsteered_tokens=list(result.unsteered.tokens), steered_tokens=list(result.steered.tokens),
+                         done=done, steps=result.steps)
+
+        def work():
+            try:
+                with handle.lock:
+                    stream = stream_side_by_side(handle, prompt, steers, sampling)
+                    last = None
+                    try:
+                        for event in stream:
+                            last = event.result
+                            events.put(("step", snapshot(last, False)))
+                            if stop.is_set():
+                                break
+                    finally:
+                        stream.close()
+                    events.put(("done", snapshot(last, True) if last is not None else None))
+            except BaseException as exc:  # handed to the consumer thread
+                events.put(("error", exc))
+
+        worker = threading.Thread(target=work, name="steer_ui-generate", daemon=True)
+        worker.start()
+        try:
+            while True:
+                kind, payload = events.get()
+                while kind == "step" and not events.empty():  # skip to the newest snapshot
+                    kind, payload = events.get()
+                if kind == "error":
+                    if isinstance(payload, _expected_errors()):
+                        raise UserError("generation_failed", detail=_first_line(payload)) from None
+                    raise payload
+                if payload is not None:
+                    if kind == "done":
+                        self.session(session).last_generation = payload.as_dict()
+                    yield payload
+                if kind == "done":
+                    return
+        finally:
+            stop.set()
+
+    def generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,
+                 relative: bool = True, seed: int = 0, sampling=None) -> Frame:
+        frame = None
+        for frame in self.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling):
+            pass
+        return frame
+
+    def sweep(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
+              alpha_max: float = 1.0, relative: bool = True, seed: int = 0, points: int = 21,
+              target: str | None = None) -> pd.DataFrame:
+        """Dose-response over α in [-alpha_max, alpha_max] (user units) from one batched pass."""
+        from .model.analysis import sweep
+        from .model.hooks import Steer
+
+        self._check_prompt(prompt)
+        alpha_max = abs(self._check_alpha(alpha_max))
+        if alpha_max == 0:
+            raise UserError("bad_alpha", alpha=alpha_max)
+        points = max(3, min(int(points), 101))
+        unit = self.steers(session, vector_name, layer, 1.0, relative, seed)
+        if len(unit) != 1 or not isinstance(unit[0], Steer) or unit[0].vector is None:
+            raise UserError("sweep_unsupported")
+        steer = unit[0]
+        scale = float(steer.alpha.reshape(-1)[0])
+        alphas = [alpha_max * (2 * i / (points - 1) - 1) for i in range(points)]
+        handle = self.handle
+        try:
+            with handle.lock:
+                frame = sweep(handle, prompt, steer.vector, steer.layer, [a * scale for a in alphas],
+                              positions=steer.positions, target=(target or None))
+        except _expected_errors() as exc:
+            raise UserError("explore_failed", detail=_first_line(exc)) from None
+        frame = frame.rename(columns={"alpha": "raw_alpha"})
+        frame.insert(0, "alpha", alphas)
+        return frame
+
+    # ================================================================== data
+    @staticmethod
+    def bundled_datasets() -> list[str]:
+        if not DATASETS_DIR.is_dir():
+            return []
+        return sorted(p.name for p in DATASETS_DIR.iterdir() if p.suffix.lower() in DATASET_SUFFIXES)
+
+    def upload_dataset(self, session: str | None, path: str | Path | None, schema: str | None = None,
+                       bundled: str | None = None) -> dict:
+        """Read and validate a dataset; on success it replaces the session's data, on failure nothing changes."""
+        if bundled:
+            if bundled not in self.bundled_datasets():
+                raise UserError("unknown_bundled", name=bundled, known=", ".join(self.bundled_datasets()) or "none")
+            path = DATASETS_DIR / bundled
+        if not path:
+            raise UserError("no_file")
+        path = Path(path)
+        if not path.is_file():
+            raise UserError("file_missing", name=path.name)
+        size = path.stat().st_size
+        if size > self.max_file_bytes:
+            raise UserError("file_too_large", name=path.name, size=size >> 20, limit=self.max_file_bytes >> 20)
+        from .data import load_dataset
+        try:
+            dataset = load_dataset(path, schema=None if schema in (None, "", "auto") else schema,
+                                   max_bytes=self.max_file_bytes)
+        except _expected_errors() + (UnicodeDecodeError,) as exc:
+            raise UserError("dataset_invalid", name=path.name, detail=_first_line(exc)) from None
+        s = self.session(session)
+        s.dataset, s.dataset_name, s.probe = dataset, path.name, None
+        return self.dataset_summary(session)
+
+    def dataset_summary(self, session: str | None) -> dict:
+        s = self.session(session)
+        if s.dataset is None:
+            raise UserError("no_dataset")
+        dataset = s.dataset
+        summary = dataset.summary() if hasattr(dataset, "summary") else {}
+        out = {"name": s.dataset_name, "kind": getattr(dataset, "kind", ""), "rows": int(len(dataset.frame)),
+               "columns": [str(c) for c in dataset.frame.columns],
+               "warnings": [str(w) for w in getattr(dataset, "warnings", [])]}
+        if isinstance(summary, dict):
+            out["summary"] = summary
+        return out
+
+    def dataset_preview(self, session: str | None, rows: int = 50) -> pd.DataFrame:
+        s = self.session(session)
+        if s.dataset is None:
+            raise UserError("no_dataset")
+        return s.dataset.frame.head(rows).copy()
+
+    def class_balance(self, session: str | None) -> pd.DataFrame:
+        """Counts per label, and per train/test split when the data module can split by group."""
+        s = self.session(session)
+        if s.dataset is None:
+            raise UserError("no_dataset")
+        frame = s.dataset.frame
+        try:
+            from .data import split_by_group
+
+            parts = [("train", p.frame) for p in split_by_group(s.dataset, seed=0)[:1]] + \
+                    [("test", p.frame) for p in split_by_group(s.dataset, seed=0)[1:]]
+        except Exception:  # e.g. too few groups to split: plain counts still help
+            parts = [(None, frame)]
+        counts = []
+        for name, part in parts:
+            if "label" in part:
+                c = part["label"].value_counts().sort_index()
+                counts.append(pd.DataFrame({"label": c.index.astype(str), "count": c.values}))
+            else:  # contrastive pairs: one bar of pairs per split
+                counts.append(pd.DataFrame({"label": ["pairs"], "count": [len(part)]}))
+            if name is not None:
+                counts[-1]["split"] = name
+        return pd.concat(counts, ignore_index=True)
+
+    # ================================================================= train
+    def probe_layers(self, session: str | None, position: str = "last", seed: int = 0,
+                     progress: Progress | None = None) -> dict:
+        s = self.session(session)
+        if s.dataset is None:
+            raise UserError("no_dataset")
+        from .methods import probe_layers
+        handle = self.handle
+        try:
+            with handle.lock:
+                result = probe_layers(handle, s.dataset, position=position, seed=int(seed), progress=progress or _noop)
+        except _expected_errors() as exc:
+            raise UserError("training_failed", detail=_first_line(exc)) from None
+        s.probe = result
+        return result
+
+    # ---------------------------------------------------------- methods
+    @staticmethod
+    def method_names() -> list[str]:
+        from .methods.base import names
+
+        return list(names())
+
+    @staticmethod
+    def methods_schema() -> list[dict]:
+        """Every registered method with its settings (name, type, default, bounds, help): what forms and clients build on."""
+        from .methods.base import all_methods, specs
+
+        return [{"name": m.name, "label": m.label, "steering": m.steering,
+                 "settings": [spec.as_dict() for spec in specs(m.Settings)]} for m in all_methods()]
+
+    def parse_method_settings(self, method: str, values: dict[str, Any] | None,
+                              layer: int | None = None) -> tuple[Any, Any]:
+        """(method object, validated settings) for ``method`` with ``values``; refused with one line naming the problem."""
+        from .methods.base import SettingsError, UnknownMethod, get, parse_settings, specs
+
+        try:
+            m = get(method)
+        except UnknownMethod:
+            raise UserError("unknown_method", method=str(method)[:80], known=", ".join(self.method_names())) from None
+        if values is not None and not isinstance(values, dict):
+            raise UserError("bad_settings", detail="settings must be an object like {\"epochs\": 10}")
+        values = dict(values or {})
+        if layer is not None:
+            layer = self._check_layer(self.handle, layer)
+            if any(spec.name == "layer" for spec in specs(m.Settings)):
+                values["layer"] = layer
+        try:
+            return m, parse_settings(m.Settings, values)
+        except SettingsError as exc:
+            raise UserError("bad_settings", detail=_first_line(exc)) from None
+
+    def train(self, session: str | None, method: str, layer: int | None = None, progress: Progress | None = None,
+              name: str | None = None, settings: dict[str, Any] | None = None) -> tuple[str, dict]:
+        """Train ``method`` on the session's data; the vector joins the session's list under the returned name.
+
+        ``settings`` are validated against the method's settings dataclass
+        (types, bounds, unknown names) before any model work.
+        """
+        s = self.session(session)
+        if s.dataset is None:
+            raise UserError("no_dataset")
+        m, parsed = self.parse_method_settings(method, settings, layer)
+        handle = self.handle
+        try:
+            with handle.lock:
+                vector, report = m.train(handle, s.dataset, parsed, progress or _noop)
+        except UserError:
+            raise
+        except _expected_errors() + (RuntimeError,) as exc:
+            raise UserError("training_failed", detail=_first_line(exc)) from None
+        label = name or f"{m.name} L{vector.layer}" + (f" · {s.dataset_name}" if s.dataset_name else "")
+        unique = self.add_vector(session, vector, label, report=report or {})
+        return unique, report or {}
+
+    # ================================================================ detect
+    def detect(self, session: str | None, vector_name: str, answers: list[tuple[str, str]] | None = None,
+               path: str | Path | None = None) -> dict:
+        """p(truthful) per (prompt, answer) from a detector vector (TSV); AUROC when a labelled file is given."""
+        from .methods.base import method_of
+
+        vector = self.get_vector(session, vector_name)
+        method = method_of(vector)
+        if method is None or not hasattr(method, "score"):  # only detector methods can score answers
+            raise UserError("not_tsv", name=vector_name, method=vector.method)
+        handle = self.handle
+        try:
+            with handle.lock:
+                if path:
+                    from .data import load_dataset
+
+                    out = method.detect(handle, vector, load_dataset(Path(path)))
+                else:
+                    pairs = [(str(p or ""), str(a)) for p, a in (answers or []) if str(a or "").strip()]
+                    if not pairs:
+                        raise UserError("no_answers")
+                    scores = method.score(handle, vector, pairs)
+                    out = {"scores": [{"prompt": p, "answer": a, "score": float(sc)}
+                                      for (p, a), sc in zip(pairs, list(scores))]}
+        except UserError:
+            raise
+        except _expected_errors() as exc:
+            raise UserError("detect_failed", detail=_first_line(exc)) from None
+        return out
+
+    # ========================================================= export/import
+    def export_vector(self, session: str | None, vector_name: str, fmt: str, layer: int | None = None,
+                      seed: int = 0) -> list[Path]:
+        """Write the vector in ``fmt`` into a fresh folder; returns the written files."""
+        if fmt not in FORMATS:
+            raise UserError("unknown_format", fmt=fmt, known=", ".join(FORMATS))
+        vector = self.get_vector(session, vector_name, layer, seed)
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", vector.name or vector.method).strip("_") or "vector"
+        out_dir = Path(tempfile.mkdtemp(prefix="export-", dir=self.workdir))
+        suffix = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json",
+                  "caa": ""}[fmt]
+        out = out_dir / (safe + suffix) if suffix else out_dir / safe
+        from .formats import write_vector
+
+        try:
+            written = write_vector(vector, fmt, out)
+        except _expected_errors() as exc:
+            raise UserError("export_failed", fmt=fmt, detail=_first_line(exc)) from None
+        files: list[Path] = []
+        for p in written or []:
+            p = Path(p)
+            files.extend(sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p])
+        if not files:
+            raise UserError("export_failed", fmt=fmt, detail="nothing was written")
+        return files
+
+    def import_vector(self, session: str | None, path: str | Path | None, name: str | None = None) -> tuple[str, list[str]]:
+        """Read a vector file in any supported format, validated against the loaded model."""
+        from .formats import read_vector
+
+        if not path:
+            raise UserError("no_file")
+        path = Path(path)
+        if not path.is_file():
+            raise UserError("file_missing", name=path.name)
+        if path.stat().st_size > self.max_file_bytes:
+            raise UserError("file_too_large", name=path.name, size=path.stat().st_size >> 20,
+                            limit=self.max_file_bytes >> 20)
+        handle = self.handle
+        try:
+            vector, warnings = read_vector(path, handle, max_bytes=self.max_file_bytes)  # validates against the model
+        except _expected_errors() + (OSError, KeyError, TypeError) as exc:
+            raise UserError("import_failed", name=path.name, detail=_first_line(exc)) from None
+        return self.add_vector(session, vector, name or vector.name or path.stem), list(warnings)
