@@ -74,7 +74,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth", help="user:password, or a file with one user:password per line")
     p.add_argument("--max-file-size", type=parse_size, default="50MB", help="upload limit, e.g. 50MB (default)")
     p.add_argument("--wait", action="store_true", help="load the model before serving instead of in the background")
+    # --- sharing safely (see README "Sharing safely"); defaults live in steer_ui/policy.py
+    p.add_argument("--allow-model-switch", action="store_true",
+                   help="let visitors switch the shared model (only to --model-choices); off by default")
+    p.add_argument("--model-choices", default=None,
+                   help="comma-separated models visitors may switch to (default: the --model given)")
+    p.add_argument("--public", action="store_true",
+                   help="serve beyond this machine (--share or a non-loopback --host) without --auth, knowingly")
+    p.add_argument("--max-sessions", type=int, default=None, help="sessions kept at once (default 256)")
+    p.add_argument("--job-seconds", type=float, default=None, help="time limit of one training job (default 900)")
+    p.add_argument("--queue-size", type=int, default=None, help="requests waiting at most (default 64)")
     return p
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def exposure_problem(args) -> str | None:
+    """Why serving as asked would expose the app without a password, or None."""
+    exposed = args.share or args.host not in LOOPBACK
+    if not exposed or args.auth:
+        return None
+    where = "a public gradio.live link" if args.share else f"every machine that can reach {args.host}"
+    return (f"this would serve the app to {where} with no password. Add --auth user:password (or a file of them), "
+            "or pass --public to do it knowingly. Visitors can never switch the model, read host files or change "
+            "what other visitors see (README: Sharing safely).")
+
+
+def policy_from_args(args):
+    from steer_ui.policy import Policy
+
+    policy = Policy(allow_model_switch=bool(args.allow_model_switch))
+    choices = [c.strip() for c in (args.model_choices or args.model).split(",") if c.strip()]
+    policy.model_sources = tuple(dict.fromkeys([args.model] + choices))
+    for flag, attr in (("max_sessions", "max_sessions"), ("job_seconds", "job_seconds"),
+                       ("queue_size", "queue_max_size")):
+        value = getattr(args, flag)
+        if value is not None:
+            if value <= 0:
+                raise SystemExit(f"error: --{flag.replace('_', '-')} must be positive, got {value}")
+            setattr(policy, attr, type(getattr(policy, attr))(value))
+    return policy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,11 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(args.max_file_size, str):
         args.max_file_size = parse_size(args.max_file_size)
     auth = parse_auth(args.auth)
+    problem = exposure_problem(args)
+    if problem and not args.public:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
 
     from steer_ui.service import Service, UserError
     from steer_ui.ui.app import build_demo, launch_kwargs
 
-    backend = Service(max_file_bytes=args.max_file_size)
+    policy = policy_from_args(args)
+    backend = Service(max_file_bytes=args.max_file_size, policy=policy)
     if args.wait or args.model.startswith("tiny:"):
         try:
             backend.load_model(args.model, args.device, args.dtype,
@@ -105,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         share = False
 
     demo = build_demo(backend)
-    demo.queue(default_concurrency_limit=4)
+    # api_open=False: direct POSTs to /gradio_api/run/... would skip the queue and its concurrency slot
+    demo.queue(default_concurrency_limit=4, max_size=policy.queue_max_size, api_open=False)
     demo.launch(**launch_kwargs(server_name=args.host, server_port=args.port, share=share, auth=auth,
                                 max_file_size=args.max_file_size, prevent_thread_lock=True, quiet=False))
     if share and not demo.share_url:

@@ -39,6 +39,22 @@ ENGLISH: dict[str, str] = {
     "training_failed": "Training failed: {detail}",
     "unknown_method": "Unknown method '{method}' (choose one of: {known}).",
     "bad_settings": "Settings refused: {detail}",
+    "model_switch_off": "Changing the model is switched off on this server: the administrator chose it at launch "
+                        "(python app.py --model ... --allow-model-switch to allow visitors to switch).",
+    "model_not_allowed": "That model is not on this server's list; choose one of: {known}.",
+    "bad_device": "Device '{device}' is not allowed: use auto, cpu, cuda, cuda:N, mps or multi.",
+    "bad_dtype": "Data type '{dtype}' is not allowed: use one of {known}.",
+    "session_expired": "This page's session was closed to make room (the server keeps at most {limit} sessions, "
+                       "and forgets idle ones); its data and vectors are gone. Load them again to go on.",
+    "too_many_vectors": "This session already holds {limit} vectors, the most allowed; start a new session "
+                        "(reload the page) to train or import more.",
+    "session_full": "This session would hold more than {limit} MB of data and vectors, the most allowed; reload "
+                    "the page to start a fresh session.",
+    "prompt_too_long": "The prompt has {size} characters; the limit is {limit}.",
+    "bad_number": "{what} must be a whole number from {low} to {high}, got {value}.",
+    "job_cancelled": "Cancelled: nothing was kept, and your session is as it was.",
+    "job_too_long": "Stopped after {limit} s, this server's limit for one job: nothing was kept. Try fewer rows "
+                    "or epochs.",
     "not_tsv": "Vector '{name}' was made by method '{method}'; detection needs a TSV vector.",
     "no_answers": "There are no answers to score: type at least one answer.",
     "detect_failed": "Detection failed: {detail}",

@@ -34,6 +34,8 @@ import pandas as pd
 import torch
 
 from .messages import english, normalise_lang
+from .paths import cache_root, prune
+from .policy import DTYPES, Policy, device_allowed
 from .steering import steering_kind
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,6 @@ FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 DATASETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "datasets"
 DATASET_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 DEFAULT_MAX_FILE_BYTES = 50 * 1024 * 1024
-MAX_SESSIONS = 256
 Progress = Callable[[float, str], None]
 
 
@@ -57,6 +58,35 @@ class UserError(Exception):
 
 def _noop(_f: float, _m: str = "") -> None:
     pass
+
+
+MAX_VOCAB_TOP_K = 1 << 20  # no vocabulary is larger; a bigger top-k is a mistake or an attack
+
+
+def _bounded_int(value, low: int, high: int, what: str) -> int:
+    try:
+        number = float(value)
+        if not math.isfinite(number) or number != int(number):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UserError("bad_number", what=what, value=str(value)[:40], low=low, high=high) from None
+    if not low <= int(number) <= high:
+        raise UserError("bad_number", what=what, value=str(value)[:40], low=low, high=high)
+    return int(number)
+
+
+def _check_seed(seed) -> int:
+    return _bounded_int(seed or 0, 0, 2**31 - 1, "seed")
+
+
+def _vector_bytes(vector) -> int:
+    tensors = list(vector.directions.values()) + list(vector.extras.values())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _frame_bytes(dataset) -> int:
+    frame = getattr(dataset, "frame", None)
+    return int(frame.memory_usage(deep=True).sum()) if frame is not None else 0
 
 
 def _first_line(exc: BaseException) -> str:
@@ -87,6 +117,7 @@ class Session:
     cache: dict = field(default_factory=dict)  # UI-side memo (e.g. the last sweep), safe to drop
     lang: str = "en"
     touched: float = field(default_factory=time.monotonic)
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
 @dataclass
@@ -121,7 +152,9 @@ class Frame:
 class Service:
     """The shared model, per-session stores, and one method per app feature."""
 
-    def __init__(self, handle=None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, workdir: str | Path | None = None):
+    def __init__(self, handle=None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, workdir: str | Path | None = None,
+                 policy: Policy | None = None):
+        self.policy = policy or Policy()
         self._handle = handle
         self._load_error: str | None = None
         self._loading = threading.Event()
@@ -130,6 +163,7 @@ class Service:
             self._loaded.set()
         self._load_message = "" if handle is None else f"loaded {handle.model_id}"
         self._sessions: "OrderedDict[str, Session]" = OrderedDict()
+        self._evicted: "OrderedDict[str, None]" = OrderedDict()  # ids whose owner is told once that they are gone
         self._sessions_lock = threading.Lock()
         self.max_file_bytes = int(max_file_bytes)
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="steer_ui-"))
@@ -155,11 +189,30 @@ class Service:
                 "message": self._load_message, "error": self._load_error,
                 "model_id": self._handle.model_id if self._handle is not None else None}
 
+    def switch_model(self, source: str | None, device: str = "auto", dtype: str = "auto",
+                     progress: Progress | None = None) -> dict:
+        """A visitor's request to change the shared model: off unless the administrator allowed it, and then only
+        to a source on the allow-list (so no request can name a host path, probe which paths exist, or start a
+        download)."""
+        if not self.policy.allow_model_switch:
+            raise UserError("model_switch_off")
+        source = str(source or "").strip()
+        if source not in self.policy.model_sources:
+            raise UserError("model_not_allowed", known=", ".join(self.policy.model_sources))
+        return self.load_model(source, device, dtype, progress)
+
     def load_model(self, source: str | None = None, device: str = "auto", dtype: str = "auto",
                    progress: Progress | None = None) -> dict:
-        """Load and share a model: 'embedded' (default), a hub id, a local dir, a .gguf, or tiny:FAMILY."""
+        """Load and share a model: 'embedded' (default), a hub id, a local dir, a .gguf, or tiny:FAMILY.
+
+        The administrator's path (command line, Python); visitors go through :meth:`switch_model`.
+        """
         progress = progress or _noop
         source = (source or "embedded").strip() or "embedded"
+        if not device_allowed(device):
+            raise UserError("bad_device", device=str(device)[:40])
+        if (dtype or "auto") not in DTYPES:
+            raise UserError("bad_dtype", dtype=str(dtype)[:40], known=", ".join(DTYPES))
         self._loading.set()
         self._loaded.clear()
         self._load_error = None
@@ -228,21 +281,41 @@ class Service:
 
     # ============================================================= sessions
     def session(self, session: str | None) -> Session:
-        key = session or "default"
+        """The store of session ``session``; ``None`` gets a fresh one that is not kept (an anonymous call).
+
+        At most ``policy.max_sessions`` are kept: the least recently used one
+        is forgotten, as is one idle for ``policy.session_idle_seconds``; its
+        owner's next call is told so once (:class:`UserError` ``session_expired``).
+        """
+        if session is None:
+            return Session()
+        now = time.monotonic()
         with self._sessions_lock:
-            s = self._sessions.get(key)
+            if session in self._evicted:
+                del self._evicted[session]
+                raise UserError("session_expired", limit=self.policy.max_sessions)
+            s = self._sessions.get(session)
+            if s is not None and now - s.touched > self.policy.session_idle_seconds:
+                self._forget(session)
+                raise UserError("session_expired", limit=self.policy.max_sessions)
             if s is None:
-                s = self._sessions[key] = Session()
-                while len(self._sessions) > MAX_SESSIONS:  # forget the least recently used tab
-                    self._sessions.popitem(last=False)
+                s = self._sessions[session] = Session()
+                while len(self._sessions) > self.policy.max_sessions:  # forget the least recently used tab
+                    self._forget(next(iter(self._sessions)))
             else:
-                self._sessions.move_to_end(key)
-            s.touched = time.monotonic()
+                self._sessions.move_to_end(session)
+            s.touched = now
             return s
+
+    def _forget(self, session: str) -> None:
+        self._sessions.pop(session, None)
+        self._evicted[session] = None
+        while len(self._evicted) > 4 * self.policy.max_sessions:
+            self._evicted.popitem(last=False)
 
     def end_session(self, session: str | None) -> None:
         with self._sessions_lock:
-            self._sessions.pop(session or "default", None)
+            self._sessions.pop(session, None)
 
     def set_language(self, session: str | None, lang: str) -> str:
         s = self.session(session)
@@ -258,6 +331,9 @@ class Service:
 
     def add_vector(self, session: str | None, vector, name: str | None = None, report: dict | None = None) -> str:
         s = self.session(session)
+        if len(s.vectors) >= self.policy.max_vectors_per_session:
+            raise UserError("too_many_vectors", limit=self.policy.max_vectors_per_session)
+        self._check_session_bytes(s, _vector_bytes(vector))
         base = name or vector.name or vector.method
         base = re.sub(r"\s+", " ", str(base)).strip() or "vector"
         if base == RANDOM:
@@ -279,7 +355,7 @@ class Service:
         if not name or name == RANDOM:
             handle = self.handle
             layer = self._check_layer(handle, layer if layer is not None else handle.arch.num_layers // 2)
-            return random_vector(handle.arch.hidden_size, layer, seed=int(seed or 0), model_id=handle.model_id,
+            return random_vector(handle.arch.hidden_size, layer, seed=_check_seed(seed), model_id=handle.model_id,
                                  model_type=handle.model_type)
         s = self.session(session)
         if name not in s.vectors:
@@ -332,15 +408,19 @@ class Service:
         except _expected_errors() as exc:
             raise UserError("steering_failed", detail=_first_line(exc)) from None
 
-    @staticmethod
-    def _check_alpha(alpha) -> float:
+    def _check_alpha(self, alpha) -> float:
         try:
             value = float(alpha)
         except (TypeError, ValueError):
-            raise UserError("bad_alpha", alpha=alpha) from None
-        if not math.isfinite(value):
-            raise UserError("bad_alpha", alpha=alpha)
+            raise UserError("bad_alpha", alpha=str(alpha)[:40]) from None
+        if not math.isfinite(value) or abs(value) > self.policy.max_alpha:
+            raise UserError("bad_alpha", alpha=str(alpha)[:40])
         return value
+
+    def _check_session_bytes(self, s: Session, extra: int) -> None:
+        used = sum(_vector_bytes(v) for v in s.vectors.values()) + _frame_bytes(s.dataset)
+        if used + extra > self.policy.max_session_bytes:
+            raise UserError("session_full", limit=self.policy.max_session_bytes >> 20)
 
     # =============================================================== explore
     def next_token(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,
@@ -349,11 +429,12 @@ class Service:
         from .model.analysis import next_token
 
         self._check_prompt(prompt)
+        top_k = _bounded_int(top_k, 1, self.policy.max_top_k, "top_k")
         steers = self.steers(session, vector_name, layer, alpha, relative, seed)
         handle = self.handle
         try:
             with handle.lock:
-                return next_token(handle, prompt, steers, top_k=int(top_k))
+                return next_token(handle, prompt, steers, top_k=top_k)
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
 
@@ -369,23 +450,28 @@ class Service:
         with handle.lock:
             return vocab_projection(handle, direction, top_k=top_k)
 
-    @staticmethod
-    def _check_prompt(prompt) -> None:
+    def _check_prompt(self, prompt) -> None:
         if not isinstance(prompt, str) or not prompt.strip():
             raise UserError("empty_prompt")
+        if len(prompt) > self.policy.max_prompt_chars:
+            raise UserError("prompt_too_long", size=len(prompt), limit=self.policy.max_prompt_chars)
 
-    @staticmethod
-    def sampling(max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+    def sampling(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, seed: int = 0, greedy: bool | None = None):
         from .model.generation import GenerationError, Sampling
 
         try:
             s = Sampling(max_new_tokens=int(max_new_tokens), temperature=0.0 if greedy else float(temperature),
                          top_k=int(top_k or 0), top_p=float(top_p), repetition_penalty=float(repetition_penalty),
-                         seed=int(seed or 0))
+                         seed=_check_seed(seed))
             s.validate()
-        except (GenerationError, TypeError, ValueError) as exc:
+        except (GenerationError, TypeError, ValueError, OverflowError) as exc:
             raise UserError("bad_sampling", detail=_first_line(exc)) from None
+        if s.max_new_tokens > self.policy.max_new_tokens:
+            raise UserError("bad_sampling", detail=f"at most {self.policy.max_new_tokens} new tokens per request, "
+                                                   f"got {s.max_new_tokens}")
+        if s.top_k > MAX_VOCAB_TOP_K:
+            raise UserError("bad_sampling", detail=f"top-k must be at most {MAX_VOCAB_TOP_K}, got {s.top_k}")
         return s
 
     def stream_generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
@@ -466,7 +552,7 @@ class Service:
         alpha_max = abs(self._check_alpha(alpha_max))
         if alpha_max == 0:
             raise UserError("bad_alpha", alpha=alpha_max)
-        points = max(3, min(int(points), 101))
+        points = max(3, min(int(points), self.policy.max_sweep_points))
         unit = self.steers(session, vector_name, layer, 1.0, relative, seed)
         if len(unit) != 1 or not isinstance(unit[0], Steer) or unit[0].vector is None:
             raise UserError("sweep_unsupported")
@@ -569,11 +655,40 @@ class Service:
         handle = self.handle
         try:
             with handle.lock:
-                result = probe_layers(handle, s.dataset, position=position, seed=int(seed), progress=progress or _noop)
+                result = probe_layers(handle, s.dataset, position=position, seed=_check_seed(seed),
+                                      progress=self._job(s, progress))
         except _expected_errors() as exc:
             raise UserError("training_failed", detail=_first_line(exc)) from None
         s.probe = result
         return result
+
+    # ------------------------------------------------------------- jobs
+    def _job(self, s: Session, progress: Progress | None) -> Progress:
+        """A progress callback that also ends the job: on :meth:`cancel` or after ``policy.job_seconds``.
+
+        Long jobs report progress often, so raising from the callback stops
+        them within a step; every hook is removed on the way out (``finally``)
+        and the session keeps what it had, since results are stored only at the end.
+        """
+        progress = progress or _noop
+        s.cancel.clear()
+        deadline = time.monotonic() + self.policy.job_seconds
+
+        def report(fraction: float, message: str = "") -> None:
+            if s.cancel.is_set():
+                raise UserError("job_cancelled")
+            if time.monotonic() > deadline:
+                raise UserError("job_too_long", limit=int(self.policy.job_seconds))
+            progress(fraction, message)
+
+        return report
+
+    def cancel(self, session: str | None) -> bool:
+        """Ask the session's running job to stop at its next progress report; True if one was asked."""
+        if session is None or session not in self._sessions:
+            return False
+        self._sessions[session].cancel.set()
+        return True
 
     # ---------------------------------------------------------- methods
     @staticmethod
@@ -625,11 +740,12 @@ class Service:
         handle = self.handle
         try:
             with handle.lock:
-                vector, report = m.train(handle, s.dataset, parsed, progress or _noop)
+                vector, report = m.train(handle, s.dataset, parsed, self._job(s, progress))
         except UserError:
             raise
         except _expected_errors() + (RuntimeError,) as exc:
             raise UserError("training_failed", detail=_first_line(exc)) from None
+        prune(cache_root() / "activations", self.policy.activation_cache_max_bytes)
         label = name or f"{m.name} L{vector.layer}" + (f" · {s.dataset_name}" if s.dataset_name else "")
         unique = self.add_vector(session, vector, label, report=report or {})
         return unique, report or {}
@@ -672,6 +788,7 @@ class Service:
             raise UserError("unknown_format", fmt=fmt, known=", ".join(FORMATS))
         vector = self.get_vector(session, vector_name, layer, seed)
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", vector.name or vector.method).strip("_") or "vector"
+        prune(self.workdir, self.policy.export_max_bytes, self.policy.export_keep_seconds, pattern="export-*")
         out_dir = Path(tempfile.mkdtemp(prefix="export-", dir=self.workdir))
         suffix = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json",
                   "caa": ""}[fmt]

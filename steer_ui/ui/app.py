@@ -65,7 +65,8 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         num_layers = backend.handle.arch.num_layers
     from .concepts_tab import build_concepts_tab  # imported before building: it extends the i18n catalog
 
-    with gr.Blocks(title="steer_ui", analytics_enabled=False) as demo:
+    # delete_cache: gradio's copies of uploads and served files older than an hour go every 10 minutes
+    with gr.Blocks(title="steer_ui", analytics_enabled=False, delete_cache=(600, 3600)) as demo:
         with gr.Row(elem_classes="steer-header"):
             with gr.Column(scale=4):
                 gr.Markdown(T("app.title"))
@@ -167,11 +168,8 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             .then(_explore_first_view(backend, explore), explore.steering_inputs,
                   [explore.bars, explore.delta, explore.readout, explore.details], api_name="page_next_token",
                   api_visibility="undocumented", show_progress="hidden", **MODEL)
-
-        def forget(request: gr.Request):
-            backend.end_session(sid(request))
-
-        demo.unload(forget)
+        # No unload handler: a missed heartbeat (a laptop lid, a flaky network) must not wipe a session; idle
+        # sessions are forgotten by the service after policy.session_idle_seconds instead.
     demo.steer_ui_backend = backend
     return demo
 

@@ -8,6 +8,7 @@ import logging
 
 import gradio as gr
 
+from ..policy import valid_session_id
 from ..service import UserError
 from . import i18n
 
@@ -25,9 +26,14 @@ def T(key: str):
     return i18n.GR_I18N(key)
 
 
-def sid(request: gr.Request | None) -> str:
-    """The per-tab session id (gradio_client gets its own per Client)."""
-    return getattr(request, "session_hash", None) or "default"
+def sid(request: gr.Request | None) -> str | None:
+    """The per-tab session id (gradio_client gets its own per Client), or None for a call without a usable one.
+
+    None gives the call a fresh session that is not kept: a client that sends
+    no id, or a made-up short one, never shares a store with anybody.
+    """
+    session = getattr(request, "session_hash", None)
+    return session if valid_session_id(session) else None
 
 
 def lang_of(backend, request: gr.Request | None) -> str:

@@ -48,7 +48,8 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "tab.export": "Export / Import",
         # model
         "model.source": "Model",
-        "model.source_info": "embedded (Gemma 3 270M), a hub id, a local directory, a .gguf file, or tiny:FAMILY",
+        "model.source_info": "the models this server offers (the administrator lists them with --model-choices; "
+                             "switching needs --allow-model-switch)",
         "model.device": "Device",
         "model.dtype": "Dtype",
         "model.load": "Load model",
@@ -159,7 +160,7 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "tab.detect": "检测",
         "tab.export": "导出 / 导入",
         "model.source": "模型",
-        "model.source_info": "embedded（内置 Gemma 3 270M）、Hub 模型 ID、本地目录、.gguf 文件或 tiny:FAMILY",
+        "model.source_info": "此服务器提供的模型（管理员用 --model-choices 列出；切换需要 --allow-model-switch）",
         "model.device": "设备",
         "model.dtype": "数据类型",
         "model.load": "加载模型",
@@ -284,6 +285,19 @@ MESSAGES: dict[str, dict[str, str]] = {
         "training_failed": "训练失败：{detail}",
         "unknown_method": "未知方法“{method}”（可选：{known}）。",
         "bad_settings": "设置被拒绝：{detail}",
+        "model_switch_off": "此服务器已关闭更换模型：模型由管理员在启动时选定"
+                            "（python app.py --model ... --allow-model-switch 可允许访客切换）。",
+        "model_not_allowed": "该模型不在此服务器的列表中；可选：{known}。",
+        "bad_device": "不允许设备“{device}”：请使用 auto、cpu、cuda、cuda:N、mps 或 multi。",
+        "bad_dtype": "不允许数据类型“{dtype}”：请使用 {known} 之一。",
+        "session_expired": "此页面的会话已被关闭以腾出空间（服务器最多保留 {limit} 个会话，并会清除闲置会话）；"
+                           "其数据和向量已丢失。请重新加载后继续。",
+        "too_many_vectors": "此会话已有 {limit} 个向量，已达上限；请刷新页面开始新会话以训练或导入更多向量。",
+        "session_full": "此会话的数据和向量将超过 {limit} MB 的上限；请刷新页面开始新会话。",
+        "prompt_too_long": "提示词有 {size} 个字符；上限为 {limit}。",
+        "bad_number": "{what} 必须是 {low} 到 {high} 之间的整数，收到 {value}。",
+        "job_cancelled": "已取消：没有保留任何结果，你的会话保持原样。",
+        "job_too_long": "已在 {limit} 秒后停止（此服务器单个任务的上限）：没有保留任何结果。请减少行数或训练轮数。",
         "not_tsv": "向量“{name}”由方法“{method}”生成；检测需要 TSV 向量。",
         "no_answers": "没有可评分的回答：请至少输入一个回答。",
         "detect_failed": "检测失败：{detail}",

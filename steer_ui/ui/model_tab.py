@@ -10,9 +10,6 @@ from ..service import Service
 from . import i18n
 from .common import T, handler, lang_of, progress_adapter
 
-SOURCES = ["embedded", "tiny:llama", "tiny:gemma3", "tiny:gpt2"]
-
-
 @dataclass
 class ModelTab:
     source: gr.Dropdown
@@ -43,13 +40,16 @@ def status_markdown(backend: Service, lang: str) -> str:
 
 def build_model_tab(backend: Service) -> ModelTab:
     with gr.Row():
-        source = gr.Dropdown(choices=SOURCES, value="embedded", allow_custom_value=True, label=T("model.source"),
-                             info=T("model.source_info"), scale=3)
+        sources = list(backend.policy.model_sources)
+        source = gr.Dropdown(choices=sources, value=sources[0] if sources else None, allow_custom_value=False,
+                             label=T("model.source"), info=T("model.source_info"), scale=3)
         device = gr.Dropdown(choices=["auto", "cpu", "cuda", "mps"], value="auto", allow_custom_value=True,
                              label=T("model.device"), scale=1)
         dtype = gr.Dropdown(choices=["auto", "float32", "bfloat16", "float16"], value="auto",
                             label=T("model.dtype"), scale=1)
-    load = gr.Button(T("model.load"), variant="primary")
+    # Switching is the administrator's call (python app.py --allow-model-switch); the service refuses it otherwise.
+    allowed = backend.policy.allow_model_switch
+    load = gr.Button(T("model.load"), variant="primary", interactive=allowed)
     status = gr.Markdown(elem_id="model-status")
     with gr.Row():
         norms = gr.Plot(label=T("model.norms"))
@@ -59,7 +59,7 @@ def build_model_tab(backend: Service) -> ModelTab:
     @handler(backend)
     def load_model(source, device, dtype, request: gr.Request, progress=gr.Progress()):
         lang = lang_of(backend, request)
-        facts = backend.load_model(source, device, dtype, progress=progress_adapter(progress))
+        facts = backend.switch_model(source, device, dtype, progress=progress_adapter(progress))
         labels = i18n.plot_labels(lang, "norms")
         return facts_markdown(lang, facts), facts, plots.layer_norms(backend.layer_norm_frame(), labels=labels)
 

@@ -176,7 +176,7 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
 
     with gr.Row():
         with gr.Column(scale=1, min_width=320):
-            method = gr.Radio([(m["label"], m["name"]) for m in methods], value=default, label=T("train.method"),
+            method = gr.Radio([m["name"] for m in methods], value=default, label=T("train.method"),
                               info=T("train.method_info"), elem_id="train-method")
             with gr.Row():
                 auto_layer = gr.Checkbox(value=True, label=T("train.auto_layer"))

@@ -139,20 +139,13 @@ def test_errors_follow_the_session_language(app):
 def test_train_and_detect_report_plainly(app):
     _, url = app
     c = client(url)
-    try:
-        import steer_ui.methods  # noqa: F401
-        from steer_ui.methods import train  # noqa: F401
-        available = True
-    except ImportError:
-        available = False
     c.predict("capitals_statements.csv", "auto", api_name="/bundled_dataset")
-    if available:
-        out = c.predict("mean-diff", 1, False, "last", 0, 32, 20, True, True, 16, None, None, "", api_name="/train")
-        assert "mean-diff" in out[0]
-        assert any("mean-diff" in choice[0] for choice in out[4]["choices"])
-    else:
-        with pytest.raises(Exception, match="not available"):
-            c.predict("mean-diff", 1, False, "last", 0, 32, 20, True, True, 16, None, None, "", api_name="/train")
+    out = c.predict("mean-diff", 1, False, '{"position": "last"}', api_name="/train")
+    assert out["vector"].startswith("mean-diff L1") and out["vector"] in out["vectors"]
+    assert out["report"]["layer"] == 1
+    with pytest.raises(Exception, match="unknown setting"):
+        c.predict("mean-diff", 1, False, '{"epochs": 3}', api_name="/train")
+    assert c.predict(api_name="/methods")[0]["name"] == "mean-diff"
     with pytest.raises(Exception, match="TSV"):
         c.predict(RANDOM, {"headers": ["prompt", "answer"], "data": [["q", "a"]]}, None, api_name="/detect")
 

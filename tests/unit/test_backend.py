@@ -6,6 +6,7 @@ import threading
 import pytest
 import torch
 
+from steer_ui.model.units import relative_scale
 from steer_ui.service import RANDOM, Service, UserError
 from steer_ui.model.hooks import hook_count
 from steer_ui.vector import SteeringVector, random_vector
@@ -30,7 +31,7 @@ def test_alpha_zero_changes_nothing_and_alpha_moves_the_distribution(backend):
 def test_relative_alpha_is_a_fraction_of_the_layer_norm(backend):
     handle = backend.handle
     steer = backend.steers("s", RANDOM, 2, 0.5, relative=True)[0]
-    assert float(steer.alpha) == pytest.approx(0.5 * handle.relative_scale(2), rel=1e-5)
+    assert float(steer.alpha) == pytest.approx(0.5 * relative_scale(handle, 2), rel=1e-5)
     assert float(steer.vector.norm()) == pytest.approx(1.0, rel=1e-5)
     raw = backend.steers("s", RANDOM, 2, 0.5, relative=False)[0]
     assert float(raw.alpha) == pytest.approx(0.5)
@@ -177,11 +178,12 @@ def test_load_tiny_model_and_unknown_family(tmp_path):
 
 def test_tsv_bound_sweep_from_the_train_form_and_a_bad_bound_keeps_the_session(backend):
     backend.upload_dataset("s", None, bundled="capitals_statements.csv")
-    name, report = backend.train("s", "tsv", 1, epochs=1, exemplars=8, max_rows=48, bound_sweep=[0.5])
+    name, report = backend.train("s", "tsv", 1, settings={"epochs": 1, "exemplars": 8, "max_rows": 48,
+                                                          "bound_sweep": [0.5]})
     assert [row["bound"] for row in report["bound_sweep"]] == [0.5, 2.0, None]
     assert "constrained, bound 0.5" in report["runs"]
     names = backend.vector_names("s")
-    with pytest.raises(UserError, match="finite bounds"):
-        backend.train("s", "tsv", 1, epochs=1, bound_sweep=["six"])
+    with pytest.raises(UserError, match="bound_sweep must be a number, got 'six'"):
+        backend.train("s", "tsv", 1, settings={"epochs": 1, "bound_sweep": ["six"]})
     assert backend.vector_names("s") == names and name in names
     assert backend.dataset_summary("s")["rows"] > 100

@@ -11,7 +11,7 @@ from steer_ui.ui import i18n
 
 ROOT = Path(__file__).resolve().parents[2]
 UI_SOURCES = sorted((ROOT / "steer_ui" / "ui").glob("*.py"))
-CODE = {p: p.read_text(encoding="utf-8") for p in UI_SOURCES + [ROOT / "steer_ui" / "backend.py"]}
+CODE = {p: p.read_text(encoding="utf-8") for p in UI_SOURCES + [ROOT / "steer_ui" / "service.py"]}
 HAN = re.compile(r"[\u4e00-\u9fff]")
 
 
@@ -59,7 +59,7 @@ def test_every_error_key_raised_has_a_message():
 def test_user_error_text_in_both_languages():
     err = UserError("bad_layer", layer=40, last=17)
     assert str(err) == "Layer 40 does not exist: this model has layers 0 to 17."
-    zh = err.text("zh-CN")
+    zh = i18n.message("zh-CN", err.key, **err.params)
     assert "40" in zh and "17" in zh and HAN.search(zh)
 
 

@@ -1,7 +1,6 @@
 """Mean-diff, probe, PCA and ITI: the maths on synthetic data, the pipeline on tiny models."""
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
@@ -11,7 +10,7 @@ import torch
 
 from steer_ui.data import Dataset, DatasetError
 from steer_ui.data.activations import head_geometry, out_projection
-from steer_ui.methods import iti, mean_diff, pca, probe, probe_layers, train, train_from_args
+from steer_ui.methods import iti, mean_diff, pca, probe, probe_layers, train
 from steer_ui.methods.common import alpha_range_from_kl, class_separation
 from steer_ui.model.hooks import StepState, hook_count, steering
 from steer_ui.steering import build_steers
@@ -164,7 +163,9 @@ def test_single_class_split_is_a_clear_error(tiny):
 
 
 def test_unknown_method(tiny):
-    with pytest.raises(DatasetError, match="unknown method"):
+    from steer_ui.methods import SettingsError
+
+    with pytest.raises(SettingsError, match="unknown method 'nope'"):
         train(tiny("llama"), separable(), "nope")
 
 
@@ -234,22 +235,17 @@ def test_iti_vector_without_extras_falls_back_to_residual(tiny):
 
 
 # ------------------------------------------------------------------ CLI glue
-def _args(**kw):
-    base = dict(method="mean-diff", layer=None, position=None, seed=0, top_heads=None)
-    base.update(kw)
-    return argparse.Namespace(**base)
+def test_cli_train_refuses_a_flag_the_method_has_no_setting_for(tmp_path, capsys):
+    """ITI picks heads across all layers: --layer is not one of its settings, and saying so beats ignoring it."""
+    from steer_ui.cli import main
 
-
-def test_train_from_args_dispatches(tiny, monkeypatch):
-    handle = tiny("llama")
-    vector, report = train_from_args(handle, separable(), _args(method="probe", layer=1, position="mean"))
-    assert vector.method == "probe" and vector.layers == [1]
-    from steer_ui.methods import l2s
-
-    called = {}
-    monkeypatch.setattr(l2s, "train_from_args", lambda h, d, a: called.setdefault("l2s", (h, d, a)) and ("v", {}))
-    train_from_args(handle, separable(), _args(method="l2s"))
-    assert called["l2s"][0] is handle
+    data = tmp_path / "sep.csv"
+    separable().frame.rename(columns={"completion": "statement"})[["statement", "label", "group"]].to_csv(data, index=False)
+    code = main(["train", "--model", "tiny:llama", "--method", "iti", "--layer", "1", "--data", str(data),
+                 "--out", str(tmp_path / "v.safetensors"), "--json"])
+    captured = capsys.readouterr()
+    assert code == 2 and "unknown setting(s) layer" in json.loads(captured.out)["error"]
+    assert "Traceback" not in captured.err and not (tmp_path / "v.safetensors").exists()
 
 
 def test_cli_probe_layers_and_train_json(tiny, tmp_path, capsys):
