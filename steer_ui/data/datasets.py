@@ -30,6 +30,8 @@ from ..vector import dataset_hash
 
 MAX_BYTES = 50 * 2**20
 MAX_ROWS = 100_000
+MAX_COLUMNS = 256
+MAX_DECODED_BYTES = 256 * 2**20  # what a compressed upload (Parquet) may inflate to
 KINDS = ("statements", "answers", "pairs")
 SCHEMAS = ("statements", "answers", "truthfulqa", "pairs", "caa")
 LABELLED_COLUMNS = ["prompt", "completion", "label", "group"]
@@ -234,11 +236,7 @@ def _parse_bytes(data: bytes, name: str, warnings: list[str]) -> tuple[pd.DataFr
         raise DatasetError(f"{name}: looks like a Python pickle/checkpoint; those are never loaded because they can "
                            "run code. Save the data as CSV, TSV, JSON, JSONL or Parquet")
     if data[:4] == b"PAR1" or ext in (".parquet", ".pq"):
-        try:
-            frame = pd.read_parquet(io.BytesIO(data))
-        except Exception as exc:  # pyarrow raises several types for junk
-            raise DatasetError(f"{name}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
-        return frame, "parquet"
+        return _read_parquet(data, name), "parquet"
     text = _decode(data, name, warnings)
     if not text.strip():
         raise DatasetError(f"{name}: the file is empty")
@@ -255,6 +253,33 @@ def _parse_bytes(data: bytes, name: str, warnings: list[str]) -> tuple[pd.DataFr
     if fmt == "jsonl":
         return _read_jsonl(text, name), fmt
     return _read_delimited(text, name, "\t" if fmt == "tsv" else ","), fmt
+
+
+def _read_parquet(data: bytes, name: str) -> pd.DataFrame:
+    """A Parquet table, checked from its footer before anything is decompressed.
+
+    Parquet compresses well: a file under the upload limit can declare
+    gigabytes of rows.  The footer states rows, columns and every row group's
+    uncompressed size, so a bomb is refused before one page is inflated.
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    except Exception as exc:  # pyarrow raises several types for junk
+        raise DatasetError(f"{name}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    if meta.num_columns > MAX_COLUMNS:
+        raise DatasetError(f"{name}: {meta.num_columns} columns; the limit is {MAX_COLUMNS}")
+    if meta.num_rows > MAX_ROWS:
+        raise DatasetError(f"{name}: {meta.num_rows} rows; the limit is {MAX_ROWS}")
+    inflated = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if inflated > MAX_DECODED_BYTES:
+        raise DatasetError(f"{name}: decompresses to {inflated / 2**20:.0f} MB; the limit is "
+                           f"{MAX_DECODED_BYTES / 2**20:g} MB")
+    try:
+        return pd.read_parquet(io.BytesIO(data))
+    except Exception as exc:
+        raise DatasetError(f"{name}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
 
 
 def _decode(data: bytes, name: str, warnings: list[str]) -> str:
@@ -282,6 +307,9 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
 
 def _read_delimited(text: str, name: str, sep: str) -> pd.DataFrame:
     kind = "TSV" if sep == "\t" else "CSV"
+    header = text.lstrip().split("\n", 1)[0]
+    if header.count(sep) + 1 > MAX_COLUMNS:  # a wide header would make pandas allocate per column first
+        raise DatasetError(f"{name}: {header.count(sep) + 1} columns; the limit is {MAX_COLUMNS}")
     try:
         frame = pd.read_csv(io.StringIO(text), sep=sep, dtype=str, keep_default_na=False, skip_blank_lines=True)
     except pd.errors.EmptyDataError:

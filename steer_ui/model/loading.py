@@ -130,16 +130,28 @@ def embedded_gguf_path() -> Path:
 
 
 def _file_key(path: Path) -> str:
-    """Identify a GGUF by name, size and a hash of its first and last MiB (hashing 250 MB would cost seconds)."""
+    """A content hash of the whole file, computed once per (path, size, mtime) and remembered on disk.
+
+    Name, size and a sample of bytes are not enough: two different files can
+    share them, and the second would then reuse the first's converted weights.
+    """
+    stat = path.stat()
+    memo = cache_root() / "file_hashes" / hashlib.sha256(
+        f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:32]
+    if memo.is_file():
+        known = memo.read_text().strip()
+        if len(known) == 16:
+            return known
     h = hashlib.sha256()
-    size = path.stat().st_size
-    h.update(f"{path.name}:{size}".encode())
     with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        if size > 2 << 20:
-            f.seek(-(1 << 20), os.SEEK_END)
-            h.update(f.read(1 << 20))
-    return h.hexdigest()[:16]
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    key = h.hexdigest()[:16]
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_suffix(".tmp")
+    tmp.write_text(key)
+    tmp.replace(memo)
+    return key
 
 
 def gguf_cache_dir(gguf: Path) -> Path:
