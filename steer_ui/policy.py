@@ -15,6 +15,9 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|multi|cuda(:\d{1,2})?)$")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Gradio's own session ids are 10+ random characters made by the browser or gradio_client.
 SESSION_PATTERN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+# Stores of calls without a usable id live under this prefix, apart from real sessions (a few, briefly).
+ANONYMOUS_PREFIX = "anonymous:"
+MAX_ANONYMOUS = 64
 
 
 @dataclass

@@ -35,7 +35,7 @@ import torch
 
 from .messages import english, normalise_lang
 from .paths import cache_root, prune
-from .policy import DTYPES, Policy, device_allowed
+from .policy import ANONYMOUS_PREFIX, DTYPES, MAX_ANONYMOUS, Policy, device_allowed
 from .steering import steering_kind
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,7 @@ class Service:
         self._load_message = "" if handle is None else f"loaded {handle.model_id}"
         self._sessions: "OrderedDict[str, Session]" = OrderedDict()
         self._evicted: "OrderedDict[str, None]" = OrderedDict()  # ids whose owner is told once that they are gone
+        self._anonymous: "OrderedDict[str, Session]" = OrderedDict()
         self._sessions_lock = threading.Lock()
         self.max_file_bytes = int(max_file_bytes)
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="steer_ui-"))
@@ -291,6 +292,12 @@ class Service:
             return Session()
         now = time.monotonic()
         with self._sessions_lock:
+            if session.startswith(ANONYMOUS_PREFIX):  # one request's store: never evicts a real session
+                s = self._anonymous.setdefault(session, Session())
+                self._anonymous.move_to_end(session)
+                while len(self._anonymous) > MAX_ANONYMOUS:
+                    self._anonymous.popitem(last=False)
+                return s
             if session in self._evicted:
                 del self._evicted[session]
                 raise UserError("session_expired", limit=self.policy.max_sessions)

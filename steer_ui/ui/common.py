@@ -5,10 +5,11 @@ import functools
 import html
 import inspect
 import logging
+import uuid
 
 import gradio as gr
 
-from ..policy import valid_session_id
+from ..policy import ANONYMOUS_PREFIX, valid_session_id
 from ..service import UserError
 from . import i18n
 
@@ -27,13 +28,21 @@ def T(key: str):
 
 
 def sid(request: gr.Request | None) -> str | None:
-    """The per-tab session id (gradio_client gets its own per Client), or None for a call without a usable one.
+    """The per-tab session id (gradio_client gets its own per Client).
 
-    None gives the call a fresh session that is not kept: a client that sends
-    no id, or a made-up short one, never shares a store with anybody.
+    A call without a usable id (none, or a made-up short one such as
+    "default") gets a one-request id of its own, so it never shares a store
+    with anybody; the service keeps such stores apart and briefly.
     """
     session = getattr(request, "session_hash", None)
-    return session if valid_session_id(session) else None
+    if valid_session_id(session):
+        return session
+    if request is None:
+        return None
+    anon = request.__dict__.get("_steer_ui_anonymous")
+    if anon is None:
+        anon = request.__dict__["_steer_ui_anonymous"] = ANONYMOUS_PREFIX + uuid.uuid4().hex
+    return anon
 
 
 def lang_of(backend, request: gr.Request | None) -> str:
