@@ -58,7 +58,7 @@ from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, fi
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 SUFFIXES = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json", "caa": ""}
 MAX_VECTOR_FILE_BYTES = limits.MAX_FILE_BYTES
-MAX_PICKLE_BYTES = 4 * 2**20  # the pickle part of a .pt file (the tensors' bytes are stored apart from it)
+MAX_PICKLE_BYTES = limits.MAX_PICKLE_BYTES
 
 GGUF_ARCH = "controlvector"
 SIDECAR_SUFFIX = ".steer_ui.json"  # steering-vectors: metadata beside x.pt as x.steer_ui.json
@@ -66,7 +66,6 @@ CAA_SIDECAR = "steer_ui.json"      # caa: metadata inside the directory
 CAA_NAME = re.compile(r"^vec_layer_(\d+)(?:_(.+))?\.pt$")  # CAA's own files add _{model name}
 NEURONPEDIA_HOOK = "hook_resid_post"
 
-_EXTRA_DTYPES = EXTRA_DTYPES
 
 
 # ======================================================================== public API
@@ -836,7 +835,7 @@ def _encode_extras(extras: dict[str, torch.Tensor]) -> dict[str, dict]:
     out = {}
     for key, tensor in extras.items():
         dtype = str(tensor.dtype).removeprefix("torch.")
-        if dtype not in _EXTRA_DTYPES:
+        if dtype not in EXTRA_DTYPES:
             raise VectorError(f"extra tensor '{key}' has dtype {dtype}, which cannot be exported")
         raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         out[key] = {"dtype": dtype, "shape": list(tensor.shape), "base64": base64.b64encode(raw).decode("ascii")}
@@ -852,7 +851,7 @@ def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
     plan, total = [], 0
     for key, item in doc.items():
         try:
-            dtype = _EXTRA_DTYPES[item["dtype"]]
+            dtype = EXTRA_DTYPES[item["dtype"]]
             shape = [int(d) for d in item["shape"]]
             text = item["base64"]
             if not isinstance(text, str):

@@ -31,6 +31,7 @@ MAX_JSON_BYTES = 64 * 1024  # hyperparameters, and metrics, each as JSON
 # ---------------------------------------------------------------- files
 MAX_FILE_BYTES = 512 * 2**20  # any vector file (or CAA directory) as uploaded
 MAX_HEADER_BYTES = 4 * 2**20  # a safetensors JSON header
+MAX_PICKLE_BYTES = 4 * 2**20  # the pickle part of a .pt file (the tensors' bytes are stored apart from it)
 MAX_JSON_TOKENS = 2**20  # ',' ':' '[' '{' in a JSON file: bounds the Python objects parsing makes
 MAX_GGUF_KV = 256  # key/value pairs in a GGUF control vector
 MAX_GGUF_ARRAY = 4096  # elements of a GGUF array value (control vectors have none)
