@@ -24,6 +24,13 @@ with provenance recorded in ``hyperparameters``.
 Reading never executes a pickle: ``.pt`` files go through
 ``torch.load(..., weights_only=True)`` and must then hold only tensors, dicts
 and plain values.  The format is found from the content, not the extension.
+
+Every file is treated as hostile: the sizes a file declares (safetensors and
+GGUF headers, zip entries, pickle length, base64 extras) are checked against
+:mod:`steer_ui.limits` before the data they describe is read or decoded, and
+every tensor is checked (:func:`steer_ui.vector.check_tensor`) before anything
+copies it, so an expanded view or aliased tensors cannot multiply memory.
+Names that become paths go through :func:`safe_name`.
 """
 from __future__ import annotations
 
@@ -31,18 +38,27 @@ import base64
 import hashlib
 import json
 import math
+import io
+import mmap
 import os
+import pickletools
 import re
+import struct
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from .vector import SteeringVector, VectorError, read_safetensors
+from . import limits
+from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, first_line, parse_json,
+                     read_safetensors)
 
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
-MAX_VECTOR_FILE_BYTES = 512 * 1024 * 1024
+SUFFIXES = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json", "caa": ""}
+MAX_VECTOR_FILE_BYTES = limits.MAX_FILE_BYTES
+MAX_PICKLE_BYTES = limits.MAX_PICKLE_BYTES
 
 GGUF_ARCH = "controlvector"
 SIDECAR_SUFFIX = ".steer_ui.json"  # steering-vectors: metadata beside x.pt as x.steer_ui.json
@@ -50,9 +66,6 @@ CAA_SIDECAR = "steer_ui.json"      # caa: metadata inside the directory
 CAA_NAME = re.compile(r"^vec_layer_(\d+)(?:_(.+))?\.pt$")  # CAA's own files add _{model name}
 NEURONPEDIA_HOOK = "hook_resid_post"
 
-_EXTRA_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
-    torch.uint8, torch.bool)}
 
 
 # ======================================================================== public API
@@ -91,7 +104,45 @@ def read_vector(path: str | Path, handle=None,
     vector, warnings = readers[fmt](path)
     if handle is not None:
         warnings += validate_for_model(vector, handle)
+        _method_check(vector, handle, path)
     return vector, warnings
+
+
+def _method_check(vector: SteeringVector, handle, path: Path) -> None:
+    """The vector's own method checks what only it understands (ITI's per-head data) against the model."""
+    from .methods.base import method_of
+
+    check = getattr(method_of(vector), "check", None)
+    if check is None:
+        return
+    try:
+        check(handle, vector)
+    except ValueError as exc:  # VectorError, SteeringError, …: all one-line messages
+        raise VectorError(f"{path.name}: {first_line(exc)}") from None
+
+
+def safe_name(name: Any, fallback: str = "vector") -> str:
+    """A file or folder name made from a vector's name: it can never leave the folder it is put in.
+
+    Only letters, digits, ``_``, ``-`` and single dots survive (``/``, ``\\``,
+    NUL, spaces and other characters become ``_``; ``..`` runs too); no leading
+    or trailing dot; at most :data:`steer_ui.limits.MAX_FILE_NAME` characters.
+    """
+    text = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name))
+    text = re.sub(r"\.{2,}", "_", text)
+    text = text.strip("._-")[:limits.MAX_FILE_NAME].strip("._-")
+    return text or fallback
+
+
+def export_path(folder: str | Path, name: Any, fmt: str) -> Path:
+    """Where ``write_vector(vector, fmt, …)`` should write inside ``folder``: the safe name plus the format's suffix."""
+    if fmt not in SUFFIXES:
+        raise VectorError(f"unknown export format '{fmt}' (choose from {', '.join(FORMATS)})")
+    folder = Path(folder)
+    out = folder / (safe_name(name) + SUFFIXES[fmt])
+    if out.resolve().parent != folder.resolve():  # cannot happen with safe_name; kept as the last guard
+        raise VectorError(f"export name {str(name)[:60]!r} would leave the export folder")
+    return out
 
 
 def detect_format(path: str | Path, max_bytes: int = MAX_VECTOR_FILE_BYTES) -> str:
@@ -179,7 +230,7 @@ def _read_native(path: Path) -> tuple[SteeringVector, list[str]]:
             other.append(key)
     if not directions:
         raise VectorError(f"{path.name}: no 'direction.<layer>' tensors found (found: {sorted(tensors)[:8]})")
-    meta = _parse_json(header["steer_ui"], f"{path.name} (steer_ui header)") if "steer_ui" in header else None
+    meta = parse_json(header["steer_ui"], f"{path.name} (steer_ui header)") if "steer_ui" in header else None
     warnings = [f"{path.name}: ignored tensors {other[:8]}"] if other else []
     return _assemble(directions, extras, meta, path, "native", warnings=warnings)
 
@@ -222,10 +273,11 @@ def _read_gguf(path: Path) -> tuple[SteeringVector, list[str]]:
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader
 
+    _check_gguf_header(path)
     try:
         reader = GGUFReader(str(path))
     except Exception as exc:
-        raise VectorError(f"{path.name}: not a readable GGUF file ({_first_line(exc)})") from None
+        raise VectorError(f"{path.name}: not a readable GGUF file ({first_line(exc)})") from None
     arch = _gguf_value(reader, "general.architecture")
     if arch != GGUF_ARCH:
         raise VectorError(f"{path.name}: GGUF architecture is '{arch}', not '{GGUF_ARCH}': this is a model file, "
@@ -240,10 +292,11 @@ def _read_gguf(path: Path) -> tuple[SteeringVector, list[str]]:
         if tensor.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             raise VectorError(f"{path.name}: tensor {tensor.name} has type {tensor.tensor_type.name}; "
                               "control vectors are F32 (F16 also read)")
-        data = np.array(tensor.data)  # copy out of the memory map
-        if sum(1 for d in data.shape if d != 1) > 1:
-            raise VectorError(f"{path.name}: tensor {tensor.name} has shape {tuple(data.shape)}; expected 1-D")
-        directions[layer] = torch.from_numpy(data.reshape(-1).astype(np.float32))
+        shape = tuple(int(d) for d in tensor.data.shape)
+        if sum(1 for d in shape if d != 1) > 1:
+            raise VectorError(f"{path.name}: tensor {tensor.name} has shape {shape}; expected 1-D")
+        # One copy out of the memory map (sizes and overlaps were checked by _check_gguf_header).
+        directions[layer] = torch.from_numpy(np.asarray(tensor.data, dtype=np.float32).reshape(-1).copy())
     if not directions:
         raise VectorError(f"{path.name}: the GGUF control vector has no 'direction.<layer>' tensors")
     layer_count = _gguf_value(reader, f"{GGUF_ARCH}.layer_count")
@@ -254,11 +307,113 @@ def _read_gguf(path: Path) -> tuple[SteeringVector, list[str]]:
     if hint is None:
         warnings.append(f"{path.name}: no {GGUF_ARCH}.model_hint (repeng refuses such files)")
     meta_json = _gguf_value(reader, "steer_ui.metadata")
-    meta = _parse_json(meta_json, f"{path.name} (steer_ui.metadata)") if meta_json else None
+    meta = parse_json(meta_json, f"{path.name} (steer_ui.metadata)") if meta_json else None
     extras_json = _gguf_value(reader, "steer_ui.extras")
-    extras = _decode_extras(_parse_json(extras_json, f"{path.name} (steer_ui.extras)"), path.name) \
+    extras = _decode_extras(parse_json(extras_json, f"{path.name} (steer_ui.extras)"), path.name) \
         if extras_json else {}
     return _assemble(directions, extras, meta, path, "gguf", foreign={"model_type": hint or ""}, warnings=warnings)
+
+
+_GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def _check_gguf_header(path: Path) -> None:
+    """Walk a GGUF header without building anything: refuse what gguf's reader would blow up in memory.
+
+    The reader makes Python objects per array element and a view per tensor
+    info, so counts and array lengths are bounded here first; tensor sizes and
+    offsets are checked so that tensors sharing bytes (aliases) or declaring
+    more than :data:`steer_ui.limits.MAX_VECTOR_BYTES` are refused before any
+    data is copied.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    name = path.name
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        pos = 0
+
+        def take(fmt: str):
+            nonlocal pos
+            try:
+                values = struct.unpack_from("<" + fmt, buf, pos)
+            except struct.error:
+                raise VectorError(f"{name}: not a readable GGUF file (the header ends early at byte {pos})") from None
+            pos += struct.calcsize("<" + fmt)
+            return values[0] if len(values) == 1 else values
+
+        def skip_string() -> str:
+            nonlocal pos
+            length = take("Q")
+            if length > len(buf) - pos:
+                raise VectorError(f"{name}: not a readable GGUF file (a string of {length} bytes past the end)")
+            text = bytes(buf[pos:pos + min(length, 200)]).decode("utf-8", errors="replace")
+            pos += length
+            return text
+
+        def skip_value(vtype: int, key: str) -> Any:
+            nonlocal pos
+            if vtype in _GGUF_SCALARS:
+                size = _GGUF_SCALARS[vtype]
+                value = int.from_bytes(buf[pos:pos + size], "little") if vtype in (4, 10) else None
+                pos += size
+                return value
+            if vtype == _GGUF_STRING:
+                return skip_string()
+            if vtype == _GGUF_ARRAY:
+                itype, count = take("IQ")
+                if count > limits.MAX_GGUF_ARRAY:
+                    raise VectorError(f"{name}: GGUF key '{key}' is an array of {count} values; the limit is "
+                                      f"{limits.MAX_GGUF_ARRAY}")
+                for _ in range(count):
+                    skip_value(itype, key)
+                return None
+            raise VectorError(f"{name}: not a readable GGUF file (key '{key}' has unknown value type {vtype})")
+
+        magic, version, n_tensors, n_kv = take("4sIQQ")
+        if magic != b"GGUF" or version not in (2, 3):
+            raise VectorError(f"{name}: not a readable GGUF file (version {version}; versions 2 and 3 are read)")
+        if n_kv > limits.MAX_GGUF_KV or n_tensors > limits.MAX_LAYERS + limits.MAX_EXTRAS:
+            raise VectorError(f"{name}: GGUF declares {n_tensors} tensors and {n_kv} keys; the limits are "
+                              f"{limits.MAX_LAYERS + limits.MAX_EXTRAS} and {limits.MAX_GGUF_KV}")
+        alignment = 32
+        for _ in range(n_kv):
+            key = skip_string()
+            value = skip_value(take("I"), key)
+            if key == "general.alignment" and isinstance(value, int) and value > 0:
+                alignment = value
+        spans = []
+        for _ in range(n_tensors):
+            tname = skip_string()
+            n_dims = take("I")
+            if n_dims > limits.MAX_DIMS:
+                raise VectorError(f"{name}: GGUF tensor '{tname}' has {n_dims} dimensions; the limit is "
+                                  f"{limits.MAX_DIMS}")
+            dims = [take("Q") for _ in range(n_dims)]
+            ttype, offset = take("IQ")
+            numel = math.prod(dims)
+            if numel > limits.MAX_ELEMENTS:
+                raise VectorError(f"{name}: GGUF tensor '{tname}' declares {numel} elements; the limit is "
+                                  f"{limits.MAX_ELEMENTS}")
+            try:
+                block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+            except (ValueError, KeyError):
+                raise VectorError(f"{name}: GGUF tensor '{tname}' has unknown type {ttype}") from None
+            spans.append((offset, offset + -(-numel // block) * block_bytes, tname))
+        data_start = -(-pos // alignment) * alignment
+    total = sum(end - begin for begin, end, _ in spans)
+    if total > limits.MAX_VECTOR_BYTES:
+        raise VectorError(f"{name}: the GGUF tensors declare {total / 2**20:.1f} MB; the limit is "
+                          f"{limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
+    reach, owner = 0, ""
+    for begin, end, tname in sorted(spans):
+        if data_start + end > path.stat().st_size:
+            raise VectorError(f"{name}: GGUF tensor '{tname}' reaches past the end of the file")
+        if begin < reach:
+            raise VectorError(f"{name}: GGUF tensors '{owner}' and '{tname}' overlap in the file (aliased data); "
+                              "refused")
+        if end > reach:
+            reach, owner = end, tname
 
 
 def _gguf_value(reader, key: str):
@@ -318,8 +473,12 @@ def _from_steering_vectors(obj: dict, path: Path, warnings: list[str] | None = N
         if not isinstance(tensor, torch.Tensor):
             raise VectorError(f"{path.name}: layer_activations[{key!r}] is {type(tensor).__name__}, not a tensor")
         directions[_layer_from(key, path.name, f"layer_activations[{key!r}]")] = _one_d(tensor, path.name, key)
-    sidecar = _read_sidecar(_sidecar_for(path))
-    return _assemble(directions, sidecar[1], sidecar[0], path, "steering-vectors", warnings=warnings)
+    sidecar_path = _sidecar_for(path)
+    meta, extras = _read_sidecar(sidecar_path)
+    warnings = list(warnings or [])
+    if meta is None:
+        warnings.append(_no_sidecar_warning(path, sidecar_path))
+    return _assemble(directions, extras, meta, path, "steering-vectors", warnings=warnings)
 
 
 # ======================================================================== Neuronpedia JSON
@@ -347,10 +506,7 @@ def _write_neuronpedia(vector: SteeringVector, out: Path) -> list[Path]:
 
 
 def _read_neuronpedia(path: Path) -> tuple[SteeringVector, list[str]]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise VectorError(f"{path.name}: not valid JSON ({_first_line(exc)})") from None
+    doc = parse_json(path.read_bytes(), path.name)
     if isinstance(doc, list) and len(doc) == 1:
         doc = doc[0]
     if not isinstance(doc, dict):
@@ -434,6 +590,8 @@ def _caa_files(directory: Path) -> dict[int, Path]:
             layer = int(m.group(1))
             if layer in files:
                 raise VectorError(f"{directory}: two files for layer {layer}: {files[layer].name} and {p.name}")
+            if len(files) >= limits.MAX_LAYERS:
+                raise VectorError(f"{directory}: more than {limits.MAX_LAYERS} vec_layer_<L>.pt files")
             files[layer] = p
     return files
 
@@ -462,8 +620,9 @@ def _read_caa_files(files: dict[int, Path], directory: Path, source: Path):
         if m and m.group(2):
             model_hints.add(m.group(2))
     meta, extras = _read_sidecar(directory / CAA_SIDECAR)
+    warnings = [] if meta is not None else [_no_sidecar_warning(source, directory / CAA_SIDECAR)]
     foreign = {"model_id": model_hints.pop()} if len(model_hints) == 1 else {}
-    return _assemble(directions, extras, meta, source, "caa", foreign=foreign)
+    return _assemble(directions, extras, meta, source, "caa", foreign=foreign, warnings=warnings)
 
 
 # ======================================================================== shared helpers
@@ -484,17 +643,22 @@ def _assemble(directions: dict[int, torch.Tensor], extras: dict[str, torch.Tenso
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise VectorError(f"{name}: extra tensor '{key}' contains NaN or inf values")
     hidden = next(iter(sizes.values()))
-    if meta is not None and sorted(meta.get("layers", sorted(directions))) != sorted(directions):
-        warnings.append(f"{name}: its steer_ui metadata describes layers {meta.get('layers')} but the file has "
+    if meta is not None and not isinstance(meta, dict):
+        raise VectorError(f"{name}: the steer_ui metadata must be a JSON object, got {type(meta).__name__}")
+    described = meta.get("layers", sorted(directions)) if meta is not None else None
+    if meta is not None and (not isinstance(described, list) or not all(_is_int_like(x) for x in described)):
+        raise VectorError(f"{name}: the steer_ui metadata's 'layers' must be a list of layer numbers")
+    if meta is not None and sorted(map(int, described)) != sorted(directions):
+        warnings.append(f"{name}: its steer_ui metadata describes layers {described[:16]} but the file has "
                         f"layers {sorted(directions)}; metadata ignored")
         meta = None
     if meta is not None:
+        _check_declared_extras(meta, extras, name)
         fields = set(SteeringVector.__dataclass_fields__) - {"directions", "extras", "hidden_size"}
         kwargs = {k: meta[k] for k in fields if k in meta}
-        if kwargs.get("alpha_range") is not None:
-            kwargs["alpha_range"] = tuple(kwargs["alpha_range"])
         if meta.get("hidden_size") not in (None, hidden):
-            raise VectorError(f"{name}: metadata says hidden size {meta['hidden_size']} but the tensors have {hidden}")
+            raise VectorError(f"{name}: metadata says hidden size {str(meta['hidden_size'])[:20]} but the tensors "
+                              f"have {hidden}")
     else:
         kwargs = {"method": "imported", "name": path.stem,
                   "hyperparameters": {"imported_from": fmt, "source_file": name, "source_sha256": _digest(path)}}
@@ -502,41 +666,111 @@ def _assemble(directions: dict[int, torch.Tensor], extras: dict[str, torch.Tenso
     try:
         vector = SteeringVector(directions=directions, extras=extras, hidden_size=hidden, **kwargs)
     except (TypeError, ValueError) as exc:
-        raise VectorError(f"{name}: {_first_line(exc)}") from None
+        raise VectorError(f"{name}: {first_line(exc)}") from None
     return vector, warnings
 
 
+def _check_declared_extras(meta: dict, extras: dict[str, torch.Tensor], name: str) -> None:
+    """Refuse a vector whose metadata lists extra tensors the file does not carry.
+
+    The metadata records every extra tensor the vector had (``extra_tensors``):
+    an L2S vector without its MLP, a TSV vector without its prototypes or an
+    ITI vector without its per-head shifts would import as something else
+    (a constant vector, or one that fails at the first use), so it is refused,
+    naming what would be lost.
+    """
+    declared = meta.get("extra_tensors", {})
+    if not isinstance(declared, dict):
+        raise VectorError(f"{name}: the steer_ui metadata's 'extra_tensors' must be an object of {{name: shape}}")
+    missing = sorted(str(k) for k in declared if k not in extras)
+    if missing:
+        raise VectorError(f"{name}: its metadata says this {str(meta.get('method'))[:40]} vector has extra tensors "
+                          f"{missing[:8]} but the file does not carry them; importing would lose them (re-export "
+                          "it with its metadata, e.g. the sidecar beside a .pt file, or as native safetensors)")
+
+
+def _no_sidecar_warning(path: Path, sidecar: Path) -> str:
+    return (f"{path.name}: no {sidecar.name} beside it, so only the directions are imported (as fixed "
+            "directions); a vector exported from steer_ui keeps its method's extra tensors (L2S MLP, TSV "
+            "prototypes, ITI per-head shifts) and its metadata in that file, and without it they are lost")
+
+
+def _check_torch_file(path: Path) -> None:
+    """Bound what ``torch.load`` may allocate, before it runs: the pickle part and the stored tensor bytes.
+
+    A zip (the default layout) lists its entries with their uncompressed sizes;
+    the legacy layout starts with its pickles, which are walked (never run)
+    within :data:`MAX_PICKLE_BYTES`.  Views over the stored bytes (expanded,
+    aliased) are refused after loading by :func:`steer_ui.vector.check_tensor`.
+    """
+    name = path.name
+    with open(path, "rb") as f:
+        head = f.read(MAX_PICKLE_BYTES + 1)
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as z:
+                entries = z.infolist()
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise VectorError(f"{name}: not a readable torch.save file ({first_line(exc)})") from None
+        if len(entries) > limits.MAX_LAYERS + limits.MAX_EXTRAS + 16:
+            raise VectorError(f"{name}: a torch.save file with {len(entries)} entries; refused")
+        pickles = sum(e.file_size for e in entries if e.filename.endswith(".pkl"))
+        stored = sum(e.file_size for e in entries if "/data/" in e.filename)
+        if pickles > MAX_PICKLE_BYTES or stored > limits.MAX_VECTOR_BYTES:
+            raise VectorError(f"{name}: declares {pickles} bytes of pickle and {stored / 2**20:.1f} MB of tensor "
+                              f"data; the limits are {MAX_PICKLE_BYTES} bytes and "
+                              f"{limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
+        return
+    # Legacy layout: magic number, protocol, system info and the object: four pickles, then raw storages.
+    stream = io.BytesIO(head[:MAX_PICKLE_BYTES])
+    try:
+        for _ in range(4):
+            for _op in pickletools.genops(stream):
+                pass
+    except Exception:  # genops raises ValueError for junk and for a pickle cut at the limit
+        raise VectorError(f"{name}: not a readable torch.save file (its pickle part is malformed or over "
+                          f"{MAX_PICKLE_BYTES} bytes)") from None
+
+
 def _torch_load(path: Path) -> Any:
+    _check_torch_file(path)
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
-        text = _first_line(exc)
+        text = first_line(exc)
         if "weights_only" in str(exc) or "Unsupported global" in str(exc) or "Unpickler" in str(exc):
             raise VectorError(
                 f"{path.name}: refused: the file holds Python objects other than tensors and dicts "
                 f"({_unsupported_global(exc) or text}); vector files are never unpickled"
             ) from None
         raise VectorError(f"{path.name}: not a readable torch.save file ({text})") from None
-    _check_plain(obj, path.name)
+    total = _check_plain(obj, path.name)
+    if total > limits.MAX_VECTOR_BYTES:
+        raise VectorError(f"{path.name}: its tensors take {total / 2**20:.1f} MB (aliased views count each time); "
+                          f"the limit is {limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
     return obj
 
 
-def _check_plain(obj: Any, name: str, depth: int = 0) -> None:
-    """Only tensors, dicts, lists and plain scalars: anything else is refused."""
+def _check_plain(obj: Any, name: str, depth: int = 0) -> int:
+    """Only tensors, dicts, lists and plain scalars: anything else is refused.  Returns the tensors' bytes.
+
+    Every tensor is checked (:func:`check_tensor`) before anything reshapes or copies it.
+    """
     if depth > 6:
         raise VectorError(f"{name}: nested too deeply to be a steering vector")
-    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (str, int, float, bool)):
-        return
+    if isinstance(obj, torch.Tensor):
+        return check_tensor(obj, f"{name}: a tensor")
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return 0
     if isinstance(obj, dict):
+        total = 0
         for k, v in obj.items():
             if not isinstance(k, (str, int)):
                 raise VectorError(f"{name}: dict key of type {type(k).__name__} refused (only str and int keys)")
-            _check_plain(v, name, depth + 1)
-        return
+            total += _check_plain(v, name, depth + 1)
+        return total
     if isinstance(obj, (list, tuple)):
-        for v in obj:
-            _check_plain(v, name, depth + 1)
-        return
+        return sum(_check_plain(v, name, depth + 1) for v in obj)
     raise VectorError(f"{name}: refused: holds a {type(obj).__name__} object; only tensors and dicts are accepted")
 
 
@@ -588,7 +822,9 @@ def _write_sidecar(vector: SteeringVector, target: Path) -> Path:
 def _read_sidecar(path: Path) -> tuple[dict | None, dict[str, torch.Tensor]]:
     if not path.is_file():
         return None, {}
-    doc = _parse_json(path.read_text(encoding="utf-8"), path.name)
+    if path.stat().st_size > limits.MAX_FILE_BYTES:
+        raise VectorError(f"{path.name}: the metadata sidecar is over {limits.MAX_FILE_BYTES >> 20} MB")
+    doc = parse_json(path.read_bytes(), path.name)
     if not isinstance(doc, dict) or not isinstance(doc.get("steer_ui"), dict):
         raise VectorError(f"{path.name}: metadata sidecar without a 'steer_ui' object")
     return doc["steer_ui"], _decode_extras(doc.get("extras") or {}, path.name)
@@ -599,7 +835,7 @@ def _encode_extras(extras: dict[str, torch.Tensor]) -> dict[str, dict]:
     out = {}
     for key, tensor in extras.items():
         dtype = str(tensor.dtype).removeprefix("torch.")
-        if dtype not in _EXTRA_DTYPES:
+        if dtype not in EXTRA_DTYPES:
             raise VectorError(f"extra tensor '{key}' has dtype {dtype}, which cannot be exported")
         raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         out[key] = {"dtype": dtype, "shape": list(tensor.shape), "base64": base64.b64encode(raw).decode("ascii")}
@@ -609,28 +845,46 @@ def _encode_extras(extras: dict[str, torch.Tensor]) -> dict[str, dict]:
 def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
     if not isinstance(doc, dict):
         raise VectorError(f"{name}: extras must be an object of {{name: {{dtype, shape, base64}}}}")
-    out = {}
+    if len(doc) > limits.MAX_EXTRAS:
+        raise VectorError(f"{name}: {len(doc)} extra tensors; the limit is {limits.MAX_EXTRAS}")
+    # Every declared shape and length is checked, for all of them, before any base64 is decoded.
+    plan, total = [], 0
     for key, item in doc.items():
         try:
-            dtype = _EXTRA_DTYPES[item["dtype"]]
+            dtype = EXTRA_DTYPES[item["dtype"]]
             shape = [int(d) for d in item["shape"]]
-            raw = base64.b64decode(item["base64"], validate=True)
+            text = item["base64"]
+            if not isinstance(text, str):
+                raise TypeError("base64 must be a string")
         except (KeyError, TypeError, ValueError) as exc:
-            raise VectorError(f"{name}: extra tensor '{key}' is malformed ({_first_line(exc)})") from None
+            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' is malformed ({first_line(exc)})") from None
         itemsize = torch.empty(0, dtype=dtype).element_size()
-        if len(raw) != math.prod(shape) * itemsize:
-            raise VectorError(f"{name}: extra tensor '{key}' has {len(raw)} bytes but shape {shape} of "
-                              f"{item['dtype']} needs {math.prod(shape) * itemsize}")
-        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        out[key] = flat.view(dtype).reshape(shape).clone()
+        numel = math.prod(shape)
+        if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
+            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' declares shape {tuple(shape)[:8]}; the limits "
+                              f"are {limits.MAX_DIMS} dimensions and {limits.MAX_ELEMENTS} elements")
+        need = numel * itemsize
+        if len(text) != 4 * (-(-need // 3)):
+            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' has {len(text)} base64 characters but shape "
+                              f"{shape} of {item['dtype']} needs {need} bytes")
+        total += need
+        if total > limits.MAX_VECTOR_BYTES:
+            raise VectorError(f"{name}: the extra tensors declare over {limits.MAX_VECTOR_BYTES >> 20} MB; refused")
+        plan.append((key, dtype, shape, text, need))
+    out = {}
+    for key, dtype, shape, text, need in plan:
+        try:
+            raw = bytearray(base64.b64decode(text, validate=True))
+        except ValueError as exc:
+            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' is malformed ({first_line(exc)})") from None
+        if len(raw) != need:
+            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' has {len(raw)} bytes but shape {shape} "
+                              f"needs {need}")
+        flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        out[key] = flat.view(dtype).reshape(shape)  # owns the bytearray: no further copy
     return out
 
 
-def _parse_json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise VectorError(f"{where}: invalid JSON ({exc})") from None
 
 
 def _atomic(target: Path, write: Callable[[Path], Any]) -> Path:
@@ -668,7 +922,3 @@ def _family(model_type: str) -> str:
     # Gemma 3's text-only checkpoints say gemma3_text, the multimodal ones gemma3: same decoder.
     return model_type.removesuffix("_text")
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

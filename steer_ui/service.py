@@ -794,13 +794,11 @@ class Service:
         if fmt not in FORMATS:
             raise UserError("unknown_format", fmt=fmt, known=", ".join(FORMATS))
         vector = self.get_vector(session, vector_name, layer, seed)
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", vector.name or vector.method).strip("_") or "vector"
+        from .formats import export_path, write_vector
+
         prune(self.workdir, self.policy.export_max_bytes, self.policy.export_keep_seconds, pattern="export-*")
         out_dir = Path(tempfile.mkdtemp(prefix="export-", dir=self.workdir))
-        suffix = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json",
-                  "caa": ""}[fmt]
-        out = out_dir / (safe + suffix) if suffix else out_dir / safe
-        from .formats import write_vector
+        out = export_path(out_dir, vector.name or vector.method, fmt)  # a name like '..' cannot leave out_dir
 
         try:
             written = write_vector(vector, fmt, out)

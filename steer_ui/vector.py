@@ -18,15 +18,25 @@ import datetime as _dt
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import limits
+
 FORMAT_VERSION = 1
 SITE = "decoder_block_output"
 POSITIONS = ("all", "prompt", "generated")
+FLOAT_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float64, torch.float16,
+                                                             torch.bfloat16)}
+# What an extra tensor may hold (and what every export format can write back bit for bit).
+EXTRA_DTYPES = {**FLOAT_DTYPES, **{str(d).removeprefix("torch."): d for d in (
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}}
+_EXTRA_KEY = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{limits.MAX_EXTRA_KEY - 1}}}")
+_IDENTIFIER = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:+\-]{{0,{limits.MAX_IDENTIFIER - 1}}}")
 
 
 class VectorError(ValueError):
@@ -58,26 +68,74 @@ class SteeringVector:
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if not self.directions:
+        # Everything is checked before anything is copied: a direction or extra may be a view whose shape
+        # promises far more memory than its storage holds (an expanded tensor from a 1 KB file).
+        self.hidden_size = _bounded_int(self.hidden_size, "hidden size", 1, limits.MAX_HIDDEN)
+        if not isinstance(self.directions, dict) or not self.directions:
             raise VectorError("a steering vector needs at least one layer direction")
-        clean: dict[int, torch.Tensor] = {}
+        if len(self.directions) > limits.MAX_LAYERS:
+            raise VectorError(f"a vector has at most {limits.MAX_LAYERS} layer directions, got {len(self.directions)}")
+        if not isinstance(self.extras, dict):
+            raise VectorError(f"extras must be a {{name: tensor}} dict, got {type(self.extras).__name__}")
+        if len(self.extras) > limits.MAX_EXTRAS:
+            raise VectorError(f"a vector has at most {limits.MAX_EXTRAS} extra tensors, got {len(self.extras)}")
+        directions: dict[int, torch.Tensor] = {}
+        total = 0
         for layer, vec in self.directions.items():
-            vec = torch.as_tensor(vec).detach().to("cpu")
+            layer = _bounded_int(layer, "layer", 0, limits.MAX_LAYERS - 1)
+            vec = _as_tensor(vec, f"direction for layer {layer}")
+            total += check_tensor(vec, f"direction for layer {layer}", FLOAT_DTYPES)
             if vec.ndim != 1:
                 raise VectorError(f"direction for layer {layer} must be 1-D, got shape {tuple(vec.shape)}")
             if vec.shape[0] != self.hidden_size:
                 raise VectorError(
                     f"direction for layer {layer} has {vec.shape[0]} values but hidden size is {self.hidden_size}"
                 )
+            directions[layer] = vec
+        extras: dict[str, torch.Tensor] = {}
+        for key, tensor in self.extras.items():
+            if not isinstance(key, str) or not _EXTRA_KEY.fullmatch(key):
+                raise VectorError(f"extra tensor name {str(key)[:40]!r} refused (letters, digits, '_', '.', '-'; "
+                                  f"at most {limits.MAX_EXTRA_KEY} characters)")
+            extras[key] = _as_tensor(tensor, f"extra tensor '{key}'")
+            total += check_tensor(extras[key], f"extra tensor '{key}'", EXTRA_DTYPES)
+        if total > limits.MAX_VECTOR_BYTES:
+            raise VectorError(f"the vector's tensors take {total / 2**20:.1f} MB; the limit is "
+                              f"{limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
+        clean: dict[int, torch.Tensor] = {}
+        for layer, vec in directions.items():
+            vec = vec.detach().to("cpu")
             if not torch.isfinite(vec).all():
                 raise VectorError(f"direction for layer {layer} contains NaN or inf values")
-            clean[int(layer)] = vec.float().contiguous()
+            clean[layer] = vec.float().contiguous()
         self.directions = dict(sorted(clean.items()))
-        if self.positions not in POSITIONS:
-            raise VectorError(f"positions must be one of {POSITIONS}, got '{self.positions}'")
+        for key, tensor in extras.items():
+            tensor = tensor.detach().to("cpu")
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise VectorError(f"extra tensor '{key}' contains NaN or inf values")
+            extras[key] = tensor.contiguous()
+        self.extras = extras
+        self._check_metadata()
+
+    def _check_metadata(self) -> None:
+        """Types and sizes of every metadata field (they arrive as JSON from files a visitor uploads)."""
+        self.method = _identifier(self.method, "method")
+        self.site = _identifier(self.site, "site")
+        self.name = _text(self.name, "name", limits.MAX_NAME)
+        self.model_id = _text(self.model_id, "model_id", limits.MAX_TEXT)
+        self.model_type = _text(self.model_type, "model_type", limits.MAX_TEXT)
+        self.created = _text(self.created, "created", limits.MAX_TEXT)
+        if self.model_revision is not None:
+            self.model_revision = _text(self.model_revision, "model_revision", limits.MAX_TEXT)
+        if self.dataset_hash is not None:
+            self.dataset_hash = _text(self.dataset_hash, "dataset_hash", limits.MAX_TEXT)
+        self.format_version = _bounded_int(self.format_version, "format_version", 1, 10**6)
+        if not isinstance(self.positions, str) or self.positions not in POSITIONS:
+            raise VectorError(f"positions must be one of {POSITIONS}, got {str(self.positions)[:40]!r}")
+        for field_name in ("hyperparameters", "metrics"):
+            _check_json_object(getattr(self, field_name), field_name)
         if self.alpha_range is not None:
-            self.alpha_range = (float(self.alpha_range[0]), float(self.alpha_range[1]))
-        self.extras = {k: torch.as_tensor(v).detach().to("cpu").contiguous() for k, v in self.extras.items()}
+            self.alpha_range = _alpha_range(self.alpha_range)
 
     # ------------------------------------------------------------------ views
     @property
@@ -94,9 +152,8 @@ class SteeringVector:
 
     def metadata(self) -> dict[str, Any]:
         """Everything but the tensors, JSON-serialisable."""
-        meta = asdict(self)
-        meta.pop("directions")
-        meta.pop("extras")
+        # Not dataclasses.asdict: it would deep-copy every tensor only to drop them.
+        meta = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("directions", "extras")}
         meta["layers"] = self.layers
         meta["extra_tensors"] = {k: list(v.shape) for k, v in self.extras.items()}
         meta["alpha_range"] = list(self.alpha_range) if self.alpha_range else None
@@ -127,30 +184,221 @@ class SteeringVector:
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], meta_json: str | None, source: str = "") -> "SteeringVector":
-        meta = json.loads(meta_json) if meta_json else {}
-        directions = {int(k.split(".", 1)[1]): v for k, v in tensors.items() if k.startswith("direction.")}
+        meta = parse_json(meta_json, f"{source} (steer_ui header)") if meta_json else {}
+        if not isinstance(meta, dict):
+            raise VectorError(f"{source}: the steer_ui header must be a JSON object")
+        directions = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("direction.")}
         extras = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("extra.")}
         if not directions:
             raise VectorError(f"{source}: no 'direction.<layer>' tensors found (found: {sorted(tensors)[:8]})")
         hidden = meta.get("hidden_size") or next(iter(directions.values())).shape[0]
         known = {f for f in cls.__dataclass_fields__} - {"directions", "extras", "hidden_size"}
         kwargs = {k: meta[k] for k in known if k in meta}
-        if kwargs.get("alpha_range") is not None:
-            kwargs["alpha_range"] = tuple(kwargs["alpha_range"])
-        return cls(directions=directions, extras=extras, hidden_size=int(hidden), **kwargs)
+        try:
+            return cls(directions=directions, extras=extras, hidden_size=hidden, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise VectorError(f"{source}: {first_line(exc)}") from None
+
+
+# ====================================================================== checks before use
+def check_tensor(tensor: torch.Tensor, what: str, dtypes: dict[str, torch.dtype] = EXTRA_DTYPES) -> int:
+    """Refuse a tensor that is too big or that is not plainly laid out over its own storage; returns its bytes.
+
+    Reads only shape, strides, dtype and the storage size, so it is safe on a
+    view that promises terabytes (``torch.zeros(1).expand(1 << 40)``): such a
+    tensor is refused here, before ``.contiguous()`` or any arithmetic would
+    materialise it.  Zero strides (expanded), strides that make elements
+    overlap and views reaching past their storage are all refused.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise VectorError(f"{what} is a {type(tensor).__name__}, not a tensor")
+    if tensor.layout != torch.strided or tensor.is_quantized or getattr(tensor, "is_nested", False):
+        raise VectorError(f"{what} is a {tensor.layout} tensor; only plain dense tensors are accepted")
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype not in dtypes:
+        raise VectorError(f"{what} has dtype {dtype}; accepted: {', '.join(dtypes)}")
+    shape, strides = [int(d) for d in tensor.shape], [int(s) for s in tensor.stride()]
+    if len(shape) > limits.MAX_DIMS:
+        raise VectorError(f"{what} has {len(shape)} dimensions; the limit is {limits.MAX_DIMS}")
+    numel = math.prod(shape)  # Python ints: no overflow, whatever the file claims
+    if numel > limits.MAX_ELEMENTS:
+        raise VectorError(f"{what} has shape {tuple(shape)} ({numel} elements); the limit is "
+                          f"{limits.MAX_ELEMENTS} elements per tensor")
+    if numel == 0:
+        return 0
+    # Walking the dimensions from the smallest stride up, each must step past everything the smaller ones
+    # cover; otherwise two indices share one element (stride 0 is the expanded case).
+    span = 1
+    for stride, size in sorted((s, n) for n, s in zip(shape, strides) if n > 1):
+        if stride < span:
+            raise VectorError(f"{what} is a view with strides {tuple(strides)} over shape {tuple(shape)} whose "
+                              "elements overlap (expanded or aliased); only plain tensors are accepted")
+        span = stride * size
+    itemsize = tensor.element_size()
+    reach = (tensor.storage_offset() + sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * itemsize
+    if tensor.storage_offset() < 0 or reach > tensor.untyped_storage().nbytes():
+        raise VectorError(f"{what} claims shape {tuple(shape)} but its storage holds only "
+                          f"{tensor.untyped_storage().nbytes()} bytes; refused")
+    return numel * itemsize
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """JSON from an untrusted file: bounded in the objects it can make and in nesting; one-line errors."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise VectorError(f"{where}: not valid UTF-8 text ({first_line(exc)})") from None
+    tokens = sum(text.count(c) for c in ",:[{")
+    if tokens > limits.MAX_JSON_TOKENS:
+        raise VectorError(f"{where}: the JSON has {tokens} values and keys; the limit is {limits.MAX_JSON_TOKENS}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise VectorError(f"{where}: invalid JSON ({exc})") from None
+    except RecursionError:
+        raise VectorError(f"{where}: the JSON is nested too deeply") from None
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _as_tensor(value: Any, what: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        import numpy as np
+
+        if isinstance(value, np.ndarray):
+            return torch.from_numpy(value)  # keeps the array's strides, so check_tensor sees them
+    except ImportError:  # pragma: no cover - numpy comes with torch
+        pass
+    if isinstance(value, (list, tuple)):
+        if len(value) > limits.MAX_HIDDEN:
+            raise VectorError(f"{what} has {len(value)} values; the limit is {limits.MAX_HIDDEN}")
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise VectorError(f"{what}: not a list of numbers ({first_line(exc)})") from None
+    raise VectorError(f"{what} is a {type(value).__name__}, not a tensor")
+
+
+def _bounded_int(value: Any, what: str, low: int, high: int) -> int:
+    if isinstance(value, str) and value.isdigit() and len(value) < 20:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise VectorError(f"{what} must be a whole number, got {str(value)[:40]!r}")
+    if not low <= value <= high:
+        raise VectorError(f"{what} must be in {low}..{high}, got {value}")
+    return int(value)
+
+
+def _text(value: Any, what: str, limit: int) -> str:
+    if not isinstance(value, str):
+        raise VectorError(f"{what} must be text, got {type(value).__name__}")
+    if len(value) > limit or "\x00" in value:
+        raise VectorError(f"{what} is {len(value)} characters long (or holds NUL); the limit is {limit}")
+    return value
+
+
+def _identifier(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise VectorError(f"{what} must be a short identifier (letters, digits, '_', '-', '.'; at most "
+                          f"{limits.MAX_IDENTIFIER} characters), got {str(value)[:40]!r}")
+    return value
+
+
+def _check_json_object(value: Any, what: str) -> None:
+    if not isinstance(value, dict):
+        raise VectorError(f"{what} must be a JSON object, got {type(value).__name__}")
+    try:
+        size = len(json.dumps(_jsonable(value), default=str))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise VectorError(f"{what} is not JSON-serialisable ({first_line(exc)})") from None
+    if size > limits.MAX_JSON_BYTES:
+        raise VectorError(f"{what} is {size} bytes as JSON; the limit is {limits.MAX_JSON_BYTES}")
+
+
+def _alpha_range(value: Any) -> tuple[float, float]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2 \
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+        raise VectorError(f"alpha_range must be two numbers [low, high], got {str(value)[:60]}")
+    low, high = float(value[0]), float(value[1])
+    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        raise VectorError(f"alpha_range must be two finite numbers with low <= high, got [{low}, {high}]")
+    return low, high
+
+
+# ====================================================================== safetensors
+_SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                         "BOOL": 1}
+
+
+def check_safetensors_header(path: Path) -> None:
+    """Refuse a safetensors file whose header declares too much, or tensors sharing bytes, before any data is read."""
+    name = path.name
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if not 0 < length <= min(size - 8, limits.MAX_HEADER_BYTES):
+            raise VectorError(f"{name}: not a valid safetensors file (header length {length} for a file of "
+                              f"{size} bytes; the header limit is {limits.MAX_HEADER_BYTES})")
+        header = parse_json(f.read(length), f"{name} (safetensors header)")
+    if not isinstance(header, dict):
+        raise VectorError(f"{name}: not a valid safetensors file (the header is not a JSON object)")
+    data_size = size - 8 - length
+    spans, total = [], 0
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        if len(spans) >= limits.MAX_LAYERS + limits.MAX_EXTRAS:
+            raise VectorError(f"{name}: more than {limits.MAX_LAYERS + limits.MAX_EXTRAS} tensors; refused")
+        try:
+            itemsize = _SAFETENSORS_ITEMSIZE[info["dtype"]]
+            shape = [int(d) for d in info["shape"]]
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise VectorError(f"{name}: tensor {str(key)[:60]!r} has a malformed or unaccepted header entry "
+                              f"({first_line(exc)})") from None
+        numel = math.prod(shape)
+        if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
+            raise VectorError(f"{name}: tensor {str(key)[:60]!r} declares shape {tuple(shape)[:8]}; the limits are "
+                              f"{limits.MAX_DIMS} dimensions and {limits.MAX_ELEMENTS} elements")
+        if not 0 <= begin <= end <= data_size or end - begin != numel * itemsize:
+            raise VectorError(f"{name}: tensor {str(key)[:60]!r} declares bytes {begin}..{end}, which do not fit "
+                              f"its shape or the {data_size} data bytes of the file")
+        total += end - begin
+        if total > limits.MAX_VECTOR_BYTES:
+            raise VectorError(f"{name}: the tensors declare over {limits.MAX_VECTOR_BYTES / 2**20:.0f} MB; refused")
+        spans.append((begin, end, str(key)))
+    spans.sort()
+    reach, owner = 0, ""
+    for begin, end, key in spans:
+        if begin < reach:
+            raise VectorError(f"{name}: tensors {owner[:60]!r} and {key[:60]!r} overlap in the file (aliased "
+                              "data); refused")
+        if end > reach:
+            reach, owner = end, key
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(tensors, header metadata) of a safetensors file; junk becomes a one-line VectorError."""
+    """(tensors, header metadata) of a safetensors file; junk becomes a one-line VectorError.
+
+    The header is checked first (:func:`check_safetensors_header`), so no data is read for a file
+    that declares more than the limits or aliases one tensor's bytes as another's.
+    """
     from safetensors import safe_open
 
+    check_safetensors_header(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as exc:  # safetensors raises several types for junk
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise VectorError(f"{path.name}: not a valid safetensors file ({first})") from None
+        raise VectorError(f"{path.name}: not a valid safetensors file ({first_line(exc)})") from None
     return tensors, header
 
 

@@ -191,6 +191,43 @@ def shifts_of(vector) -> tuple[list[tuple[int, int]], torch.Tensor, int]:
     return heads, shifts, num_heads
 
 
+def check_vector(handle, vector) -> None:
+    """Refuse, at import, per-head data that does not fit the loaded model (one-line :class:`SteeringError`).
+
+    A vector without per-head data passes: it steers through its residual-stream directions.
+    """
+    if HEADS not in vector.extras and SHIFTS not in vector.extras:
+        return
+    if HEADS not in vector.extras or SHIFTS not in vector.extras:
+        raise SteeringError(f"this ITI vector has only one of '{HEADS}' and '{SHIFTS}'; both are needed")
+    heads, shifts = vector.extras[HEADS], vector.extras[SHIFTS]
+    layers = handle.arch.num_layers
+    model_heads, head_dim = head_geometry(handle)
+    num_heads = vector.hyperparameters.get("num_heads")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads != model_heads:
+        raise SteeringError(f"this ITI vector records num_heads {str(num_heads)[:20]}; the loaded model has "
+                            f"{model_heads} attention heads")
+    if heads.dtype.is_floating_point or heads.dtype == torch.bool or heads.ndim != 2 or heads.shape[1] != 2:
+        raise SteeringError(f"'{HEADS}' must be (K, 2) integers [layer, head], got {heads.dtype} of shape "
+                            f"{tuple(heads.shape)}")
+    k = heads.shape[0]
+    if not 1 <= k <= layers * model_heads:
+        raise SteeringError(f"'{HEADS}' lists {k} heads; the loaded model has {layers * model_heads}")
+    bad_layer = ((heads[:, 0] < 0) | (heads[:, 0] >= layers)).nonzero()
+    if len(bad_layer):
+        raise SteeringError(f"'{HEADS}' names layer {int(heads[bad_layer[0, 0], 0])}; the loaded model has "
+                            f"layers 0..{layers - 1}")
+    bad_head = ((heads[:, 1] < 0) | (heads[:, 1] >= model_heads)).nonzero()
+    if len(bad_head):
+        raise SteeringError(f"'{HEADS}' names head {int(heads[bad_head[0, 0], 1])}; the loaded model has heads "
+                            f"0..{model_heads - 1}")
+    if not shifts.dtype.is_floating_point or tuple(shifts.shape) != (k, head_dim):
+        raise SteeringError(f"'{SHIFTS}' must be ({k}, {head_dim}) floats for the loaded model, got {shifts.dtype} "
+                            f"of shape {tuple(shifts.shape)}")
+    if not torch.isfinite(shifts).all():
+        raise SteeringError(f"'{SHIFTS}' contains NaN or inf values")
+
+
 def build_steers(handle, vector, alpha: float, relative: bool = False, positions: str | None = None) -> list:
     """One :class:`HeadSteer` applying ``vector``'s heads with ``alpha`` in σ units (``relative`` changes nothing)."""
     heads, shifts, num_heads = shifts_of(vector)
@@ -306,6 +343,10 @@ class ITI:
         if HEADS not in vector.extras:  # e.g. imported from a residual-only format: its directions still steer
             return static_steers(handle, vector, alpha, layer=layer, relative=relative, positions=positions)
         return build_steers(handle, vector, alpha, relative=relative, positions=positions)
+
+    def check(self, handle, vector) -> None:
+        """Called by formats.read_vector on import: the per-head data must fit the loaded model."""
+        check_vector(handle, vector)
 
 
 METHOD = ITI()
