@@ -1,15 +1,16 @@
 """L2S on tiny random models: P2S targets, the MLP, early stopping, the input-dependent hook, storage."""
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 import torch
 
 from steer_ui.methods import l2s
+from steer_ui.methods.base import SettingsError, noop, parse_settings
 from steer_ui.model.generation import Sampling, side_by_side
 from steer_ui.model.hooks import SteeringError, StepState, steering
+from steer_ui.model.units import relative_scale
 from steer_ui.vector import SteeringVector, VectorError
 
 
@@ -102,7 +103,7 @@ def test_early_stopping_restores_the_best_epoch():
     # The returned net is the best epoch's, not the last one's.
     offset = net.target_mean / net.target_scale
     with torch.no_grad():
-        got = float(l2s._loss(net.residual(x[val]) + offset, (z[val] - net.target_mean) / net.target_scale + offset,
+        got = float(l2s.mlp._loss(net.residual(x[val]) + offset, (z[val] - net.target_mean) / net.target_scale + offset,
                               0.1))
     assert got == pytest.approx(report.best_val_loss, rel=1e-5)
     assert report.val_loss[-1] > report.best_val_loss
@@ -205,7 +206,7 @@ def test_relative_alpha_divides_by_the_mean_target_norm(tiny):
     raw = l2s.build_steers(handle, vector, alpha=0.5)[0]
     rel = l2s.build_steers(handle, vector, alpha=0.5, relative=True)[0]
     assert float(raw.scalar_alpha) == pytest.approx(0.5)
-    assert float(rel.scalar_alpha) == pytest.approx(0.5 * handle.relative_scale(2) / 5.0, rel=1e-5)
+    assert float(rel.scalar_alpha) == pytest.approx(0.5 * relative_scale(handle, 2) / 5.0, rel=1e-5)
 
 
 def test_core_build_steers_routes_l2s_vectors(tiny):
@@ -274,13 +275,33 @@ def test_train_saves_and_loads_back_with_identical_steering(tiny, tmp_path):
     torch.testing.assert_close(loaded.directions[2], vector.directions[2])
 
 
-def test_train_from_args_reads_the_cli_flags(tiny):
+def test_method_trains_from_parsed_settings(tiny):
     handle = tiny("llama")
-    args = argparse.Namespace(layer=2, context_layer=2, hidden=6, position="last", seed=3, epochs=5)
-    vector, report = l2s.train_from_args(handle, _toy_pairs(), args)
+    # The values the generated CLI flags --layer --context-layer --hidden --position --seed --epochs produce.
+    settings = parse_settings(l2s.L2SSettings, {"layer": "2", "context_layer": 2, "hidden": 6, "position": "last",
+                                                "seed": 3, "epochs": "5"})
+    vector, report = l2s.METHOD.train(handle, _toy_pairs(), settings, noop)
     hp = vector.hyperparameters
     assert (hp["layer"], hp["context_layer"], hp["hidden"], hp["position"], hp["seed"]) == (2, 2, 6, "last", 3)
     assert report["fit"]["epochs_run"] <= 5
+    assert l2s.METHOD.steering == "input"
+    steers = l2s.METHOD.steers(handle, vector, 1.0, layer=2)
+    assert len(steers) == 1 and steers[0].fn is not None and steers[0].context_layer == 2
+    with pytest.raises(SteeringError, match="steers layer 2 only"):
+        l2s.METHOD.steers(handle, vector, 1.0, layer=1)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"epochs": 10**9}, "epochs must be <= 5000"),
+    ({"hidden": 0}, "hidden must be >= 1"),
+    ({"learning_rate": 0.1}, "unknown setting.*learning_rate"),
+    ({"steer_positions": "bogus"}, "steer_positions must be one of all, prompt, generated"),
+    ({"lr": 0}, "lr must be > 0"),
+])
+def test_settings_refuse_out_of_bounds_values_by_name(values, message):
+    with pytest.raises(SettingsError, match=message) as info:
+        parse_settings(l2s.L2SSettings, values)
+    assert "\n" not in str(info.value)
 
 
 def test_generate_cli_steers_with_a_saved_l2s_vector(tiny, tmp_path, capsys):
@@ -312,8 +333,10 @@ def test_train_refuses_bad_settings(tiny):
         l2s.train(handle, _toy_pairs(), layer=9)
     with pytest.raises(SteeringError, match="context layer 3 comes after steered layer 1"):
         l2s.train(handle, _toy_pairs(), layer=1, context_layer=3)
-    with pytest.raises(l2s.L2SError, match="unknown L2S settings"):
+    with pytest.raises(SettingsError, match="unknown setting.*learning_rate"):
         l2s.train(handle, _toy_pairs(), layer=1, learning_rate=3)
+    with pytest.raises(SettingsError, match="epochs must be <= 5000"):
+        l2s.train(handle, _toy_pairs(), l2s.L2SSettings(layer=1, epochs=10**9))
     with pytest.raises(l2s.L2SError, match="at least 3 groups"):
         l2s.train(handle, [("a", " x", " y", "g"), ("b", " x", " y", "g")], layer=1)
 

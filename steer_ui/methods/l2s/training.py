@@ -1,0 +1,119 @@
+"""Train L2S on contrastive pairs: split by group, extract targets, fit g, score on the held-out groups."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...data import group_split
+from ...model.units import to_relative
+from ...vector import SteeringVector, dataset_hash
+from ..base import Progress, noop, parse_settings, settings_dict
+from .activations import check_layer, extract
+from .evaluation import compare_heldout, cosines, table_rows
+from .mlp import default_hidden, fit_mlp
+from .pairs import L2SError, as_pairs
+from .settings import L2SSettings
+from .steering import NAME, check_positions
+
+# Settings recorded in the vector's hyperparameters (the rest are described by the vector itself or the report).
+_RECORDED = ("seed", "epochs", "patience", "lr", "weight_decay", "batch_size", "cos_weight", "test_fraction",
+             "val_fraction", "eval_alpha")
+
+
+def default_layer(num_layers: int) -> int:
+    """L* default: a third of the depth (block 6 of Gemma 3 270M's 18, chosen on the validation split of the
+    capitals pairs: see docs/l2s.md)."""
+    return max(0, min(num_layers - 1, int(round((num_layers - 1) / 3))))
+
+
+def train(handle, dataset, settings: L2SSettings | None = None, progress: Progress | None = None,
+          **values: Any) -> tuple[SteeringVector, dict]:
+    """Train L2S on contrastive pairs; returns (vector, report).
+
+    ``settings`` is an :class:`L2SSettings`; from Python, keyword ``values``
+    (``layer=6, epochs=50``) may be given instead.  Either way they pass the
+    same validation as the CLI's and the API's.  Groups are split three ways, seeded:
+    ``test_fraction`` held out (only scored), then ``val_fraction`` of the rest
+    for early stopping, the rest for fitting.  ``layer`` (L*) defaults to a
+    third of the depth, ``context_layer`` (L′) to L*.
+    """
+    if settings is not None and values:
+        raise TypeError("give either an L2SSettings or keyword settings, not both")
+    # An instance built in Python is checked against the same bounds as one parsed from a request.
+    st = parse_settings(L2SSettings, values if settings is None else settings_dict(settings))
+    progress = progress or noop
+    n_layers, D = handle.arch.num_layers, handle.arch.hidden_size
+    layer = check_layer(handle, default_layer(n_layers) if st.layer is None else st.layer, "layer")
+    context_layer = check_layer(handle, layer if st.context_layer is None else st.context_layer, "context layer")
+    check_positions(layer, context_layer, st.steer_positions)
+    hidden = default_hidden(D) if st.hidden is None else int(st.hidden)
+
+    pairs = as_pairs(dataset)
+    groups = [p.group for p in pairs]
+    if len(set(groups)) < 3:
+        raise L2SError(f"L2S needs at least 3 groups (train, validation, held-out test); found {len(set(groups))}")
+    fit_idx, test_idx = group_split(groups, None, st.test_fraction, st.seed)
+    sub, val_sub = group_split([groups[i] for i in fit_idx], None, st.val_fraction, st.seed + 1)
+    train_idx, val_idx = [fit_idx[j] for j in sub], [fit_idx[j] for j in val_sub]
+
+    progress(0.0, f"extracting activations for {len(pairs)} pairs at layers {context_layer} and {layer}")
+    contexts, targets = extract(handle, pairs, layer, context_layer, st.position, st.extract_batch,
+                                progress=lambda f, m: progress(0.4 * f, m))
+    net, fit = fit_mlp(contexts, targets, train_idx, val_idx, hidden, st.activation, epochs=st.epochs,
+                       patience=st.patience, lr=st.lr, weight_decay=st.weight_decay, batch_size=st.batch_size,
+                       cos_weight=st.cos_weight, seed=st.seed, progress=lambda f, m: progress(0.4 + 0.4 * f, m))
+    mean_s = targets[train_idx].mean(0)
+    target_norm_mean = float(targets[train_idx].norm(dim=-1).mean())
+    frame_hash = getattr(dataset, "content_hash", None)
+    if frame_hash is None:
+        frame_hash = dataset_hash([[p.prompt, p.positive, p.negative, p.group] for p in pairs])
+    recorded = settings_dict(st)
+    vector = SteeringVector(
+        directions={layer: mean_s},
+        hidden_size=D,
+        method=NAME,
+        model_id=handle.model_id,
+        model_type=handle.model_type,
+        positions=st.steer_positions,
+        name=f"l2s L{layer}<-L{context_layer}",
+        hyperparameters={
+            "layer": layer, "context_layer": context_layer, "position": st.position, "hidden": hidden,
+            "layer_sizes": net.sizes, "activation": st.activation, "target_norm_mean": target_norm_mean,
+            "mean_s_norm": float(mean_s.norm()),
+            **{k: recorded[k] for k in _RECORDED},
+            "split_counts": {"train": len(train_idx), "validation": len(val_idx), "test": len(test_idx)},
+        },
+        dataset_hash=frame_hash,
+        extras=net.state_tensors(),
+    )
+    # Recommended α (relative units): up to raw α = 2, i.e. twice the average target; beyond that P2S itself
+    # overshoots (validation split of the capitals pairs, docs/l2s.md).
+    reach = to_relative(handle, 2.0 * target_norm_mean, layer)
+    vector.alpha_range = (-reach, reach)
+
+    test_pairs = [pairs[i] for i in test_idx]
+    limit = st.eval_limit
+    progress(0.8, f"scoring steering on {min(len(test_idx), limit or len(test_idx))} held-out pairs")
+    held = compare_heldout(handle, vector, test_pairs, alpha=st.eval_alpha,
+                           contexts=contexts[test_idx], targets=targets[test_idx], limit=limit)
+    with torch.no_grad():
+        val_pred = net(contexts[val_idx])
+    val_cos = float(cosines(val_pred, targets[val_idx]).mean())
+    val_mean_cos = float(cosines(mean_s.unsqueeze(0).expand(len(val_idx), -1), targets[val_idx]).mean())
+    summary = {k: held[k] for k in ("l2s_cosine", "mean_cosine", "l2s_mse", "mean_mse", "margin_gain",
+                                    "positive_rate", "alpha", "n", "n_steered")}
+    vector.metrics = {"heldout": summary, "validation": {"l2s_cosine": val_cos, "mean_cosine": val_mean_cos},
+                      "best_epoch": fit.best_epoch}
+    report = {
+        "layer": layer, "context_layer": context_layer, "position": st.position, "hidden": hidden,
+        "splits": {"train": len(train_idx), "validation": len(val_idx), "test": len(test_idx),
+                   "test_groups": sorted({groups[i] for i in test_idx})},
+        "fit": fit.as_dict(),
+        "validation": {"l2s_cosine": val_cos, "mean_cosine": val_mean_cos},
+        **{k: v for k, v in held.items() if k not in ("per_input", "per_pair_effect")},
+        "table": table_rows(held),
+        "per_input": held["per_input"].to_dict("records"),
+    }
+    progress(1.0, f"held-out cosine: L2S {held['l2s_cosine']:.3f} vs Mean-S {held['mean_cosine']:.3f}")
+    return vector, report
