@@ -207,11 +207,14 @@ def direct_delta_logit(arch, final_residual: torch.Tensor, addition: torch.Tenso
     the steered blocks (:func:`_steered_addition`).  ``base_logit`` (rows,):
     the counterfactual row's own logit of the token, ``logit(final_norm(h))``.
 
-    This is the steering's effect through the skip connections alone: the
-    additions carried unchanged to the final residual, then the final norm
-    (which divides by the residual's RMS and multiplies by its gain), the
-    unembedding and any logit soft-cap, while every block after a steered one
-    sees the unsteered stream.  It costs one final norm on ``rows`` rows and
+    "Direct" means the part of the steering effect that flows straight from
+    the steered blocks' outputs along the residual stream to the logits, with
+    the later blocks' reaction removed: the additions carried unchanged to the
+    final residual, then the final norm (which divides by the residual's RMS
+    and multiplies by its gain), the unembedding and any logit soft-cap, while
+    every block after a steered one sees the unsteered stream.  At a position
+    no steer's mask covers it is 0 (the decode loop then skips this call); at
+    the last block it is the actual Δlogit.  It costs one final norm on ``rows`` rows and
     one unembedding row per token, never the full vocabulary.  The addition
     is made in the residual's dtype, as the steering hook makes it, so at the
     last block the result equals the actual Δlogit to float rounding.
