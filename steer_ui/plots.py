@@ -116,14 +116,17 @@ def per_token_delta(tokens: pd.DataFrame, labels: Mapping[str, str] | None = Non
 
     ``tokens``: ``position``, ``token``, ``delta_logit`` (steered logit minus the
     unsteered model's logit on the same prefix) and ``direct_delta_logit``
-    (α·v·W_Uᵀ for that token, the part that skips every later block).
+    (the part that flows straight along the residual stream to the logits:
+    the steering's additions put on the unsteered final residual, through
+    the final norm and the unembedding; see
+    :func:`steer_ui.model.generation.direct_delta_logit`).
     """
     x = [f"{p}:{_show_token(t)}" for p, t in zip(tokens.position, tokens.token)]
     fig = go.Figure([
         go.Scatter(x=x, y=tokens.delta_logit, mode="lines+markers", name=_label(labels, "actual", "actual Δlogit"),
                    line=dict(color=STEERED_COLOR)),
         go.Scatter(x=x, y=tokens.direct_delta_logit, mode="lines+markers",
-                   name=_label(labels, "direct", "direct estimate α·v·W_U"), line=dict(color=DIRECT_COLOR, dash="dot")),
+                   name=_label(labels, "direct", "direct effect (skip path, through the final norm)"), line=dict(color=DIRECT_COLOR, dash="dot")),
     ])
     fig.update_xaxes(type="category", tickangle=-45)
     fig.update_yaxes(title_text="Δlogit", zeroline=True)

@@ -8,18 +8,26 @@ Rows of a side-by-side run:
   logit for the token the steered row picks, on the same prefix, gives the
   per-token Δlogit = steered logit − unsteered logit without a second pass.
 
+Each steered token also gets a *direct* Δlogit (:func:`direct_delta_logit`):
+the part of the steering effect that flows straight from the steered blocks'
+outputs along the residual stream to the logits, with the later blocks'
+reaction removed.  At the last block nothing reacts, so there it equals the
+actual Δlogit.
+
 All rows share every forward pass and the KV cache, and draw from one random
 stream (one uniform number per step, shared by the rows), so with α = 0 the
 two sides are token-for-token identical, greedy or sampled.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
 from .architecture import argmax_last, topk_last
+from .capture import recording
 from .hooks import Steer, StepState, steering
 
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
@@ -66,7 +74,7 @@ class TokenRecord:
     logprob: float
     alternatives: list[tuple[str, float]]  # (token, probability) under the row's own model
     delta_logit: float | None = None  # steered row only
-    direct_delta_logit: float | None = None  # steered row only
+    direct_delta_logit: float | None = None  # steered row only; see direct_delta_logit()
 
     def as_dict(self) -> dict:
         d = {"token": self.token, "token_id": self.token_id, "logprob": self.logprob,
@@ -160,16 +168,21 @@ def choose(processed: torch.Tensor, s: Sampling, uniform: float | None) -> torch
     return idx.clamp_max(probs.shape[-1] - 1)
 
 
-def _steered_direction(steers: Sequence[Steer], state: StepState) -> torch.Tensor | None:
-    """Σ α·v over the steers, for the steered row: the residual added at the steering site.
+def _steered_addition(steers: Sequence, state: StepState, seq_len: int) -> torch.Tensor | None:
+    """Σ α·v that the steered row received at the last of the ``seq_len`` positions being run, or None.
 
-    The direct (unembedding-only) Δlogit of a token t is W_U[t]·(Σ α·v), so one
-    dot product per generated token replaces a vocabulary-sized projection.
+    Only steers whose position mask covers that position count (the hooks'
+    own rule, :meth:`StepState.position_mask`); an input-dependent steer
+    contributes the steered row's own vector.  Extensions (per-head
+    interventions) have no single residual addition and are left out.
     """
     total = None
     for s in steers:
         if not isinstance(s, Steer):
-            continue  # extensions have no single residual direction
+            continue
+        mask = state.position_mask(seq_len, s.positions, "cpu")
+        if mask is not None and not bool(mask[0, -1, 0]):
+            continue
         if s.fn is not None:
             vec = state.input_vectors.get(id(s))
             if vec is None:
@@ -181,6 +194,33 @@ def _steered_direction(steers: Sequence[Steer], state: StepState) -> torch.Tenso
         add = vec.float() * float(alpha)
         total = add if total is None else total + add.to(total.device)
     return total
+
+
+def direct_delta_logit(arch, final_residual: torch.Tensor, addition: torch.Tensor, token_ids: torch.Tensor,
+                       base_logit: torch.Tensor) -> torch.Tensor:
+    """The direct Δlogit of ``token_ids``: ``logit(final_norm(h + a)) − logit(final_norm(h))``.
+
+    ``final_residual`` h (rows, hidden): the residual at the output of the
+    last block of the *counterfactual* row (the unsteered model on the
+    steered row's tokens), before the final norm.  ``addition`` a (hidden,):
+    what the steering added to the steered row at that position, summed over
+    the steered blocks (:func:`_steered_addition`).  ``base_logit`` (rows,):
+    the counterfactual row's own logit of the token, ``logit(final_norm(h))``.
+
+    "Direct" means the part of the steering effect that flows straight from
+    the steered blocks' outputs along the residual stream to the logits, with
+    the later blocks' reaction removed: the additions carried unchanged to the
+    final residual, then the final norm (which divides by the residual's RMS
+    and multiplies by its gain), the unembedding and any logit soft-cap, while
+    every block after a steered one sees the unsteered stream.  At a position
+    no steer's mask covers it is 0 (the decode loop then skips this call); at
+    the last block it is the actual Δlogit.  It costs one final norm on ``rows`` rows and
+    one unembedding row per token, never the full vocabulary.  The addition
+    is made in the residual's dtype, as the steering hook makes it, so at the
+    last block the result equals the actual Δlogit to float rounding.
+    """
+    h = final_residual + addition.to(device=final_residual.device, dtype=final_residual.dtype)
+    return arch.logits_at(arch.final_hidden(h), token_ids) - base_logit
 
 
 def _forward_hidden(handle, input_ids, position_ids, cache):
@@ -224,8 +264,9 @@ def stream_side_by_side(
 
     Per step: one forward of the three rows through the blocks, the full
     unembedding for the unsteered and steered rows only (the counterfactual
-    row needs one logit, the steered token's, so it gets a dot product), and
-    a few small tensors brought to the host in one transfer each.
+    row needs one logit, the steered token's, so it gets a dot product), the
+    direct Δlogit (one final-norm row and one more dot product), and a few
+    small tensors brought to the host in one transfer each.
     """
     sampling = sampling or Sampling()
     sampling.validate()
@@ -253,8 +294,16 @@ def stream_side_by_side(
     history = ids.expand(2, -1) if sampling.repetition_penalty != 1.0 else None
     state = StepState(prompt_len=prompt_len, offset=0)
     index_map = _prefill_rows(steers) if steers else [UNSTEERED, UNSTEERED, UNSTEERED]
+    # The direct Δlogit needs each row's last-block output (before the final norm) at the last position;
+    # recorded only when some steer adds to the residual stream.  Installed before the steering hooks, it
+    # sees the block's own output, which for the counterfactual row (α = 0) is what reaches the final norm.
+    direct_steers = [s for s in row_steers if isinstance(s, Steer)]
+    final_block = arch.num_layers - 1
+    record = (recording(handle, [final_block], "resid", reduce=lambda h: h[:, -1, :]) if direct_steers
+              else nullcontext({}))
+    additions: dict[bool, torch.Tensor | None] = {}  # generated position? -> Σ α·v the steered row got there
 
-    with torch.inference_mode(), handle.lock:
+    with torch.inference_mode(), handle.lock, record as final_residual:
         # ---- prompt pass: only the distinct rows, then copied into the three decode rows
         position = torch.arange(prompt_len, device=device).unsqueeze(0)
         if index_map is None:
@@ -269,8 +318,9 @@ def stream_side_by_side(
             gather = torch.tensor([distinct.index(r) for r in index_map], device=device)
             hidden = hidden.index_select(0, gather)
             cache.reorder_cache(gather)
-        direction = _steered_direction(row_steers, state)
-        w_direct = None
+            if final_residual:
+                last = final_residual[final_block]
+                final_residual[final_block] = last.index_select(0, gather.to(last.device))
 
         with steering(handle, row_steers, state):
             for step in range(sampling.max_new_tokens):
@@ -284,10 +334,15 @@ def stream_side_by_side(
                 lse = torch.logsumexp(logits, dim=-1)
                 chosen = logits.gather(1, picked.unsqueeze(1)).squeeze(1)
                 floats = [chosen, lse, counterfactual]
-                if direction is not None:
-                    if w_direct is None:
-                        w_direct = direction.to(device=arch.unembedding.device, dtype=arch.unembedding.dtype)
-                    floats.append(arch.unembedding[picked[STEERED]].float() @ w_direct.float())
+                addition = None
+                if direct_steers:
+                    # step 0 predicts from the last prompt position, later steps from generated positions
+                    if (step > 0) not in additions:
+                        additions[step > 0] = _steered_addition(direct_steers, state, 1 if step else prompt_len)
+                    addition = additions[step > 0]
+                if addition is not None:
+                    floats.append(direct_delta_logit(arch, final_residual[final_block][COUNTERFACTUAL:], addition,
+                                                     picked[STEERED:], counterfactual))
                 if k:
                     top_values, top_indices = topk_last(logits, k)
                     floats.append((top_values - lse.unsqueeze(1)).exp().reshape(-1))
@@ -298,7 +353,7 @@ def stream_side_by_side(
                 chosen_v, lse_v, cf_v = values[0:2], values[2:4], values[4]
                 pos = 5
                 direct_v = 0.0
-                if direction is not None:
+                if addition is not None:  # else no steer touched this position: nothing flows straight to it
                     direct_v, pos = values[pos], pos + 1
                 alt_probs = values[pos:]
                 strings = _decode_many(tok, picked_ids + alt_ids)

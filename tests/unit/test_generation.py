@@ -43,8 +43,17 @@ def test_large_alpha_changes_output_and_records_delta(tiny):
     steered = naive_logits(handle, "Hello", [Steer(layer=1, vector=v, alpha=20.0)])[0]
     plain = naive_logits(handle, "Hello", [])[0]
     assert first.delta_logit == pytest.approx(float(steered[first.token_id] - plain[first.token_id]), abs=1e-4)
-    direct = 20.0 * float((handle.arch.unembedding @ v)[first.token_id])
-    assert first.direct_delta_logit == pytest.approx(direct, rel=1e-4, abs=1e-4)
+    # direct Δlogit: the push α·v added to the unsteered final residual and taken through the final norm and
+    # the unembedding (it used to be W_U[t]·α·v, which skipped the norm; tests/unit/test_direct_delta_logit.py
+    # checks it in detail)
+    from steer_ui.model.capture import capture
+    ids = handle.tokenizer("Hello", return_tensors="pt").input_ids
+    last = handle.arch.num_layers - 1
+    h = capture(handle, ids, [last])[last][0, -1]
+    arch = handle.arch
+    token = torch.tensor([first.token_id])
+    direct = arch.logits_at(arch.final_hidden(h + 20.0 * v), token) - arch.logits_at(arch.final_hidden(h), token)
+    assert first.direct_delta_logit == pytest.approx(float(direct), rel=1e-4, abs=1e-4)
     assert first.alternatives and abs(sum(p for _, p in first.alternatives)) <= 1.0
 
 
