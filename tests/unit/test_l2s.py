@@ -292,8 +292,8 @@ def test_method_trains_from_parsed_settings(tiny):
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"epochs": 10**9}, "epochs must be <= 5000"),
-    ({"hidden": 0}, "hidden must be >= 1"),
+    ({"epochs": 10**9}, "epochs must be at most 5000"),
+    ({"hidden": 0}, "hidden must be at least 1"),
     ({"learning_rate": 0.1}, "unknown setting.*learning_rate"),
     ({"steer_positions": "bogus"}, "steer_positions must be one of all, prompt, generated"),
     ({"lr": 0}, "lr must be > 0"),
@@ -335,7 +335,7 @@ def test_train_refuses_bad_settings(tiny):
         l2s.train(handle, _toy_pairs(), layer=1, context_layer=3)
     with pytest.raises(SettingsError, match="unknown setting.*learning_rate"):
         l2s.train(handle, _toy_pairs(), layer=1, learning_rate=3)
-    with pytest.raises(SettingsError, match="epochs must be <= 5000"):
+    with pytest.raises(SettingsError, match="epochs must be at most 5000"):
         l2s.train(handle, _toy_pairs(), l2s.L2SSettings(layer=1, epochs=10**9))
     with pytest.raises(l2s.L2SError, match="at least 3 groups"):
         l2s.train(handle, [("a", " x", " y", "g"), ("b", " x", " y", "g")], layer=1)
