@@ -303,3 +303,104 @@ def test_parse_bounds_reads_the_cli_list_and_names_a_bad_entry():
     assert tsv_tables.parse_bounds(None) is None
     with pytest.raises(tsv.TSVError, match="'six' is not one"):
         tsv_tables.parse_bounds("2,six")
+
+
+# ------------------------------------------------------------- the template
+@pytest.mark.parametrize("template", [
+    "Q: {__class__} A:",
+    "Q: {question.__class__} A:",
+    "Q: {question.__init__.__globals__} A:",
+    "Q: {0} A:",
+    "Q: {} A:",
+    "Q: {question!r} A:",
+    "Q: {question:>999999999} A:",
+    "Q: {question[0]} A:",
+])
+def test_the_template_refuses_every_field_but_question_and_answer(template):
+    with pytest.raises(tsv.TSVError, match="only {question} and {answer}") as refused:
+        tsv.format_text("Where is Paris?", "France", template)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_template_fills_question_and_answer_and_keeps_literal_braces():
+    assert tsv.format_text("Where is Paris?", "France", "Q: {question} A:") == "Q: Where is Paris? A: France"
+    template = "{{quiz}} Q: {question}\nA: {answer}."
+    assert tsv.format_text("Where is Paris?", " France ", template) == "{quiz} Q: Where is Paris?\nA: France."
+    assert tsv.prefix_text("Where is Paris?", template) == "{quiz} Q: Where is Paris?\nA: "
+    # a question that itself contains braces is text, not a field
+    assert tsv.format_text("What is {0}?", "x") == "Answer the question concisely. Q: What is {0}? A: x"
+
+
+@pytest.mark.parametrize("template, message", [
+    ("no field at all", "must contain '{question}'"),
+    ("{answer} then {question}", "once, after every"),
+    ("Q: {question} A: {answer} {answer}", "once, after every"),
+    ("Q: {question", "literal braces"),
+    ("Q: {question} " + "x" * 600, "limit is 500"),
+])
+def test_the_template_names_what_is_wrong(template, message):
+    with pytest.raises(tsv.TSVError, match=message):
+        tsv.template_pieces(template)
+
+
+# ---------------------------------------------------------------- settings
+@pytest.mark.parametrize("values, message", [
+    ({"epochs": 10**9}, "init_epochs must be <= 200"),
+    ({"bound_sweep": list(range(100))}, "bound_sweep has 100 values; the limit is 16"),
+    ({"lamda": 3}, "unknown setting.*lamda"),
+    ({"exemplars": 1}, "exemplars must be >= 2"),
+    ({"batch_size": 10**6}, "batch_size must be <= 1024"),
+    ({"max_rows": 0}, "max_rows must be >= 1"),
+    ({"kappa": 0}, "kappa must be > 0"),
+    ({"template": "Q: {question.__class__}"}, "only {question} and {answer}"),
+    ({"template": "x" * 501}, "template is 501 characters long"),
+])
+def test_parse_settings_holds_the_bounds(values, message):
+    with pytest.raises(SettingsError, match=message):
+        parse_settings(tsv.TSVSettings, values)
+
+
+def test_the_epochs_alias_sets_both_stages_and_none_means_the_default():
+    s = parse_settings(tsv.TSVSettings, {"epochs": "3", "layer": None, "max_rows": None, "bound_sweep": "6, 20"})
+    assert (s.init_epochs, s.aug_epochs, s.layer, s.max_rows, s.bound_sweep) == (3, 3, None, None, (6.0, 20.0))
+    assert parse_settings(tsv.TSVSettings, {"epochs": 3, "aug_epochs": 1}).aug_epochs == 1
+
+
+def test_train_checks_a_hand_built_settings_too(tiny):
+    with pytest.raises(SettingsError, match="init_epochs must be <= 200"):
+        tsv.METHOD.train(tiny("llama"), _rows(4), tsv.TSVSettings(init_epochs=10**6), lambda _f, _m: None)
+
+
+# ------------------------------------------------- a vector from elsewhere
+def _tampered(vector, **changes):
+    hyper = {**vector.hyperparameters, **changes.pop("hyperparameters", {})}
+    extras = {**vector.extras, **changes.pop("extras", {})}
+    return SteeringVector(directions=dict(vector.directions), hidden_size=vector.hidden_size, method=vector.method,
+                          model_id=vector.model_id, model_type=vector.model_type, positions=vector.positions,
+                          name=vector.name, hyperparameters=hyper, extras=extras)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hyperparameters": {"kappa": float("inf")}}, "kappa must be a number in"),
+    ({"hyperparameters": {"kappa": 1e9}}, "kappa must be a number in"),
+    ({"hyperparameters": {"kappa": -1.0}}, "kappa must be a number in"),
+    ({"hyperparameters": {"kappa": "10"}}, "kappa must be a number in"),
+    ({"hyperparameters": {"template": "{question.__class__.__mro__}"}}, "stored template may use only"),
+    ({"hyperparameters": {"template": "Q: {question:>999999999}"}}, "stored template may use only"),
+    ({"hyperparameters": {"template": 42}}, "template must be text"),
+    ({"extras": {"prototypes": torch.zeros(3, 64)}}, r"shape \(3, 64\), expected \(2, 64\)"),
+    ({"extras": {"prototypes": torch.full((2, 64), float("nan"))}}, "NaN or infinite"),
+])
+def test_score_refuses_a_tampered_vector_before_running_the_model(trained, changes, message):
+    from steer_ui.model.capture import recording
+    from steer_ui.vector import VectorError
+
+    h, vector, _ = trained
+    bad = _tampered(vector, **changes)
+    with recording(h, [0, vector.layer]) as seen:
+        with pytest.raises(VectorError, match=message) as refused:
+            tsv.score(h, bad, [("What colour is thing 1?", "It is red 1")])
+        with pytest.raises(VectorError, match=message):
+            tsv.detect(h, bad, [("What colour is thing 1?", "It is red 1", 1)])
+    assert not seen, "the model ran before the vector was checked"
+    assert "\n" not in str(refused.value)
