@@ -50,6 +50,7 @@ class TSVMethod(StaticMethod):
 
     def train(self, handle, dataset, settings: TSVSettings,
               progress: Progress = noop) -> tuple[SteeringVector, dict]:
+        progress = progress or noop
         generated = None
         if settings.generate:
             generated = dataset = generate_and_label(handle, dataset, sub_progress(progress, 0.0, GENERATE_SHARE),
