@@ -8,6 +8,7 @@ import torch
 
 from steer_ui import lexical
 from steer_ui.methods import tsv
+from steer_ui.model.units import relative_scale
 from steer_ui.vector import SteeringVector
 
 from conftest import DATASETS, TRUTHFULQA
@@ -27,7 +28,7 @@ def short_run(gemma):
 def test_short_run_reports_everything_on_a_group_split(gemma, short_run):
     vector, report = short_run
     assert vector.layer == tsv.default_layer(gemma.arch.num_layers) == 14
-    assert report["lam_raw"] == pytest.approx(0.05 * gemma.relative_scale(14))
+    assert report["lam_raw"] == pytest.approx(0.05 * relative_scale(gemma, 14))
     rows = report["rows"]
     assert rows["train"] + rows["test"] == rows["total"] <= 40
     held_groups = {r["prompt"] + r["answer"] for r in report["held_out"]}

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from steer_ui.methods import tsv
+from steer_ui.methods import SettingsError, parse_settings, tsv
+from steer_ui.tools import tsv_tables
 from steer_ui.vector import SteeringVector
 
 
@@ -100,11 +101,6 @@ def test_class_probs_is_a_softmax_sharpened_by_kappa():
     assert float(tsv.class_probs(rep, protos, 100.0)[0, 0]) > float(p10[0, 0])
 
 
-def test_auroc_is_none_for_one_class():
-    assert tsv.auroc([1, 1], [0.2, 0.3]) is None
-    assert tsv.auroc([0, 1, 0, 1], [0.1, 0.9, 0.2, 0.8]) == 1.0
-
-
 # ----------------------------------------------------------------------- data
 def test_rows_of_reads_tuples_statements_and_frames():
     rows = tsv.rows_of([("Q?", "yes", 1, "g1"), ("Q?", "no", "false", "g1")])
@@ -135,7 +131,7 @@ def test_format_text_wraps_questions_and_leaves_statements_alone():
 def test_group_split_never_puts_a_group_on_both_sides():
     groups = [f"g{i // 3}" for i in range(60)]
     labels = [i % 2 for i in range(60)]
-    train, test = tsv.group_split(groups, labels, 0.25, seed=3)
+    train, test = tsv.split_groups(groups, labels, 0.25, seed=3)
     assert not {groups[i] for i in train} & {groups[i] for i in test}
     assert sorted(train + test) == list(range(60))
     assert {labels[i] for i in test} == {0, 1}
@@ -204,6 +200,13 @@ def test_detect_without_labels_gives_no_auroc(trained):
     assert out["auroc"] is None and out["scores"][0]["label"] is None
 
 
+def test_detect_on_one_class_gives_no_auroc(trained):
+    h, vector, report = trained
+    truthful = [(r["prompt"], r["answer"], r["label"]) for r in report["held_out"] if r["label"] == 1]
+    out = tsv.detect(h, vector, truthful)
+    assert out["auroc"] is None and len(out["scores"]) == len(truthful)
+
+
 def test_detect_refuses_a_vector_that_is_not_tsv(tiny):
     from steer_ui.vector import random_vector
 
@@ -225,19 +228,18 @@ def test_supervised_training_uses_every_training_label(tiny):
 
 def test_train_rejects_unknown_settings_and_one_class(tiny):
     h = tiny("llama")
-    with pytest.raises(tsv.TSVError, match="unknown TSV setting"):
+    with pytest.raises(SettingsError, match="unknown setting.*lamda"):
         tsv.train(h, _rows(4), lamda=3)
     with pytest.raises(tsv.TSVError, match="only one class"):
         tsv.train(h, [(f"q{i}", "a", 1, f"q{i}") for i in range(8)])
 
 
-def test_train_from_args_maps_the_cli_flags(tiny):
-    import argparse
-
+def test_the_methods_settings_take_the_cli_names(tiny):
     h = tiny("llama")
-    args = argparse.Namespace(layer=1, generate=False, exemplars=6, epochs=1, no_logit_penalty=True,
-                              no_kl_penalty=True, seed=0)
-    vector, report = tsv.train_from_args(h, _rows(8), args)
+    # what --layer 1 --exemplars 6 --epochs 1 --no-logit-penalty --no-kl-penalty become
+    settings = parse_settings(tsv.TSVSettings, {"layer": 1, "generate": False, "exemplars": 6, "epochs": 1,
+                                                "logit_penalty": False, "kl_penalty": False, "seed": 0})
+    vector, report = tsv.METHOD.train(h, _rows(8), settings, lambda _f, _m: None)
     s = report["settings"]
     assert (s["layer"], s["exemplars"], s["init_epochs"], s["aug_epochs"]) == (1, 6, 1, 1)
     assert not s["logit_penalty"] and not s["kl_penalty"]
@@ -249,7 +251,7 @@ def test_seeds_markdown_reports_mean_sd_and_each_seed(trained, tiny):
     _v, second = tsv.train(h, _rows(), layer=2, init_epochs=2, aug_epochs=2, exemplars=8, selected=8,
                            batch_size=16, seed=1)
     assert second["settings"]["seed"] == 1
-    table = tsv.seeds_markdown([first, second])
+    table = tsv_tables.seeds_markdown([first, second])
     pairs = [r["runs"]["constrained"]["auroc"] for r in (first, second)]
     mean = sum(pairs) / 2
     sd = abs(pairs[0] - pairs[1]) / 2 ** 0.5
@@ -278,26 +280,135 @@ def test_bound_sweep_measures_auroc_against_each_bound_on_the_same_split(tiny):
     # a bound that binds pulls the logit change down
     assert by_bound[0.05]["max_abs_delta_logit"] < 0.6 * by_bound[50.0]["max_abs_delta_logit"]
     assert all(0 <= row["auroc"] <= 1 for row in sweep)
-    table = tsv.bounds_markdown([report])
+    table = tsv_tables.bounds_markdown([report])
     assert table.splitlines()[2].startswith("| 0.05 |") and table.splitlines()[-1].startswith("| none |")
-    per_run = tsv.table_markdown(report)
+    per_run = tsv_tables.table_markdown(report)
     assert f"| TSV (constrained, bound 0.05) | {by_bound[0.05]['auroc']:.3f} |" in per_run
     assert f"| TSV (unconstrained) | {by_bound[None]['auroc']:.3f} |" in per_run
 
 
 @pytest.mark.parametrize("hp, message", [
-    ({"bound_sweep": "6"}, "bound_sweep must be a list"),
-    ({"bound_sweep": [6, float("nan")]}, "finite bounds >= 0"),
-    ({"bound_sweep": [-1]}, "finite bounds >= 0"),
+    ({"bound_sweep": {"six": 6}}, "bound_sweep must be a list"),
+    ({"bound_sweep": [6, float("nan")]}, "bound_sweep must be a finite number"),
+    ({"bound_sweep": [-1]}, "bound_sweep must be at least 0"),
     ({"bound_sweep": [6], "logit_penalty": False}, "turn logit_penalty on"),
 ])
 def test_bound_sweep_refuses_bad_bounds_by_name(tiny, hp, message):
-    with pytest.raises(tsv.TSVError, match=message):
+    with pytest.raises(SettingsError, match=message):
         tsv.train(tiny("llama"), _rows(4), layer=1, init_epochs=1, **hp)
 
 
 def test_parse_bounds_reads_the_cli_list_and_names_a_bad_entry():
-    assert tsv.parse_bounds("2, 6,20") == (2.0, 6.0, 20.0)
-    assert tsv.parse_bounds(None) is None
+    assert tsv_tables.parse_bounds("2, 6,20") == (2.0, 6.0, 20.0)
+    assert tsv_tables.parse_bounds(None) is None
     with pytest.raises(tsv.TSVError, match="'six' is not one"):
-        tsv.parse_bounds("2,six")
+        tsv_tables.parse_bounds("2,six")
+
+
+# ------------------------------------------------------------- the template
+@pytest.mark.parametrize("template", [
+    "Q: {__class__} A:",
+    "Q: {question.__class__} A:",
+    "Q: {question.__init__.__globals__} A:",
+    "Q: {0} A:",
+    "Q: {} A:",
+    "Q: {question!r} A:",
+    "Q: {question:>999999999} A:",
+    "Q: {question[0]} A:",
+])
+def test_the_template_refuses_every_field_but_question_and_answer(template):
+    with pytest.raises(tsv.TSVError, match="only {question} and {answer}") as refused:
+        tsv.format_text("Where is Paris?", "France", template)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_template_fills_question_and_answer_and_keeps_literal_braces():
+    assert tsv.format_text("Where is Paris?", "France", "Q: {question} A:") == "Q: Where is Paris? A: France"
+    template = "{{quiz}} Q: {question}\nA: {answer}."
+    assert tsv.format_text("Where is Paris?", " France ", template) == "{quiz} Q: Where is Paris?\nA: France."
+    assert tsv.prefix_text("Where is Paris?", template) == "{quiz} Q: Where is Paris?\nA: "
+    # a question that itself contains braces is text, not a field
+    assert tsv.format_text("What is {0}?", "x") == "Answer the question concisely. Q: What is {0}? A: x"
+
+
+@pytest.mark.parametrize("template, message", [
+    ("no field at all", "must contain '{question}'"),
+    ("{answer} then {question}", "once, after every"),
+    ("Q: {question} A: {answer} {answer}", "once, after every"),
+    ("Q: {question", "literal braces"),
+    ("Q: {question} " + "x" * 600, "limit is 500"),
+])
+def test_the_template_names_what_is_wrong(template, message):
+    with pytest.raises(tsv.TSVError, match=message):
+        tsv.template_pieces(template)
+
+
+# ---------------------------------------------------------------- settings
+@pytest.mark.parametrize("values, message", [
+    ({"epochs": 10**9}, "init_epochs must be at most 200"),
+    ({"bound_sweep": list(range(100))}, "bound_sweep has 100 values; the limit is 16"),
+    ({"lamda": 3}, "unknown setting.*lamda"),
+    ({"exemplars": 1}, "exemplars must be at least 2"),
+    ({"batch_size": 10**6}, "batch_size must be at most 1024"),
+    ({"max_rows": 0}, "max_rows must be at least 1"),
+    ({"kappa": 0}, "kappa must be > 0"),
+    ({"template": "Q: {question.__class__}"}, "only {question} and {answer}"),
+    ({"template": "x" * 501}, "template is 501 characters long"),
+])
+def test_parse_settings_holds_the_bounds(values, message):
+    with pytest.raises(SettingsError, match=message):
+        parse_settings(tsv.TSVSettings, values)
+
+
+def test_the_epochs_alias_sets_both_stages_and_none_means_the_default():
+    s = parse_settings(tsv.TSVSettings, {"epochs": "3", "layer": None, "max_rows": None, "bound_sweep": "6, 20"})
+    assert (s.init_epochs, s.aug_epochs, s.layer, s.max_rows, s.bound_sweep) == (3, 3, None, None, (6.0, 20.0))
+    assert parse_settings(tsv.TSVSettings, {"epochs": 3, "aug_epochs": 1}).aug_epochs == 1
+
+
+def test_train_checks_a_hand_built_settings_too(tiny):
+    with pytest.raises(SettingsError, match="init_epochs must be at most 200"):
+        tsv.METHOD.train(tiny("llama"), _rows(4), tsv.TSVSettings(init_epochs=10**6), lambda _f, _m: None)
+
+
+# ------------------------------------------------- a vector from elsewhere
+def _tampered(vector, **changes):
+    hyper = {**vector.hyperparameters, **changes.pop("hyperparameters", {})}
+    extras = {**vector.extras, **changes.pop("extras", {})}
+    return SteeringVector(directions=dict(vector.directions), hidden_size=vector.hidden_size, method=vector.method,
+                          model_id=vector.model_id, model_type=vector.model_type, positions=vector.positions,
+                          name=vector.name, hyperparameters=hyper, extras=extras)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hyperparameters": {"kappa": float("inf")}}, "kappa must be a number in"),
+    ({"hyperparameters": {"kappa": 1e9}}, "kappa must be a number in"),
+    ({"hyperparameters": {"kappa": -1.0}}, "kappa must be a number in"),
+    ({"hyperparameters": {"kappa": "10"}}, "kappa must be a number in"),
+    ({"hyperparameters": {"template": "{question.__class__.__mro__}"}}, "stored template may use only"),
+    ({"hyperparameters": {"template": "Q: {question:>999999999}"}}, "stored template may use only"),
+    ({"hyperparameters": {"template": 42}}, "template must be text"),
+    ({"extras": {"prototypes": torch.zeros(3, 64)}}, r"shape \(3, 64\), expected \(2, 64\)"),
+])
+def test_score_refuses_a_tampered_vector_before_running_the_model(trained, changes, message):
+    from steer_ui.model.capture import recording
+    from steer_ui.vector import VectorError
+
+    h, vector, _ = trained
+    bad = _tampered(vector, **changes)
+    with recording(h, [0, vector.layer]) as seen:
+        with pytest.raises(VectorError, match=message) as refused:
+            tsv.score(h, bad, [("What colour is thing 1?", "It is red 1")])
+        with pytest.raises(VectorError, match=message):
+            tsv.detect(h, bad, [("What colour is thing 1?", "It is red 1", 1)])
+    assert not seen, "the model ran before the vector was checked"
+    assert "\n" not in str(refused.value)
+
+
+def test_a_vector_with_non_finite_prototypes_cannot_even_be_built(trained):
+    """NaN prototypes are refused where every vector is checked, before TSV's own check could see them."""
+    from steer_ui.vector import VectorError
+
+    _h, vector, _ = trained
+    with pytest.raises(VectorError, match="NaN or inf"):
+        _tampered(vector, extras={"prototypes": torch.full((2, 64), float("nan"))})

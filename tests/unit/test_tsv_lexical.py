@@ -71,7 +71,7 @@ def test_generate_and_label_answers_and_labels_each_question(tiny):
 def test_generate_and_label_reads_labelled_rows_as_references(tiny):
     h = tiny("llama")
     rows = [("What is two plus two?", "Four", 1), ("What is two plus two?", "Five", 0)]
-    table = tsv._question_table(rows)
+    table = tsv.question_table(rows)
     assert table.correct.tolist() == [["Four"]] and table.incorrect.tolist() == [["Five"]]
     with pytest.raises(tsv.TSVError, match="needs questions"):
-        tsv._question_table([("Paris is in France.", 1), ("Paris is in Peru.", 0)])
+        tsv.question_table([("Paris is in France.", 1), ("Paris is in Peru.", 0)])

@@ -1,0 +1,106 @@
+"""Detection with a trained TSV: check the vector, then p(truthful) per (prompt, answer) and the AUROC.
+
+A vector may come from a file anyone made, so everything it carries that
+scoring uses (prototypes, κ, the template) is checked before the model runs.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ...model.capture import forward, left_pad
+from ...model.hooks import StepState, steering
+from ...vector import SteeringVector, VectorError
+from ..base import static_steers
+from ..common import auroc, clean
+from .data import PROMPT_TEMPLATE, TSVError, format_text, has_labels, rows_of, template_pieces, unlabelled_rows
+from .maths import class_probs
+
+MAX_KAPPA = 1000.0  # the settings' bound: softmax(κ·cos) saturates long before
+
+
+def check_vector(handle, vector: SteeringVector) -> None:
+    """Refuse, in one line, a vector that is not a usable TSV for ``handle``'s model; runs nothing."""
+    if vector.method != "tsv" or "prototypes" not in vector.extras:
+        raise VectorError(f"'{vector.name or vector.method}' is not a TSV vector (method={vector.method}, "
+                          f"extras={sorted(vector.extras)}); train one with --method tsv")
+    if len(vector.layers) != 1:
+        raise VectorError(f"a TSV vector has one layer; this one has {vector.layers}")
+    hidden = handle.arch.hidden_size
+    if vector.hidden_size != hidden:
+        raise VectorError(f"vector '{vector.name or vector.method}' is for hidden size {vector.hidden_size} but "
+                          f"the loaded model ({handle.model_id}) has hidden size {hidden}")
+    protos = vector.extras["prototypes"]
+    if not isinstance(protos, torch.Tensor) or tuple(protos.shape) != (2, hidden):
+        shape = tuple(protos.shape) if isinstance(protos, torch.Tensor) else type(protos).__name__
+        raise VectorError(f"TSV prototypes have shape {shape}, expected (2, {hidden})")
+    if not torch.isfinite(protos).all():
+        raise VectorError("TSV prototypes hold NaN or infinite values")
+    if not torch.isfinite(vector.direction(vector.layer)).all():
+        raise VectorError("the TSV direction holds NaN or infinite values")
+    kappa = vector.hyperparameters.get("kappa", 10.0)
+    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not math.isfinite(kappa) \
+            or not 0 < kappa <= MAX_KAPPA:
+        raise VectorError(f"the vector's kappa must be a number in (0, {MAX_KAPPA:g}], got {str(kappa)[:40]!r}")
+    try:
+        template_pieces(vector.hyperparameters.get("template", PROMPT_TEMPLATE))
+    except TSVError as exc:
+        raise VectorError(f"the vector's stored {exc}") from None
+
+
+def score(handle, vector: SteeringVector, pairs: Sequence[tuple[str, str]], batch_size: int = 16) -> list[float]:
+    """p(truthful) for each (prompt, answer) under the trained vector and prototypes (prompt may be '')."""
+    check_vector(handle, vector)
+    # the stored direction is λ·v, the exact vector added in training: raw α = 1 at every position
+    steers = static_steers(handle, vector, 1.0, positions="all")
+    hp = vector.hyperparameters
+    template = hp.get("template", PROMPT_TEMPLATE)
+    kappa = float(hp.get("kappa", 10.0))
+    texts = []
+    for n, pair in enumerate(pairs):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise TSVError(f"pair {n}: expected (prompt, answer), got {pair!r}"[:200])
+        if not str(pair[1]).strip():
+            raise TSVError(f"pair {n}: empty answer")
+        texts.append(format_text(pair[0], pair[1], template))
+    if not texts:
+        return []
+    # The hooked model, not the training cache: detection works from a saved file alone, and the unit
+    # tests check that both paths give the same scores.
+    tok = handle.tokenizer
+    token_rows = [tok(t).input_ids for t in texts]
+    if any(len(r) == 0 for r in token_rows):
+        raise TSVError("a text tokenised to nothing")
+    prototypes = vector.extras["prototypes"]
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    scores = [0.0] * len(texts)
+    for start in range(0, len(order), batch_size):
+        index = order[start:start + batch_size]
+        ids, mask, positions = left_pad([token_rows[i] for i in index], tok.pad_token_id or 0)
+        with torch.inference_mode(), steering(handle, steers, StepState(prompt_len=None)):
+            out = forward(handle, ids, mask, positions)
+        reps = F.normalize(out.last_hidden_state[:, -1, :].float(), dim=-1).cpu()
+        p = class_probs(reps, prototypes, kappa)
+        for row, i in enumerate(index):
+            scores[i] = float(p[row, 1])
+    return scores
+
+
+def detect(handle, vector: SteeringVector, dataset) -> dict:
+    """Score every (prompt, answer) of ``dataset``; AUROC when it has both labels (None otherwise)."""
+    check_vector(handle, vector)
+    labelled = has_labels(dataset)
+    if labelled:
+        rows = rows_of(dataset)
+        labels = rows.label.tolist()
+    else:
+        rows = unlabelled_rows(dataset)
+        labels = [None] * len(rows)
+    scores = score(handle, vector, list(zip(rows.prompt, rows.completion)))
+    return {"auroc": clean(auroc(scores, labels)) if labelled else None,
+            "scores": [{"prompt": p, "answer": a, "score": s, "label": lab}
+                       for p, a, s, lab in zip(rows.prompt, rows.completion, scores, labels)],
+            "rows": len(scores)}

@@ -1,0 +1,114 @@
+"""TSV's settings: every field typed and bounded, so the CLI, the Train form and the API share one validator.
+
+Paper defaults unless noted.  Bounds are server-side limits on what a client
+may ask for (a visitor can send anything over HTTP), not recommendations;
+:meth:`TSVSettings.validate` adds the rules that span fields or need a
+strict inequality.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .. import constraints as C
+from ..base import setting
+from .data import MAX_TEMPLATE, PROMPT_TEMPLATE, TSVError, template_pieces
+
+MAX_EPOCHS = 200
+MAX_ROWS = 1_000_000
+
+
+@dataclass
+class TSVSettings:
+    """Hyperparameters of one TSV training request."""
+
+    # one count for both stages, as the CLI's --epochs says
+    ALIASES: ClassVar[dict[str, tuple[str, ...]]] = {"epochs": ("init_epochs", "aug_epochs")}
+
+    layer: int | None = setting(
+        None, "decoder block whose output the vector is added to (empty: three quarters of the depth)",
+        minimum=0, maximum=1000)
+    exemplars: int = setting(32, "labelled training rows TSV keeps the labels of; the rest are pseudo-labelled",
+                             minimum=2, maximum=10_000)
+    init_epochs: int = setting(20, "epochs of stage 1 (labelled exemplars only)", minimum=0, maximum=MAX_EPOCHS)
+    aug_epochs: int = setting(20, "epochs of stage 2 (exemplars plus confident pseudo-labelled rows)",
+                              minimum=0, maximum=MAX_EPOCHS)
+    logit_penalty: bool = setting(True, "penalise next-token logit changes above max_logit_change")
+    max_logit_change: float = setting(2.0, "the |Δlogit| bound of the logit penalty", minimum=0, maximum=1e4)
+    kl_penalty: bool = setting(True, "penalise the KL divergence of the next-token distribution")
+    generate: bool = setting(False, "answer the questions with the model and label the answers first")
+    seed: int = setting(0, "seed of the split, the exemplars and the initialisation", minimum=0, maximum=2**31 - 1)
+
+    # expert settings: in the settings JSON, not in the form
+    lam: float = setting(0.05, "λ: the vector's strength as a fraction of the mean residual norm at the layer "
+                               "(paper: raw 5 on 4096-d models)", minimum=0, maximum=10, ui=False)
+    kappa: float = setting(10.0, "κ: 1 / cosine temperature of the prototype classifier",
+                           minimum=0, maximum=1000, ui=False)
+    ema: float = setting(0.99, "decay of the prototypes' exponential moving average", minimum=0, maximum=1,
+                         ui=False)
+    lr: float = setting(5e-3, "AdamW learning rate of the vector", minimum=0, maximum=1, ui=False)
+    selected: int = setting(128, "K: confident pseudo-labelled rows kept for stage 2 (at most half the unlabelled "
+                                 "rows)", minimum=0, maximum=MAX_ROWS, ui=False)
+    sinkhorn_epsilon: float = setting(0.05, "ε of the Sinkhorn transport", minimum=0, maximum=10, ui=False)
+    sinkhorn_iterations: int = setting(3, "Sinkhorn iterations", minimum=1, maximum=1000, ui=False)
+    batch_size: int = setting(128, "rows per optimiser step", minimum=1, maximum=1024, ui=False)
+    supervised: bool = setting(False, "train on every labelled training row; no pseudo-labels", ui=False)
+    # "class_means": the exemplars' class means with v = 0 (our default: with EMA 0.99 and the few steps a CPU
+    # affords, random prototypes, the paper's choice, barely move); "random": the paper's.
+    prototype_init: str = setting("class_means", "how the prototypes start", choices=("class_means", "random"),
+                                  ui=False)
+    logit_weight: float = setting(0.2, "weight of the logit penalty in the loss", minimum=0, maximum=100, ui=False)
+    # "max": the worst token per row.  "mean" dilutes one exploding token by 1/vocab; "sum" gives gradients
+    # thousands of times the cross-entropy's, which poison AdamW's second-moment estimate for hundreds of steps.
+    logit_reduction: str = setting("max", "how a row's over-bound logit changes are combined",
+                                   choices=C.REDUCTIONS, ui=False)
+    kl_weight: float = setting(0.1, "weight of the KL penalty in the loss", minimum=0, maximum=100, ui=False)
+    # With 8, the bound held on the rows each step saw but a held-out tail reached 3.01 on TruthfulQA
+    # (limit 1.5 × 2.0); 32 covers every exemplar.
+    penalty_rows: int = setting(32, "rows per optimiser step whose full-vocabulary logits are penalised",
+                                minimum=1, maximum=1024, ui=False)
+    test_fraction: float = setting(0.25, "share of the groups held out for the AUROC", minimum=0, maximum=1,
+                                   ui=False)
+    max_rows: int | None = setting(None, "subsample whole groups to about this many rows, for speed (empty: all)",
+                                   minimum=1, maximum=MAX_ROWS, ui=False)
+    compare: bool = setting(True, "also train the opposite constraint setting for the with/without report",
+                            ui=False)
+    # each bound costs one more training run, measured on the same split (report["bound_sweep"])
+    bound_sweep: tuple[float, ...] = setting((), "extra constrained runs, one per |Δlogit| bound",
+                                             minimum=0, maximum=1e4, ui=False)
+    cache_batch: int = setting(16, "texts per batch when caching the frozen blocks", minimum=1, maximum=256,
+                               ui=False)
+    template: str = setting(PROMPT_TEMPLATE, "the QA prompt; only {question} and {answer} may appear",
+                            max_length=MAX_TEMPLATE, ui=False)
+
+    def validate(self) -> None:
+        """The rules bounds cannot say: strict inequalities, the template's fields, settings that need others."""
+        checks = [
+            (self.lam > 0, f"lam must be > 0, got {self.lam}"),
+            (self.kappa > 0, f"kappa must be > 0, got {self.kappa}"),
+            (self.ema < 1, f"ema must be in [0, 1), got {self.ema}"),
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.sinkhorn_epsilon > 0, "sinkhorn_epsilon must be > 0"),
+            (0 < self.test_fraction < 1, f"test_fraction must be in (0, 1), got {self.test_fraction}"),
+            (self.logit_penalty or not self.bound_sweep,
+             "bound_sweep varies max_logit_change, which only the logit penalty uses: turn logit_penalty on"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise TSVError(msg)
+        template_pieces(self.template)
+
+    @property
+    def constrained(self) -> bool:
+        return self.logit_penalty or self.kl_penalty
+
+
+def default_layer(num_layers: int) -> int:
+    """Three quarters of the depth (block 14 of Gemma 3 270M's 18).
+
+    Each training step re-runs every block after L, forward and backward, so
+    a late layer is what makes training affordable on a CPU; the paper's
+    models used a middle layer.  Probes on the embedded model separate true
+    from false statements from block 5 on, so the signal is there.
+    """
+    return max(0, min(num_layers - 2, round(num_layers * 3 / 4)))

@@ -1,0 +1,385 @@
+"""Training a TSV: cache the frozen blocks once, two stages of gradient steps on one vector, then the report.
+
+Stage 1 trains on a few labelled exemplars; Sinkhorn pseudo-labels pick
+confident unlabelled rows; stage 2 trains on both (Park et al., ICML 2025).
+Our additions: the lm_head constraints of :mod:`steer_ui.methods.constraints`
+(a hinge on |Δlogit| above ``max_logit_change``, real and direct-path, and a
+KL term) so the vector does not wreck the next-token distribution at the
+strength it was trained at, and baselines on the same held-out split.
+
+Speed on a CPU: blocks 0..L never see ``v``, so every text is run through the
+frozen model once (:func:`~steer_ui.methods.constraints.cache_prefix`); each
+step re-runs only blocks L+1.. (:func:`~steer_ui.methods.constraints.run_suffix`).
+
+λ is relative: ``lam`` × the mean residual norm at block L (Gemma 3 270M's
+norms grow from ~140 at block 0 to ~35,000 at block 17, so no raw default
+fits every layer).  The stored direction is λ·v, the exact vector added, so
+steering with it at raw α = 1 is the training strength.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ...model.units import relative_scale, to_relative
+from ...vector import SteeringVector, dataset_hash
+from .. import constraints as C
+from ..base import Progress, noop, parse_settings, settings_dict
+from ..common import auroc, clean, sub_progress
+from .data import CLASSES, TSVError, format_text, pick_exemplars, prefix_text, rows_of, split_groups, subsample_groups
+from .maths import class_probs, ema_prototypes, select_confident, sinkhorn
+from .settings import TSVSettings, default_layer
+
+
+def _reps_of(handle, final_residual: torch.Tensor) -> torch.Tensor:
+    normed = handle.arch.final_hidden(final_residual.to(handle.dtype)).float()
+    return F.normalize(normed, dim=-1)
+
+
+def _restrict(batches: Sequence[C.SuffixBatch], rows: set[int]) -> list[C.SuffixBatch]:
+    """The cached batches cut down to the given dataset rows."""
+    out = []
+    for b in batches:
+        keep = [p for p, i in enumerate(b.index) if i in rows]
+        if keep:
+            out.append(b if len(keep) == len(b) else b.select(keep))
+    return out
+
+
+def _chunks(parts: list, batch_size: int) -> list[list]:
+    """Group cached sub-batches into optimiser steps of about ``batch_size`` rows."""
+    steps, cur, n = [], [], 0
+    for p in parts:
+        cur.append(p)
+        n += len(p[0])
+        if n >= batch_size:
+            steps.append(cur)
+            cur, n = [], 0
+    if cur:
+        steps.append(cur)
+    return steps
+
+
+@dataclass
+class _Run:
+    """One training run's result (the main one, or its with/without-constraints twin)."""
+
+    v: torch.Tensor
+    prototypes: torch.Tensor
+    curves: list[dict]
+    pseudo: dict
+    constrained: bool
+
+
+def _train_run(handle, st: TSVSettings, layer: int, lam_raw: float, targets: dict[int, torch.Tensor],
+               exemplar_batches, unlabelled_batches, labels: Sequence[int], constrained: bool,
+               progress: Progress, span: tuple[float, float]) -> _Run:
+    """Stage 1, pseudo-labelling, stage 2 for one constraint setting."""
+    hidden = handle.arch.hidden_size
+    gen = torch.Generator().manual_seed(st.seed)
+    rng = random.Random(st.seed)
+    v = torch.zeros(hidden, requires_grad=True)
+    opt = torch.optim.AdamW([v], lr=st.lr)
+    use_logit = constrained and st.logit_penalty
+    use_kl = constrained and st.kl_penalty
+    exemplar_rows = [i for b in exemplar_batches for i in b.index]
+    if st.prototype_init == "class_means":
+        reps = torch.cat([_reps_of(handle, b.final_last) for b in exemplar_batches])
+        onehot = torch.stack([targets[i] for i in exemplar_rows])
+        prototypes = ema_prototypes(torch.zeros(2, hidden), reps, onehot, decay=0.0)
+    else:
+        prototypes = F.normalize(torch.randn(2, hidden, generator=gen), dim=-1)
+    curves: list[dict] = []
+    total_epochs = max(1, st.init_epochs + (0 if st.supervised else st.aug_epochs))
+    epoch_no = 0
+
+    def run_epochs(parts_all: list[tuple[C.SuffixBatch, torch.Tensor]], epochs: int, stage: int) -> None:
+        nonlocal prototypes, epoch_no
+        for _ in range(epochs):
+            parts = parts_all[:]
+            rng.shuffle(parts)
+            loss_sum, rows_seen, correct, ex_seen, worst = 0.0, 0, 0, 0, 0.0
+            for step in _chunks(parts, st.batch_size):
+                opt.zero_grad()
+                n_rows = sum(len(b) for b, _ in step)
+                budget = min(st.penalty_rows, n_rows)
+                step_reps, step_targets = [], []
+                for b, t in step:
+                    added = lam_raw * v
+                    final = C.run_suffix(handle, b, added)
+                    reps = _reps_of(handle, final)
+                    logits = st.kappa * reps @ prototypes.T
+                    ce = -(t * logits.log_softmax(-1)).sum()
+                    loss = ce / n_rows
+                    if (use_logit or use_kl) and budget > 0:
+                        k = min(budget, len(b))
+                        budget -= k
+                        lt, kt, w = C.penalty_terms(handle, b, added, final, slice(0, k), st.max_logit_change,
+                                                    st.logit_reduction, use_logit, use_kl)
+                        share = k / min(st.penalty_rows, n_rows)
+                        loss = loss + share * (st.logit_weight * lt + st.kl_weight * kt)
+                        worst = max(worst, w)
+                    loss.backward()
+                    loss_sum += float(loss.detach()) * n_rows
+                    rows_seen += len(b)
+                    step_reps.append(reps.detach())
+                    step_targets.append(t)
+                    pred = logits.detach().argmax(-1)
+                    for p, i in enumerate(b.index):
+                        if i in exemplar_set:
+                            ex_seen += 1
+                            correct += int(int(pred[p]) == int(labels[i]))
+                opt.step()
+                prototypes = ema_prototypes(prototypes, torch.cat(step_reps), torch.cat(step_targets), st.ema)
+            epoch_no += 1
+            curves.append({"epoch": epoch_no, "stage": stage, "loss": loss_sum / max(rows_seen, 1),
+                           "exemplar_accuracy": correct / max(ex_seen, 1), "vector_norm": float(v.detach().norm()),
+                           "max_abs_delta_logit_seen": worst if (use_logit or use_kl) else None})
+            lo, hi = span
+            progress(lo + (hi - lo) * epoch_no / total_epochs,
+                     f"TSV {'constrained' if constrained else 'unconstrained'}: epoch {epoch_no}/{total_epochs}, "
+                     f"loss {curves[-1]['loss']:.3f}")
+
+    exemplar_set = set(exemplar_rows)
+    ex_parts = [(b, torch.stack([targets[i] for i in b.index])) for b in exemplar_batches]
+    run_epochs(ex_parts, st.init_epochs, 1)
+    pseudo: dict[str, Any] = {"selected": 0, "counts": {c: 0 for c in CLASSES}}
+    if not st.supervised and unlabelled_batches and st.aug_epochs > 0:
+        with torch.no_grad():
+            reps = torch.cat([_reps_of(handle, C.run_suffix(handle, b, lam_raw * v)) for b in unlabelled_batches])
+        rows = [i for b in unlabelled_batches for i in b.index]
+        ex_labels = [labels[i] for i in exemplar_rows]
+        dist = [max(1e-3, ex_labels.count(c) / len(ex_labels)) for c in (0, 1)]
+        logits = st.kappa * reps @ prototypes.T
+        plan = sinkhorn(logits, torch.tensor(dist), st.sinkhorn_epsilon, st.sinkhorn_iterations)
+        k = min(st.selected, max(2, len(rows) // 2))
+        picked = select_confident(logits.softmax(-1), plan, k, dist)
+        soft = {rows[int(p)]: plan[int(p)] for p in picked}
+        hard = {r: int(s.argmax()) for r, s in soft.items()}
+        pseudo = {
+            "selected": len(soft), "unlabelled": len(rows), "k": k, "class_marginals": dist,
+            "counts": {CLASSES[c]: sum(1 for h in hard.values() if h == c) for c in (0, 1)},
+            # a diagnostic only: the hidden labels are never used for training
+            "accuracy_vs_hidden_labels": (sum(int(labels[r] == h) for r, h in hard.items()) / len(hard))
+            if hard else None,
+        }
+        aug = {**{i: targets[i] for i in exemplar_rows}, **soft}
+        parts = [(b, torch.stack([aug[i] for i in b.index]))
+                 for b in _restrict(exemplar_batches + unlabelled_batches, set(aug))]
+        run_epochs(parts, st.aug_epochs, 2)
+    return _Run(v=v.detach().clone(), prototypes=prototypes.detach().clone(), curves=curves, pseudo=pseudo,
+                constrained=constrained)
+
+
+def _evaluate(handle, batches, added: torch.Tensor, prototypes: torch.Tensor, kappa: float,
+              labels: Sequence[int], top_k: int = 10) -> dict:
+    """Held-out p(truthful) scores, AUROC and the Δlogit report at the training strength."""
+    finals, scores, rows = [], [], []
+    with torch.no_grad():
+        for b in batches:
+            final = C.run_suffix(handle, b, added)
+            finals.append(final)
+            scores += class_probs(_reps_of(handle, final), prototypes, kappa)[:, 1].tolist()
+            rows += b.index
+    delta = C.measure_delta(handle, batches, added, top_k=top_k, finals=finals)
+    return {"auroc": auroc(scores, [labels[i] for i in rows]), "scores": dict(zip(rows, scores)), "delta": delta}
+
+
+def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, float]:
+    """Mean log-probability of the answer tokens under the unsteered model (the perplexity baseline)."""
+    out = {}
+    with torch.no_grad():
+        for b in batches:
+            seq = b.input_ids.shape[1]
+            for p, i in enumerate(b.index):
+                n = max(1, min(n_answer[i], int(b.attention_mask[p].sum()) - 1))
+                hidden = b.final_all[p, seq - n - 1:seq - 1]
+                logp = C.logits_of(handle, hidden).log_softmax(-1)
+                targets = b.input_ids[p, seq - n:].to(logp.device)
+                out[i] = float(logp.gather(1, targets.unsqueeze(1)).mean())
+    return out
+
+
+def _baselines(handle, st: TSVSettings, train_batches, test_batches, exemplar_rows, labels,
+               n_answer) -> dict:
+    """AUROC of simple detectors on the same held-out rows."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    def feats(batches, attr):
+        rows = [i for b in batches for i in b.index]
+        return rows, torch.cat([getattr(b, attr) for b in batches]).float().numpy()
+
+    tr_rows, tr_x = feats(train_batches, "layer_last")
+    te_rows, te_x = feats(test_batches, "layer_last")
+    tr_y = np.array([labels[i] for i in tr_rows])
+    te_y = [labels[i] for i in te_rows]
+    out: dict[str, Any] = {}
+
+    def probe(mask):
+        scaler = StandardScaler().fit(tr_x[mask])
+        clf = LogisticRegression(C=1.0, max_iter=2000).fit(scaler.transform(tr_x[mask]), tr_y[mask])
+        return auroc(clf.decision_function(scaler.transform(te_x)), te_y)
+
+    ex = np.array([i in set(exemplar_rows) for i in tr_rows])
+    out["probe"] = {"auroc": probe(np.ones(len(tr_rows), bool)),
+                    "note": f"logistic regression on block {st.layer} last-token activations, all {len(tr_rows)} "
+                            f"labelled training rows"}
+    out["probe_exemplars"] = {"auroc": probe(ex),
+                              "note": f"the same probe fitted on the {int(ex.sum())} exemplars only (TSV's labels)"}
+    diff = tr_x[tr_y == 1].mean(0) - tr_x[tr_y == 0].mean(0)
+    out["mean_difference"] = {"auroc": auroc(te_x @ diff, te_y),
+                              "note": f"projection on mean(truthful) - mean(hallucinated) at block {st.layer}"}
+    logprob = _answer_logprob(handle, test_batches, n_answer)
+    out["mean_token_logprob"] = {"auroc": auroc([logprob[i] for i in te_rows], te_y),
+                                 "note": "the unsteered model's mean log-probability of the answer tokens"}
+    ex_batches = _restrict(train_batches, set(exemplar_rows))
+    ex_reps = torch.cat([_reps_of(handle, b.final_last) for b in ex_batches])
+    ex_y = [labels[i] for b in ex_batches for i in b.index]
+    protos = ema_prototypes(torch.zeros(2, ex_reps.shape[1]), ex_reps,
+                            F.one_hot(torch.tensor(ex_y), 2).float(), decay=0.0)
+    te_reps = torch.cat([_reps_of(handle, b.final_last) for b in test_batches])
+    out["prototypes_without_vector"] = {
+        "auroc": auroc(class_probs(te_reps, protos, st.kappa)[:, 1].tolist(), te_y),
+        "note": "TSV's scoring rule with exemplar class means as prototypes and no vector (v = 0)"}
+    return out
+
+
+def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> tuple[SteeringVector, dict]:
+    """Train a TSV on labelled (prompt, answer, label) rows; returns (SteeringVector, report).
+
+    The rows are split by group (question / entity) into train and held-out
+    test; ``exemplars`` training rows keep their labels, the rest are
+    unlabelled (``supervised=True``: all keep them).  The report holds the
+    per-epoch curves, pseudo-label counts, held-out ``auroc``, ``baselines``
+    on the same split, and ``max_abs_delta_logit`` with and without the
+    constraints (the twin run, ``compare=True``) with the top offending tokens.
+    """
+    # Checked again here (cheap), so a hand-built TSVSettings meets the same bounds as one from a client.
+    st = parse_settings(TSVSettings, settings_dict(settings))
+    arch = handle.arch
+    st = replace(st, layer=default_layer(arch.num_layers) if st.layer is None else st.layer)
+    if not 0 <= st.layer < arch.num_layers:
+        raise TSVError(f"layer {st.layer} does not exist: the model has layers 0..{arch.num_layers - 1}")
+    frame = rows_of(dataset)
+    if st.max_rows:
+        frame = subsample_groups(frame, st.max_rows, st.seed)
+    labels = frame.label.tolist()
+    if len(set(labels)) < 2:
+        raise TSVError("the dataset has only one class; TSV needs truthful and hallucinated rows")
+    texts = [format_text(p, a, st.template) for p, a in zip(frame.prompt, frame.completion)]
+    train_rows, test_rows = split_groups(frame.group.tolist(), labels, st.test_fraction, st.seed)
+    exemplar_rows = train_rows if st.supervised else pick_exemplars(train_rows, labels, st.exemplars, st.seed)
+    unlabelled_rows = [i for i in train_rows if i not in set(exemplar_rows)]
+
+    lam_raw = st.lam * relative_scale(handle, st.layer)
+    progress(0.01, f"caching blocks 0..{st.layer} for {len(texts)} texts")
+
+    def cache(rows, lo, hi, keep_final=False):
+        batches = C.cache_prefix(handle, [texts[i] for i in rows], st.layer, batch_size=st.cache_batch,
+                                 progress=sub_progress(progress, lo, hi), keep_final=keep_final)
+        for b in batches:  # positions in `rows` -> dataset rows
+            b.index = [rows[p] for p in b.index]
+        return batches
+
+    exemplar_batches = cache(exemplar_rows, 0.01, 0.05)
+    unlabelled_batches = cache(unlabelled_rows, 0.05, 0.2) if unlabelled_rows else []
+    test_batches = cache(test_rows, 0.2, 0.27, keep_final=True)
+    targets = {i: F.one_hot(torch.tensor(labels[i]), 2).float() for i in train_rows}
+
+    settings_to_run = [st.constrained] + ([not st.constrained] if st.compare else [])
+    # validate() allows a sweep only with the logit penalty on, so the main run is constrained and has its bound
+    bounds = [b for b in dict.fromkeys(float(b) for b in st.bound_sweep) if b != st.max_logit_change]
+    runs: dict[bool, _Run] = {}
+    span = 0.65 / (len(settings_to_run) + len(bounds))
+    for n, constrained in enumerate(settings_to_run):
+        runs[constrained] = _train_run(handle, st, st.layer, lam_raw, targets, exemplar_batches,
+                                       unlabelled_batches, labels, constrained, progress,
+                                       (0.27 + n * span, 0.27 + (n + 1) * span))
+    swept: dict[float, _Run] = {}
+    for n, bound in enumerate(bounds, start=len(settings_to_run)):
+        progress(0.27 + n * span, f"bound sweep: |Δlogit| bound {bound:g}")
+        swept[bound] = _train_run(handle, replace(st, max_logit_change=bound), st.layer, lam_raw, targets,
+                                  exemplar_batches, unlabelled_batches, labels, True, progress,
+                                  (0.27 + n * span, 0.27 + (n + 1) * span))
+    progress(0.93, "scoring the held-out split")
+    evals = {c: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels)
+             for c, r in runs.items()}
+    swept_evals = {b: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels)
+                   for b, r in swept.items()}
+    n_answer = {}
+    for i in test_rows:
+        full = len(handle.tokenizer(texts[i]).input_ids)
+        pre = prefix_text(frame.prompt[i], st.template)
+        n_answer[i] = full - (len(handle.tokenizer(pre).input_ids) if pre else 1)
+    baselines = _baselines(handle, st, exemplar_batches + unlabelled_batches, test_batches, exemplar_rows, labels,
+                           n_answer)
+    main = runs[st.constrained]
+    main_eval = evals[st.constrained]
+
+    def run_report(e: dict, run: _Run) -> dict:
+        return {"auroc": e["auroc"], "max_abs_delta_logit": e["delta"]["max_abs_delta_logit"],
+                "median_max_abs_delta_logit": e["delta"]["median_max_abs_delta_logit"],
+                "direct_max_abs_delta_logit": e["delta"]["direct_max_abs_delta_logit"],
+                "mean_kl": e["delta"]["mean_kl"], "top_tokens": e["delta"]["top_tokens"],
+                "vector_norm": float((lam_raw * run.v).norm()), "curves": run.curves,
+                "pseudo_labels": run.pseudo}
+
+    run_reports = {("constrained" if c else "unconstrained"): run_report(evals[c], r) for c, r in runs.items()}
+    run_reports.update({f"constrained, bound {b:g}": run_report(swept_evals[b], r) for b, r in swept.items()})
+    # AUROC against the bound, loosest last; the unconstrained run is the bound-free end (None)
+    tradeoff = {**swept_evals, st.max_logit_change: evals[True]} if swept else {}
+    if swept and False in evals:
+        tradeoff[None] = evals[False]
+    bound_sweep = [{"bound": b, "auroc": e["auroc"], "max_abs_delta_logit": e["delta"]["max_abs_delta_logit"],
+                    "mean_kl": e["delta"]["mean_kl"]}
+                   for b, e in sorted(tradeoff.items(), key=lambda kv: math.inf if kv[0] is None else kv[0])]
+
+    # clean(): AUROC is NaN where the held-out rows have one class; reports and vector metadata are JSON
+    report: dict[str, Any] = clean({
+        "method": "tsv", "layer": st.layer, "lam": st.lam, "lam_raw": lam_raw,
+        "rows": {"total": len(frame), "train": len(train_rows), "test": len(test_rows),
+                 "exemplars": len(exemplar_rows), "unlabelled": len(unlabelled_rows),
+                 "groups": int(frame.group.nunique())},
+        "auroc": main_eval["auroc"],
+        "curves": main.curves,
+        "pseudo_labels": main.pseudo,
+        "baselines": baselines,
+        "max_abs_delta_logit": {
+            "with_constraints": evals[True]["delta"]["max_abs_delta_logit"] if True in evals else None,
+            "without_constraints": evals[False]["delta"]["max_abs_delta_logit"] if False in evals else None,
+            "limit": st.max_logit_change,
+        },
+        "top_tokens": main_eval["delta"]["top_tokens"],
+        "held_out": [{"prompt": frame.prompt[i], "answer": frame.completion[i], "label": labels[i],
+                      "score": main_eval["scores"][i]} for i in test_rows],
+        "runs": run_reports,
+        "bound_sweep": bound_sweep,
+        "settings": settings_dict(st),
+    })
+    direction = lam_raw * main.v
+    rel = to_relative(handle, float(direction.norm()), st.layer)
+    hyper = {**settings_dict(st), "lam_raw": lam_raw, "classes": list(CLASSES), "train_alpha_raw": 1.0}
+    metrics = {"auroc": report["auroc"],
+               "baselines": {k: v["auroc"] for k, v in report["baselines"].items()},
+               "max_abs_delta_logit": report["max_abs_delta_logit"],
+               "rows": report["rows"]}
+    vector = SteeringVector(
+        directions={st.layer: direction}, hidden_size=arch.hidden_size, method="tsv", model_id=handle.model_id,
+        model_type=handle.model_type, positions="all",
+        name=f"tsv L{st.layer} ({'constrained' if st.constrained else 'unconstrained'})",
+        hyperparameters=hyper,
+        dataset_hash=dataset_hash(list(zip(texts, labels))), metrics=metrics,
+        alpha_range=(0.0, round(2 * rel, 6) if rel > 0 else 1.0),
+        extras={"prototypes": main.prototypes},
+    )
+    progress(1.0, f"TSV trained: held-out AUROC {report['auroc']}")
+    return vector, report
+
+
