@@ -276,6 +276,8 @@ def stream_side_by_side(
             for step in range(sampling.max_new_tokens):
                 if step:
                     hidden, cache = _forward_hidden(handle, input_ids, position, cache)
+                    if direction is None:  # an input-dependent vector whose context came after it at prefill
+                        direction = _steered_direction(row_steers, state)
                 logits = arch.logits(hidden[:2])  # (2, vocab): the rows whose distributions we show and sample
                 uniform = float(torch.rand((), generator=rng)) if sampling.temperature > 0 else None
                 processed = process_logits(logits, history, sampling)
