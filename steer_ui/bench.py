@@ -15,7 +15,7 @@ Headline ratios (targets from the performance issue):
 * ``decode_floor_fraction``: (weight bytes ÷ measured read bandwidth) ÷ our
   time per side-by-side decode step (all three rows).
 * ``slider_speedup``: one full forward of a 32-token prompt with the hook and
-  full logits ÷ the slider's fast path (:class:`~steer_ui.model.analysis.PrefixState`).
+  full logits ÷ the slider's fast path (:class:`~steer_ui.model.prefix.Prefix`).
 * ``hook_overhead``: steered ÷ unsteered decode time per step.
 * ``sweep_speedup``: 21 separate fast-path calls ÷ one batched 21-α sweep.
 * ``extract_speedup``: one-at-a-time ÷ batched activation extraction over the
@@ -409,14 +409,16 @@ def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
 # ------------------------------------------------------------------ slider
 def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float | None = None) -> dict:
     """Naive full forward (hook, full logits) vs the prefix fast path, for the same α values, interleaved."""
-    from .model.analysis import PrefixState, compare_logits, naive_logits, next_token
+    from .model.analysis import compare_logits, naive_logits, next_token
+    from .model.prefix import for_prompt
 
     prompt, n_tok = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
     device = handle.input_device
     log(f"bench: slider ({samples} α values, {n_tok}-token prompt, layer {layer})")
     _sync(device)
     start = time.perf_counter()
-    state = PrefixState(handle, prompt, layer)
+    state = for_prompt(handle, prompt, layer)
+    unsteered = state.unsteered_logits[0]  # part of what a new prompt costs
     _sync(device)
     build = time.perf_counter() - start
     base = float(steer.scalar_alpha)
@@ -454,14 +456,14 @@ def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float 
         slow_view_t.append(t1 - t0)
         view_t.append(t2 - t1)
     t0 = time.perf_counter()
-    compare_logits(handle, state.unsteered_logits, state.unsteered_logits)
+    compare_logits(handle, unsteered, unsteered)
     view_only = time.perf_counter() - t0
     # Where the fast path's time goes: the one-row unembedding (a full read of W_U, so it has a
     # memory floor) and the later blocks, which must re-run on every position because the steer
     # changes every position's state.
     arch = handle.arch
     with torch.inference_mode():
-        row = arch.final_hidden(state.block_out[:, -1:, :])[:, -1, :]
+        row = arch.final_hidden(state.hidden[:, -1:, :])[:, -1, :]
         unembed_t = _timings(lambda: arch.logits(row), max(3, samples // 2), device)
     w = arch.unembedding
     unembed_floor = (w.numel() * w.element_size() / bandwidth) if bandwidth else None

@@ -405,20 +405,19 @@ def default_layer(handle) -> int:
 
 def _run_vector(handle, prompt: str, token_id: int, layer: int, vector: torch.Tensor, alpha_raw: float,
                 max_new_tokens: int) -> SteeredRun:
-    from .methods.constraints import cache_prefix, direct_delta_logits
+    from .methods.constraints import direct_delta_logits
     from .model.analysis import compare_logits, prefix_state
 
     w = handle.arch.unembedding
     added = alpha_raw * vector.float()
     with torch.inference_mode():
         naive = float(torch.matmul(w[token_id].float(), added.to(w.device)))
-    final_last = cache_prefix(handle, [prompt], layer)[0].final_last
-    with torch.no_grad():
-        direct = float(direct_delta_logits(handle, added, final_last)[0, token_id])
-    steer = Steer(layer=layer, vector=vector, alpha=alpha_raw)
     st = prefix_state(handle, prompt, layer)
+    with torch.no_grad():
+        direct = float(direct_delta_logits(handle, added, st.final_last)[0, token_id])
+    steer = Steer(layer=layer, vector=vector, alpha=alpha_raw)
     steered_logits = st.logits([steer], rows=1)[0]
-    base = st.unsteered_logits
+    base = st.unsteered_logits[0]
     view = compare_logits(handle, base, steered_logits, top_k=10)
     gen = side_by_side(handle, prompt, [steer], Sampling(max_new_tokens=int(max_new_tokens), temperature=0.0))
     ids = [t.token_id for t in gen.steered.tokens]
@@ -484,7 +483,7 @@ def fix_explosion(handle, demo: ExplosionDemo, max_change: float = 2.0, steps: i
     stalled near |Δlogit| ≈ 10 where the max reached the bound (docs/concepts.md).
     """
     from .methods.constraints import constrain_vector
-    from .model.analysis import NEUTRAL_PROMPTS
+    from .model.units import NEUTRAL_PROMPTS
 
     if not max_change > 0:
         raise ConceptsError(f"the bound on |Δlogit| must be > 0, got {max_change!r}")

@@ -1,6 +1,7 @@
 """Batched activation extraction with a disk cache.
 
-One forward pass per batch records every layer at once through hooks:
+One forward pass per batch records every layer at once through the one
+activation reader (:func:`steer_ui.model.capture.recording`):
 
 * site ``resid``: the output of each decoder block (the steering site; HF
   ``hidden_states[L + 1]``), width ``hidden_size``;
@@ -12,9 +13,11 @@ Each row's text is ``template`` filled with its prompt and completion
 (default: prompt, a space, completion).  Positions reduce the sequence to one
 vector per row and layer: ``last`` (last token), ``mean`` (mean over the
 completion's tokens) or an integer token index (from the start of the row's
-own tokens, negative from the end).  Rows are sorted by length and padded on
-the left with an attention mask and matching position ids, so a padded row
-gives the activations it would give alone (to float rounding).
+own tokens, negative from the end).  Rows are batched by length and padded on
+the left with an attention mask and matching position ids
+(:func:`~steer_ui.model.capture.length_batches`,
+:func:`~steer_ui.model.capture.left_pad`), so a padded row gives the
+activations it would give alone (to float rounding).
 
 Results are cached under ``cache_root()/activations`` keyed by (model
 fingerprint, dataset content hash, position, template, site); a re-train or a
@@ -34,10 +37,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from ..model.capture import SITES, forward, left_pad, length_batches, recording, site_width
+from ..model.identity import model_fingerprint
+from ..paths import cache_root
 from .datasets import Dataset, DatasetError, _join
 
 Progress = Callable[[float, str], None]
-SITES = ("resid", "heads")
 CACHE_VERSION = 1
 MAX_TOKENS = 512  # per row; longer rows keep their end (the last token is what most positions read)
 TOKEN_BUDGET = 4096  # padded tokens per batch
@@ -69,46 +74,6 @@ class Activations:
         """(rows, layers, heads, head_dim) view of a ``heads`` site extraction."""
         rows, layers, width = self.values.shape
         return self.values.reshape(rows, layers, num_heads, width // num_heads)
-
-
-# ------------------------------------------------------------------ sites
-def head_geometry(handle) -> tuple[int, int]:
-    """(num_heads, head_dim) of the attention layers."""
-    config = handle.model.config
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
-    if not heads:
-        raise DatasetError(f"cannot find the number of attention heads in the config of {handle.model_id}")
-    head_dim = getattr(config, "head_dim", None) or handle.arch.hidden_size // heads
-    return int(heads), int(head_dim)
-
-
-_OUT_PROJ_PATHS = ("self_attn.o_proj", "attn.c_proj", "attention.dense", "self_attn.out_proj", "attn.out_proj",
-                   "self_attention.dense", "attn.o_proj")
-
-
-def out_projection(handle, layer: int) -> torch.nn.Module:
-    """The attention output projection of block ``layer`` (its input is the per-head outputs, concatenated)."""
-    block = handle.arch.layers[layer]
-    for path in _OUT_PROJ_PATHS:
-        obj = block
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if isinstance(obj, torch.nn.Module):
-            return obj
-    raise DatasetError(f"cannot find the attention output projection in block {layer} of {handle.model_id} "
-                       f"(tried {', '.join(_OUT_PROJ_PATHS)})")
-
-
-def out_projection_weight(handle, layer: int) -> torch.Tensor:
-    """W_O as (hidden, heads · head_dim), whatever the module type (GPT-2's Conv1D stores it transposed)."""
-    module = out_projection(handle, layer)
-    w = module.weight
-    if type(module).__name__ == "Conv1D":
-        w = w.T
-    return w.detach().float().cpu()
 
 
 # ------------------------------------------------------------------ texts
@@ -163,89 +128,43 @@ def extract_texts(handle, prompts: Sequence[str], completions: Sequence[str], po
     progress = progress or (lambda _f, _m: None)
     n = len(prompts)
     encoded = [_encode(handle, *render(p, c, template)) for p, c in zip(prompts, completions)]
-    order = sorted(range(n), key=lambda i: len(encoded[i][0]))
-    arch = handle.arch
-    num_layers = arch.num_layers
-    width = arch.hidden_size if site == "resid" else int(np.prod(head_geometry(handle)))
-    out = torch.zeros(n, num_layers, width, dtype=torch.float32)
+    num_layers = handle.arch.num_layers
+    out = torch.zeros(n, num_layers, site_width(handle, site), dtype=torch.float32)
     pad_id = handle.tokenizer.pad_token_id if handle.tokenizer.pad_token_id is not None else 0
-    captured: dict[int, torch.Tensor] = {}
-    reduce_state: dict[str, torch.Tensor] = {}
+    batch_state: dict[str, torch.Tensor] = {}
 
     def reduce(h: torch.Tensor) -> torch.Tensor:
         h = h.float()
         if position == "last":
-            return h[:, -1, :]
+            return h[:, -1, :].cpu()
         if position == "mean":
-            w = reduce_state["weights"]
-            return (h * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(1.0)
-        return h[torch.arange(h.shape[0]), reduce_state["index"], :]
+            w = batch_state["weights"]
+            return ((h * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(1.0)).cpu()
+        return h[torch.arange(h.shape[0]), batch_state["index"], :].cpu()
 
-    def post_hook(i):
-        def hook(_m, _inp, output):
-            captured[i] = reduce((output[0] if isinstance(output, tuple) else output).detach()).cpu()
-        return hook
-
-    def pre_hook(i):
-        def hook(_m, args, kwargs):
-            x = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
-            captured[i] = reduce(x.detach()).cpu()
-        return hook
-
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        longest = len(encoded[i][0])  # sorted ascending, so the newest row is the longest
-        if current and (len(current) >= batch_size or longest * (len(current) + 1) > TOKEN_BUDGET):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-
+    batches = length_batches([len(ids) for ids, _mask in encoded], batch_size, TOKEN_BUDGET)
     done = 0
-    with handle.lock, torch.inference_mode():
-        removers = []
-        try:
-            for L in range(num_layers):
-                if site == "resid":
-                    removers.append(arch.layers[L].register_forward_hook(post_hook(L)))
-                else:
-                    removers.append(out_projection(handle, L).register_forward_pre_hook(pre_hook(L), with_kwargs=True))
-            for batch in batches:
-                seq = max(len(encoded[i][0]) for i in batch)
-                ids = torch.full((len(batch), seq), pad_id, dtype=torch.long)
-                attn = torch.zeros((len(batch), seq), dtype=torch.long)
-                comp = torch.zeros((len(batch), seq), dtype=torch.float32)
-                index = torch.zeros(len(batch), dtype=torch.long)
-                for r, i in enumerate(batch):
-                    row_ids, row_mask = encoded[i]
-                    k = len(row_ids)
-                    ids[r, seq - k:] = torch.tensor(row_ids)
-                    attn[r, seq - k:] = 1
-                    m = torch.tensor(row_mask, dtype=torch.float32)
-                    if m.sum() == 0:  # completion vanished in tokenisation: fall back to the last token
-                        m[-1] = 1.0
-                    comp[r, seq - k:] = m
-                    if isinstance(position, int):
-                        j = position if position >= 0 else k + position
-                        index[r] = seq - k + min(max(j, 0), k - 1)
-                reduce_state["weights"] = comp
-                reduce_state["index"] = index
-                positions = (attn.cumsum(-1) - 1).clamp_min(0)
-                dev = handle.input_device
-                captured.clear()
-                kwargs = {"input_ids": ids.to(dev), "position_ids": positions.to(dev), "use_cache": False}
-                if len(batch) > 1 or bool((attn == 0).any()):
-                    kwargs["attention_mask"] = attn.to(dev)
-                handle.model.base_model(**kwargs)
-                stacked = torch.stack([captured[L] for L in range(num_layers)], dim=1)
-                out[batch] = stacked
-                done += len(batch)
-                progress(done / max(n, 1), f"extracting activations: {done}/{n} rows")
-        finally:
-            for r in removers:
-                r.remove()
+    with handle.lock, torch.inference_mode(), recording(handle, range(num_layers), site, reduce=reduce) as store:
+        for batch in batches:
+            ids, attn, positions = left_pad([encoded[i][0] for i in batch], pad_id)
+            seq = ids.shape[1]
+            comp = torch.zeros(ids.shape, dtype=torch.float32)
+            index = torch.zeros(len(batch), dtype=torch.long)
+            for r, i in enumerate(batch):
+                row_mask = torch.tensor(encoded[i][1], dtype=torch.float32)
+                k = len(row_mask)
+                if row_mask.sum() == 0:  # completion vanished in tokenisation: fall back to the last token
+                    row_mask[-1] = 1.0
+                comp[r, seq - k:] = row_mask
+                if isinstance(position, int):
+                    j = position if position >= 0 else k + position
+                    index[r] = seq - k + min(max(j, 0), k - 1)
+            batch_state["weights"], batch_state["index"] = comp, index
+            store.clear()
+            forward(handle, ids, attn, positions)
+            out[batch] = torch.stack([store[layer] for layer in range(num_layers)], dim=1)
+            done += len(batch)
+            progress(done / max(n, 1), f"extracting activations: {done}/{n} rows")
     return out
 
 
@@ -263,28 +182,7 @@ def _check_position(position: str | int) -> str | int:
 
 
 # ------------------------------------------------------------------ cache
-def model_fingerprint(handle) -> str:
-    """Identify the weights cheaply: id, config and a few parameter checksums (tiny models share ids)."""
-    cached = handle.__dict__.get("_fingerprint")
-    if cached:
-        return cached
-    config = handle.model.config
-    try:
-        cfg = config.to_json_string(use_diff=False)
-    except Exception:
-        cfg = str(config)
-    params = list(handle.model.parameters())
-    probe = [params[0], params[len(params) // 2], params[-1]]
-    sums = [float(p.detach().float().reshape(-1)[:4096].sum()) for p in probe]
-    blob = json.dumps([handle.model_id, cfg, sums, str(handle.dtype)])
-    fp = hashlib.sha256(blob.encode()).hexdigest()[:16]
-    handle.__dict__["_fingerprint"] = fp
-    return fp
-
-
 def cache_path(handle, dataset: Dataset, position: str | int, template: str | None, site: str) -> Path:
-    from ..model.loading import cache_root
-
     key = json.dumps([CACHE_VERSION, model_fingerprint(handle), dataset.content_hash, str(position),
                       _check_template(template), site])
     return cache_root() / "activations" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.safetensors"

@@ -19,19 +19,22 @@ and its fix" demo) can reuse them.  :func:`constrain_vector` rotates an
 existing vector, at a fixed α, until its max |Δlogit| and KL are bounded,
 keeping it as close in direction to the original as the bounds allow.
 
-This module also holds the machinery both TSV and :func:`constrain_vector`
-use to train through a frozen model cheaply: :func:`cache_prefix` runs the
-model once and keeps, per batch, the output of block L and the arguments
-every later block was called with; :func:`run_suffix` re-runs only the
-blocks after L on ``h_L + added`` (with autograd when ``added`` needs it).
+Both TSV and :func:`constrain_vector` train through the frozen model cheaply
+on the frozen-prefix engine (:mod:`steer_ui.model.prefix`), under the names
+they have always used: :func:`cache_prefix` runs the texts once and keeps,
+per batch, the output of block L and the arguments every later block was
+called with; :func:`run_suffix` re-runs only the blocks after L on
+``h_L + added`` (with autograd when ``added`` needs it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from ..model.prefix import Prefix, encode_texts, for_texts
+from ..model.units import NEUTRAL_PROMPTS, relative_scale
 
 Progress = Callable[[float, str], None]
 
@@ -105,135 +108,30 @@ def top_offenders(handle, delta_logits: torch.Tensor, k: int = 10) -> list[dict]
 
 
 # ---------------------------------------------------- cached frozen prefix
-@dataclass
-class SuffixBatch:
-    """One padded batch run once through the frozen model, ready to re-run the blocks after ``layer``."""
-
-    index: list[int]  # rows of this batch in the caller's list
-    layer: int
-    hidden: torch.Tensor  # (rows, seq, hidden): output of block `layer`, unsteered
-    calls: dict[int, tuple[tuple, dict]]  # block i > layer -> (extra args, kwargs) it was called with
-    attention_mask: torch.Tensor  # (rows, seq), 1 for real tokens (left padding)
-    final_last: torch.Tensor  # (rows, hidden): unsteered final residual (before the final norm), last position
-    layer_last: torch.Tensor  # (rows, hidden): output of block `layer`, last position
-    input_ids: torch.Tensor  # (rows, seq)
-
-    final_all: torch.Tensor | None = None  # (rows, seq, hidden): final residual everywhere, when asked for
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def select(self, rows: Sequence[int]) -> "SuffixBatch":
-        """The same cache restricted to some of its rows (positions within this batch)."""
-        rows = list(rows)
-        n = len(self.index)
-        pick = torch.tensor(rows, dtype=torch.long)
-
-        def cut(x):
-            if isinstance(x, torch.Tensor):
-                return x[pick.to(x.device)] if x.ndim >= 1 and x.shape[0] == n and n > 1 else x
-            if isinstance(x, tuple):
-                return tuple(cut(v) for v in x)
-            if isinstance(x, list):
-                return [cut(v) for v in x]
-            if isinstance(x, dict):
-                return {k: cut(v) for k, v in x.items()}
-            return x
-
-        return SuffixBatch(index=[self.index[r] for r in rows], layer=self.layer, hidden=cut(self.hidden),
-                           calls={i: cut(c) for i, c in self.calls.items()},
-                           attention_mask=cut(self.attention_mask), final_last=cut(self.final_last),
-                           layer_last=cut(self.layer_last), input_ids=cut(self.input_ids),
-                           final_all=cut(self.final_all) if self.final_all is not None else None)
-
-
-def encode_batch(handle, texts: Sequence[str]):
-    tok = handle.tokenizer
-    enc = tok(list(texts), return_tensors="pt", padding=True)
-    ids, mask = enc.input_ids, enc.attention_mask
-    if (mask.sum(1) == 0).any():
-        raise ValueError("a text tokenised to nothing")
-    # Left padding: real tokens get positions 0..n-1 whatever the padding, so a
-    # row's activations do not depend on which batch it landed in.
-    position_ids = (mask.long().cumsum(1) - 1).clamp_min(0)
-    return ids, mask, position_ids
+# The frozen-prefix engine (steer_ui.model.prefix) under the names TSV and
+# constrain_vector have always used: a batch is a Prefix.
+SuffixBatch = Prefix
+encode_batch = encode_texts
 
 
 def cache_prefix(handle, texts: Sequence[str], layer: int, batch_size: int = 16,
                  progress: Progress | None = None, keep_final: bool = False) -> list[SuffixBatch]:
     """Run ``texts`` once through the frozen model; keep what re-running blocks > ``layer`` needs.
 
-    Texts are batched by token length (less padding).  Runs under
-    ``torch.no_grad`` rather than inference mode so the cached tensors can
-    take part in autograd later.  ``keep_final`` also keeps the unsteered
-    final residual at every position (for answer log-probabilities).
+    Texts are batched by token length (less padding); each batch's ``index``
+    lists its rows' positions in ``texts``.  ``keep_final`` also keeps the
+    unsteered final residual at every position (for answer log-probabilities).
     """
-    arch = handle.arch
-    if not 0 <= layer < arch.num_layers:
-        raise ValueError(f"layer {layer} does not exist: the model has layers 0..{arch.num_layers - 1}")
-    lengths = [len(handle.tokenizer(t).input_ids) for t in texts]
-    order = sorted(range(len(texts)), key=lambda i: lengths[i])
-    batches: list[SuffixBatch] = []
-    device = handle.input_device
-    for start in range(0, len(order), batch_size):
-        index = order[start:start + batch_size]
-        ids, mask, pos = encode_batch(handle, [texts[i] for i in index])
-        calls: dict[int, tuple[tuple, dict]] = {}
-        grabbed: dict[str, torch.Tensor] = {}
-
-        def pre(i):
-            def hook(_m, args, kwargs):
-                calls[i] = (tuple(args[1:]), dict(kwargs))
-            return hook
-
-        def post(_m, _inp, out):
-            grabbed["h"] = (out[0] if isinstance(out, tuple) else out).detach()
-
-        def last_block(_m, _inp, out):
-            full = (out[0] if isinstance(out, tuple) else out).detach()
-            grabbed["final"] = full[:, -1, :]
-            if keep_final:
-                grabbed["final_all"] = full
-
-        with handle.lock, torch.no_grad():
-            removers = [arch.layers[layer].register_forward_hook(post),
-                        arch.layers[-1].register_forward_hook(last_block)]
-            removers += [arch.layers[i].register_forward_pre_hook(pre(i), with_kwargs=True)
-                         for i in range(layer + 1, arch.num_layers)]
-            try:
-                handle.model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                        position_ids=pos.to(device), use_cache=False)
-            finally:
-                for r in removers:
-                    r.remove()
-        h = grabbed["h"]
-        batches.append(SuffixBatch(index=index, layer=layer, hidden=h, calls=calls, attention_mask=mask,
-                                   final_last=grabbed["final"].float(), layer_last=h[:, -1, :].float(),
-                                   input_ids=ids, final_all=grabbed.get("final_all")))
-        if progress:
-            progress(min(1.0, (start + len(index)) / max(len(order), 1)), f"cached {start + len(index)}/{len(order)}")
-    return batches
+    return for_texts(handle, texts, layer, batch_size=batch_size, progress=progress, keep_final_all=keep_final)
 
 
 def run_suffix(handle, batch: SuffixBatch, added: torch.Tensor | None) -> torch.Tensor:
     """Final residual (before the final norm) at the last position after adding ``added`` to block L's output.
 
     ``added``: (hidden,) added at every position, or (rows, hidden) per row,
-    or None.  Gradients flow to ``added`` when it requires them; the model's
-    weights are frozen.  Holds the model lock (another session's hooks must
-    not fire on these calls).
+    or None.  Gradients flow to ``added`` when it requires them.
     """
-    arch = handle.arch
-    h = batch.hidden
-    if added is not None:
-        add = added.to(h.device, h.dtype)
-        h = h + (add.unsqueeze(1) if add.ndim == 2 else add)
-    with handle.lock:
-        for i in range(batch.layer + 1, arch.num_layers):
-            args, kwargs = batch.calls[i]
-            out = arch.layers[i](h, *args, **kwargs)
-            h = out[0] if isinstance(out, tuple) else out
-    return h[:, -1, :].float()
+    return batch.final(added)
 
 
 def logits_of(handle, final_residual: torch.Tensor) -> torch.Tensor:
@@ -317,7 +215,6 @@ def constrain_vector(handle, vector, layer: int | None = None, alpha: float = 1.
     the report has before/after max |Δlogit|, KL, top offending tokens, the
     cosine to the original and the loss per step.
     """
-    from ..model.analysis import NEUTRAL_PROMPTS
     from ..vector import SteeringVector
 
     if isinstance(vector, SteeringVector):
@@ -332,7 +229,7 @@ def constrain_vector(handle, vector, layer: int | None = None, alpha: float = 1.
     norm = float(original.norm())
     if norm == 0:
         raise ValueError("the vector is all zeros: nothing to constrain")
-    alpha_raw = float(alpha) * (handle.relative_scale(layer) if relative else norm)
+    alpha_raw = float(alpha) * (relative_scale(handle, layer) if relative else norm)
     prompts = list(prompts or NEUTRAL_PROMPTS)
     batches = cache_prefix(handle, prompts, layer)
     target = original / norm

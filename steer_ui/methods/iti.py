@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from ..data import Dataset, DatasetError, split_indices
-from ..model.capture import head_geometry, out_projection, out_projection_weight
-from ..model.hooks import POSITIONS, SteeringError, StepState
+from ..model.capture import head_geometry, out_projection_weight
+from ..model.hooks import HeadSteer, SteeringError, StepState
 from ..vector import SteeringVector
 from .base import Progress, setting, settings_dict, static_steers
 from .common import (KL_BOUND, SWEEP_PROMPTS, TEST_FRACTION, Timer, alpha_range_from_kl, auroc, check_binary, clean,
@@ -118,66 +118,6 @@ def score_heads(heads: torch.Tensor, chosen: Sequence[tuple[int, int]], shifts: 
 
 
 # ------------------------------------------------------------------ intervention
-class HeadSteer:
-    """Adds ``alpha[row] · shift`` to the o_proj input of each listed layer (an extension for ``steering()``).
-
-    ``shifts``: {layer: (heads · head_dim) tensor}.  ``alpha``: a number or one per batch row.
-    """
-
-    def __init__(self, shifts: dict[int, torch.Tensor], alpha: Any = 1.0, positions: str = "all"):
-        if positions not in POSITIONS:
-            raise SteeringError(f"positions must be one of {POSITIONS}, got '{positions}'")
-        alpha_t = torch.as_tensor(alpha, dtype=torch.float32).reshape(-1)
-        if not torch.isfinite(alpha_t).all():
-            raise SteeringError(f"alpha must be a finite number, got {alpha!r}")
-        self.shifts = {int(k): torch.as_tensor(v).float().reshape(-1) for k, v in shifts.items()}
-        self.alpha = alpha_t
-        self.positions = positions
-
-    @property
-    def layer(self) -> int:
-        return min(self.shifts)
-
-    @property
-    def scalar_alpha(self) -> torch.Tensor:
-        return self.alpha.reshape(-1)[0]
-
-    def with_alpha(self, alpha) -> "HeadSteer":
-        return HeadSteer(self.shifts, alpha, self.positions)
-
-    def install(self, handle, state: StepState) -> list:
-        removers = []
-        for layer, shift in self.shifts.items():
-            if not 0 <= layer < handle.arch.num_layers:
-                raise SteeringError(f"ITI head at layer {layer}, but the model has layers 0..{handle.arch.num_layers - 1}")
-            module = out_projection(handle, layer)
-            width = module.weight.shape[0] if type(module).__name__ == "Conv1D" else module.weight.shape[1]
-            if shift.numel() != width:
-                raise SteeringError(f"ITI shift for layer {layer} has {shift.numel()} values but the attention "
-                                    f"output projection takes {width}")
-            removers.append(module.register_forward_pre_hook(self._hook(shift, state)))
-        return removers
-
-    def _hook(self, shift: torch.Tensor, state: StepState):
-        alpha = self.alpha
-        positions = self.positions
-
-        def hook(_module, args):
-            x = args[0]
-            rows, seq, _ = x.shape
-            if alpha.numel() not in (1, rows):
-                raise SteeringError(f"{alpha.numel()} alphas given for a batch of {rows} rows")
-            a = alpha.to(device=x.device, dtype=x.dtype).expand(rows).reshape(rows, 1, 1)
-            add = a * shift.to(device=x.device, dtype=x.dtype)
-            mask = state.position_mask(seq, positions, x.device)
-            if mask is not None:
-                add = add * mask.to(x.dtype)
-            return (x + add,) + tuple(args[1:])
-
-        hook._steer_ui = True
-        return hook
-
-
 def shifts_of(vector) -> tuple[list[tuple[int, int]], torch.Tensor, int]:
     """(chosen heads, (K, head_dim) shifts, num_heads) stored in an ITI vector."""
     if HEADS not in vector.extras or SHIFTS not in vector.extras:

@@ -3,16 +3,13 @@
 Everything returns pandas DataFrames (or small dataclasses of them) so the
 plots and the CLI read the same numbers.
 
-The slider's fast path: steering at block L leaves blocks 0..L untouched, so
-for one prompt we run the model once, keep the output of block L and the
-arguments every later block was called with (masks, rotary tables), and for
-each new α only re-run blocks L+1.. on ``h_L + α·v``, then unembed the last
-position alone.
+The slider's fast path is the frozen-prefix engine (:mod:`.prefix`): steering
+at block L leaves blocks 0..L untouched, so a prompt runs once up to block L
+(:func:`prefix_state` keeps a few of them) and each new α re-runs only blocks
+L+1.. on ``h_L + α·v``, then unembeds the last position alone.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
@@ -22,158 +19,23 @@ import torch
 
 from .architecture import argmax_last, topk_last
 from .generation import encode_prompt
-from .hooks import Steer, StepState, steering, validate
-
-NEUTRAL_PROMPTS = (
-    "The weather today is mild, with a light breeze from the west.",
-    "She opened the book and began to read the first chapter aloud.",
-    "Water boils at one hundred degrees Celsius at sea level.",
-    "The train to the city leaves every hour from platform two.",
-    "He wrote a short letter to his friend about the summer holidays.",
-    "Many people enjoy walking in the park on Sunday mornings.",
-)
-
-
-# --------------------------------------------------------------------- norms
-def measure_layer_norms(handle, prompts: Sequence[str] = NEUTRAL_PROMPTS) -> list[float]:
-    """Mean L2 norm of the residual stream at each block output over neutral prompts.
-
-    The first position (BOS, often an outlier with a huge norm) is excluded.
-    Cached on disk per model (real models only) since it is used for every
-    relative α.
-    """
-    from .loading import cache_root
-
-    key = None
-    if not handle.model_id.startswith(("tiny:", "in-memory")):
-        digest = hashlib.sha256(f"{handle.model_id}|{handle.arch.num_layers}|{handle.arch.hidden_size}|"
-                                f"{handle.dtype}".encode()).hexdigest()[:16]
-        key = cache_root() / "norms" / f"{digest}.json"
-        if key.is_file():
-            try:
-                norms = json.loads(key.read_text())["norms"]
-                if len(norms) == handle.arch.num_layers:
-                    return norms
-            except (ValueError, KeyError):
-                pass
-    sums = [0.0] * handle.arch.num_layers
-    count = 0
-    outputs: dict[int, torch.Tensor] = {}
-
-    def grab(i):
-        def hook(_m, _inp, out):
-            outputs[i] = (out[0] if isinstance(out, tuple) else out).detach()
-        return hook
-
-    with handle.lock, torch.inference_mode():
-        removers = [layer.register_forward_hook(grab(i)) for i, layer in enumerate(handle.arch.layers)]
-        try:
-            for p in prompts:
-                ids = encode_prompt(handle, p).to(handle.input_device)
-                handle.model.base_model(input_ids=ids, use_cache=False)
-                n = ids.shape[1] - 1
-                for i in range(handle.arch.num_layers):
-                    sums[i] += float(outputs[i][0, 1:].float().norm(dim=-1).sum())
-                count += n
-        finally:
-            for r in removers:
-                r.remove()
-    norms = [s / max(count, 1) for s in sums]
-    if key is not None:
-        key.parent.mkdir(parents=True, exist_ok=True)
-        tmp = key.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"model_id": handle.model_id, "norms": norms}))
-        tmp.replace(key)
-    return norms
-
-
-def to_raw_alpha(handle, alpha: float, layer: int, relative: bool) -> float:
-    """α in raw units: relative α is a fraction of the layer's mean residual norm."""
-    return float(alpha) * handle.relative_scale(layer) if relative else float(alpha)
+from .hooks import Steer, StepState, steering
+from .prefix import Prefix, for_prompt
 
 
 # ----------------------------------------------------------------- fast path
-class PrefixState:
-    """A prompt run once up to block ``layer``; later blocks re-run per α."""
-
-    def __init__(self, handle, prompt: str, layer: int):
-        self.handle, self.prompt, self.layer = handle, prompt, layer
-        arch = handle.arch
-        ids = encode_prompt(handle, prompt).to(handle.input_device)
-        self.ids = ids
-        self.calls: dict[int, tuple] = {}
-        self.context: dict[int, torch.Tensor] = {}
-        self.block_out: torch.Tensor | None = None
-
-        def pre(i):
-            def hook(_m, args, kwargs):
-                self.calls[i] = (args[1:], dict(kwargs))
-            return hook
-
-        def post(i):
-            def hook(_m, _inp, out):
-                h = out[0] if isinstance(out, tuple) else out
-                self.context[i] = h[:, -1, :].detach()
-                if i == layer:
-                    self.block_out = h.detach()
-            return hook
-
-        with handle.lock, torch.inference_mode():
-            removers = []
-            try:
-                for i, block in enumerate(arch.layers):
-                    if i > layer:
-                        removers.append(block.register_forward_pre_hook(pre(i), with_kwargs=True))
-                    else:
-                        removers.append(block.register_forward_hook(post(i)))
-                out = handle.model.base_model(input_ids=ids, use_cache=False)
-                self.unsteered_logits = arch.logits(out.last_hidden_state[:, -1, :]).cpu()[0]
-            finally:
-                for r in removers:
-                    r.remove()
-
-    def logits(self, steers: Sequence[Steer], rows: int) -> torch.Tensor:
-        """Last-position logits (rows, vocab) with ``steers`` (per-row α allowed) applied."""
-        handle, arch = self.handle, self.handle.arch
-        validate(steers, arch.num_layers, arch.hidden_size)
-        here = [s for s in steers if s.layer == self.layer]
-        later = [s for s in steers if s.layer > self.layer]
-        if any(s.layer < self.layer for s in steers):
-            raise ValueError("prefix cached above a steered layer")
-        state = StepState(prompt_len=None)
-        with torch.inference_mode(), steering(handle, later, state):
-            state.context = {i: c.expand(rows, -1) for i, c in self.context.items()}
-            h = self.block_out.expand(rows, -1, -1)
-            for s in here:  # block `layer` itself is not re-run: apply its steer by hand
-                if s.positions == "generated":
-                    continue
-                if s.fn is not None:
-                    vec = s.fn(state.context[s.context_layer].float()).to(h.dtype).unsqueeze(1)
-                    state.fn_calls += 1
-                    state.input_vectors[id(s)] = vec.squeeze(1)
-                else:
-                    vec = s.vector_on(h.device, h.dtype)
-                h = h + s.alpha_for(rows, h.device, h.dtype) * vec
-            for i in range(self.layer + 1, arch.num_layers):
-                args, kwargs = self.calls[i]
-                out = arch.layers[i](h, *args, **kwargs)
-                h = out[0] if isinstance(out, tuple) else out
-            normed = arch.final_hidden(h[:, -1:, :])[:, -1, :]
-            return arch.logits(normed).cpu()
-
-
 _PREFIX_LRU_SIZE = 8
 
 
-def prefix_state(handle, prompt: str, layer: int) -> PrefixState:
-    """A shared LRU of prefix states per (prompt, layer)."""
+def prefix_state(handle, prompt: str, layer: int) -> Prefix:
+    """The prompt's frozen prefix at ``layer``, from a shared LRU per (prompt, layer)."""
     lru = handle.__dict__.setdefault("_prefix_lru", OrderedDict())
     key = (prompt, layer)
     with handle.lock:
         if key in lru:
             lru.move_to_end(key)
             return lru[key]
-        st = PrefixState(handle, prompt, layer)
+        st = for_prompt(handle, prompt, layer)
         lru[key] = st
         while len(lru) > _PREFIX_LRU_SIZE:
             lru.popitem(last=False)
@@ -224,11 +86,6 @@ class NextTokenView:
             "promoted": self.promoted[["token", "delta_logit"]].to_dict("records"),
             "suppressed": self.suppressed[["token", "delta_logit"]].to_dict("records"),
         }
-
-    def bars(self) -> pd.DataFrame:
-        """Long frame for grouped bars: the union of both top-k lists, with both probabilities."""
-        tokens = list(dict.fromkeys(list(self.unsteered.token) + list(self.steered.token)))
-        return pd.DataFrame({"token": tokens})
 
 
 def _topk(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -297,7 +154,7 @@ class AlphaGrid:
             chunk = self.alphas[start:start + batch]
             logits = self.state.logits([steer.with_alpha(torch.tensor(chunk))], rows=len(chunk))
             for a, row in zip(chunk, logits):
-                self.views[a] = compare_logits(handle, self.state.unsteered_logits, row, top_k)
+                self.views[a] = compare_logits(handle, self.state.unsteered_logits[0], row, top_k)
 
     def nearest(self, alpha: float) -> tuple[float, NextTokenView]:
         """The grid point closest to ``alpha`` and its view (for a slider that snaps to the grid)."""
@@ -313,7 +170,7 @@ class AlphaGrid:
             return found
         if alpha not in self.views:
             logits = self.state.logits([self.steer.with_alpha(alpha)], rows=1)[0]
-            self.views[alpha] = compare_logits(self.handle, self.state.unsteered_logits, logits, self.top_k)
+            self.views[alpha] = compare_logits(self.handle, self.state.unsteered_logits[0], logits, self.top_k)
         return self.views[alpha]
 
 
@@ -329,7 +186,7 @@ def next_token(handle, prompt: str, steers: Sequence[Steer], top_k: int = 10, fa
     if ok:
         st = prefix_state(handle, prompt, layer)
         steered = st.logits(steers, rows=1)[0]
-        unsteered = st.unsteered_logits
+        unsteered = st.unsteered_logits[0]
     else:
         unsteered = naive_logits(handle, prompt, [])[0]
         steered = naive_logits(handle, prompt, steers)[0] if steers else unsteered
@@ -343,7 +200,7 @@ def sweep(handle, prompt: str, vector: torch.Tensor, layer: int, alphas: Sequenc
     st = prefix_state(handle, prompt, layer)
     steer = Steer(layer=layer, vector=vector, alpha=torch.tensor(alphas), positions=positions)
     logits = st.logits([steer], rows=len(alphas))
-    base = st.unsteered_logits.unsqueeze(0)
+    base = st.unsteered_logits[:1]
     lu, ls = base.log_softmax(-1), logits.log_softmax(-1)
     top1 = ls.argmax(-1)
     frame = pd.DataFrame({

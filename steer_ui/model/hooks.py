@@ -11,8 +11,16 @@ A :class:`Steer` adds ``alpha[row] * v`` there.  ``alpha`` may differ per batch
 row, so the unsteered (α = 0) and steered rows of a side-by-side generation
 share every forward pass.  ``v`` is either fixed or computed per row by a
 callable from the last prompt token's activation at a context layer L′ (input
--dependent steering, L2S).  Hooks only exist inside :func:`steering`, which
-holds the model lock and removes them in ``finally``.
+-dependent steering, L2S).  A :class:`HeadSteer` adds ``alpha[row] * shift``
+to chosen attention heads' outputs instead (ITI's site, the input of a block's
+attention output projection).
+
+:func:`apply_steers` is the one place a residual steer is added: the forward
+hook calls it, and so does the frozen-prefix engine (:mod:`.prefix`) for the
+block whose output it keeps instead of re-running.  Hooks only exist inside
+:func:`steering`, which holds the model lock, tracks every hook the moment it
+is registered and removes them all in ``finally``, even when an intervention
+fails half-way through installing.
 """
 from __future__ import annotations
 
@@ -22,11 +30,34 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .capture import out_projection
+
 POSITIONS = ("all", "prompt", "generated")
 
 
 class SteeringError(ValueError):
     """A steering request that cannot be applied to this model."""
+
+
+def _check_positions(positions: str) -> str:
+    if positions not in POSITIONS:
+        raise SteeringError(f"positions must be one of {POSITIONS}, got '{positions}'")
+    return positions
+
+
+def _as_alpha(alpha) -> torch.Tensor:
+    """α as a flat float32 tensor (one value, or one per batch row), refused unless finite."""
+    out = torch.as_tensor(alpha, dtype=torch.float32).reshape(-1)
+    if not torch.isfinite(out).all():
+        raise SteeringError(f"alpha must be a finite number, got {alpha!r}")
+    return out
+
+
+def _alpha_rows(alpha: torch.Tensor, rows: int, device, dtype) -> torch.Tensor:
+    """(rows, 1, 1) α per batch row from one α or one per row."""
+    if alpha.numel() not in (1, rows):
+        raise SteeringError(f"{alpha.numel()} alphas given for a batch of {rows} rows")
+    return alpha.to(device=device, dtype=dtype).expand(rows).reshape(rows, 1, 1)
 
 
 @dataclass
@@ -51,16 +82,12 @@ class Steer:
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.positions not in POSITIONS:
-            raise SteeringError(f"positions must be one of {POSITIONS}, got '{self.positions}'")
+        _check_positions(self.positions)
         if (self.vector is None) == (self.fn is None):
             raise SteeringError("a Steer needs exactly one of a vector or an input-dependent fn")
         if self.fn is not None and self.context_layer is None:
             raise SteeringError("an input-dependent Steer needs context_layer")
-        alpha = torch.as_tensor(self.alpha, dtype=torch.float32).reshape(-1)
-        if not torch.isfinite(alpha).all():
-            raise SteeringError(f"alpha must be a finite number, got {self.alpha!r}")
-        self.alpha = alpha
+        self.alpha = _as_alpha(self.alpha)
         if self.vector is not None:
             self.vector = torch.as_tensor(self.vector).detach().float().reshape(-1)
             if not torch.isfinite(self.vector).all():
@@ -76,12 +103,9 @@ class Steer:
         return self.alpha.reshape(-1)[0]
 
     def alpha_for(self, rows: int, device, dtype) -> torch.Tensor:
-        a = self.alpha
-        if a.numel() not in (1, rows):
-            raise SteeringError(f"{a.numel()} alphas given for a batch of {rows} rows")
         key = ("alpha", rows, device, dtype)
         if key not in self._cache:
-            self._cache[key] = a.to(device=device, dtype=dtype).expand(rows).reshape(rows, 1, 1)
+            self._cache[key] = _alpha_rows(self.alpha, rows, device, dtype)
         return self._cache[key]
 
     def vector_on(self, device, dtype) -> torch.Tensor:
@@ -116,6 +140,24 @@ class StepState:
         keep = is_prompt if positions == "prompt" else ~is_prompt
         return keep.reshape(1, seq_len, 1)
 
+    def touches(self, seq_len: int, positions: str) -> bool:
+        """Whether this pass holds any position of the kind ``positions`` (decided on the host, no device sync).
+
+        At prefill every position is a prompt position, so a generated-only
+        steer touches nothing there; while decoding, a prompt-only one does not.
+        """
+        if positions == "all":
+            return True
+        boundary = self.prompt_len if self.prompt_len is not None else self.offset + seq_len
+        if positions == "prompt":
+            return boundary > self.offset
+        return boundary < self.offset + seq_len
+
+    def masked(self, add: torch.Tensor, seq_len: int, positions: str) -> torch.Tensor:
+        """``add`` (rows or 1, seq or 1, width) zeroed at the positions ``positions`` leaves alone."""
+        mask = self.position_mask(seq_len, positions, add.device)
+        return add if mask is None else add * mask.to(add.dtype)
+
 
 def _output_tensor(output):
     return output[0] if isinstance(output, tuple) else output
@@ -127,37 +169,56 @@ def _replace_output(output, hidden):
     return hidden
 
 
+def _input_vector(s: Steer, state: StepState, like: torch.Tensor) -> torch.Tensor:
+    """(rows, 1, width) vector of an input-dependent steer: ``fn`` of its context, once per prompt."""
+    key = id(s)
+    if key not in state.input_vectors:
+        if s.context_layer not in state.context:
+            raise SteeringError(
+                f"input-dependent vector at layer {s.layer} needs the context activation of layer "
+                f"{s.context_layer}, which comes later in the forward pass; use a context layer <= "
+                f"{s.layer} or steer generated positions only"
+            )
+        context = state.context[s.context_layer]
+        state.fn_calls += 1
+        vec = s.fn(context.float())
+        if vec.shape != (context.shape[0], like.shape[-1]):
+            raise SteeringError(f"input-dependent vector has shape {tuple(vec.shape)}")
+        state.input_vectors[key] = vec.detach()
+    return state.input_vectors[key].to(device=like.device, dtype=like.dtype).unsqueeze(1)
+
+
+def apply_steers(steers: Sequence[Steer], state: StepState, hidden: torch.Tensor) -> torch.Tensor:
+    """``hidden`` (rows, seq, width), a block's output, plus each steer's ``α · v`` at the positions it steers.
+
+    The one place a residual steer is added (the forward hook and the
+    frozen-prefix engine both call it).  A steer whose positions this pass
+    does not hold is skipped before its vector is looked at: a generated-only
+    input-dependent steer at prefill adds nothing, so its context layer may
+    come later in the pass (the context is recorded, unsteered, at prefill and
+    the vector computed at the first generated token).  An input-dependent
+    vector is still computed as soon as its context is known, so the decode
+    loop knows the steered direction from the start.
+    """
+    rows, seq, _ = hidden.shape
+    total = None
+    for s in steers:
+        touches = state.touches(seq, s.positions)
+        if s.fn is not None and (touches or s.context_layer in state.context):
+            vec = _input_vector(s, state, hidden)
+        if not touches:
+            continue
+        if s.fn is None:
+            vec = s.vector_on(hidden.device, hidden.dtype)
+        add = state.masked(s.alpha_for(rows, hidden.device, hidden.dtype) * vec, seq, s.positions)
+        total = add if total is None else total + add
+    return hidden if total is None else hidden + total
+
+
 def _make_steer_hook(steers: list[Steer], state: StepState):
     def hook(_module, _inputs, output):
-        hidden = _output_tensor(output)
-        rows, seq, _ = hidden.shape
-        total = None
-        for s in steers:
-            if s.fn is not None:
-                key = id(s)
-                if key not in state.input_vectors:
-                    if s.context_layer not in state.context:
-                        raise SteeringError(
-                            f"input-dependent vector at layer {s.layer} needs the context activation of layer "
-                            f"{s.context_layer}, which comes later in the forward pass; use a context layer <= "
-                            f"{s.layer} or steer generated positions only"
-                        )
-                    state.fn_calls += 1
-                    vec = s.fn(state.context[s.context_layer].float())
-                    if vec.shape != (state.context[s.context_layer].shape[0], hidden.shape[-1]):
-                        raise SteeringError(f"input-dependent vector has shape {tuple(vec.shape)}")
-                    state.input_vectors[key] = vec.detach()
-                vec = state.input_vectors[key].to(device=hidden.device, dtype=hidden.dtype).unsqueeze(1)
-            else:
-                vec = s.vector_on(hidden.device, hidden.dtype)
-            add = s.alpha_for(rows, hidden.device, hidden.dtype) * vec
-            mask = state.position_mask(seq, s.positions, hidden.device)
-            if mask is not None:
-                add = add * mask.to(hidden.dtype)
-            total = add if total is None else total + add
-        return _replace_output(output, hidden + total)
+        return _replace_output(output, apply_steers(steers, state, _output_tensor(output)))
 
-    hook._steer_ui = True
     return hook
 
 
@@ -168,8 +229,83 @@ def _make_context_hook(layer: int, state: StepState):
             last = (state.prompt_len or hidden.shape[1]) - 1
             state.context[layer] = hidden[:, last, :].detach()
 
-    hook._steer_ui = True
     return hook
+
+
+class HeadSteer:
+    """Adds ``alpha[row] · shift`` to the input of each listed block's attention output projection (ITI).
+
+    That input is the per-head attention outputs concatenated, so a shift
+    that is zero outside some heads' slices steers those heads only.
+    ``shifts``: {layer: (heads · head_dim) tensor}.  ``alpha``: a number or
+    one per batch row.  ``positions`` as for :class:`Steer`.
+    """
+
+    def __init__(self, shifts: dict[int, torch.Tensor], alpha=1.0, positions: str = "all"):
+        self.positions = _check_positions(positions)
+        self.alpha = _as_alpha(alpha)
+        self.shifts = {int(k): torch.as_tensor(v).float().reshape(-1) for k, v in shifts.items()}
+
+    @property
+    def layer(self) -> int:
+        return min(self.shifts)
+
+    @property
+    def scalar_alpha(self) -> torch.Tensor:
+        return self.alpha.reshape(-1)[0]
+
+    def with_alpha(self, alpha) -> "HeadSteer":
+        return HeadSteer(self.shifts, alpha, self.positions)
+
+    def install(self, handle, state: StepState, hooks: "Installed") -> None:
+        """Register one pre-hook per layer through ``hooks`` (so a refusal half-way leaves none behind)."""
+        for layer, shift in self.shifts.items():
+            if not 0 <= layer < handle.arch.num_layers:
+                raise SteeringError(f"ITI head at layer {layer}, but the model has layers "
+                                    f"0..{handle.arch.num_layers - 1}")
+            module = out_projection(handle, layer)
+            width = module.weight.shape[0] if type(module).__name__ == "Conv1D" else module.weight.shape[1]
+            if shift.numel() != width:
+                raise SteeringError(f"ITI shift for layer {layer} has {shift.numel()} values but the attention "
+                                    f"output projection takes {width}")
+            hooks.before(module, self._hook(shift, state))
+
+    def _hook(self, shift: torch.Tensor, state: StepState):
+        alpha, positions = self.alpha, self.positions
+
+        def hook(_module, args):
+            x = args[0]
+            rows, seq, _ = x.shape
+            if not state.touches(seq, positions):
+                return None
+            add = _alpha_rows(alpha, rows, x.device, x.dtype) * shift.to(device=x.device, dtype=x.dtype)
+            return (x + state.masked(add, seq, positions),) + tuple(args[1:])
+
+        return hook
+
+
+class Installed:
+    """The hooks of one :func:`steering` block, each tracked the moment it is registered.
+
+    Interventions register through it (``after`` for forward hooks, ``before``
+    for forward pre-hooks), so whatever fails later, :meth:`remove_all`
+    finds every hook; each is marked for :func:`hook_count`.
+    """
+
+    def __init__(self) -> None:
+        self._removers: list = []
+
+    def after(self, module: torch.nn.Module, fn) -> None:
+        fn._steer_ui = True
+        self._removers.append(module.register_forward_hook(fn))
+
+    def before(self, module: torch.nn.Module, fn) -> None:
+        fn._steer_ui = True
+        self._removers.append(module.register_forward_pre_hook(fn))
+
+    def remove_all(self) -> None:
+        while self._removers:
+            self._removers.pop().remove()
 
 
 def validate(steers: Sequence[Steer], num_layers: int, hidden_size: int) -> None:
@@ -193,39 +329,40 @@ def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = Non
     Holds ``handle.lock`` throughout; hooks are removed in ``finally`` so an
     exception anywhere inside leaves the model clean.
 
-    Besides :class:`Steer`, any object with ``install(handle, state) -> list of
-    removable handles`` and ``with_alpha(alpha)`` may be passed (e.g. ITI's
-    per-head interventions); its hooks are removed the same way.
+    Besides :class:`Steer`, any object with ``install(handle, state, hooks)``
+    (registering through ``hooks``, an :class:`Installed`) and
+    ``with_alpha(alpha)`` may be passed, e.g. :class:`HeadSteer`; its hooks
+    are removed the same way, also when its ``install`` raises half-way.
     """
     state = state or StepState()
     arch = handle.arch
     validate(steers, arch.num_layers, arch.hidden_size)
     with handle.lock:
-        removers = []
+        hooks = Installed()
         try:
             by_layer: dict[int, list[Steer]] = {}
             for s in steers:
                 if isinstance(s, Steer):
                     by_layer.setdefault(s.layer, []).append(s)
                 else:
-                    removers.extend(s.install(handle, state))
+                    s.install(handle, state, hooks)
             context_layers = {s.context_layer for s in steers if isinstance(s, Steer) and s.fn is not None}
             # Context hooks first so a context layer equal to the steered layer sees the unsteered activation.
             for layer in sorted(context_layers):
-                removers.append(arch.layers[layer].register_forward_hook(_make_context_hook(layer, state)))
+                hooks.after(arch.layers[layer], _make_context_hook(layer, state))
             for layer, group in by_layer.items():
-                removers.append(arch.layers[layer].register_forward_hook(_make_steer_hook(group, state)))
+                hooks.after(arch.layers[layer], _make_steer_hook(group, state))
             yield state
         finally:
-            for h in removers:
-                h.remove()
+            hooks.remove_all()
 
 
 def hook_count(handle) -> int:
     """How many of our hooks are installed anywhere in the model (0 outside :func:`steering`).
 
     transformers installs output-recording hooks of its own; those are not counted.
-    Extensions mark their hook functions with ``_steer_ui = True`` to be counted.
+    Hooks registered through :class:`Installed` (and :mod:`.capture`'s and
+    :mod:`.prefix`'s) carry ``_steer_ui = True`` and are.
     """
     count = 0
     for module in handle.model.modules():

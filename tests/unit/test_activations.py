@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from steer_ui.data import Dataset, DatasetError
-from steer_ui.data.activations import extract, extract_texts, head_geometry, render
+from steer_ui.data.activations import extract, extract_texts, render
+from steer_ui.model.capture import head_geometry
 
 PROMPTS = ["", "Hello there", "Q: what is it?", ""]
 COMPLETIONS = ["The cat sat on the mat.", "friend, how are you doing today?", "A: a fish", "x"]

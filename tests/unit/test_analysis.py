@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from steer_ui.model.analysis import (
-    PrefixState, naive_logits, next_token, score_answer, sweep, to_raw_alpha, vocab_projection,
-)
+from steer_ui.model.analysis import naive_logits, next_token, score_answer, sweep, vocab_projection
 from steer_ui.model.hooks import Steer
+from steer_ui.model.prefix import for_prompt
+from steer_ui.model.units import to_raw_alpha
 from steer_ui.tiny import FAMILIES
 
 
@@ -14,7 +14,7 @@ def test_fast_path_equals_full_forward(tiny, family):
     v = torch.randn(64)
     for layer in (0, 2, 3):
         steers = [Steer(layer=layer, vector=v, alpha=3.0)]
-        fast = PrefixState(handle, "The fast path", layer).logits(steers, rows=1)[0]
+        fast = for_prompt(handle, "The fast path", layer).logits(steers, rows=1)[0]
         slow = naive_logits(handle, "The fast path", steers)[0]
         torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
 
@@ -25,7 +25,7 @@ def test_fast_path_with_two_layers_and_input_dependent(tiny):
     w = torch.randn(64, 64) * 0.05
     steers = [Steer(layer=1, vector=v1, alpha=2.0), Steer(layer=3, vector=v2, alpha=-1.0),
               Steer(layer=2, fn=lambda h: h @ w, context_layer=1, alpha=1.0)]
-    fast = PrefixState(handle, "two layers", 1).logits(steers, rows=1)[0]
+    fast = for_prompt(handle, "two layers", 1).logits(steers, rows=1)[0]
     slow = naive_logits(handle, "two layers", steers)[0]
     torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
 

@@ -6,6 +6,7 @@ import torch
 
 from steer_ui.methods import constraints as C
 from steer_ui.model.hooks import Steer, StepState, steering
+from steer_ui.model.units import relative_scale
 
 TEXTS = ["hello there", "a much longer sentence, with commas", "xy", "the cat sat on the mat"]
 
@@ -135,7 +136,7 @@ def test_constrain_vector_lowers_max_delta_logit_on_an_aligned_row():
     h, token, row = _aligned_handle()
     layer = 2
     vec = row / row.norm()
-    alpha = 3.0 * h.relative_scale(layer)
+    alpha = 3.0 * relative_scale(h, layer)
     view_before = C.measure_delta(h, C.cache_prefix(h, list(C_PROMPTS), layer), alpha * vec)
     assert view_before["max_abs_delta_logit"] > 6.0  # the explosion the constraint must fix
     assert view_before["top_tokens"][0]["token_id"] == token

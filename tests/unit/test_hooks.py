@@ -97,7 +97,7 @@ def test_exception_mid_generation_leaves_no_hook(tiny):
     steer = Steer(layer=1, vector=torch.randn(64), alpha=1.0)
     stream = stream_side_by_side(handle, "boom", [steer], Sampling(max_new_tokens=10))
     next(stream)
-    assert hook_count(handle) == 1  # installed while the stream is live
+    assert hook_count(handle) == 2  # the steer and the last-block reader of the direct Δlogit, while live
     with pytest.raises(RuntimeError):
         stream.throw(RuntimeError("client went away"))
     assert hook_count(handle) == 0
@@ -130,3 +130,49 @@ def test_input_dependent_needs_earlier_context_for_prompt_positions(tiny):
     with pytest.raises(SteeringError, match="context"):
         naive_logits(handle, "x y", [steer])
     assert hook_count(handle) == 0
+
+
+def test_head_steer_refused_half_way_leaves_no_hook(tiny):
+    """An ITI table naming a missing layer after a valid one: the valid layer's hook is removed too."""
+    from steer_ui.model.capture import site_width
+    from steer_ui.model.hooks import HeadSteer
+
+    handle = tiny("llama")
+    width = site_width(handle, "heads")
+    clean = naive_logits(handle, "heads", [])
+    steer = HeadSteer({0: torch.ones(width), 9: torch.ones(width)}, alpha=5.0)  # layer 0 installs first
+    with pytest.raises(SteeringError, match="layer 9"):
+        naive_logits(handle, "heads", [steer])
+    assert hook_count(handle) == 0
+    torch.testing.assert_close(naive_logits(handle, "heads", []), clean, atol=0, rtol=0)
+    # the same table without the bad layer does steer (so the refusal above was not a no-op by accident)
+    assert not torch.allclose(naive_logits(handle, "heads", [HeadSteer({0: torch.ones(width)}, alpha=5.0)]), clean)
+
+
+def test_generated_only_input_dependent_steer_with_later_context(tiny):
+    """L2S with its context layer above the steering layer: prefill untouched, steering from the first generated token."""
+    handle = tiny("llama")
+    prompt, layer, context_layer = "late context", 0, 2  # hidden_states[3] is block 2's output (not the last)
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    seen = []
+
+    def g(h):
+        seen.append(h.clone())
+        return h @ w
+
+    steer = Steer(layer=layer, fn=g, context_layer=context_layer, alpha=50.0, positions="generated")
+    events = list(stream_side_by_side(handle, prompt, [steer], Sampling(max_new_tokens=3, stop_at_eos=False)))
+    assert hook_count(handle) == 0 and len(events) == 3
+    first_u, first_s = events[0].unsteered, events[0].steered
+    # prefill logits untouched: the first token and its distribution are the unsteered ones
+    assert first_s.token_id == first_u.token_id and first_s.logprob == pytest.approx(first_u.logprob, abs=1e-6)
+    assert first_s.delta_logit == pytest.approx(0.0, abs=1e-5)
+    # the context is the unsteered last prompt token at the context layer, read once for all rows
+    ids = handle.tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        hidden = handle.model(input_ids=ids, output_hidden_states=True).hidden_states[context_layer + 1]
+    assert len(seen) == 1 and torch.allclose(seen[0][0], hidden[0, -1], atol=1e-5)
+    # the logits at the first generated token are steered: Δlogit against the unsteered model on the same tokens
+    second = events[1].steered
+    assert abs(second.delta_logit) > 1e-2
+    assert second.direct_delta_logit != 0.0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from steer_ui.data import Dataset, DatasetError
-from steer_ui.data.activations import head_geometry, out_projection
+from steer_ui.model.capture import head_geometry, out_projection
 from steer_ui.methods import iti, mean_diff, pca, probe, probe_layers, train
 from steer_ui.methods.common import alpha_range_from_kl, class_separation
 from steer_ui.model.hooks import StepState, hook_count, steering

@@ -1,0 +1,241 @@
+"""The one frozen-prefix engine: run rows once up to block L, then re-run only the blocks above.
+
+Steering at block L leaves blocks 0..L untouched.  :func:`run_prefix` runs a
+batch once and keeps block L's output, the last-position outputs of blocks
+0..L (what input-dependent steers read as context), the unsteered final
+residual, and the arguments every later block was called with (masks, rotary
+tables).  Each further α or vector then costs blocks L+1.. only:
+
+* :meth:`Prefix.logits`: :class:`~.hooks.Steer` s (per-row α allowed) → the
+  last position's logits; the slider's fast path and α sweeps.  The steer at
+  block L itself is added by :func:`~.hooks.apply_steers`, the code the
+  steering hook runs, and steers at later blocks by the hooks themselves.
+* :meth:`Prefix.final`: a plain tensor added to block L's output → the final
+  residual at the last position, with autograd through it (TSV training,
+  :func:`steer_ui.methods.constraints.constrain_vector`).
+
+:func:`for_prompt` builds the one-prompt prefix the slider uses;
+:func:`for_texts` builds left-padded, length-sorted batches of many texts.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from .capture import CaptureError, forward, left_pad, length_batches, recording
+from .generation import encode_prompt
+from .hooks import Steer, StepState, apply_steers, steering, validate
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class Prefix:
+    """Rows run once through the frozen model, ready to re-run the blocks after ``layer``."""
+
+    handle: object = field(repr=False)
+    layer: int
+    hidden: torch.Tensor  # (rows, seq, width): output of block `layer`, unsteered
+    calls: dict[int, tuple[tuple, dict]]  # block i > layer -> (extra args, kwargs) it was called with
+    context: dict[int, torch.Tensor]  # block i <= layer -> (rows, width) its output at the last position
+    final_last: torch.Tensor  # (rows, width) float: unsteered final residual (before the final norm), last position
+    normed_last: torch.Tensor  # (rows, width): the same after the final norm (the model's last hidden state)
+    input_ids: torch.Tensor  # (rows, seq)
+    attention_mask: torch.Tensor | None = None  # (rows, seq), 1 for real tokens (left padding)
+    final_all: torch.Tensor | None = None  # (rows, seq, width): final residual everywhere, when asked for
+    index: list[int] = field(default_factory=list)  # rows of this batch in the caller's list
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def rows(self) -> int:
+        return self.hidden.shape[0]
+
+    @property
+    def layer_last(self) -> torch.Tensor:
+        """(rows, width) float: output of block ``layer`` at the last position, unsteered."""
+        return self.hidden[:, -1, :].float()
+
+    @cached_property
+    def unsteered_logits(self) -> torch.Tensor:
+        """(rows, vocab) next-token logits of the unsteered model, on the CPU (computed once)."""
+        with torch.inference_mode():
+            return self.handle.arch.logits(self.normed_last).cpu()
+
+    def _blocks_above(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Blocks ``layer + 1``.. on ``hidden`` with the recorded arguments; the final residual, every position."""
+        layers = self.handle.arch.layers
+        for i in range(self.layer + 1, len(layers)):
+            args, kwargs = self.calls[i]
+            out = layers[i](hidden, *args, **kwargs)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
+
+    def final(self, added: torch.Tensor | None = None) -> torch.Tensor:
+        """(rows, width) float: the final residual (before the final norm) at the last position.
+
+        ``added``: (width,) added to block L's output at every position, or
+        (rows, width) per row, or None.  Gradients flow to ``added`` when it
+        requires them; the model's weights are frozen.  Holds the model lock
+        (another session's hooks must not fire on these calls).
+        """
+        h = self.hidden
+        if added is not None:
+            add = added.to(h.device, h.dtype)
+            h = h + (add.unsqueeze(1) if add.ndim == 2 else add)
+        with self.handle.lock:
+            h = self._blocks_above(h)
+        return h[:, -1, :].float()
+
+    def logits(self, steers: Sequence[Steer], rows: int | None = None) -> torch.Tensor:
+        """Last-position logits (rows, vocab) on the CPU with ``steers`` applied.
+
+        ``rows``: how many rows to run (α may differ per row); a one-row
+        prefix is broadcast to them.  Every steer must sit at block ``layer``
+        or above; one at ``layer`` must be a residual :class:`Steer`.
+        """
+        handle, arch = self.handle, self.handle.arch
+        rows = self.rows if rows is None else int(rows)
+        validate(steers, arch.num_layers, arch.hidden_size)
+        if any(s.layer < self.layer for s in steers):
+            raise ValueError(f"the prefix is cached at block {self.layer}, above a steered block")
+        here = [s for s in steers if s.layer == self.layer]
+        if not all(isinstance(s, Steer) for s in here):
+            raise ValueError(f"only residual steers can act at the cached block {self.layer}")
+        later = [s for s in steers if s.layer > self.layer]
+        state = StepState(prompt_len=None)
+        with torch.inference_mode(), steering(handle, later, state):
+            state.context.update({i: c.expand(rows, -1) for i, c in self.context.items()})
+            h = apply_steers(here, state, self.hidden.expand(rows, -1, -1))
+            h = self._blocks_above(h)
+            normed = arch.final_hidden(h[:, -1:, :])[:, -1, :]
+            return arch.logits(normed).cpu()
+
+    def select(self, rows: Sequence[int]) -> "Prefix":
+        """The same prefix restricted to some of its rows (positions within this batch)."""
+        rows = list(rows)
+        n = self.rows
+        pick = torch.tensor(rows, dtype=torch.long)
+
+        def cut(x):
+            # batch-major tensors only: a 1-D tensor (e.g. cache positions) is per position, never per row
+            if isinstance(x, torch.Tensor):
+                return x[pick.to(x.device)] if x.ndim >= 2 and x.shape[0] == n and n > 1 else x
+            if isinstance(x, tuple):
+                return tuple(cut(v) for v in x)
+            if isinstance(x, list):
+                return [cut(v) for v in x]
+            if isinstance(x, dict):
+                return {k: cut(v) for k, v in x.items()}
+            return x
+
+        changes = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name not in ("handle", "layer")}
+        changes["index"] = [self.index[r] for r in rows]
+        return replace(self, **changes)
+
+
+@contextmanager
+def _recording_calls(handle, layers: Sequence[int]) -> Iterator[dict[int, tuple[tuple, dict]]]:
+    """Yield a dict that a forward pass fills with the (extra args, kwargs) each of ``layers`` is called with."""
+    calls: dict[int, tuple[tuple, dict]] = {}
+
+    def pre(i):
+        def hook(_m, args, kwargs):
+            calls[i] = (tuple(args[1:]), dict(kwargs))
+        hook._steer_ui = True
+        return hook
+
+    removers = []
+    try:
+        for i in layers:
+            removers.append(handle.arch.layers[i].register_forward_pre_hook(pre(i), with_kwargs=True))
+        yield calls
+    finally:
+        for r in removers:
+            r.remove()
+
+
+def _last(h: torch.Tensor) -> torch.Tensor:
+    # a copy, so the full (rows, seq, width) activation is not kept alive by a view
+    return h[:, -1, :].clone()
+
+
+def run_prefix(handle, input_ids: torch.Tensor, layer: int, attention_mask: torch.Tensor | None = None,
+               position_ids: torch.Tensor | None = None, keep_final_all: bool = False,
+               index: Sequence[int] | None = None) -> Prefix:
+    """Run one (optionally left-padded) batch once through the frozen model and keep what re-running needs.
+
+    Runs under ``torch.no_grad`` rather than inference mode so the cached
+    tensors can take part in autograd later.  ``keep_final_all`` also keeps
+    the unsteered final residual at every position (answer log-probabilities).
+    """
+    n = handle.arch.num_layers
+    layer = int(layer)
+    if not 0 <= layer < n:
+        raise CaptureError(f"layer {layer} does not exist: the model has layers 0..{n - 1}")
+    with handle.lock, torch.no_grad(), \
+            recording(handle, range(layer + 1), reduce=_last) as context, \
+            recording(handle, [layer]) as at_layer, \
+            recording(handle, [n - 1], reduce=None if keep_final_all else _last) as final, \
+            _recording_calls(handle, range(layer + 1, n)) as calls:
+        out = forward(handle, input_ids, attention_mask, position_ids)
+    final_h = final[n - 1]
+    return Prefix(handle=handle, layer=layer, hidden=at_layer[layer], calls=calls, context=dict(context),
+                  final_last=(final_h[:, -1, :] if keep_final_all else final_h).float(),
+                  normed_last=out.last_hidden_state[:, -1, :], input_ids=input_ids, attention_mask=attention_mask,
+                  final_all=final_h if keep_final_all else None,
+                  index=list(index) if index is not None else list(range(input_ids.shape[0])))
+
+
+def for_prompt(handle, prompt: str, layer: int) -> Prefix:
+    """One prompt, unpadded (the slider's fast path); see :func:`steer_ui.model.analysis.prefix_state` for the cache."""
+    return run_prefix(handle, encode_prompt(handle, prompt), layer)
+
+
+def _token_rows(handle, texts: Sequence[str]) -> list[list[int]]:
+    rows = [list(r) for r in handle.tokenizer(list(texts)).input_ids]
+    if any(not r for r in rows):
+        raise ValueError("a text tokenised to nothing")
+    return rows
+
+
+def _pad_id(handle) -> int:
+    pad = handle.tokenizer.pad_token_id
+    return int(pad) if pad is not None else 0
+
+
+def encode_texts(handle, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids) for ``texts``, padded on the left.
+
+    Real tokens get positions 0..n-1 whatever the padding, so a row's
+    activations do not depend on which batch it landed in.
+    """
+    return left_pad(_token_rows(handle, texts), _pad_id(handle))
+
+
+def for_texts(handle, texts: Sequence[str], layer: int, batch_size: int = 16, progress: Progress | None = None,
+              keep_final_all: bool = False) -> list[Prefix]:
+    """One :class:`Prefix` per batch of ``texts`` (batched by token length, so with little padding).
+
+    Each batch's ``index`` lists its rows' positions in ``texts``.
+    """
+    n = handle.arch.num_layers
+    if not 0 <= int(layer) < n:
+        raise CaptureError(f"layer {layer} does not exist: the model has layers 0..{n - 1}")
+    token_rows = _token_rows(handle, texts) if texts else []
+    batches = length_batches([len(r) for r in token_rows], max(1, int(batch_size)), sys.maxsize)
+    out: list[Prefix] = []
+    done = 0
+    for batch in batches:
+        ids, mask, positions = left_pad([token_rows[i] for i in batch], _pad_id(handle))
+        out.append(run_prefix(handle, ids, layer, mask, positions, keep_final_all=keep_final_all, index=batch))
+        done += len(batch)
+        if progress:
+            progress(min(1.0, done / max(len(token_rows), 1)), f"cached {done}/{len(token_rows)}")
+    return out

@@ -1,0 +1,47 @@
+"""The frozen-prefix engine: one prompt or padded batches, Steers or plain additions, no hook left behind."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from steer_ui.model.analysis import naive_logits
+from steer_ui.model.hooks import Steer, hook_count
+from steer_ui.model.prefix import for_prompt, for_texts
+
+TEXTS = ["hello there", "a much longer sentence, with commas", "xy"]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
+def test_padded_batch_logits_equal_each_row_alone(tiny, family):
+    handle = tiny(family)
+    v = torch.randn(handle.arch.hidden_size, generator=torch.Generator().manual_seed(0))
+    (batch,) = for_texts(handle, TEXTS, 1, batch_size=8)
+    alphas = torch.tensor([0.0, 2.0, -3.0])
+    steered = batch.logits([Steer(layer=1, vector=v, alpha=alphas), Steer(layer=2, vector=v, alpha=1.0)])
+    for row, i in enumerate(batch.index):
+        alone = naive_logits(handle, TEXTS[i], [Steer(layer=1, vector=v, alpha=float(alphas[row])),
+                                                Steer(layer=2, vector=v, alpha=1.0)])[0]
+        torch.testing.assert_close(steered[row], alone, atol=1e-4, rtol=1e-4)
+    assert hook_count(handle) == 0
+
+
+def test_one_text_batch_is_the_prompt_prefix(tiny):
+    handle = tiny("qwen2")
+    single, batch = for_prompt(handle, "one engine", 2), for_texts(handle, ["one engine"], 2)[0]
+    assert torch.equal(single.final_last, batch.final_last) and torch.equal(single.hidden, batch.hidden)
+    v = torch.randn(64)
+    torch.testing.assert_close(single.final(v), batch.final(v), atol=0, rtol=0)
+
+
+def test_a_failing_input_dependent_vector_leaves_no_hook(tiny):
+    handle = tiny("llama")
+    prefix = for_prompt(handle, "boom", 1)
+
+    def bad(_h):
+        raise RuntimeError("bad vector function")
+
+    with pytest.raises(RuntimeError, match="bad vector"):
+        prefix.logits([Steer(layer=2, fn=bad, context_layer=1, alpha=1.0)], rows=1)
+    assert hook_count(handle) == 0
+    with pytest.raises(ValueError, match="above a steered block"):
+        prefix.logits([Steer(layer=0, vector=torch.ones(64), alpha=1.0)], rows=1)
