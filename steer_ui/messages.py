@@ -39,6 +39,8 @@ ENGLISH: dict[str, str] = {
     "training_failed": "Training failed: {detail}",
     "unknown_method": "Unknown method '{method}' (choose one of: {known}).",
     "bad_settings": "Settings refused: {detail}",
+    "link_notice": "From the link: {detail}.",
+    "no_steering": "No steering at α = 0: move the slider to see which tokens it promotes and suppresses.",
     "model_switch_off": "Changing the model is switched off on this server: the administrator chose it at launch "
                         "(python app.py --model ... --allow-model-switch to allow visitors to switch).",
     "model_not_allowed": "That model is not on this server's list; choose one of: {known}.",

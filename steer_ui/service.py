@@ -153,8 +153,12 @@ class Service:
     """The shared model, per-session stores, and one method per app feature."""
 
     def __init__(self, handle=None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, workdir: str | Path | None = None,
-                 policy: Policy | None = None):
+                 policy: Policy | None = None, default_view: bool = False):
         self.policy = policy or Policy()
+        # The view a fresh page opens on (steer_ui.default_view), made at model load when asked for.
+        self.want_default_view = default_view
+        self.default_view = None
+        self.bundled_vectors: "OrderedDict[str, Any]" = OrderedDict()
         self._handle = handle
         self._load_error: str | None = None
         self._loading = threading.Event()
@@ -239,8 +243,12 @@ class Service:
                     raise
                 except _expected_errors() + (OSError, RuntimeError) as exc:
                     raise UserError("model_load_failed", detail=_first_line(exc)) from None
-            progress(0.95, "measuring residual norms")
+            progress(0.9, "measuring residual norms")
             handle.layer_norms()
+            self.bundled_vectors = OrderedDict()
+            self.default_view = None
+            if self.want_default_view:
+                self._prepare_default_view(handle, progress)
             self._handle = handle
             self._load_message = f"loaded {handle.model_id}"
             return self.model_facts()
@@ -251,6 +259,22 @@ class Service:
         finally:
             self._loaded.set()
             self._loading.clear()
+
+    def _prepare_default_view(self, handle, progress: Progress) -> None:
+        """Train and calibrate (or read from the cache) the default vector; a failure leaves the app usable."""
+        from .default_view import load_or_calibrate
+
+        def report(frac: float, msg: str) -> None:
+            self._load_message = msg
+            progress(0.9 + 0.1 * frac, msg)
+
+        try:
+            view, vector = load_or_calibrate(handle, report)
+        except Exception as exc:  # never worth refusing the whole model over
+            log.warning("no default vector: %s", _first_line(exc))
+            return
+        self.bundled_vectors[view.name] = vector
+        self.default_view = view
 
     def load_in_background(self, source: str | None = None, device: str = "auto", dtype: str = "auto") -> threading.Thread:
         """Start loading now and return at once; model calls wait for it (see :attr:`handle`)."""
@@ -334,7 +358,8 @@ class Service:
 
     # =============================================================== vectors
     def vector_names(self, session: str | None) -> list[str]:
-        return [RANDOM] + list(self.session(session).vectors)
+        """Every vector this session can use: the random direction, the server's bundled ones, its own."""
+        return [RANDOM] + list(self.bundled_vectors) + list(self.session(session).vectors)
 
     def add_vector(self, session: str | None, vector, name: str | None = None, report: dict | None = None) -> str:
         s = self.session(session)
@@ -343,10 +368,10 @@ class Service:
         self._check_session_bytes(s, _vector_bytes(vector))
         base = name or vector.name or vector.method
         base = re.sub(r"\s+", " ", str(base)).strip() or "vector"
-        if base == RANDOM:
+        if base == RANDOM or base in self.bundled_vectors:
             base = f"{base} (saved)"
         unique, n = base, 2
-        while unique in s.vectors:
+        while unique in s.vectors or unique in self.bundled_vectors:
             unique, n = f"{base} ({n})", n + 1
         if not vector.name:
             vector.name = unique
@@ -365,9 +390,11 @@ class Service:
             return random_vector(handle.arch.hidden_size, layer, seed=_check_seed(seed), model_id=handle.model_id,
                                  model_type=handle.model_type)
         s = self.session(session)
-        if name not in s.vectors:
-            raise UserError("unknown_vector", name=name, known=", ".join(s.vectors) or "none")
-        return s.vectors[name]
+        if name in s.vectors:
+            return s.vectors[name]
+        if name in self.bundled_vectors:  # shared and read-only: nothing a session does changes them
+            return self.bundled_vectors[name]
+        raise UserError("unknown_vector", name=str(name)[:80], known=", ".join(s.vectors) or "none")
 
     def vector_info(self, session: str | None, name: str | None) -> dict:
         """Metadata of a vector (layers, method, recommended α range, metrics) for the pickers."""
@@ -444,6 +471,31 @@ class Service:
                 return next_token(handle, prompt, steers, top_k=top_k)
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
+
+    def calibrated_alpha_max(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
+                             seed: int = 0) -> float:
+        """Relative α where the next-token KL on ``prompt`` reaches ~5 nats for this vector at ``layer``.
+
+        The slider then spans from no effect to strong-but-readable; one batched
+        sweep of the fast path (a fraction of a second).  Vectors that do not
+        steer with one fixed direction keep their own recommended range.
+        """
+        from .default_view import GRID, KL_AT_MAX, alpha_at_kl, kl_curve
+
+        self._check_prompt(prompt)
+        handle = self.handle
+        layer = self._check_layer(handle, layer if layer is not None else handle.arch.num_layers // 2)
+        vector = self.get_vector(session, vector_name, layer, seed)
+        if steering_kind(vector) != "static" or (len(vector.layers) > 1 and layer not in vector.layers):
+            rng = vector.alpha_range
+            return float(max(abs(rng[0]), abs(rng[1]))) if rng else 1.0
+        direction = vector.direction(layer if layer in vector.directions else None)
+        try:
+            with handle.lock:
+                kl = kl_curve(handle, direction, layer, prompts=(prompt,))
+        except _expected_errors() as exc:
+            raise UserError("explore_failed", detail=_first_line(exc)) from None
+        return round(alpha_at_kl(GRID, kl, KL_AT_MAX), 4)
 
     def vocab_projection(self, session: str | None, vector_name: str | None, layer: int | None, seed: int = 0,
                          top_k: int = 12) -> pd.DataFrame:

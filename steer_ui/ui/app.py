@@ -12,10 +12,11 @@ from . import i18n
 from .common import MODEL, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
-from .explore_tab import build_explore_tab
+from .explore_tab import DEFAULT_PROMPT, build_explore_tab
 from .export_tab import build_export_tab
 from .model_tab import build_model_tab, model_view, status_markdown
 from .train_tab import build_train_tab, parse_extra
+from .url_state import ExploreState, from_query
 
 log = logging.getLogger("steer_ui.ui")
 
@@ -162,34 +163,47 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
 
         load = demo.load(browser_lang, [lang], [lang], js=JS_BROWSER_LANG, api_name="browser_language",
                          api_visibility="undocumented", queue=False)
+        @handler(backend)
+        def page_view(request: gr.Request):
+            """Everything that depends on the loaded model, and the Explore controls from the URL or the default."""
+            lang_ = backend.language(sid(request))
+            handle = backend.handle
+            n = handle.arch.num_layers
+            choices = backend.vector_names(sid(request))
+            view = backend.default_view
+            defaults = ExploreState(prompt=view.prompt if view else DEFAULT_PROMPT,
+                                    vector=view.name if view else RANDOM, layer=view.layer if view else n // 2,
+                                    alpha=view.alpha if view else 0.0, alpha_max=view.alpha_max if view else 1.0)
+            query = dict(getattr(request, "query_params", {}) or {})
+            state = from_query(query, defaults, choices, n, backend.policy.max_prompt_chars)
+            picker = gr.update(choices=choices)
+            banner_text = status_markdown(backend, lang_)
+            if state.notices:
+                banner_text += "\n\n" + i18n.message(lang_, "link_notice", detail="; ".join(state.notices))
+            top = state.alpha_max
+            return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
+                    gr.update(choices=choices, value=state.vector), picker, picker,
+                    state.prompt, gr.update(minimum=-top, maximum=top, step=top / 100, value=state.alpha), top,
+                    state.relative, state.seed)
+
+        page_outputs = [banner, explore.layer, train.layer] + vector_pickers + [
+            explore.prompt, explore.alpha, explore.alpha_max, explore.relative, explore.vector_seed]
+        # A fresh page shows steering at work without a click: the view, then next-token bars, both generations
+        # (streamed) and the dose-response chart.
         load.then(page_status, None, [banner, model.status, model.facts, model.norms], api_name="page_status",
                   api_visibility="undocumented") \
-            .then(model_dependent, None, dependent_outputs, api_name="page_model", api_visibility="undocumented") \
-            .then(_explore_first_view(backend, explore), explore.steering_inputs,
+            .then(page_view, None, page_outputs, api_name="page_model", api_visibility="undocumented") \
+            .then(explore.next_token_fn, explore.steering_inputs,
                   [explore.bars, explore.delta, explore.readout, explore.details], api_name="page_next_token",
+                  api_visibility="undocumented", show_progress="hidden", **MODEL) \
+            .then(explore.generate_fn, explore.steering_inputs + explore.sampling_inputs, explore.gen_outputs,
+                  api_name="page_generate", api_visibility="undocumented", show_progress="hidden", **MODEL) \
+            .then(explore.sweep_fn, explore.sweep_inputs, [explore.dose, explore.tokens], api_name="page_sweep",
                   api_visibility="undocumented", show_progress="hidden", **MODEL)
         # No unload handler: a missed heartbeat (a laptop lid, a flaky network) must not wipe a session; idle
         # sessions are forgotten by the service after policy.session_idle_seconds instead.
     demo.steer_ui_backend = backend
     return demo
-
-
-def _explore_first_view(backend: Service, explore):
-    """Draw the α = 0 next-token bars once the page is up, so Explore never opens empty."""
-
-    @handler(backend)
-    def first_view(prompt, vector, layer, alpha, relative, vector_seed, request: gr.Request):
-        from .. import plots
-        from .explore_tab import readout_markdown
-
-        lang = backend.language(sid(request))
-        view = backend.next_token(sid(request), prompt, vector or RANDOM, layer, alpha, relative, vector_seed)
-        return (plots.next_token_bars(view.unsteered, view.steered, labels=i18n.plot_labels(lang, "bars")),
-                plots.delta_logit_bars(view.promoted, view.suppressed, view.max_abs_delta_logit, view.max_delta_token,
-                                       labels=i18n.plot_labels(lang, "delta")),
-                readout_markdown(lang, view), view.as_dict())
-
-    return first_view
 
 
 def launch_kwargs(**overrides) -> dict:

@@ -18,12 +18,14 @@ from .. import plots
 from ..service import RANDOM, Service
 from . import i18n
 from .common import MODEL, AlphaSlider, T, handler, lang_of, msg, sid, table
+from .url_state import JS_COPY_URL, JS_SYNC_URL
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
 # A generous layer range before the model is known; demo.load narrows it to the loaded model.
 MAX_LAYERS = 128
 # The steered-token colour saturates at this |Δlogit|; a fixed scale keeps runs comparable.
 COLOUR_SCALE = 5.0
+EXTEND = 5.0  # "extend range" shows this many times the calibrated α max: room to see the explosion
 
 
 @dataclass
@@ -44,10 +46,22 @@ class ExploreTab:
     tokens: gr.Dataframe
     dose: gr.Plot
     details: gr.JSON
+    link: gr.Textbox | None = None
+    # handlers and their wiring, for the page-load chain in app.py
+    next_token_fn: object = None
+    generate_fn: object = None
+    sweep_fn: object = None
+    sampling_inputs: list | None = None
+    gen_outputs: list | None = None
+    sweep_inputs: list | None = None
 
     @property
     def steering_inputs(self) -> list:
         return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed]
+
+    @property
+    def url_inputs(self) -> list:
+        return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed, self.alpha_max]
 
 
 def _plot_labels(lang: str, prefix: str) -> dict:
@@ -86,6 +100,12 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 alpha_max = gr.Number(value=1.0, minimum=0.001, maximum=1e6, label=T("explore.alpha_max"), min_width=90)
             alpha = AlphaSlider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.alpha"), info=T("explore.alpha_info"),
                               elem_id="alpha-slider")
+            with gr.Row():
+                extend = gr.Checkbox(value=False, label=T("explore.extend"), info=T("explore.extend_info"),
+                                     elem_id="alpha-extend")
+                copy_link = gr.Button(T("explore.copy_link"), size="sm", elem_id="copy-link")
+            link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, elem_id="explore-link",
+                              visible=False)
             with gr.Accordion(T("explore.sampling"), open=False):
                 greedy = gr.Checkbox(value=True, label=T("explore.greedy"))
                 with gr.Row():
@@ -120,7 +140,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
 
     tab = ExploreTab(prompt=prompt, vector=vector, layer=layer, vector_seed=vector_seed, relative=relative,
                      alpha_max=alpha_max, alpha=alpha, readout=readout, bars=bars, delta=delta, unsteered=unsteered,
-                     steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details)
+                     steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details, link=link)
 
     # ---------------------------------------------------------------- handlers
     @handler(backend)
@@ -129,8 +149,11 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         lang = lang_of(backend, request)
         view = backend.next_token(session, prompt, vector, layer, alpha, relative, vector_seed)
         bars_fig = plots.next_token_bars(view.unsteered, view.steered, labels=_plot_labels(lang, "bars"))
-        delta_fig = plots.delta_logit_bars(view.promoted, view.suppressed, view.max_abs_delta_logit,
-                                           view.max_delta_token, labels=_plot_labels(lang, "delta"))
+        if float(alpha or 0) == 0:  # nothing moved: say so rather than rank arbitrary zero-change tokens
+            delta_fig = plots.empty_figure(i18n.message(lang, "no_steering"))
+        else:
+            delta_fig = plots.delta_logit_bars(view.promoted, view.suppressed, view.max_abs_delta_logit,
+                                               view.max_delta_token, labels=_plot_labels(lang, "delta"))
         return bars_fig, delta_fig, readout_markdown(lang, view), view.as_dict()
 
     @handler(backend)
@@ -172,24 +195,31 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         return plots.dose_response(cached[1], current_alpha=float(alpha), labels=labels)
 
     @handler(backend)
-    def alpha_range(alpha, alpha_max):
+    def alpha_range(alpha, alpha_max, extended):
+        """The slider spans ±α max (the calibrated strong-but-fluent point); "extend" shows 5× that."""
         try:
             top = abs(float(alpha_max))
         except (TypeError, ValueError):
             top = 1.0
-        top = top if top > 0 else 1.0
+        top = (top if top > 0 else 1.0) * (EXTEND if extended else 1.0)
         value = max(-top, min(top, float(alpha or 0.0)))
         return gr.update(minimum=-top, maximum=top, step=top / 100, value=value)
 
     @handler(backend)
-    def pick_vector(vector, layer, alpha_max, request: gr.Request):
-        """Move the layer slider to the vector's own layer and α max to its recommended range."""
+    def pick_vector(prompt, vector, layer, vector_seed, request: gr.Request):
+        """Move the layer slider to the vector's own layer and α max to where its KL reaches ~5 nats there."""
         info = backend.vector_info(sid(request), vector)
         layers_ = info.get("layers") or [layer]
         new_layer = layer if vector == RANDOM else layers_[0]
-        rng = info.get("alpha_range")
-        top = max(abs(rng[0]), abs(rng[1])) if rng else alpha_max
-        return gr.update(value=new_layer), top, gr.update(value=True) if rng else gr.skip()
+        top = backend.calibrated_alpha_max(sid(request), prompt, vector, new_layer, vector_seed)
+        return gr.update(value=new_layer), top, gr.update(value=True)
+
+    @handler(backend)
+    def recalibrate(prompt, vector, layer, vector_seed, relative, alpha_max, request: gr.Request):
+        """After a layer change the same α means a different push: re-measure α max (relative units only)."""
+        if not relative:
+            return gr.skip()
+        return backend.calibrated_alpha_max(sid(request), prompt, vector, layer, vector_seed)
 
     @handler(backend)
     def token_details(evt: gr.SelectData, request: gr.Request):
@@ -231,12 +261,22 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     for control in (vector_seed, relative):
         control.input(next_token, steering_inputs, nt_outputs, api_name=f"next_token_on_{_name(control, tab)}",
                       api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **MODEL)
-    alpha_max.change(alpha_range, [alpha, alpha_max], [alpha], api_name="alpha_range", api_visibility="undocumented",
-                     queue=False)
-    vector.change(pick_vector, [vector, layer, alpha_max], [layer, alpha_max, relative], api_name="pick_vector",
-                  api_visibility="undocumented") \
+    for control in (alpha_max, extend):
+        control.change(alpha_range, [alpha, alpha_max, extend], [alpha], api_name=f"alpha_range_{_name(control, tab)}",
+                       api_visibility="undocumented", queue=False)
+    vector.input(pick_vector, [prompt, vector, layer, vector_seed], [layer, alpha_max, relative], api_name="pick_vector",
+                 api_visibility="undocumented", **MODEL) \
         .then(next_token, steering_inputs, nt_outputs, api_name="next_token_on_vector", api_visibility="undocumented",
               show_progress="hidden", **MODEL)
+    layer.release(recalibrate, [prompt, vector, layer, vector_seed, relative, alpha_max], [alpha_max],
+                  api_name="recalibrate", api_visibility="undocumented", show_progress="hidden", **MODEL)
+    # the page URL follows the controls (in the browser only), and "Copy link" copies it
+    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max):
+        control.change(None, tab.url_inputs, None, js=JS_SYNC_URL, queue=False)
+    copy_link.click(None, tab.url_inputs, [link], js=JS_COPY_URL, queue=False) \
+        .then(lambda: gr.update(visible=True), None, [link], queue=False, api_visibility="undocumented")
+    tab.next_token_fn, tab.generate_fn, tab.sweep_fn = next_token, generate, sweep
+    tab.sampling_inputs, tab.gen_outputs, tab.sweep_inputs = sampling_inputs, gen_outputs, sweep_inputs
     steered.select(token_details, None, [token_detail], api_name="token_details", api_visibility="undocumented")
     return tab
 

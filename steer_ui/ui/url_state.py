@@ -1,0 +1,99 @@
+"""The Explore view in the page URL: ``?prompt=…&vector=…&layer=…&alpha=…&relative=…&alpha_max=…``.
+
+Opening such a link restores those controls and runs the view; the page keeps
+the query string in step as the controls change (``JS_SYNC_URL``) and the
+"Copy link" button copies it.  Values from a URL are hostile input like any
+other: unknown keys are ignored, bad values fall back to the defaults with a
+notice, and the service checks everything again.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+KEYS = ("prompt", "vector", "layer", "alpha", "alpha_max", "relative", "seed")
+
+
+@dataclass
+class ExploreState:
+    prompt: str
+    vector: str
+    layer: int
+    alpha: float
+    alpha_max: float
+    relative: bool = True
+    seed: int = 0
+    notices: list[str] = field(default_factory=list)
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        value = float(str(text))
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[str], num_layers: int,
+               max_prompt: int) -> ExploreState:
+    """``defaults`` overridden by the valid values of ``query``; each refused value leaves a notice."""
+    state = ExploreState(**{k: v for k, v in vars(defaults).items() if k != "notices"})
+    prompt = query.get("prompt")
+    if prompt:
+        if len(prompt) <= max_prompt:
+            state.prompt = prompt
+        else:
+            state.notices.append(f"the prompt in the link is longer than {max_prompt} characters")
+    vector = query.get("vector")
+    if vector:
+        if vector in vectors:
+            state.vector = vector
+        else:  # a user's own vector travels as a file (Export), not in a link
+            state.notices.append(f"the link's vector '{vector[:60]}' is not on this server (import its file to use it)")
+    layer = _number(query.get("layer"))
+    if layer is not None and layer == int(layer) and 0 <= layer < num_layers:
+        state.layer = int(layer)
+    elif "layer" in query:
+        state.notices.append(f"layer {query['layer'][:10]!r} does not exist (0..{num_layers - 1})")
+    relative = query.get("relative")
+    if relative is not None:
+        state.relative = relative.strip().lower() not in ("0", "false", "no", "raw")
+    alpha_max = _number(query.get("alpha_max"))
+    if alpha_max is not None and alpha_max > 0:
+        state.alpha_max = alpha_max
+    alpha = _number(query.get("alpha"))
+    if alpha is not None:
+        state.alpha = alpha
+        state.alpha_max = max(state.alpha_max, abs(alpha))
+    elif "alpha" in query:
+        state.notices.append("the link's α is not a finite number")
+    seed = _number(query.get("seed"))
+    if seed is not None and seed == int(seed) and 0 <= seed < 2**31:
+        state.seed = int(seed)
+    return state
+
+
+# Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
+JS_SYNC_URL = """
+(prompt, vector, layer, alpha, relative, seed, alpha_max) => {
+  const q = new URLSearchParams({prompt: prompt ?? "", vector: vector ?? "", layer: String(layer),
+                                 alpha: String(alpha), relative: relative ? "1" : "0", seed: String(seed ?? 0),
+                                 alpha_max: String(alpha_max)});
+  window.history.replaceState(null, "", window.location.pathname + "?" + q.toString());
+  return [prompt, vector, layer, alpha, relative, seed, alpha_max];
+}
+"""
+
+# "Copy link": the same URL, to the clipboard (and shown, for browsers that refuse clipboard access).
+JS_COPY_URL = """
+(prompt, vector, layer, alpha, relative, seed, alpha_max) => {
+  const q = new URLSearchParams({prompt: prompt ?? "", vector: vector ?? "", layer: String(layer),
+                                 alpha: String(alpha), relative: relative ? "1" : "0", seed: String(seed ?? 0),
+                                 alpha_max: String(alpha_max)});
+  const url = window.location.origin + window.location.pathname + "?" + q.toString();
+  window.history.replaceState(null, "", url);
+  if (navigator.clipboard) { navigator.clipboard.writeText(url).catch(() => {}); }
+  return url;
+}
+"""
