@@ -1,0 +1,1 @@
+"""Benchmark and report builders; the runtime never imports this package."""
