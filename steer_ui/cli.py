@@ -311,7 +311,7 @@ def cmd_import(args) -> dict:
 
 @command("bench")
 def cmd_bench(args) -> dict:
-    from .bench import run_bench
+    from .tools.bench import run_bench
 
     result = run_bench(model=args.model, device=args.device, dtype=args.dtype, quick=args.quick,
                        log=lambda m: print(m, file=sys.stderr, flush=True))

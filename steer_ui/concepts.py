@@ -10,8 +10,8 @@ written down:
   next-token logits of a prompt pushed through the app's own sampler
   (``generation.process_logits`` / ``generation.choose``), one filter at a
   time, so the tab shows exactly what ``generate`` does.
-* **The logit explosion and its fix** (:func:`explode`, :func:`fix_explosion`,
-  :func:`logit_explosion_demo`): a vector along one token's unembedding row
+* **The logit explosion and its fix** (:func:`explode`, then
+  :func:`fix_explosion`): a vector along one token's unembedding row
   makes that token's logit jump by hundreds; the lm_head-constrained
   optimisation from :mod:`steer_ui.methods.constraints` rotates it until no
   logit moves more than a bound.
@@ -29,15 +29,15 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import pandas as pd
 import torch
 
+from .methods.base import Progress, noop
 from .model.generation import GenerationError, Sampling, choose, encode_prompt, process_logits, side_by_side
 from .model.hooks import Steer
-
-Progress = Callable[[float, str], None]
+from .model.units import NEUTRAL_PROMPTS, to_raw_alpha
 
 DEFAULT_PROMPT = "The capital of France is"
 # The cache timing needs a context worth caching: with a handful of tokens the lm_head matmul dominates
@@ -61,10 +61,6 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1
 
 class ConceptsError(ValueError):
     """A Concepts-panel request that cannot run (bad size, unknown token, bad dtype)."""
-
-
-def _noop(_f: float, _m: str = "") -> None:
-    pass
 
 
 def _decode(handle, ids) -> list[str]:
@@ -442,9 +438,7 @@ def explode(handle, prompt: str = DEFAULT_PROMPT, layer: int | None = None, alph
     residual norm).  ``token``: a single-token string, a token id, or None to
     let :func:`rare_token` pick the word the model least expects here.
     """
-    from .model.generation import encode_prompt as _check_prompt
-
-    _check_prompt(handle, prompt)
+    encode_prompt(handle, prompt)  # an empty prompt is refused before any work
     layer = default_layer(handle) if layer is None else int(layer)
     if not 0 <= layer < handle.arch.num_layers:
         raise ConceptsError(f"layer {layer} does not exist: the model has layers 0..{handle.arch.num_layers - 1}")
@@ -464,7 +458,7 @@ def explode(handle, prompt: str = DEFAULT_PROMPT, layer: int | None = None, alph
         token_id = token_id_of(handle, token)
     row = handle.arch.unembedding[token_id].detach().float().cpu()
     vector = row / row.norm().clamp_min(1e-12)
-    alpha_raw = alpha * handle.relative_scale(layer)
+    alpha_raw = to_raw_alpha(handle, alpha, layer, relative=True)
     run = _run_vector(handle, prompt, token_id, layer, vector, alpha_raw, max_new_tokens)
     return ExplosionDemo(prompt=prompt, token=handle.tokenizer.decode([token_id]), token_id=token_id, layer=layer,
                          alpha=alpha, alpha_raw=alpha_raw, vector=vector, exploded=run)
@@ -483,30 +477,18 @@ def fix_explosion(handle, demo: ExplosionDemo, max_change: float = 2.0, steps: i
     stalled near |Δlogit| ≈ 10 where the max reached the bound (docs/concepts.md).
     """
     from .methods.constraints import constrain_vector
-    from .model.units import NEUTRAL_PROMPTS
 
     if not max_change > 0:
         raise ConceptsError(f"the bound on |Δlogit| must be > 0, got {max_change!r}")
     prompts = list(prompts) if prompts else [demo.prompt] + list(NEUTRAL_PROMPTS[:2])
     new_vector, report = constrain_vector(handle, demo.vector, demo.layer, alpha=demo.alpha_raw, prompts=prompts,
                                           max_change=float(max_change), steps=int(steps), reduction=reduction, lr=lr,
-                                          progress=progress or _noop)
+                                          progress=progress or noop)
     demo.fixed_vector = new_vector.float()
     demo.report = report
     demo.fixed = _run_vector(handle, demo.prompt, demo.token_id, demo.layer, demo.fixed_vector, demo.alpha_raw,
                              max_new_tokens)
     return demo
-
-
-def logit_explosion_demo(handle, prompt: str = DEFAULT_PROMPT, layer: int | None = None,
-                         alpha: float = DEFAULT_EXPLOSION_ALPHA,
-                         token: str | int | None = None, max_change: float = 2.0, steps: int = DEFAULT_FIX_STEPS,
-                         max_new_tokens: int = DEMO_TOKENS, progress: Progress | None = None) -> ExplosionDemo:
-    """:func:`explode` then :func:`fix_explosion`: the whole one-click demo."""
-    progress = progress or _noop
-    progress(0.0, "steering along the token's unembedding row")
-    demo = explode(handle, prompt, layer, alpha, token, max_new_tokens)
-    return fix_explosion(handle, demo, max_change, steps, max_new_tokens=max_new_tokens, progress=progress)
 
 
 # ====================================================================== KV cache

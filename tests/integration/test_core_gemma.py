@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from steer_ui.model.units import relative_scale
 from steer_ui.model.analysis import next_token, sweep
 from steer_ui.model.generation import Sampling, side_by_side
 from steer_ui.model.hooks import Steer, hook_count
@@ -62,7 +63,7 @@ def test_relative_alpha_scales_with_layer(gemma):
 
 def test_sweep_batched_on_gemma(gemma):
     vec = random_vector(640, 9, seed=2).direction()
-    scale = gemma.relative_scale(9)
+    scale = relative_scale(gemma, 9)
     frame = sweep(gemma, PROMPT, vec, 9, [a * scale for a in (-1, 0, 1)], target=" Tokyo")
     assert frame.kl.iloc[1] == pytest.approx(0, abs=1e-5)
     assert frame.target_prob.iloc[1] == pytest.approx(0.81, abs=0.03)

@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from steer_ui.model.units import relative_scale
 from steer_ui.formats import read_vector, write_vector
 from steer_ui.model.hooks import steering
 from steer_ui.model.loading import cache_root, embedded_gguf_path, gguf_cache_dir
@@ -262,7 +263,7 @@ def test_steering_vectors_in_process_relative_alpha(tmp_path, gemma):
     path = write_vector(vector, "steering-vectors", tmp_path / "v.pt")[0]
     ids = gemma.tokenizer(["Paris is the capital of"])["input_ids"]
     unsteered, steered = our_logits(gemma, vector, alpha, ids, relative=True)
-    multiplier = alpha * gemma.relative_scale(layer) / float(vector.direction().norm())
+    multiplier = alpha * relative_scale(gemma, layer) / float(vector.direction().norm())
     loaded = sv.SteeringVector(**torch.load(path, weights_only=True))
     with torch.no_grad(), gemma.lock, loaded.apply(gemma.model, multiplier=multiplier):
         theirs = gemma.model(torch.tensor(ids, device=gemma.input_device)).logits[:, -1].float().cpu()

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from steer_ui.bench import TARGETS, run_bench
+from steer_ui.tools.bench import TARGETS, run_bench
 from steer_ui.model.architecture import _UNEMBED_KERNEL, unembed
 from steer_ui.model.generation import Sampling, side_by_side
 from steer_ui.model.hooks import Steer
@@ -60,8 +60,9 @@ def test_quick_run_fast_paths_agree_with_reference(quick_result):
     assert quick_result["slider"]["max_abs_logit_diff_vs_naive"] < 1e-3
     # the batched sweep picks the same top-1 tokens as 21 single calls
     assert quick_result["sweep"]["top1_agree"] is True
-    # our unsteered row decodes what HF generate decodes
+    # our rows decode what HF generate decodes, unsteered and steered by the same hook
     assert quick_result["side_by_side"]["unsteered_tokens_match_hf"] is True
+    assert quick_result["side_by_side"]["steered_tokens_match_hf"] is True
     extract = quick_result["extract"]
     if extract.get("status") == "measured":
         assert extract["max_rel_diff"] < 1e-3
@@ -121,10 +122,36 @@ def test_shared_prefill_matches_full_forward(tiny, positions):
 
 
 def test_markdown_table_lists_every_headline(quick_result):
-    from steer_ui.bench import markdown_table
+    from steer_ui.tools.bench import markdown_table
 
     table = markdown_table(quick_result)
     for name in ("side_by_side_speedup", "decode_floor_fraction", "slider_speedup", "hook_overhead",
                  "sweep_speedup", "extract_speedup", "warm_load_s", "peak_rss_gb"):
         assert f"`{name}`" in table
     assert "nan" not in table.lower()
+
+
+def test_hf_baseline_steers_through_the_app_hook_and_leaves_none(tiny):
+    """The HF ``generate`` baseline is steered by ``hooks.steering``: same tokens as our steered row, no hook left."""
+    from steer_ui.model.generation import encode_prompt
+    from steer_ui.model.hooks import hook_count
+    from steer_ui.tools.measures import GENERATION_PROMPT, _hf_generate, _ours, seeded_steer
+
+    handle = tiny("llama")
+    steer, _ = seeded_steer(handle, 1)
+    ids = encode_prompt(handle, GENERATION_PROMPT)
+    _, unsteered = _hf_generate(handle, ids, 6)
+    _, steered = _hf_generate(handle, ids, 6, steer)
+    assert hook_count(handle) == 0
+    assert steered != unsteered
+    _, _, ours = _ours(handle, GENERATION_PROMPT, [steer], 6)
+    assert [t.token_id for t in ours.steered.tokens] == steered
+
+
+def test_bench_does_not_import_the_cli():
+    """tools -> cli -> tools would be a cycle: the benchmark builds its training calls through steer_ui.methods."""
+    import subprocess
+    import sys
+
+    code = "import sys, steer_ui.tools.bench; assert 'steer_ui.cli' not in sys.modules, 'cli imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,6 +8,8 @@ import torch
 
 from steer_ui import concepts, plots_concepts
 from steer_ui.model.generation import GenerationError
+from steer_ui.model.hooks import hook_count
+from steer_ui.model.units import relative_scale
 from steer_ui.tiny import tiny_model
 
 PROMPT = "the cat sat on the mat"
@@ -247,7 +249,8 @@ def test_explosion_aligns_with_the_token_row(tiny):
     demo = concepts.explode(handle, PROMPT, layer=3, alpha=30.0, token=token_id, max_new_tokens=5)
     row = handle.model.get_output_embeddings().weight[token_id].detach().double()
     assert torch.allclose(demo.vector.double(), row / row.norm(), atol=1e-6)
-    assert demo.alpha_raw == pytest.approx(30.0 * handle.relative_scale(3))
+    assert demo.alpha_raw == pytest.approx(30.0 * relative_scale(handle, 3))
+    assert hook_count(handle) == 0  # the steered runs went through hooks.steering, which removes its hooks
     assert demo.exploded.naive_direct == pytest.approx(demo.alpha_raw * float(row.norm()), rel=1e-4)
     run = demo.exploded
     assert run.top.token_id.iloc[0] == token_id and run.max_delta_token == handle.tokenizer.decode([token_id])

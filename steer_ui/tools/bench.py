@@ -1,0 +1,223 @@
+"""The benchmark behind ``python -m steer_ui bench [--quick] --json``.
+
+Shared machines are noisy, so every headline figure is a *ratio of two
+timings taken in the same run*, each the median of several repetitions, with
+the two sides interleaved (A, B, A, B, ...) so a burst of load hits both.
+Absolute milliseconds are reported next to every ratio, together with the
+load average before and after, so a reader can judge the conditions.
+
+Headline ratios (targets from the performance issue):
+
+* ``side_by_side_speedup``: two sequential ``model.generate()`` calls
+  (unsteered, then steered by a forward hook, the app's own: how steering
+  demos usually do it) ÷ one batched side-by-side decode (unsteered + steered +
+  counterfactual rows), greedy, the same number of new tokens.
+* ``decode_floor_fraction``: (weight bytes ÷ measured read bandwidth) ÷ our
+  time per side-by-side decode step (all three rows).
+* ``slider_speedup``: one full forward of a 32-token prompt with the hook and
+  full logits ÷ the slider's fast path (:class:`~steer_ui.model.analysis.PrefixState`).
+* ``hook_overhead``: steered ÷ unsteered decode time per step.
+* ``sweep_speedup``: 21 separate fast-path calls ÷ one batched 21-α sweep.
+* ``extract_speedup``: one-at-a-time ÷ batched activation extraction over the
+  bundled statements.
+
+``--quick`` (CI's smoke run) uses fewer tokens and repetitions and skips the
+cold GGUF load, the training times and the bfloat16 modes.  Nothing here
+asserts a timing: the JSON reports, the reader judges.
+
+This module holds the run and the report (:func:`run_bench`,
+:func:`markdown_table`); the measurements are in :mod:`.measures` and the
+timing helpers in :mod:`.timing`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..methods.common import clean
+from ..model.loading import EMBEDDED, embedded_gguf_path, from_model, gguf_cache_dir, load_model, resolve_device
+from ..tiny import tiny_model
+from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_extract,
+                       bench_hook_overhead, bench_side_by_side, bench_slider, bench_sweep, bench_training,
+                       measure_bandwidth, seeded_steer)
+from .timing import loadavg, parameter_bytes, peak_rss_bytes, rss_bytes
+
+# name: (comparison, target)
+TARGETS = {
+    "side_by_side_speedup": (">=", 1.8),
+    "decode_floor_fraction": (">=", 0.4),
+    "slider_speedup": (">=", 4.0),
+    "hook_overhead": ("<=", 1.03),
+    "sweep_speedup": (">=", 2.0),
+    "extract_speedup": (">=", 3.0),
+    "warm_load_s": ("<=", 10.0),
+    "peak_rss_gb": ("<=", 3.0),
+}
+
+
+# ------------------------------------------------------------------ setup
+def _load(model: str | None, device: str, dtype: str, log):
+    """(handle, load facts).  ``tiny:FAMILY`` builds a random tiny model (tests, CI)."""
+    if model and model.startswith("tiny:"):
+        start = time.perf_counter()
+        m, tok = tiny_model(model.split(":", 1)[1])
+        m.to(resolve_device(device))
+        handle = from_model(m, tok, model_id=model)
+        return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": None, "source": model}
+    source = model or EMBEDDED
+    cache_hit = None
+    if source == EMBEDDED or source.endswith(".gguf"):
+        gguf = embedded_gguf_path() if source == EMBEDDED else Path(source).expanduser()
+        cache_hit = gguf_cache_dir(gguf).is_dir() if gguf.is_file() else None
+    log(f"bench: loading {source} ({'warm' if cache_hit else 'cold' if cache_hit is False else 'direct'})")
+    start = time.perf_counter()
+    handle = load_model(source, device=device, dtype=dtype)
+    return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": cache_hit, "source": source}
+
+
+# ------------------------------------------------------------------ the run
+def _verdicts(ratios: dict) -> dict:
+    out = {}
+    for name, (op, target) in TARGETS.items():
+        value = ratios.get(name)
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            out[name] = None
+        else:
+            out[name] = bool(value >= target) if op == ">=" else bool(value <= target)
+    return out
+
+
+def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto", quick: bool = False,
+              log: Callable[[str], None] = print) -> dict:
+    """Run the benchmark; return one JSON-ready dict (ratios, absolute ms, targets, conditions).
+
+    ``model``: None/'embedded' (Gemma 3 270M), any ``load_model`` source, or
+    ``tiny:FAMILY``.  ``quick``: the CI smoke run (fewer tokens and
+    repetitions; no cold load, training or bfloat16 modes).
+    """
+    started = time.perf_counter()
+    load_before = loadavg()
+    handle, load = _load(model, device, dtype, log)
+    dev = handle.input_device
+    arch = handle.arch
+    layer = arch.num_layers // 2
+    n_tokens = 8 if quick else 64
+    reps = 1 if quick else 3
+    # decode timings swing by a third between identical runs on a shared VM; five pairs steady the median
+    decode_reps = 1 if quick else 5
+
+    handle.layer_norms()  # measured once (cached on disk for real models); relative α needs it
+    steer, scale = seeded_steer(handle, layer)
+    weight_bytes = parameter_bytes(handle.model)
+    bw = measure_bandwidth(handle, reps=3 if quick else 7)
+
+    result: dict = {
+        "model": handle.facts(),
+        "quick": quick,
+        "conditions": {
+            "device": str(dev), "dtype": str(arch.unembedding.dtype).replace("torch.", ""),
+            "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "loadavg_start": load_before,
+        },
+        "weights": {"bytes": weight_bytes, "gb": weight_bytes / 1e9},
+        "bandwidth": bw,
+        "steering": {"layer": layer, "alpha_relative": 0.5, "alpha_raw": float(steer.scalar_alpha),
+                     "layer_norm": scale, "vector": "seeded unit random direction (seed 0)"},
+    }
+    sections: dict[str, float] = {}
+
+    def timed(name: str, fn):
+        start = time.perf_counter()
+        result[name] = fn()
+        sections[name] = round(time.perf_counter() - start, 2)
+
+    timed("side_by_side", lambda: bench_side_by_side(handle, steer, n_tokens, decode_reps, weight_bytes,
+                                                      bw["read_gb_s"], log))
+    timed("hook", lambda: bench_hook_overhead(handle, steer, 8 if quick else 16, 1 if quick else 8, log))
+    timed("slider", lambda: bench_slider(handle, steer, layer, 5 if quick else 25, log, bw["read_gb_s"] * 1e9))
+    timed("sweep", lambda: bench_sweep(handle, steer, steer.vector, layer, reps, log))
+    timed("alpha_grid", lambda: bench_alpha_grid(handle, steer, layer, log, points=5 if quick else 41))
+    # the app's footprint: model loaded, decoded, analysed (before the extra copies the modes below make)
+    result["memory"] = {"rss_gb": rss_bytes() / 1e9, "peak_rss_gb": peak_rss_bytes() / 1e9,
+                        "note": "peak RSS of this process after load, decode, slider and sweep"}
+    timed("extract", lambda: bench_extract(handle, 16 if quick else None, 1, log))
+    if quick:
+        for name in ("cold_load", "training", "bf16_lm_head", "bf16_model"):
+            result[name] = {"status": "skipped (--quick)"}
+    else:
+        timed("training", lambda: bench_training(handle, log))
+        timed("bf16_lm_head", lambda: bench_bf16_lm_head(handle, 5, log))
+        timed("bf16_model", lambda: bench_bf16_model(handle, steer, 32, bw["read_gb_s"] * 1e9, log))
+        if (model or "").startswith("tiny:"):
+            result["cold_load"] = {"status": "skipped: tiny models are built, not loaded"}
+        else:
+            timed("cold_load", lambda: bench_cold_load(model, device, dtype, log))
+    result["memory"]["peak_rss_gb_end"] = peak_rss_bytes() / 1e9
+    result["section_seconds"] = sections
+
+    ratios = {
+        "side_by_side_speedup": result["side_by_side"]["side_by_side_speedup"],
+        "decode_floor_fraction": result["side_by_side"]["decode_floor_fraction"],
+        "slider_speedup": result["slider"]["slider_speedup"],
+        "hook_overhead": result["hook"]["hook_overhead"],
+        "sweep_speedup": result["sweep"]["sweep_speedup"],
+        "extract_speedup": result["extract"].get("extract_speedup"),
+        "warm_load_s": load["warm_load_s"] if load["cache_hit"] is not False else None,
+        "cold_load_s": result["cold_load"].get("cold_load_s")
+        if load["cache_hit"] is not False else load["warm_load_s"],
+        "peak_rss_gb": result["memory"]["peak_rss_gb"],
+    }
+    result["load"] = load
+    result["ratios"] = ratios
+    result["targets"] = {k: f"{op} {v}" for k, (op, v) in TARGETS.items()}
+    result["met"] = _verdicts(ratios)
+    result["conditions"]["loadavg_end"] = loadavg()
+    result["seconds"] = time.perf_counter() - started
+    return clean(result)
+
+
+def markdown_table(result: dict) -> str:
+    """The headline ratios of a :func:`run_bench` result as a Markdown table (for the README)."""
+    sbs, slider, sweep_, hook = result["side_by_side"], result["slider"], result["sweep"], result["hook"]
+    extract = result.get("extract", {})
+    rows = [
+        ("side_by_side_speedup", result["ratios"]["side_by_side_speedup"],
+         f"HF generate ×2: {sbs['hf_two_generate_calls_ms']:.0f} ms vs ours {sbs['ours_side_by_side_ms']:.0f} ms "
+         f"({sbs['new_tokens']} tokens)"),
+        ("decode_floor_fraction", result["ratios"]["decode_floor_fraction"],
+         f"floor {sbs['floor_ms']:.1f} ms ({sbs['read_gb_s_during_run']:.1f} GB/s) vs step "
+         f"{sbs['ours_ms_per_step']:.1f} ms; with the best bandwidth seen "
+         f"({result['bandwidth']['read_gb_s']:.1f} GB/s): {sbs['decode_floor_fraction_best_bandwidth']:.2f}"),
+        ("slider_speedup", result["ratios"]["slider_speedup"],
+         f"naive {slider['naive_ms']:.1f} ms vs fast p50 {slider['fast_ms_p50']:.1f} / p95 "
+         f"{slider['fast_ms_p95']:.1f} ms (one-row unembedding {slider['fast_unembed_ms']:.1f} ms, "
+         f"blocks {slider['blocks_rerun']} {slider['fast_blocks_ms']:.1f} ms); whole view "
+         f"{slider['next_token_view_slow_ms_p50']:.0f} → {slider['next_token_view_ms_p50']:.0f} ms "
+         f"({slider['next_token_view_speedup']:.1f}×)"),
+        ("hook_overhead", result["ratios"]["hook_overhead"],
+         f"{hook['steered_ms_per_step']:.1f} vs {hook['unsteered_ms_per_step']:.1f} ms per step"),
+        ("sweep_speedup", result["ratios"]["sweep_speedup"],
+         f"21 calls {sweep_['separate_ms']:.0f} ms vs one sweep {sweep_['batched_ms']:.0f} ms"),
+        ("extract_speedup", result["ratios"].get("extract_speedup"),
+         f"{extract.get('rows', '?')} statements: {extract.get('one_at_a_time_ms', float('nan')):.0f} ms vs "
+         f"{extract.get('batched_ms', float('nan')):.0f} ms" if extract.get("status") == "measured"
+         else extract.get("status", "")),
+        ("warm_load_s", result["ratios"]["warm_load_s"], "load_model() from the safetensors cache"),
+        ("cold_load_s", result["ratios"].get("cold_load_s"), "GGUF → safetensors, fresh process, empty cache"),
+        ("peak_rss_gb", result["ratios"]["peak_rss_gb"], "after load, decode, slider, sweep"),
+    ]
+    lines = ["| measure | value | target | met | absolute |", "|---|---|---|---|---|"]
+    for name, value, note in rows:
+        target = result["targets"].get(name, "")
+        met = result["met"].get(name)
+        shown = "n/a" if value is None else f"{value:.2f}"
+        lines.append(f"| `{name}` | {shown} | {target} | {'' if met is None else ('yes' if met else 'no')} "
+                     f"| {note} |")
+    return "\n".join(lines)

@@ -1,0 +1,553 @@
+"""The benchmark's measurements: each ``bench_*`` function times one path against its baseline.
+
+Every function returns a JSON-ready dict of absolute milliseconds and the
+ratio :func:`steer_ui.tools.bench.run_bench` reports; the two sides of each
+ratio are timed in the same run, interleaved, so a burst of load hits both.
+Steering goes through :func:`steer_ui.model.hooks.steering` everywhere, the
+baseline ``model.generate()`` included, so both sides pay the same hook.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig
+
+from .. import methods
+from ..data import load_dataset
+from ..data.activations import extract
+from ..model.analysis import AlphaGrid, PrefixState, compare_logits, naive_logits, next_token, prefix_state, sweep
+from ..model.generation import Sampling, encode_prompt, stream_side_by_side
+from ..model.hooks import Steer, steering
+from ..model.loading import from_model
+from ..model.units import relative_scale, to_raw_alpha
+from ..vector import random_vector
+from .timing import cache_dir, median, ms, parameter_bytes, percentile, ratio, sync, timings
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASETS = ROOT / "assets" / "datasets"
+
+GENERATION_PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+SLIDER_TEXT = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lamp and a "
+               "thermos of tea, and from the top he watched the ships return to the harbour while the gulls "
+               "circled above the grey water and the wind rose over the cliffs")
+PROBE_PROMPTS = (
+    "The capital of France is",
+    "Water boils at one hundred degrees Celsius at sea level, and",
+    "She opened the book and began to read",
+    "The best way to learn a new language is",
+    "In 1969, the first humans walked on",
+    "def fibonacci(n):",
+)
+
+
+def measure_bandwidth(handle, reps: int = 5) -> dict:
+    """Memory read bandwidth, measured by summing the model's own largest weight matrix.
+
+    The unembedding is what the decode streams every step, so the rate at
+    which the machine reads *it* is the honest denominator for the floor.  A
+    copy of the same bytes (read + write) is reported alongside.
+    """
+    device = handle.input_device
+    w = handle.arch.unembedding.detach()
+    nbytes = w.numel() * w.element_size()
+    with torch.inference_mode():
+        float(w.sum())  # touch every page once
+        sums = timings(w.sum, reps, device)
+        out = torch.empty_like(w)
+        copies = timings(lambda: out.copy_(w), max(2, reps // 2), device)
+        del out
+    read = nbytes / min(sums)
+    return {
+        "bytes": nbytes,
+        "read_gb_s": read / 1e9,
+        "read_gb_s_median": nbytes / median(sums) / 1e9,
+        "copy_gb_s": 2 * nbytes / min(copies) / 1e9,
+        "method": "best of repeated sums of the unembedding matrix (copy = read + write of the same bytes)",
+    }
+
+
+def seeded_steer(handle, layer: int, seed: int = 0, relative_alpha: float = 0.5) -> tuple[Steer, float]:
+    """(steer, n_L): a seeded unit random direction at ``layer`` with relative α ``relative_alpha``."""
+    vec = random_vector(handle.arch.hidden_size, layer, seed=seed).directions[layer]
+    alpha = to_raw_alpha(handle, relative_alpha, layer, relative=True)
+    return Steer(layer=layer, vector=vec, alpha=alpha), relative_scale(handle, layer)
+
+
+def _prompt_of_tokens(handle, text: str, n_tokens: int) -> tuple[str, int]:
+    """The longest word prefix of ``text`` that encodes to at most ``n_tokens`` tokens."""
+    words = text.split()
+    best = words[0]
+    for i in range(1, len(words) + 1):
+        candidate = " ".join(words[:i])
+        if encode_prompt(handle, candidate).shape[1] > n_tokens:
+            break
+        best = candidate
+    return best, int(encode_prompt(handle, best).shape[1])
+
+
+# ------------------------------------------------------------------ decode
+def _hf_generate(handle, ids: torch.Tensor, n: int, steer=None) -> tuple[float, list[int]]:
+    """One ``model.generate()`` call (greedy, exactly ``n`` new tokens), steered by ``steer`` if given.
+
+    The steer is installed by :func:`~steer_ui.model.hooks.steering`, the
+    app's own hook, so the baseline and our decode pay the same per-step hook
+    and the ratio measures the batching, not a different hook.
+    """
+    device = handle.input_device
+    config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, num_beams=1,
+                              pad_token_id=handle.tokenizer.pad_token_id,
+                              eos_token_id=handle.tokenizer.eos_token_id, use_cache=True)
+    with steering(handle, [steer] if steer is not None else []), torch.inference_mode():
+        ids = ids.to(device)
+        sync(device)
+        start = time.perf_counter()
+        out = handle.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        sync(device)
+        seconds = time.perf_counter() - start
+    return seconds, out[0, ids.shape[1]:].tolist()
+
+
+def _ours(handle, prompt: str, steers, n: int) -> tuple[float, list[float], object]:
+    """(total seconds, per-step seconds for steps 1.., result) of one side-by-side decode."""
+    sampling = Sampling(max_new_tokens=n, temperature=0.0, stop_at_eos=False)
+    device = handle.input_device
+    stamps = []
+    result = None
+    sync(device)
+    start = time.perf_counter()
+    for event in stream_side_by_side(handle, prompt, steers, sampling):
+        sync(device)
+        stamps.append(time.perf_counter())
+        result = event.result
+    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return stamps[-1] - start, steps, result
+
+
+def _read_seconds(handle) -> float:
+    """One timed read (sum) of the unembedding: a bandwidth sample taken between decode runs."""
+    device = handle.input_device
+    w = handle.arch.unembedding
+    with torch.inference_mode():
+        sync(device)
+        start = time.perf_counter()
+        w.sum()
+        sync(device)
+    return time.perf_counter() - start
+
+
+def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: int, best_read_gb_s: float,
+                       log) -> dict:
+    """HF generate twice vs our side-by-side decode, and our decode step against the bandwidth floor.
+
+    The floor uses bandwidth samples taken between the decode runs (median),
+    so on a loaded machine both sides of the fraction see the same
+    conditions; the floor from the best bandwidth seen in the run is
+    reported too (the stricter number on a noisy machine).
+    """
+    unembed_bytes = handle.arch.unembedding.numel() * handle.arch.unembedding.element_size()
+
+    ids = encode_prompt(handle, GENERATION_PROMPT)
+    # warm-up: first calls pay one-off allocation and kernel selection
+    _hf_generate(handle, ids, 2)
+    _ours(handle, GENERATION_PROMPT, [steer], 2)
+    hf_pairs, ours_total, ours_steps, reads = [], [], [], []
+    hf_tokens = ours_result = None
+    for rep in range(reps):
+        log(f"bench: side-by-side rep {rep + 1}/{reps} ({n_tokens} tokens)")
+        t_unsteered, unsteered_tokens = _hf_generate(handle, ids, n_tokens)
+        t_steered, steered_tokens = _hf_generate(handle, ids, n_tokens, steer)
+        hf_pairs.append((t_unsteered, t_steered))
+        hf_tokens = (unsteered_tokens, steered_tokens)
+        reads.append(_read_seconds(handle))
+        total, steps, ours_result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
+        reads.append(_read_seconds(handle))
+        ours_total.append(total)
+        ours_steps.extend(steps)
+    hf_two = median([a + b for a, b in hf_pairs])
+    ours = median(ours_total)
+    step = median(ours_steps)
+    run_read_gb_s = unembed_bytes / median(reads) / 1e9
+    floor_s = weight_bytes / (run_read_gb_s * 1e9)
+    strict_floor_s = weight_bytes / (max(best_read_gb_s, unembed_bytes / min(reads) / 1e9) * 1e9)
+    # HF is told to make exactly n tokens (EOS masked); compare up to our first EOS
+    eos = handle.tokenizer.eos_token_id
+
+    def until_eos(tokens):
+        ids = [t.token_id for t in tokens]
+        return ids[: ids.index(eos)] if eos in ids else ids
+
+    ours_unsteered = until_eos(ours_result.unsteered.tokens)
+    ours_steered = until_eos(ours_result.steered.tokens)
+    return {
+        "new_tokens": n_tokens,
+        "reps": reps,
+        "hf_two_generate_calls_ms": ms(hf_two),
+        "hf_unsteered_ms": ms(median([a for a, _ in hf_pairs])),
+        "hf_steered_ms": ms(median([b for _, b in hf_pairs])),
+        "hf_ms_per_token": ms(hf_two / (2 * n_tokens)),
+        "ours_side_by_side_ms": ms(ours),
+        "ours_ms_per_step": ms(step),
+        "ours_ms_per_step_p95": ms(percentile(ours_steps, 0.95)),
+        "side_by_side_speedup": ratio(hf_two, ours),
+        "read_gb_s_during_run": run_read_gb_s,
+        "floor_ms": ms(floor_s),
+        "decode_floor_fraction": ratio(floor_s, step),
+        "floor_ms_best_bandwidth": ms(strict_floor_s),
+        "decode_floor_fraction_best_bandwidth": ratio(strict_floor_s, step),
+        "hf_hook_overhead": ratio(median([b for _, b in hf_pairs]), median([a for a, _ in hf_pairs])),
+        # greedy decodes of the same model: the unsteered rows should agree token for token
+        "unsteered_tokens_match_hf": ours_unsteered == hf_tokens[0][:len(ours_unsteered)],
+        "steered_tokens_match_hf": ours_steered == hf_tokens[1][:len(ours_steered)],
+    }
+
+
+def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
+    """Per-step decode time with the steering hook installed vs without, runs interleaved A B B A."""
+    log(f"bench: hook overhead ({reps} x 2 runs of {n_tokens} tokens)")
+    plain, steered = [], []
+    for rep in range(reps):
+        order = ((False, True) if rep % 2 == 0 else (True, False))
+        for with_hook in order:
+            _, steps, _ = _ours(handle, GENERATION_PROMPT, [steer] if with_hook else [], n_tokens)
+            (steered if with_hook else plain).extend(steps)
+    return {
+        "new_tokens": n_tokens,
+        "reps": reps,
+        "unsteered_ms_per_step": ms(median(plain)),
+        "steered_ms_per_step": ms(median(steered)),
+        "hook_overhead": ratio(median(steered), median(plain)),
+    }
+
+
+# ------------------------------------------------------------------ slider
+def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float | None = None) -> dict:
+    """Naive full forward (hook, full logits) vs the prefix fast path, for the same α values, interleaved."""
+    prompt, n_tok = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
+    device = handle.input_device
+    log(f"bench: slider ({samples} α values, {n_tok}-token prompt, layer {layer})")
+    sync(device)
+    start = time.perf_counter()
+    state = PrefixState(handle, prompt, layer)
+    sync(device)
+    build = time.perf_counter() - start
+    base = float(steer.scalar_alpha)
+    alphas = [base * (-1.0 + 2.0 * i / max(samples - 1, 1)) for i in range(samples)]
+    naive_logits(handle, prompt, [steer])  # warm-up
+    state.logits([steer], rows=1)
+    naive_t, fast_t, max_diff = [], [], 0.0
+    for a in alphas:
+        s = steer.with_alpha(a)
+        sync(device)
+        t0 = time.perf_counter()
+        ref = naive_logits(handle, prompt, [s])
+        sync(device)
+        t1 = time.perf_counter()
+        fast = state.logits([s], rows=1)
+        sync(device)
+        t2 = time.perf_counter()
+        naive_t.append(t1 - t0)
+        fast_t.append(t2 - t1)
+        max_diff = max(max_diff, float((ref - fast).abs().max()))
+    # what a slider event costs end to end (distributions, top-k frames, Δlogit extremes)
+    # and the whole next-token view (both distributions, KL, top-k frames): the slow path runs the
+    # unsteered and the steered forward, as an app without the prefix cache would
+    view_t, slow_view_t = [], []
+    for a in alphas[: max(3, samples // 2)]:
+        s = steer.with_alpha(a)
+        sync(device)
+        t0 = time.perf_counter()
+        next_token(handle, prompt, [s], fast=False)
+        sync(device)
+        t1 = time.perf_counter()
+        next_token(handle, prompt, [s], fast=True)
+        sync(device)
+        t2 = time.perf_counter()
+        slow_view_t.append(t1 - t0)
+        view_t.append(t2 - t1)
+    t0 = time.perf_counter()
+    compare_logits(handle, state.unsteered_logits, state.unsteered_logits)
+    view_only = time.perf_counter() - t0
+    # Where the fast path's time goes: the one-row unembedding (a full read of W_U, so it has a
+    # memory floor) and the later blocks, which must re-run on every position because the steer
+    # changes every position's state.
+    arch = handle.arch
+    with torch.inference_mode():
+        row = arch.final_hidden(state.block_out[:, -1:, :])[:, -1, :]
+        unembed_t = timings(lambda: arch.logits(row), max(3, samples // 2), device)
+    w = arch.unembedding
+    unembed_floor = (w.numel() * w.element_size() / bandwidth) if bandwidth else None
+    fast_unembed = median(unembed_t)
+    fast_blocks = max(median(fast_t) - fast_unembed, 0.0)
+    return {
+        "prompt_tokens": n_tok,
+        "layer": layer,
+        "samples": samples,
+        "prefix_build_ms": ms(build),
+        "naive_ms": ms(median(naive_t)),
+        "fast_ms_p50": ms(median(fast_t)),
+        "fast_ms_p95": ms(percentile(fast_t, 0.95)),
+        "slider_speedup": ratio(median(naive_t), median(fast_t)),
+        "next_token_view_ms_p50": ms(median(view_t)),
+        "next_token_view_slow_ms_p50": ms(median(slow_view_t)),
+        "next_token_view_speedup": ratio(median(slow_view_t), median(view_t)),
+        "compare_only_ms": ms(view_only),
+        "fast_unembed_ms": ms(fast_unembed),
+        "fast_unembed_floor_ms": ms(unembed_floor) if unembed_floor else None,
+        "fast_blocks_ms": ms(fast_blocks),
+        "blocks_rerun": f"{layer + 1}..{arch.num_layers - 1} on {n_tok} positions",
+        "slider_speedup_if_blocks_were_free": ratio(median(naive_t), unembed_floor or fast_unembed),
+        "max_abs_logit_diff_vs_naive": max_diff,
+        "prompt": prompt,
+    }
+
+
+def bench_sweep(handle, steer, vec: torch.Tensor, layer: int, reps: int, log, n_alphas: int = 21) -> dict:
+    """21 separate fast-path calls vs one batched 21-α :func:`~steer_ui.model.analysis.sweep`."""
+    prompt, n_tok = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
+    device = handle.input_device
+    state = prefix_state(handle, prompt, layer)  # the same LRU entry the sweep will use
+    scale = float(steer.scalar_alpha)
+    alphas = [scale * (-1.0 + 2.0 * i / (n_alphas - 1)) for i in range(n_alphas)]
+    raw = vec.to(torch.float32)
+    log(f"bench: sweep ({n_alphas} α, {reps} reps)")
+    sweep(handle, prompt, raw, layer, alphas)  # warm-up: the first 21-row unembedding picks its kernel
+    separate, batched = [], []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        singles = [state.logits([steer.with_alpha(a)], rows=1) for a in alphas]
+        sync(device)
+        t1 = time.perf_counter()
+        frame = sweep(handle, prompt, raw, layer, alphas)
+        sync(device)
+        t2 = time.perf_counter()
+        separate.append(t1 - t0)
+        batched.append(t2 - t1)
+    top1 = [int(s[0].argmax()) for s in singles]
+    sweep_top1 = [handle.tokenizer.decode([t]) for t in top1]
+    return {
+        "alphas": n_alphas,
+        "prompt_tokens": n_tok,
+        "reps": reps,
+        "separate_ms": ms(median(separate)),
+        "batched_ms": ms(median(batched)),
+        "sweep_speedup": ratio(median(separate), median(batched)),
+        "top1_agree": sweep_top1 == list(frame["top1_token"]),
+    }
+
+
+# ------------------------------------------------------------------ extraction
+def bench_extract(handle, rows: int | None, reps: int, log) -> dict:
+
+    dataset = load_dataset(str(DATASETS / "capitals_statements.csv"))
+    if rows is not None and rows < len(dataset):
+        dataset = dataset.subset(range(rows), suffix=f"[:{rows}]")
+    log(f"bench: activation extraction ({len(dataset)} statements, one at a time vs batched)")
+    device = handle.input_device
+    one, batched = [], []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        a = extract(handle, dataset, batch_size=1, cache=False)
+        sync(device)
+        t1 = time.perf_counter()
+        b = extract(handle, dataset, batch_size=32, cache=False)
+        sync(device)
+        t2 = time.perf_counter()
+        one.append(t1 - t0)
+        batched.append(t2 - t1)
+    scale = float(a.values.abs().max()) or 1.0
+    return {
+        "status": "measured",
+        "rows": len(dataset),
+        "reps": reps,
+        "one_at_a_time_ms": ms(median(one)),
+        "batched_ms": ms(median(batched)),
+        "extract_speedup": ratio(median(one), median(batched)),
+        "max_rel_diff": float((a.values - b.values).abs().max()) / scale,
+    }
+
+
+# ------------------------------------------------------------------ loads, memory
+def bench_cold_load(model: str | None, device: str, dtype: str, log) -> dict:
+    """GGUF → safetensors conversion + load in a fresh process with an empty STEER_UI_CACHE."""
+    if model and not (model == "embedded" or model.endswith(".gguf")):
+        return {"status": "skipped: only GGUF sources have a cold (dequantising) load"}
+    log("bench: cold load from GGUF into an empty cache (about a minute)")
+    code = ("import json, sys, time\n"
+            "t = time.perf_counter()\n"
+            "from steer_ui.model.loading import load_model\n"
+            "t_import = time.perf_counter() - t\n"
+            "t = time.perf_counter()\n"
+            f"load_model({model!r}, device={device!r}, dtype={dtype!r})\n"
+            "print(json.dumps({'cold_load_s': time.perf_counter() - t, 'import_s': t_import}))\n")
+    with tempfile.TemporaryDirectory(prefix="steer-ui-cold-") as tmp:
+        env = dict(os.environ, STEER_UI_CACHE=tmp)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        return {"status": f"failed: {tail[0]}"}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"status": "measured", **out}
+
+
+# ------------------------------------------------------------------ training
+def bench_training(handle, log) -> dict:
+    """Wall time of each training method on the bundled data, default settings, with a cold activation cache."""
+    jobs = [
+        ("probe_sweep_all_layers", "capitals_statements.csv",
+         lambda ds: methods.probe_layers(handle, ds, position="last", seed=0)),
+        ("mean_diff", "capitals_statements.csv", lambda ds: methods.train(handle, ds, "mean-diff")),
+        ("tsv", "qa_answers.csv", lambda ds: methods.train(handle, ds, "tsv")),
+        ("l2s", "capitals_pairs.csv", lambda ds: methods.train(handle, ds, "l2s")),
+    ]
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="steer-ui-bench-") as tmp, cache_dir(tmp):
+        for name, data_file, job in jobs:
+            dataset = load_dataset(str(DATASETS / data_file))
+            log(f"bench: training {name} on {data_file} ({len(dataset)} rows)")
+            start = time.perf_counter()
+            try:
+                job(dataset)
+            except Exception as exc:  # one failing method must not sink the rest of the benchmark
+                message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                out[name] = {"status": f"failed: {message}"[:300]}
+                continue
+            out[name] = {"status": "measured", "seconds": time.perf_counter() - start, "data": data_file,
+                         "rows": len(dataset)}
+    return out
+
+
+# ------------------------------------------------------------------ optional speed modes
+def _final_hidden(handle, prompts) -> list[torch.Tensor]:
+    hs = []
+    with handle.lock, torch.inference_mode():
+        for p in prompts:
+            ids = encode_prompt(handle, p).to(handle.input_device)
+            out = handle.model.base_model(input_ids=ids, use_cache=False)
+            hs.append(out.last_hidden_state[:, -1, :])
+    return hs
+
+
+def bench_bf16_lm_head(handle, reps: int, log) -> dict:
+    """The unembedding in bfloat16 (weights and activations, float32 accumulate) vs float32."""
+    arch = handle.arch
+    device = handle.input_device
+    if arch.unembedding.dtype != torch.float32:
+        return {"status": "skipped: the model is not float32"}
+    log("bench: bfloat16 lm_head mode")
+    w16 = arch.unembedding.detach().to(torch.bfloat16)
+    hs = _final_hidden(handle, PROBE_PROMPTS)
+    max_dp = 0.0
+    agree = 0
+    with torch.inference_mode():
+        for h in hs:
+            p32 = arch.logits(h).softmax(-1)
+            l16 = torch.matmul(h.to(torch.bfloat16), w16.T).float()
+            if arch.logit_softcap:
+                l16 = torch.tanh(l16 / arch.logit_softcap) * arch.logit_softcap
+            p16 = l16.softmax(-1)
+            max_dp = max(max_dp, float((p32 - p16).abs().max()))
+            agree += int(p32.argmax() == p16.argmax())
+        by_rows = {}
+        for n_rows in (1, 2, 3):
+            rows = torch.cat(hs[:n_rows], 0)
+            arch.logits(rows)  # the first call of a row count picks the float32 kernel
+            t32, t16 = [], []
+            for _ in range(reps):
+                sync(device)
+                t0 = time.perf_counter()
+                arch.logits(rows)
+                sync(device)
+                t1 = time.perf_counter()
+                torch.matmul(rows.to(torch.bfloat16), w16.T).float()
+                sync(device)
+                t2 = time.perf_counter()
+                t32.append(t1 - t0)
+                t16.append(t2 - t1)
+            by_rows[n_rows] = (median(t32), median(t16))
+    del w16
+    return {
+        "status": "measured",
+        "float32_ms_by_rows": {n: ms(a) for n, (a, _) in by_rows.items()},
+        "bfloat16_ms_by_rows": {n: ms(b) for n, (_, b) in by_rows.items()},
+        "speedup_2_rows": ratio(*by_rows[2]),
+        "max_abs_delta_prob": max_dp,
+        "top1_agree": f"{agree}/{len(hs)}",
+        "prompts": len(hs),
+    }
+
+
+def bench_bf16_model(handle, steer, n_tokens: int, bandwidth: float, log) -> dict:
+    """The whole model in bfloat16: decode step time against its own (halved) floor, and the accuracy cost."""
+    if handle.arch.unembedding.dtype != torch.float32:
+        return {"status": "skipped: the model is not float32"}
+    log("bench: bfloat16 model mode (a temporary copy)")
+    model16 = copy.deepcopy(handle.model).to(torch.bfloat16)
+    h16 = from_model(model16, handle.tokenizer, model_id=handle.model_id + " (bfloat16 copy)")
+    h16._layer_norms = handle.layer_norms()
+    try:
+        max_dp, agree = 0.0, 0
+        hs32 = _final_hidden(handle, PROBE_PROMPTS)
+        hs16 = _final_hidden(h16, PROBE_PROMPTS)
+        with torch.inference_mode():
+            for a, b in zip(hs32, hs16):
+                p32 = handle.arch.logits(a).softmax(-1)
+                p16 = h16.arch.logits(b).softmax(-1)
+                max_dp = max(max_dp, float((p32 - p16).abs().max()))
+                agree += int(p32.argmax() == p16.argmax())
+        _ours(h16, GENERATION_PROMPT, [steer], 2)
+        _, steps16, _ = _ours(h16, GENERATION_PROMPT, [steer], n_tokens)
+        _, steps32, _ = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
+        floor16 = parameter_bytes(model16) / bandwidth
+        return {
+            "status": "measured",
+            "float32_ms_per_step": ms(median(steps32)),
+            "bfloat16_ms_per_step": ms(median(steps16)),
+            "speedup": ratio(median(steps32), median(steps16)),
+            "bfloat16_floor_ms": ms(floor16),
+            "bfloat16_floor_fraction": ratio(floor16, median(steps16)),
+            "max_abs_delta_prob": max_dp,
+            "top1_agree": f"{agree}/{len(hs32)}",
+            "prompts": len(hs32),
+        }
+    finally:
+        del h16, model16
+        gc.collect()
+
+
+def bench_alpha_grid(handle, steer, layer: int, log, points: int = 41) -> dict:
+    """Precompute the slider's next-token views over a grid of α; a drag is then a dictionary lookup."""
+    prompt, _ = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
+    scale = float(steer.scalar_alpha)
+    alphas = [scale * (-1.0 + 2.0 * i / (points - 1)) for i in range(points)]
+    log(f"bench: precomputed α grid ({points} points)")
+    t0 = time.perf_counter()
+    grid = AlphaGrid(handle, prompt, steer, alphas)
+    build = time.perf_counter() - t0
+    lookups, max_dp = [], 0.0
+    for a in alphas[:: max(1, points // 8)]:
+        t0 = time.perf_counter()
+        view = grid.view(a)
+        lookups.append(time.perf_counter() - t0)
+        direct = next_token(handle, prompt, [steer.with_alpha(a)], fast=True)
+        max_dp = max(max_dp, float((view.steered.prob - direct.steered.prob).abs().max()))
+    return {
+        "status": "measured",
+        "points": points,
+        "build_ms": ms(build),
+        "lookup_ms_p50": ms(median(lookups)),
+        "max_abs_delta_prob_vs_direct": max_dp,
+    }
+
+
