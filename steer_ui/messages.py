@@ -39,6 +39,8 @@ ENGLISH: dict[str, str] = {
     "training_failed": "Training failed: {detail}",
     "unknown_method": "Unknown method '{method}' (choose one of: {known}).",
     "bad_settings": "Settings refused: {detail}",
+    "cancel_asked": "Stopping the running job…",
+    "nothing_to_cancel": "Nothing is running in this session.",
     "link_notice": "From the link: {detail}.",
     "no_steering": "No steering at α = 0: move the slider to see which tokens it promotes and suppresses.",
     "model_switch_off": "Changing the model is switched off on this server: the administrator chose it at launch "

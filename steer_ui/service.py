@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -118,6 +119,7 @@ class Session:
     lang: str = "en"
     touched: float = field(default_factory=time.monotonic)
     cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    running: bool = False  # a long job (training, probing) is under way
 
 
 @dataclass
@@ -713,16 +715,16 @@ class Service:
         from .methods import probe_layers
         handle = self.handle
         try:
-            with handle.lock:
-                result = probe_layers(handle, s.dataset, position=position, seed=_check_seed(seed),
-                                      progress=self._job(s, progress))
+            with self._job(s, progress) as report, handle.lock:
+                result = probe_layers(handle, s.dataset, position=position, seed=_check_seed(seed), progress=report)
         except _expected_errors() as exc:
             raise UserError("training_failed", detail=_first_line(exc)) from None
         s.probe = result
         return result
 
     # ------------------------------------------------------------- jobs
-    def _job(self, s: Session, progress: Progress | None) -> Progress:
+    @contextmanager
+    def _job(self, s: Session, progress: Progress | None) -> Iterator[Progress]:
         """A progress callback that also ends the job: on :meth:`cancel` or after ``policy.job_seconds``.
 
         Long jobs report progress often, so raising from the callback stops
@@ -737,16 +739,21 @@ class Service:
             if s.cancel.is_set():
                 raise UserError("job_cancelled")
             if time.monotonic() > deadline:
-                raise UserError("job_too_long", limit=int(self.policy.job_seconds))
+                raise UserError("job_too_long", limit=f"{self.policy.job_seconds:g}")
             progress(fraction, message)
 
-        return report
+        s.running = True
+        try:
+            yield report
+        finally:
+            s.running = False
 
     def cancel(self, session: str | None) -> bool:
-        """Ask the session's running job to stop at its next progress report; True if one was asked."""
-        if session is None or session not in self._sessions:
+        """Ask the session's running job to stop at its next progress report; True if one was running."""
+        s = self._sessions.get(session) if session else None
+        if s is None or not s.running:
             return False
-        self._sessions[session].cancel.set()
+        s.cancel.set()
         return True
 
     # ---------------------------------------------------------- methods
@@ -798,8 +805,8 @@ class Service:
         m, parsed = self.parse_method_settings(method, settings, layer)
         handle = self.handle
         try:
-            with handle.lock:
-                vector, report = m.train(handle, s.dataset, parsed, self._job(s, progress))
+            with self._job(s, progress) as job_progress, handle.lock:
+                vector, report = m.train(handle, s.dataset, parsed, job_progress)
         except UserError:
             raise
         except _expected_errors() + (RuntimeError,) as exc:

@@ -15,7 +15,7 @@ Headline ratios (targets from the performance issue):
 * ``decode_floor_fraction``: (weight bytes ÷ measured read bandwidth) ÷ our
   time per side-by-side decode step (all three rows).
 * ``slider_speedup``: one full forward of a 32-token prompt with the hook and
-  full logits ÷ the slider's fast path (:class:`~steer_ui.model.analysis.PrefixState`).
+  full logits ÷ the slider's fast path (:class:`~steer_ui.model.prefix.Prefix`).
 * ``hook_overhead``: steered ÷ unsteered decode time per step.
 * ``sweep_speedup``: 21 separate fast-path calls ÷ one batched 21-α sweep.
 * ``extract_speedup``: one-at-a-time ÷ batched activation extraction over the

@@ -24,7 +24,8 @@ from transformers import GenerationConfig
 from .. import methods
 from ..data import load_dataset
 from ..data.activations import extract
-from ..model.analysis import AlphaGrid, PrefixState, compare_logits, naive_logits, next_token, prefix_state, sweep
+from ..model.analysis import AlphaGrid, compare_logits, naive_logits, next_token, prefix_state, sweep
+from ..model.prefix import for_prompt
 from ..model.generation import Sampling, encode_prompt, stream_side_by_side
 from ..model.hooks import Steer, steering
 from ..model.loading import from_model
@@ -236,7 +237,7 @@ def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float 
     log(f"bench: slider ({samples} α values, {n_tok}-token prompt, layer {layer})")
     sync(device)
     start = time.perf_counter()
-    state = PrefixState(handle, prompt, layer)
+    state = for_prompt(handle, prompt, layer)
     sync(device)
     build = time.perf_counter() - start
     base = float(steer.scalar_alpha)
@@ -274,14 +275,14 @@ def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float 
         slow_view_t.append(t1 - t0)
         view_t.append(t2 - t1)
     t0 = time.perf_counter()
-    compare_logits(handle, state.unsteered_logits, state.unsteered_logits)
+    compare_logits(handle, state.unsteered_logits[0], state.unsteered_logits[0])
     view_only = time.perf_counter() - t0
     # Where the fast path's time goes: the one-row unembedding (a full read of W_U, so it has a
     # memory floor) and the later blocks, which must re-run on every position because the steer
     # changes every position's state.
     arch = handle.arch
     with torch.inference_mode():
-        row = arch.final_hidden(state.block_out[:, -1:, :])[:, -1, :]
+        row = state.normed_last  # the last position after the final norm, what the fast path unembeds
         unembed_t = timings(lambda: arch.logits(row), max(3, samples // 2), device)
     w = arch.unembedding
     unembed_floor = (w.numel() * w.element_size() / bandwidth) if bandwidth else None

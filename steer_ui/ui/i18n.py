@@ -295,6 +295,8 @@ MESSAGES: dict[str, dict[str, str]] = {
         "training_failed": "训练失败：{detail}",
         "unknown_method": "未知方法“{method}”（可选：{known}）。",
         "bad_settings": "设置被拒绝：{detail}",
+        "cancel_asked": "正在停止当前任务……",
+        "nothing_to_cancel": "此会话中没有正在运行的任务。",
         "link_notice": "来自链接：{detail}。",
         "no_steering": "α = 0 时没有引导：拖动滑块，看看它提升和压低了哪些词元。",
         "model_switch_off": "此服务器已关闭更换模型：模型由管理员在启动时选定"

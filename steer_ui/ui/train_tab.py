@@ -191,6 +191,7 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
             with gr.Row():
                 probe_btn = gr.Button(T("train.probe"))
                 train_btn = gr.Button(T("train.train"), variant="primary", elem_id="train-btn")
+                cancel_btn = gr.Button(T("train.cancel"), variant="stop", elem_id="train-cancel")
         with gr.Column(scale=2):
             status = gr.Markdown(T("train.empty"), elem_id="train-status")
             probe_plot = gr.Plot(label=T("train.probe_chart"))
@@ -232,6 +233,11 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
         return train_outputs(backend, lang_of(backend, request), name, result) + \
             (gr.update(choices=choices, value=name),)
 
+    @handler(backend)
+    def cancel(request: gr.Request):
+        asked = backend.cancel(sid(request))
+        return i18n.message(lang_of(backend, request), "cancel_asked" if asked else "nothing_to_cancel")
+
     method.change(show_groups, [method], list(groups.values()), api_name="train_method_options",
                   api_visibility="undocumented", queue=False)
     auto_layer.change(lambda auto: gr.update(interactive=not auto), [auto_layer], [layer], api_name="auto_layer",
@@ -239,6 +245,9 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
     probe_inputs = [c for c in (position, seed) if c is not None]
     tab.probe_event = probe_btn.click(probe_layers, probe_inputs, [probe_plot, probe_table, layer, auto_layer],
                                       api_name="probe_layers", **MODEL)
+    # Cancel runs outside the model queue (queue=False): it only raises a flag that the running job's next
+    # progress report sees, so the job stops within a step and the session keeps what it had.
+    cancel_btn.click(cancel, None, [status], api_name="cancel", queue=False)
     tab.train_inputs = {method, layer, auto_layer, extra} | {c for _n, _s, c in fields}
     tab.train_fn = train
     tab.train_outputs = [status, curves, results, report]

@@ -1,13 +1,15 @@
 """A hostile client against the running app: every case is refused with a one-line message naming the problem,
 another session's output stays exactly what it was, and the server keeps answering.
 
-The server is ``python app.py --model embedded`` with the default policy (conftest.py).  The honest session's
+The server is ``python app.py --model embedded`` with the default policy (below).  The honest session's
 next-token numbers and greedy generation are taken once at the start and compared after every attack.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +27,83 @@ LAYER = 6
 HIDDEN = 640  # Gemma 3 270M
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY_CAP = 3 * 2**30  # the app's peak resident memory over the whole suite
+
+
+# ------------------------------------------------------------------------------------------ the server
+# The app as a stranger meets it: ``python app.py`` in its own process, on the embedded model, over HTTP,
+# exactly as a lab would start it (default policy, the queue closed to direct POSTs); a sampler records its
+# peak resident memory for the whole suite.
+
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, args: list[str], log: Path):
+        import psutil
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log = log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args],
+                                     cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+        self.ps = psutil.Process(self.proc.pid)
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak_rss = max(self.peak_rss, self.ps.memory_info().rss)
+            except Exception:
+                return
+            time.sleep(0.05)
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app exited early:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "gradio_api/info", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"app did not come up in {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def alive(self) -> bool:
+        import httpx
+
+        return self.proc.poll() is None and httpx.get(self.url + "gradio_api/info", timeout=10).status_code == 200
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "app.log"
+    srv = Server(["--model", "embedded", "--wait"], log)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
 
 
 def client(server, **kwargs) -> Client:

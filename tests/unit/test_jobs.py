@@ -1,0 +1,58 @@
+"""Long jobs end on request: Cancel stops a running TSV training within 2 s, a job past the time limit stops,
+and in both cases the session keeps exactly the vectors it had."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from steer_ui.policy import Policy
+from steer_ui.service import Service, UserError
+
+
+def _service(tiny, **policy) -> Service:
+    service = Service(tiny("llama"), policy=Policy(**policy))
+    service.upload_dataset("session-a", None, bundled="capitals_statements.csv")
+    service.train("session-a", "mean-diff", layer=1)
+    return service
+
+
+def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_session(tiny):
+    service = _service(tiny)
+    before = service.vector_names("session-a")
+    outcome: dict = {}
+
+    def run():
+        try:
+            service.train("session-a", "tsv", layer=1, settings={"epochs": 200, "compare": False})
+            outcome["finished"] = True
+        except UserError as exc:
+            outcome["error"] = exc
+        outcome["at"] = time.monotonic()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not service.session("session-a").running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # let it train for a while
+    assert service.cancel("session-a")
+    asked = time.monotonic()
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    assert "finished" not in outcome and outcome["error"].key == "job_cancelled"
+    assert outcome["at"] - asked < 2.0
+    assert service.vector_names("session-a") == before
+    assert not service.cancel("session-a")  # nothing is running any more
+    name, _ = service.train("session-a", "mean-diff", layer=2)  # and the session works as before
+    assert name in service.vector_names("session-a")
+
+
+def test_a_job_past_the_time_limit_stops_and_keeps_the_session(tiny):
+    service = _service(tiny, job_seconds=0.5)
+    before = service.vector_names("session-a")
+    with pytest.raises(UserError) as info:
+        service.train("session-a", "tsv", layer=1, settings={"epochs": 200, "compare": False})
+    assert info.value.key == "job_too_long" and "0 s" not in str(info.value)
+    assert service.vector_names("session-a") == before
