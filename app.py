@@ -104,9 +104,7 @@ def exposure_problem(args) -> str | None:
 def policy_from_args(args):
     from steer_ui.policy import Policy
 
-    policy = Policy(allow_model_switch=bool(args.allow_model_switch))
-    choices = [c.strip() for c in (args.model_choices or args.model).split(",") if c.strip()]
-    policy.model_sources = tuple(dict.fromkeys([args.model] + choices))
+    policy = Policy(allow_model_switch=bool(args.allow_model_switch), model_sources=tuple(policy_sources(args)))
     for flag, attr in (("max_sessions", "max_sessions"), ("job_seconds", "job_seconds"),
                        ("queue_size", "queue_max_size")):
         value = getattr(args, flag)
@@ -115,6 +113,24 @@ def policy_from_args(args):
                 raise SystemExit(f"error: --{flag.replace('_', '-')} must be positive, got {value}")
             setattr(policy, attr, type(getattr(policy, attr))(value))
     return policy
+
+
+def startup_message(args, local_url: str, share_url: str | None, has_auth: bool) -> str:
+    """What the app prints once it listens: where, and how to share it safely."""
+    lines = [f"steer_ui is running on {local_url}"]
+    if share_url:
+        lines.append(f"public link: {share_url}" + ("" if has_auth else "  (no password: --public was given)"))
+    elif args.host in LOOPBACK:
+        lines.append("only this machine can open it; to share with colleagues: --host 0.0.0.0 --auth user:pass "
+                     "(local network) or --share --auth user:pass (public link)")
+    lines.append("visitors cannot switch the model" if not args.allow_model_switch else
+                 f"visitors may switch the model to: {', '.join(policy_sources(args))}")
+    return "\n".join(lines)
+
+
+def policy_sources(args) -> list[str]:
+    return list(dict.fromkeys([args.model] + [c.strip() for c in (args.model_choices or "").split(",")
+                                              if c.strip()]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     from steer_ui.ui.app import build_demo, launch_kwargs
 
     policy = policy_from_args(args)
-    backend = Service(max_file_bytes=args.max_file_size, policy=policy)
+    backend = Service(max_file_bytes=args.max_file_size, policy=policy, default_view=True)
     if args.wait or args.model.startswith("tiny:"):
         try:
             backend.load_model(args.model, args.device, args.dtype,
@@ -154,11 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     demo = build_demo(backend)
     # api_open=False: direct POSTs to /gradio_api/run/... would skip the queue and its concurrency slot
     demo.queue(default_concurrency_limit=4, max_size=policy.queue_max_size, api_open=False)
+    # quiet: gradio's own banner suggests share=True in launch(); ours names this app's flags instead
     demo.launch(**launch_kwargs(server_name=args.host, server_port=args.port, share=share, auth=auth,
-                                max_file_size=args.max_file_size, prevent_thread_lock=True, quiet=False))
+                                max_file_size=args.max_file_size, prevent_thread_lock=True, quiet=True))
+    print(startup_message(args, demo.local_url, demo.share_url if share else None, auth is not None), flush=True)
     if share and not demo.share_url:
-        print("warning: the public share link could not be created (see gradio's message above); "
-              "the app is still served locally.", file=sys.stderr)
+        print("warning: the public share link could not be created; the app is still served locally.",
+              file=sys.stderr)
     try:
         demo.block_thread()
     except KeyboardInterrupt:

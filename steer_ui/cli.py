@@ -12,6 +12,8 @@ import json
 import sys
 from typing import Any, Callable
 
+from .vector import POSITIONS
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
 
 
@@ -39,7 +41,8 @@ def _steering_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer", type=int, help="decoder block whose output is steered (default: the vector's, or the middle)")
     p.add_argument("--alpha", type=float, default=0.0)
     p.add_argument("--relative", action="store_true", help="alpha as a fraction of the layer's mean residual norm")
-    p.add_argument("--positions", choices=("all", "prompt", "generated"), default=None)
+    p.add_argument("--positions", choices=POSITIONS, default=None,
+                   help="where to steer (default: the vector's own); last = the last prompt token and generated ones")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -39,6 +39,8 @@ ENGLISH: dict[str, str] = {
     "training_failed": "Training failed: {detail}",
     "unknown_method": "Unknown method '{method}' (choose one of: {known}).",
     "bad_settings": "Settings refused: {detail}",
+    "too_many_rows": "The dataset has {rows} rows; training on this server reads at most {limit}. Upload a "
+                     "subset (whole questions or groups) to train on it.",
     "cancel_asked": "Stopping the running job…",
     "nothing_to_cancel": "Nothing is running in this session.",
     "link_notice": "From the link: {detail}.",

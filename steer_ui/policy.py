@@ -39,6 +39,9 @@ class Policy:
     session_idle_seconds: float = 4 * 3600.0
     # ---- long jobs (training, probing every layer, detection)
     job_seconds: float = 900.0
+    # rows a training job may read: TSV keeps every row's cached prefix in memory (~0.1 MB a row on Gemma 3
+    # 270M), so this bounds memory as well as time; TruthfulQA's full expansion (~6,000 answers) fits
+    max_train_rows: int = 8000
     # ---- the queue
     queue_max_size: int = 64
     # ---- disk

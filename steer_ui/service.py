@@ -346,10 +346,6 @@ class Service:
         while len(self._evicted) > 4 * self.policy.max_sessions:
             self._evicted.popitem(last=False)
 
-    def end_session(self, session: str | None) -> None:
-        with self._sessions_lock:
-            self._sessions.pop(session, None)
-
     def set_language(self, session: str | None, lang: str) -> str:
         s = self.session(session)
         s.lang = normalise_lang(lang)
@@ -803,6 +799,9 @@ class Service:
         if s.dataset is None:
             raise UserError("no_dataset")
         m, parsed = self.parse_method_settings(method, settings, layer)
+        rows = len(s.dataset.frame)
+        if rows > self.policy.max_train_rows:
+            raise UserError("too_many_rows", rows=rows, limit=self.policy.max_train_rows)
         handle = self.handle
         try:
             with self._job(s, progress) as job_progress, handle.lock:

@@ -29,7 +29,9 @@ from . import limits
 
 FORMAT_VERSION = 1
 SITE = "decoder_block_output"
-POSITIONS = ("all", "prompt", "generated")
+# Where a vector steers: every position, the prompt's, the generated ones, or "last": the last prompt position
+# and every generated one (ITI's choice in honest_llama).
+POSITIONS = ("all", "prompt", "generated", "last")
 FLOAT_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float64, torch.float16,
                                                              torch.bfloat16)}
 # What an extra tensor may hold (and what every export format can write back bit for bit).

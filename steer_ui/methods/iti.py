@@ -217,6 +217,9 @@ class ITISettings:
                               minimum=0.01, maximum=100.0, ui=False)
     template: str | None = setting(None, "row text template with {completion} once (and {prompt})", ui=False,
                                    max_length=500)
+    steer_positions: str = setting("last", "where the heads are steered: the last prompt token and every generated "
+                                           "one (honest_llama's choice), or all positions",
+                                   choices=("last", "all"))
 
 
 class ITI:
@@ -264,6 +267,7 @@ class ITI:
                   ACCURACY: torch.as_tensor(accuracy, dtype=torch.float32)}
         vector = make_record(handle, "iti", directions, labelled, hyperparameters=hyper, metrics=clean(metrics),
                              alpha_range=None, extras=extras, site="attention_heads")
+        vector.positions = st.steer_positions
         vector.dataset_hash = dataset.content_hash
         progress(0.9, "measuring the recommended α range")
         alpha_range, table = alpha_range_from_kl(lambda a: kl_at(handle, vector, SWEEP_PROMPTS, a),

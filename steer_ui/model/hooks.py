@@ -30,9 +30,8 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from ..vector import POSITIONS
 from .capture import out_projection
-
-POSITIONS = ("all", "prompt", "generated")
 
 
 class SteeringError(ValueError):
@@ -137,7 +136,12 @@ class StepState:
         absolute = torch.arange(self.offset, self.offset + seq_len, device=device)
         boundary = self.prompt_len if self.prompt_len is not None else self.offset + seq_len
         is_prompt = absolute < boundary
-        keep = is_prompt if positions == "prompt" else ~is_prompt
+        if positions == "prompt":
+            keep = is_prompt
+        elif positions == "last":  # ITI's positions: the last prompt token and every generated one
+            keep = (absolute == boundary - 1) | ~is_prompt
+        else:
+            keep = ~is_prompt
         return keep.reshape(1, seq_len, 1)
 
     def touches(self, seq_len: int, positions: str) -> bool:
@@ -151,7 +155,10 @@ class StepState:
         boundary = self.prompt_len if self.prompt_len is not None else self.offset + seq_len
         if positions == "prompt":
             return boundary > self.offset
-        return boundary < self.offset + seq_len
+        generated = boundary < self.offset + seq_len
+        if positions == "last":
+            return generated or self.offset <= boundary - 1 < self.offset + seq_len
+        return generated
 
     def masked(self, add: torch.Tensor, seq_len: int, positions: str) -> torch.Tensor:
         """``add`` (rows or 1, seq or 1, width) zeroed at the positions ``positions`` leaves alone."""

@@ -132,7 +132,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                                      elem_id="steered-text")
     token_detail = gr.Markdown(T("explore.token_hint"))
     with gr.Row():
-        per_token = gr.Plot(label=T("explore.per_token"))
+        per_token = gr.Plot(label=T("explore.per_token"), elem_id="per-token-delta")
         dose = gr.Plot(label=T("explore.dose"), elem_id="dose-response")
     with gr.Accordion(T("explore.raw"), open=False):
         tokens = gr.Dataframe(label=T("explore.tokens"), interactive=False, wrap=True)

@@ -66,7 +66,7 @@ class Server:
                 return
             time.sleep(0.05)
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
+    def wait_ready(self, timeout: float = 900.0) -> None:
         import httpx
 
         deadline = time.monotonic() + timeout

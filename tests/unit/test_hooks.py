@@ -176,3 +176,23 @@ def test_generated_only_input_dependent_steer_with_later_context(tiny):
     second = events[1].steered
     assert abs(second.delta_logit) > 1e-2
     assert second.direct_delta_logit != 0.0
+
+
+def test_last_positions_steer_the_last_prompt_token_and_every_generated_one(tiny):
+    """ITI's positions: at prefill only the last prompt position moves; while decoding every new token does."""
+    from steer_ui.model.capture import capture
+
+    handle = tiny("llama")
+    ids = handle.tokenizer("a short prompt here", return_tensors="pt").input_ids
+    n = ids.shape[1]
+    steer = Steer(layer=1, vector=torch.ones(64), alpha=3.0, positions="last")
+    clean = capture(handle, ids, [1])[1]
+    with steering(handle, [steer], StepState(prompt_len=n)):
+        prefill = capture(handle, ids, [1])[1]
+    moved = (prefill - clean).abs().amax(-1)[0]
+    assert torch.all(moved[:-1] == 0) and moved[-1] > 1.0
+    state = StepState(prompt_len=n, offset=n)  # one generated position
+    assert state.touches(1, "last") and StepState(prompt_len=n).touches(n, "last")
+    assert not StepState(prompt_len=n).touches(n, "generated")
+    mask = StepState(prompt_len=3).position_mask(5, "last", "cpu").reshape(-1).tolist()
+    assert mask == [False, False, True, True, True]

@@ -272,3 +272,14 @@ def test_cli_bad_file_is_one_line_error(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "no recognised columns" in json.loads(captured.out)["error"]
     assert "Traceback" not in captured.err
+
+
+def test_iti_steers_the_last_prompt_token_and_generated_ones_by_default(tiny):
+    """honest_llama's positions are ITI's default; "all" stays available."""
+    handle = tiny("llama")
+    vector, _ = train(handle, separable(), "iti", top_heads=2)
+    assert vector.positions == "last"
+    steers = build_steers(handle, vector, 5.0)
+    assert steers[0].positions == "last"
+    vector_all, _ = train(handle, separable(), "iti", top_heads=2, steer_positions="all")
+    assert vector_all.positions == "all"

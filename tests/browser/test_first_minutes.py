@@ -1,0 +1,177 @@
+"""The first minutes, as a new user meets them: ``python app.py`` on the embedded model, a fresh page, no clicks.
+
+* the untouched page shows the named default vector, both generations (different), the per-token Δlogit and
+  the dose-response chart;
+* the slider's default maximum is strong but readable (KL 2–10 nats) and "extend range" reaches the explosion;
+* a link restores the view, and "Copy link" yields one that does;
+* screenshots of every tab in English and 简体中文 at 1400×1000 are saved (``STEER_UI_SCREENSHOTS``, default
+  ``build/screenshots``; ``assets/screenshots`` holds a committed set).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = Path(os.environ.get("STEER_UI_SCREENSHOTS") or ROOT / "build" / "screenshots")
+DEFAULT_NAME = "positive sentiment (default)"
+TABS = {"en": ["Model", "Data", "Train", "Explore", "Concepts", "Detect", "Export / Import"],
+        "zh-CN": ["模型", "数据", "训练", "探索", "概念", "检测", "导出 / 导入"]}
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.integration,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Chromium is not installed at /usr/bin/chromium"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """A fresh launch, exactly as the README's first command does it (model loading in the background)."""
+    import httpx
+
+    port = _free_port()
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "gradio_api/info", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail(f"the app did not come up:\n{log.read_text()[-2000:]}")
+    yield url, log
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield b
+        b.close()
+
+
+def _text(page, selector: str) -> str:
+    return page.locator(selector).inner_text()
+
+
+def _filled(page) -> bool:
+    return (page.locator("#dose-response .js-plotly-plot").count() > 0
+            and page.locator("#per-token-delta .js-plotly-plot").count() > 0
+            and len(_text(page, "#steered-text").strip()) > 0 and len(page.locator("#unsteered-text textarea")
+                                                                       .input_value().strip()) > 0)
+
+
+def _wait_filled(page, seconds: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if _filled(page):
+            return time.monotonic() - start
+        time.sleep(0.5)
+    raise AssertionError(f"the page was not filled in within {seconds:.0f} s")
+
+
+def test_an_untouched_page_shows_steering_at_work(browser, app):
+    url, _log = app
+    page = browser.new_page(locale="en-US", viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    # the first start may still be loading the model and calibrating the default vector: 60 s from then on
+    page.wait_for_function("() => !document.querySelector('#model-banner')?.innerText.includes('loading')",
+                           timeout=300_000)
+    _wait_filled(page, 60)
+    assert page.locator("#explore-vector input").input_value() == DEFAULT_NAME
+    unsteered = page.locator("#unsteered-text textarea").input_value().strip()
+    steered = _text(page, "#steered-text").strip()
+    assert unsteered and steered and unsteered.replace(" ", "") != steered.replace(" ", "").replace("\n", "")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "first_view.png"), full_page=True)
+    page.close()
+
+
+def test_the_default_slider_range_is_strong_but_readable_and_extends_to_the_explosion(browser, app):
+    from gradio_client import Client
+
+    url, _ = app
+    page = browser.new_page(locale="en-US", viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    _wait_filled(page, 120)
+    slider = page.locator("#alpha-slider input[type=range]")
+    top = float(slider.get_attribute("max"))
+    layer = int(float(page.locator("#explore-layer input[type=number]").input_value()))
+    prompt = page.locator("#explore-prompt textarea").input_value()
+    page.locator("#alpha-extend input").check()
+    page.wait_for_function(f"() => parseFloat(document.querySelector('#alpha-slider input[type=range]').max) > "
+                           f"{top * 4}", timeout=10_000)
+    page.close()
+    c = Client(url, verbose=False)
+    *_, at_max = c.predict(prompt, DEFAULT_NAME, layer, top, True, 0, api_name="/next_token")
+    *_, extended = c.predict(prompt, DEFAULT_NAME, layer, top * 5, True, 0, api_name="/next_token")
+    assert 2.0 <= at_max["kl"] <= 10.0, at_max["kl"]
+    assert extended["kl"] > at_max["kl"] and (extended["kl"] > 10 or extended["max_abs_delta_logit"] > 10)
+
+
+def test_a_link_restores_the_view_and_copy_link_makes_one(browser, app):
+    url, _ = app
+    page = browser.new_page(locale="en-US", viewport={"width": 1400, "height": 1000})
+    page.goto(url + "?prompt=Hello%20there&layer=5&alpha=0.05")
+    _wait_filled(page, 120)
+    assert page.locator("#explore-prompt textarea").input_value() == "Hello there"
+    assert int(float(page.locator("#explore-layer input[type=number]").input_value())) == 5
+    assert abs(float(page.locator("#alpha-slider input[type=number]").input_value()) - 0.05) < 1e-9
+    page.locator("#copy-link").click()
+    page.wait_for_function("() => document.querySelector('#explore-link textarea, #explore-link input')"
+                           "?.value.includes('prompt=')", timeout=10_000)
+    link = page.locator("#explore-link textarea, #explore-link input").first.input_value()
+    query = parse_qs(urlparse(link).query)
+    assert query["prompt"] == ["Hello there"] and query["layer"] == ["5"] and float(query["alpha"][0]) == 0.05
+    page.close()
+    again = browser.new_page(locale="en-US", viewport={"width": 1400, "height": 1000})
+    again.goto(link)
+    _wait_filled(again, 120)
+    assert again.locator("#explore-prompt textarea").input_value() == "Hello there"
+    assert int(float(again.locator("#explore-layer input[type=number]").input_value())) == 5
+    again.close()
+
+
+@pytest.mark.parametrize("locale", ["en", "zh-CN"])
+def test_screenshots_of_every_tab(browser, app, locale):
+    url, _ = app
+    page = browser.new_page(locale="zh-CN" if locale == "zh-CN" else "en-US",
+                            viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    _wait_filled(page, 120)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    suffix = "" if locale == "en" else "_zh"
+    for name in TABS[locale]:
+        page.get_by_role("tab", name=name).click()
+        time.sleep(1.0)
+        slug = TABS["en"][TABS[locale].index(name)].split()[0].lower()
+        page.screenshot(path=str(SHOTS / f"{slug}{suffix}.png"))
+        assert (SHOTS / f"{slug}{suffix}.png").stat().st_size > 10_000
+    page.close()

@@ -1,0 +1,25 @@
+"""A view link is hostile input too: valid values restore the controls, the rest fall back with a notice."""
+from steer_ui.ui.url_state import ExploreState, from_query
+
+DEFAULTS = ExploreState(prompt="p", vector="v", layer=8, alpha=0.14, alpha_max=0.31)
+VECTORS = ["random direction", "v", "w"]
+
+
+def test_valid_values_restore_the_controls():
+    state = from_query({"prompt": "Hello there", "layer": "5", "alpha": "0.05", "relative": "0", "vector": "w",
+                        "seed": "3", "alpha_max": "2"}, DEFAULTS, VECTORS, 18, 4000)
+    assert (state.prompt, state.layer, state.alpha, state.relative, state.vector, state.seed, state.alpha_max) == \
+        ("Hello there", 5, 0.05, False, "w", 3, 2.0)
+    assert state.notices == []
+
+
+def test_an_alpha_beyond_the_range_widens_it():
+    assert from_query({"alpha": "-3"}, DEFAULTS, VECTORS, 18, 4000).alpha_max == 3.0
+
+
+def test_bad_values_fall_back_with_a_notice_and_unknown_keys_are_ignored():
+    state = from_query({"layer": "99", "alpha": "nan", "vector": "someone's secret", "prompt": "x" * 5000,
+                        "__proto__": "1", "seed": "-1"}, DEFAULTS, VECTORS, 18, 4000)
+    assert (state.layer, state.alpha, state.vector, state.prompt, state.seed) == (8, 0.14, "v", "p", 0)
+    assert len(state.notices) == 4 and any("not on this server" in n for n in state.notices)
+    assert DEFAULTS.notices == []  # the defaults are never modified
