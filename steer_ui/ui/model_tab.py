@@ -41,7 +41,9 @@ def status_markdown(backend: Service, lang: str) -> str:
 def build_model_tab(backend: Service) -> ModelTab:
     with gr.Row():
         sources = list(backend.policy.model_sources)
-        source = gr.Dropdown(choices=sources, value=sources[0] if sources else None, allow_custom_value=False,
+        # custom values reach the service, which refuses anything off the list in the same words whatever it
+        # names (gradio's own check would echo the value back)
+        source = gr.Dropdown(choices=sources, value=sources[0] if sources else None, allow_custom_value=True,
                              label=T("model.source"), info=T("model.source_info"), scale=3)
         device = gr.Dropdown(choices=["auto", "cpu", "cuda", "mps"], value="auto", allow_custom_value=True,
                              label=T("model.device"), scale=1)

@@ -254,7 +254,7 @@ def test_generation_length_is_bounded_on_the_server(server, honest):
 
 def test_a_crafted_tsv_template_is_never_formatted(server, honest, tmp_path):
     path = save_native(tmp_path / "tsv.safetensors", {9: torch.randn(HIDDEN)},
-                       {"tsv.prototypes": torch.nn.functional.normalize(torch.randn(2, HIDDEN), dim=-1)},
+                       {"prototypes": torch.nn.functional.normalize(torch.randn(2, HIDDEN), dim=-1)},
                        {"method": "tsv", "hyperparameters": {"template": "{question.__class__.__mro__}",
                                                              "kappa": 10.0, "layer": 9}})
     c = client(server)
