@@ -27,14 +27,30 @@ def _label(labels: Mapping[str, str] | None, key: str, default: str) -> str:
 
 
 def _show_token(token: str) -> str:
-    """Make whitespace visible: a bar labelled ' ' or '\\n' is unreadable."""
-    text = repr(token)[1:-1] if token.strip() == "" or "\n" in token else token
+    """Make whitespace and unprintable characters visible: a bar labelled ' ', '\\n' or a box is unreadable.
+
+    Control and other unprintable characters are shown escaped (``\\n``, ``\\u2581``); edge spaces as ``·``.
+    """
+    if token.strip() == "":
+        text = repr(token)[1:-1]
+    else:
+        text = "".join(ch if _glyph(ch) else (repr(ch)[1:-1] if not ch.isprintable() else f"\\u{ord(ch):04x}")
+                       for ch in token)
     return text.replace(" ", "·") if text.strip() != text else text
 
 
+def _glyph(ch: str) -> bool:
+    """Whether ``ch`` draws as itself in a chart font (not a box): printable, not private-use or a marker such
+    as SentencePiece's ▁ or the replacement character."""
+    import unicodedata
+
+    return ch.isprintable() and ch not in "\u2581\ufffd" and unicodedata.category(ch) not in ("Co", "Cn", "Cs")
+
+
 def _layout(fig: go.Figure, title: str, height: int = 320, **kwargs) -> go.Figure:
+    top = 45 + 18 * title.count("<br>")  # room for every title line
     fig.update_layout(title=dict(text=title, font=dict(size=14)), height=height,
-                      margin=dict(l=50, r=20, t=45, b=40), template="plotly_white",
+                      margin=dict(l=50, r=20, t=top, b=40), template="plotly_white",
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0), **kwargs)
     return fig
 
@@ -98,13 +114,14 @@ def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_d
     fig = go.Figure(go.Bar(x=frame.delta_logit, y=frame.label, orientation="h", marker_color=colors,
                            hovertemplate="%{y}: Δlogit %{x:.3f}<extra></extra>"))
     title = _label(labels, "title", "Δlogit: most promoted and suppressed tokens")
-    if max_abs_delta_logit is not None:
-        title += f"  (max |Δlogit| = {max_abs_delta_logit:.2f}"
+    if max_abs_delta_logit is not None:  # on a second line, so a narrow chart does not cut it off
+        detail = f"max |Δlogit| = {max_abs_delta_logit:.2f}"
         if max_delta_token is not None:  # plotly titles take HTML: '<pad>' must stay text
-            title += f" on {html.escape(repr(_show_token(max_delta_token)))}"
-        title += ")"
+            detail += f" on {html.escape(repr(_show_token(max_delta_token)))}"
         if max_abs_delta_logit > threshold:
-            title = "⚠ " + title + " — " + _label(labels, "exploded", "logits exploding")
+            title = "⚠ " + title
+            detail += " — " + _label(labels, "exploded", "logits exploding")
+        title += f"<br><sup>{detail}</sup>"
     fig.update_xaxes(title_text="Δlogit", zeroline=True, zerolinecolor="#495057")
     fig.update_yaxes(type="category")
     height = max(320, 16 * len(frame) + 90)

@@ -52,8 +52,18 @@ def naive_logits(handle, prompt: str, steers: Sequence[Steer], rows: int = 1) ->
 
 # ----------------------------------------------------------- distributions
 def _decode_ids(handle, ids) -> list[str]:
+    """Token strings for display; a byte-fallback token (one that decodes to U+FFFD alone) keeps its own
+    name, e.g. ``<0xE5>``, instead of a box."""
     ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-    return handle.tokenizer.batch_decode([[int(i)] for i in ids]) if ids else []
+    if not ids:
+        return []
+    texts = handle.tokenizer.batch_decode([[int(i)] for i in ids])
+    broken = [k for k, t in enumerate(texts) if "\ufffd" in t]
+    if broken:
+        names = handle.tokenizer.convert_ids_to_tokens([int(ids[k]) for k in broken])
+        for k, name in zip(broken, names):
+            texts[k] = str(name)
+    return texts
 
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:

@@ -202,8 +202,10 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         except (TypeError, ValueError):
             top = 1.0
         top = (top if top > 0 else 1.0) * (EXTEND if extended else 1.0)
-        value = max(-top, min(top, float(alpha or 0.0)))
-        return gr.update(minimum=-top, maximum=top, step=top / 100, value=value)
+        value = float(alpha or 0.0)
+        if abs(value) <= top:  # leave α alone: a page load may set α and its range in the same update
+            return gr.update(minimum=-top, maximum=top, step=top / 100)
+        return gr.update(minimum=-top, maximum=top, step=top / 100, value=max(-top, min(top, value)))
 
     @handler(backend)
     def pick_vector(prompt, vector, layer, vector_seed, request: gr.Request):

@@ -112,3 +112,22 @@ def test_head_heatmap_from_an_iti_report():
     z = fig.data[0].z
     assert z[0][1] == 0.9 and math.isnan(z[1][0]) and fig.layout.title.text == "T"
     assert find_head_heatmap({"curves": []}) is None
+
+
+def test_unprintable_tokens_are_shown_escaped_not_as_boxes():
+    from steer_ui.plots import _show_token
+
+    assert _show_token("\u2581x") == "\\u2581x"
+    assert _show_token("a\x00b") == "a\\x00b"
+    assert _show_token("\ue000") == "\\ue000"  # private use: no glyph in any chart font
+    assert _show_token("\n") == "\\n" and _show_token(" the") == "·the" and _show_token("中文") == "中文"
+
+
+def test_a_long_delta_title_breaks_onto_a_second_line():
+    import pandas as pd
+
+    from steer_ui.plots import delta_logit_bars
+
+    frame = pd.DataFrame({"token": ["a"], "token_id": [1], "delta_logit": [12.0]})
+    fig = delta_logit_bars(frame, frame.assign(delta_logit=-12.0), 12.0, "xia")
+    assert "<br>" in fig.layout.title.text and fig.layout.margin.t > 45
