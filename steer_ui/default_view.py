@@ -25,13 +25,14 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .paths import cache_root
+from .plots import READABLE_KL
 from .vector import SteeringVector
 
 DATA = Path(__file__).resolve().parents[1] / "assets" / "datasets" / "sentiment_pairs.csv"
 NAME = "positive sentiment (default)"
 PROMPT = "My favourite thing about the weekend is"
 CALIBRATION_PROMPTS = (PROMPT, "The weather today is", "When I opened the letter, I")
-KL_AT_MAX = 5.0  # nats: strong but, on the models we tried, still readable
+KL_AT_MAX = READABLE_KL  # nats: strong but, on the models we tried, still readable
 FLUENCY_DROP = 1.5  # nats per token below the unsteered text's mean log-probability
 # Repetition is predictable, so a looping text scores as fluent: it must also keep this share of distinct tokens
 # (relative to the unsteered text's own share).

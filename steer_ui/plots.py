@@ -153,6 +153,26 @@ def per_token_delta(tokens: pd.DataFrame, labels: Mapping[str, str] | None = Non
 DOSE_METRICS = ("kl", "entropy", "max_abs_delta_logit", "target_prob")
 
 
+READABLE_KL = 5.0  # nats; the same bound that calibrates the α slider (steer_ui.default_view.KL_AT_MAX)
+
+
+def readable_zone(frame: pd.DataFrame, alpha_column: str = "alpha") -> tuple[float, float] | None:
+    """The contiguous α interval around the smallest |α| whose KL stays at or under :data:`READABLE_KL`."""
+    ordered = frame.sort_values(alpha_column)
+    alphas, kl = ordered[alpha_column].to_numpy(dtype=float), ordered["kl"].to_numpy(dtype=float)
+    if not len(alphas):
+        return None
+    centre = int(abs(alphas).argmin())
+    if not kl[centre] <= READABLE_KL:
+        return None
+    lo = hi = centre
+    while lo > 0 and kl[lo - 1] <= READABLE_KL:
+        lo -= 1
+    while hi < len(alphas) - 1 and kl[hi + 1] <= READABLE_KL:
+        hi += 1
+    return float(alphas[lo]), float(alphas[hi])
+
+
 def dose_response(frame: pd.DataFrame, current_alpha: float | None = None, alpha_column: str = "alpha",
                   labels: Mapping[str, str] | None = None) -> go.Figure:
     """KL, entropy, max |Δlogit| (and the target token's probability) against α, current α marked.
@@ -170,6 +190,11 @@ def dose_response(frame: pd.DataFrame, current_alpha: float | None = None, alpha
                                  name=_label(labels, "target", "p(target)") + f" {_show_token(token)!r}"))
     fig.add_trace(go.Scatter(x=x, y=frame.max_abs_delta_logit, name=_label(labels, "max_delta", "max |Δlogit|"),
                              mode="lines", line=dict(dash="dash", color="#868e96"), yaxis="y2"))
+    zone = readable_zone(frame, alpha_column)
+    if zone is not None:  # where the text stays readable: the slider's calibrated range lives here
+        fig.add_vrect(x0=zone[0], x1=zone[1], fillcolor=UP_COLOR, opacity=0.08, line_width=0, layer="below",
+                      annotation_text=_label(labels, "readable", f"KL ≤ {READABLE_KL:g} nats"),
+                      annotation_position="top left")
     if current_alpha is not None:
         fig.add_vline(x=float(current_alpha), line=dict(color=STEERED_COLOR, width=2),
                       annotation_text=f"α = {current_alpha:g}", annotation_position="top")

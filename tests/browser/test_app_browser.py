@@ -117,6 +117,31 @@ def test_export_gives_a_file(browser, url, tmp_path):
     page.close()
 
 
+def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_vectors(browser, url):
+    page = open_page(browser, url)
+    page.get_by_role("tab", name="Data").click()
+    page.locator("#data-file input[type=file]").set_input_files(str(ROOT / "assets/datasets/capitals_statements.csv"))
+    page.wait_for_function("() => document.querySelector('#data-summary').innerText.includes('capitals_statements')",
+                           timeout=30_000)
+    page.get_by_role("tab", name="Explore").click()
+    page.locator("#explore-vector").click()
+    before = sorted(page.locator("ul[role=listbox] li").all_inner_texts())
+    page.keyboard.press("Escape")
+    page.get_by_role("tab", name="Train").click()
+    page.locator("#train-method label", has_text="tsv").click()
+    page.locator("#train-extra textarea").fill('{"epochs": 200, "compare": false}')
+    page.locator("#train-btn").click()
+    time.sleep(2.0)  # well into training
+    page.locator("#train-cancel").click()
+    clicked = time.monotonic()
+    page.get_by_text("Cancelled").first.wait_for(timeout=10_000)
+    assert time.monotonic() - clicked < 2.5  # the toast shows within a step (plus the page's own latency)
+    page.get_by_role("tab", name="Explore").click()
+    page.locator("#explore-vector").click()
+    assert sorted(page.locator("ul[role=listbox] li").all_inner_texts()) == before
+    page.close()
+
+
 def _visible_text_of_every_tab(page) -> str:
     texts = []
     for tab in page.locator("button[role=tab]").all():

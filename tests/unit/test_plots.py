@@ -67,7 +67,8 @@ def test_dose_response_marks_current_alpha_and_uses_second_axis_for_max_delta():
     shapes = [s for s in fig.layout.shapes if s.type == "line"]
     assert shapes and shapes[0].x0 == 0.5
     without_target = plots.dose_response(frame.drop(columns=["target_prob", "target_token"]), None)
-    assert len(without_target.data) == 3 and not without_target.layout.shapes
+    # without a current α only the readable-zone band is drawn, no α line
+    assert len(without_target.data) == 3 and not [s for s in without_target.layout.shapes if s.type == "line"]
 
 
 def test_probe_layers_and_training_curves_and_balance():
@@ -131,3 +132,16 @@ def test_a_long_delta_title_breaks_onto_a_second_line():
     frame = pd.DataFrame({"token": ["a"], "token_id": [1], "delta_logit": [12.0]})
     fig = delta_logit_bars(frame, frame.assign(delta_logit=-12.0), 12.0, "xia")
     assert "<br>" in fig.layout.title.text and fig.layout.margin.t > 45
+
+
+def test_the_dose_response_chart_shades_the_readable_zone():
+    import pandas as pd
+
+    from steer_ui.plots import dose_response, readable_zone
+
+    frame = pd.DataFrame({"alpha": [-2, -1, 0, 1, 2, 3], "kl": [9.0, 4.0, 0.0, 3.0, 5.0, 12.0],
+                          "entropy": [1.0] * 6, "max_abs_delta_logit": [1.0] * 6})
+    assert readable_zone(frame) == (-1.0, 2.0)
+    shapes = dose_response(frame, current_alpha=1.0).layout.shapes
+    assert any(s.type == "rect" and (s.x0, s.x1) == (-1.0, 2.0) for s in shapes)
+    assert readable_zone(frame.assign(kl=[9.0, 9.0, 6.0, 9.0, 9.0, 9.0])) is None
