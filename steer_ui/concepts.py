@@ -100,8 +100,6 @@ class RowNorms:
     extremes: pd.DataFrame  # which ('largest' | 'smallest'), rank, token, token_id, norm
     stats: dict  # mean, std, min, median, max, rows
 
-    def as_dict(self) -> dict:
-        return {"stats": self.stats, "extremes": self.extremes.to_dict("records")}
 
 
 def row_norms(handle, bins: int = 60, extremes: int = 10) -> RowNorms:
@@ -186,8 +184,6 @@ class SamplingView:
     processed: torch.Tensor
     sampling: Sampling
 
-    def as_dict(self) -> dict:
-        return {"summary": self.summary, "tokens": self.frame.to_dict("records")}
 
 
 def sampling_filters(handle, prompt: str, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -502,10 +498,6 @@ class KVLayout:
     head_dim: int
     layer_types: tuple[str, ...]
     sliding_window: int | None
-
-    @property
-    def grouped(self) -> bool:
-        return self.kv_heads < self.attention_heads
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("layers", "attention_heads", "kv_heads", "head_dim", "sliding_window")}

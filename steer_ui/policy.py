@@ -49,12 +49,6 @@ class Policy:
     export_keep_seconds: float = 3600.0
     activation_cache_max_bytes: int = 2 << 30
 
-    def as_dict(self) -> dict:
-        from dataclasses import asdict
-
-        out = asdict(self)
-        out["model_sources"] = list(self.model_sources)
-        return out
 
 
 def device_allowed(device: str | None) -> bool:

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..model.prefix import Prefix, encode_texts, for_texts
+from ..model.prefix import Prefix, for_texts
 from ..model.units import NEUTRAL_PROMPTS, relative_scale
 
 Progress = Callable[[float, str], None]
@@ -111,7 +111,6 @@ def top_offenders(handle, delta_logits: torch.Tensor, k: int = 10) -> list[dict]
 # The frozen-prefix engine (steer_ui.model.prefix) under the names TSV and
 # constrain_vector have always used: a batch is a Prefix.
 SuffixBatch = Prefix
-encode_batch = encode_texts
 
 
 def cache_prefix(handle, texts: Sequence[str], layer: int, batch_size: int = 16,

@@ -197,13 +197,6 @@ def kl_at(handle, vector, prompts: Sequence[str], alphas: Sequence[float]) -> np
     return total / len(prompts)
 
 
-def heatmap(vector) -> list[list[float]]:
-    """The (layer × head) validation accuracy table, as lists for the UI."""
-    return vector.extras[ACCURACY].tolist() if ACCURACY in vector.extras else []
-
-
-
-
 @dataclass
 class ITISettings:
     position: str = setting("last", "which token's head activations stand for a row", choices=("last", "mean"))

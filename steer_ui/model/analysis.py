@@ -218,6 +218,7 @@ def sweep(handle, prompt: str, vector: torch.Tensor, layer: int, alphas: Sequenc
         "kl": _kl(lu, ls).tolist(),
         "entropy": _entropy(ls).tolist(),
         "top1_token": _decode_ids(handle, top1),
+        "top1_token_id": top1.tolist(),
         "top1_prob": ls.exp().gather(1, top1.unsqueeze(1)).squeeze(1).tolist(),
         "max_abs_delta_logit": (logits - base).abs().max(-1).values.tolist(),
     })

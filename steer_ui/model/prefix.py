@@ -210,14 +210,6 @@ def _pad_id(handle) -> int:
     return int(pad) if pad is not None else 0
 
 
-def encode_texts(handle, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, position_ids) for ``texts``, padded on the left.
-
-    Real tokens get positions 0..n-1 whatever the padding, so a row's
-    activations do not depend on which batch it landed in.
-    """
-    return left_pad(_token_rows(handle, texts), _pad_id(handle))
-
 
 def for_texts(handle, texts: Sequence[str], layer: int, batch_size: int = 16, progress: Progress | None = None,
               keep_final_all: bool = False) -> list[Prefix]:

@@ -6,28 +6,13 @@ CJK glyphs need a font such as ``fonts-wqy-microhei`` only for screenshots).
 from __future__ import annotations
 
 import re
-import socket
 import time
-from pathlib import Path
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
-ROOT = Path(__file__).resolve().parents[2]
+from browser_kit import NEEDS_CHROMIUM, ROOT, browser, free_port, upload_statements  # noqa: F401 (fixture)
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Chromium is not installed at /usr/bin/chromium "
-                                                     "(apt-get install -y chromium); browser tests skipped"),
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
 
 
 @pytest.fixture(scope="module")
@@ -39,20 +24,10 @@ def url(tmp_path_factory):
     backend = Service(handle=tiny_handle("llama"), workdir=tmp_path_factory.mktemp("browser"))
     demo = build_demo(backend)
     demo.queue()
-    port = _free_port()
+    port = free_port()
     demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
     yield f"http://127.0.0.1:{port}/"
     demo.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield b
-        b.close()
 
 
 def open_page(browser, url, locale="en-US"):
@@ -94,10 +69,7 @@ def test_dragging_alpha_updates_the_bars_then_release_regenerates(browser, url):
 
 def test_upload_dataset_shows_the_preview(browser, url):
     page = open_page(browser, url)
-    page.get_by_role("tab", name="Data").click()
-    page.locator("#data-file input[type=file]").set_input_files(str(ROOT / "assets/datasets/capitals_statements.csv"))
-    page.wait_for_function("() => document.querySelector('#data-summary').innerText.includes('capitals_statements')",
-                           timeout=30_000)
+    upload_statements(page)
     preview = page.locator("#data-preview").inner_text()
     assert "completion" in preview and "label" in preview
     page.close()
@@ -119,10 +91,7 @@ def test_export_gives_a_file(browser, url, tmp_path):
 
 def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_vectors(browser, url):
     page = open_page(browser, url)
-    page.get_by_role("tab", name="Data").click()
-    page.locator("#data-file input[type=file]").set_input_files(str(ROOT / "assets/datasets/capitals_statements.csv"))
-    page.wait_for_function("() => document.querySelector('#data-summary').innerText.includes('capitals_statements')",
-                           timeout=30_000)
+    upload_statements(page)
     page.get_by_role("tab", name="Explore").click()
     page.locator("#explore-vector").click()
     before = sorted(page.locator("ul[role=listbox] li").all_inner_texts())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -20,10 +19,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
-ROOT = Path(__file__).resolve().parents[2]
+from browser_kit import NEEDS_CHROMIUM, ROOT, browser, free_port  # noqa: F401 (fixture)
+
 SHOTS = Path(os.environ.get("STEER_UI_SCREENSHOTS") or ROOT / "build" / "screenshots")
 DEFAULT_NAME = "positive sentiment (default)"
 TABS = {"en": ["Model", "Data", "Train", "Explore", "Concepts", "Detect", "Export / Import"],
@@ -32,14 +29,8 @@ TABS = {"en": ["Model", "Data", "Train", "Explore", "Concepts", "Detect", "Expor
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.integration,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Chromium is not installed at /usr/bin/chromium"),
+    NEEDS_CHROMIUM,
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +38,7 @@ def app(tmp_path_factory):
     """A fresh launch, exactly as the README's first command does it (model loading in the background)."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT,
@@ -66,16 +57,6 @@ def app(tmp_path_factory):
     yield url, log
     proc.terminate()
     proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield b
-        b.close()
 
 
 def _text(page, selector: str) -> str:

@@ -40,7 +40,7 @@ from ...model.hooks import SteeringError
 from ...vector import SteeringVector
 from ..base import Progress
 from .activations import TARGET_POSITIONS, extract, prompt_contexts
-from .evaluation import SOURCES, compare_heldout, steering_effect, table, table_rows
+from .evaluation import SOURCES, compare_heldout, steering_effect, table_rows
 from .mlp import ACTIVATIONS, FitReport, SteeringMLP, default_hidden, fit_mlp
 from .pairs import L2SError, Pair, as_pairs, join_text
 from .settings import L2SSettings
@@ -74,5 +74,5 @@ METHOD = L2SMethod()
 __all__ = ["ACTIVATIONS", "FitReport", "L2SError", "L2SMethod", "L2SSettings", "METHOD", "Pair", "SOURCES",
            "SteeringMLP", "TARGET_POSITIONS", "as_pairs", "build_steers", "compare_heldout", "default_hidden",
            "default_layer", "describe", "extract", "fit_mlp", "join_text", "layers_of", "mean_steers", "mlp_of",
-           "p2s_vector", "predict", "prompt_contexts", "steer_sources", "steering_effect", "table", "table_rows",
+           "p2s_vector", "predict", "prompt_contexts", "steer_sources", "steering_effect", "table_rows",
            "train", "unit_scale"]

@@ -153,11 +153,6 @@ def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha
     }
 
 
-def table(result: dict) -> pd.DataFrame:
-    """The held-out comparison as one frame, one row per source (for the README and the UI)."""
-    return pd.DataFrame(table_rows(result))
-
-
 def table_rows(result: dict) -> list[dict]:
     """The held-out comparison as JSON-safe records (None where a number does not apply)."""
     rows = []
