@@ -104,7 +104,8 @@ def exposure_problem(args) -> str | None:
 def policy_from_args(args):
     from steer_ui.policy import Policy
 
-    policy = Policy(allow_model_switch=bool(args.allow_model_switch), model_sources=tuple(policy_sources(args)))
+    policy = Policy(allow_model_switch=bool(args.allow_model_switch), model_sources=tuple(policy_sources(args)),
+                    device=args.device, dtype=args.dtype)
     for flag, attr in (("max_sessions", "max_sessions"), ("job_seconds", "job_seconds"),
                        ("queue_size", "queue_max_size")):
         value = getattr(args, flag)

@@ -39,6 +39,7 @@ ENGLISH: dict[str, str] = {
     "training_failed": "Training failed: {detail}",
     "unknown_method": "Unknown method '{method}' (choose one of: {known}).",
     "bad_settings": "Settings refused: {detail}",
+    "too_many_answers": "{count} answers to score; this server scores at most {limit} per request.",
     "too_many_rows": "The dataset has {rows} rows; training on this server reads at most {limit}. Upload a "
                      "subset (whole questions or groups) to train on it.",
     "cancel_asked": "Stopping the running job…",

@@ -25,6 +25,8 @@ class Policy:
     # ---- the model (an administrator's choice; see app.py --allow-model-switch)
     allow_model_switch: bool = False
     model_sources: tuple[str, ...] = field(default_factory=lambda: ("embedded",))
+    device: str = "auto"  # where a switched-to model goes: the administrator's --device, never a visitor's
+    dtype: str = "auto"
     # ---- text and generation
     max_prompt_chars: int = 4000
     max_new_tokens: int = 256

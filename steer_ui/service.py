@@ -69,7 +69,7 @@ def _bounded_int(value, low: int, high: int, what: str) -> int:
         number = float(value)
         if not math.isfinite(number) or number != int(number):
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise UserError("bad_number", what=what, value=str(value)[:40], low=low, high=high) from None
     if not low <= int(number) <= high:
         raise UserError("bad_number", what=what, value=str(value)[:40], low=low, high=high)
@@ -206,7 +206,9 @@ class Service:
         source = str(source or "").strip()
         if source not in self.policy.model_sources:
             raise UserError("model_not_allowed", known=", ".join(self.policy.model_sources))
-        return self.load_model(source, device, dtype, progress)
+        # the device and dtype stay the administrator's: a visitor may not move the shared model to another
+        # device or precision
+        return self.load_model(source, self.policy.device, self.policy.dtype, progress)
 
     def load_model(self, source: str | None = None, device: str = "auto", dtype: str = "auto",
                    progress: Progress | None = None) -> dict:
@@ -328,17 +330,27 @@ class Service:
                 del self._evicted[session]
                 raise UserError("session_expired", limit=self.policy.max_sessions)
             s = self._sessions.get(session)
-            if s is not None and now - s.touched > self.policy.session_idle_seconds:
+            if s is not None and not s.running and now - s.touched > self.policy.session_idle_seconds:
                 self._forget(session)
                 raise UserError("session_expired", limit=self.policy.max_sessions)
             if s is None:
                 s = self._sessions[session] = Session()
-                while len(self._sessions) > self.policy.max_sessions:  # forget the least recently used tab
-                    self._forget(next(iter(self._sessions)))
+                while len(self._sessions) > self.policy.max_sessions:
+                    victim = self._eviction_victim(keep=session)
+                    if victim is None:  # every other session is running a job: keep them all for now
+                        break
+                    self._forget(victim)
             else:
                 self._sessions.move_to_end(session)
             s.touched = now
             return s
+
+    def _eviction_victim(self, keep: str) -> str | None:
+        """The session to forget when there are too many: never one running a job, and an empty one (no data,
+        no vectors: e.g. made by a flood of cheap calls) before any that holds something, oldest first."""
+        idle = [k for k, v in self._sessions.items() if k != keep and not v.running]
+        empty = [k for k in idle if self._sessions[k].dataset is None and not self._sessions[k].vectors]
+        return (empty or idle or [None])[0]
 
     def _forget(self, session: str) -> None:
         self._sessions.pop(session, None)
@@ -410,8 +422,8 @@ class Service:
     def _check_layer(handle, layer) -> int:
         try:
             layer = int(layer)
-        except (TypeError, ValueError):
-            raise UserError("bad_layer", layer=layer, last=handle.arch.num_layers - 1) from None
+        except (TypeError, ValueError, OverflowError):
+            raise UserError("bad_layer", layer=str(layer)[:20], last=handle.arch.num_layers - 1) from None
         if not 0 <= layer < handle.arch.num_layers:
             raise UserError("bad_layer", layer=layer, last=handle.arch.num_layers - 1)
         return layer
@@ -448,6 +460,12 @@ class Service:
         if not math.isfinite(value) or abs(value) > self.policy.max_alpha:
             raise UserError("bad_alpha", alpha=str(alpha)[:40])
         return value
+
+    def _check_rows(self, dataset) -> None:
+        """Long jobs read at most ``policy.max_train_rows`` rows (time, and TSV's cached prefixes in memory)."""
+        rows = len(dataset.frame)
+        if rows > self.policy.max_train_rows:
+            raise UserError("too_many_rows", rows=rows, limit=self.policy.max_train_rows)
 
     def _check_session_bytes(self, s: Session, extra: int) -> None:
         used = sum(_vector_bytes(v) for v in s.vectors.values()) + _frame_bytes(s.dataset)
@@ -656,6 +674,8 @@ class Service:
         except _expected_errors() + (UnicodeDecodeError,) as exc:
             raise UserError("dataset_invalid", name=path.name, detail=_first_line(exc)) from None
         s = self.session(session)
+        held = _frame_bytes(s.dataset)  # the dataset this one replaces does not count
+        self._check_session_bytes(s, _frame_bytes(dataset) - held)
         s.dataset, s.dataset_name, s.probe = dataset, path.name, None
         return self.dataset_summary(session)
 
@@ -709,12 +729,14 @@ class Service:
         if s.dataset is None:
             raise UserError("no_dataset")
         from .methods import probe_layers
+        self._check_rows(s.dataset)
         handle = self.handle
         try:
             with self._job(s, progress) as report, handle.lock:
                 result = probe_layers(handle, s.dataset, position=position, seed=_check_seed(seed), progress=report)
         except _expected_errors() as exc:
             raise UserError("training_failed", detail=_first_line(exc)) from None
+        prune(cache_root() / "activations", self.policy.activation_cache_max_bytes)
         s.probe = result
         return result
 
@@ -732,6 +754,7 @@ class Service:
         deadline = time.monotonic() + self.policy.job_seconds
 
         def report(fraction: float, message: str = "") -> None:
+            s.touched = time.monotonic()  # a session at work is in use, however long the job
             if s.cancel.is_set():
                 raise UserError("job_cancelled")
             if time.monotonic() > deadline:
@@ -799,9 +822,7 @@ class Service:
         if s.dataset is None:
             raise UserError("no_dataset")
         m, parsed = self.parse_method_settings(method, settings, layer)
-        rows = len(s.dataset.frame)
-        if rows > self.policy.max_train_rows:
-            raise UserError("too_many_rows", rows=rows, limit=self.policy.max_train_rows)
+        self._check_rows(s.dataset)
         handle = self.handle
         try:
             with self._job(s, progress) as job_progress, handle.lock:
@@ -825,17 +846,29 @@ class Service:
         method = method_of(vector)
         if method is None or not hasattr(method, "score"):  # only detector methods can score answers
             raise UserError("not_tsv", name=vector_name, method=vector.method)
+        s = self.session(session)
+        if path:  # a labelled file: read within the upload limits, at most max_train_rows rows
+            from .data import load_dataset
+
+            try:
+                dataset = load_dataset(Path(path), max_bytes=self.max_file_bytes)
+            except _expected_errors() + (UnicodeDecodeError,) as exc:
+                raise UserError("dataset_invalid", name=Path(path).name, detail=_first_line(exc)) from None
+            self._check_rows(dataset)
+        else:
+            pairs = [(str(p or ""), str(a)) for p, a in (answers or []) if str(a or "").strip()]
+            if not pairs:
+                raise UserError("no_answers")
+            if len(pairs) > self.policy.max_detect_answers:
+                raise UserError("too_many_answers", count=len(pairs), limit=self.policy.max_detect_answers)
+            for p, a in pairs:
+                self._check_prompt(p + a)
         handle = self.handle
         try:
-            with handle.lock:
+            with self._job(s, None), handle.lock:  # a job: Cancel reaches it, like training
                 if path:
-                    from .data import load_dataset
-
-                    out = method.detect(handle, vector, load_dataset(Path(path)))
+                    out = method.detect(handle, vector, dataset)
                 else:
-                    pairs = [(str(p or ""), str(a)) for p, a in (answers or []) if str(a or "").strip()]
-                    if not pairs:
-                        raise UserError("no_answers")
                     scores = method.score(handle, vector, pairs)
                     out = {"scores": [{"prompt": p, "answer": a, "score": float(sc)}
                                       for (p, a), sc in zip(pairs, list(scores))]}

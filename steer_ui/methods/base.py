@@ -144,8 +144,8 @@ def _number(spec: SettingSpec, value: Any, kind: str) -> int | float:
         value = value.strip()
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{spec.name} must be a number, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too long for a float
+        raise SettingsError(f"{spec.name} must be a number, got {str(value)[:40]!r}") from None
     if not math.isfinite(number):
         raise SettingsError(f"{spec.name} must be a finite number, got {value!r}")
     if kind == "int":

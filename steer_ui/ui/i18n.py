@@ -295,6 +295,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "training_failed": "训练失败：{detail}",
         "unknown_method": "未知方法“{method}”（可选：{known}）。",
         "bad_settings": "设置被拒绝：{detail}",
+        "too_many_answers": "要评分的回答有 {count} 条；此服务器每次最多评分 {limit} 条。",
         "too_many_rows": "数据集有 {rows} 行；此服务器上的训练最多读取 {limit} 行。请上传一个子集（按完整的问题或分组）再训练。",
         "cancel_asked": "正在停止当前任务……",
         "nothing_to_cancel": "此会话中没有正在运行的任务。",

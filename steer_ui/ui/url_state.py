@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 KEYS = ("prompt", "vector", "layer", "alpha", "alpha_max", "relative", "seed")
+ALPHA_MAX_RANGE = (0.001, 1e6)  # what the page's α-max field accepts
 
 
 @dataclass
@@ -50,7 +51,9 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
         if vector in vectors:
             state.vector = vector
         else:  # a user's own vector travels as a file (Export), not in a link
-            state.notices.append(f"the link's vector '{vector[:60]}' is not on this server (import its file to use it)")
+            # the name goes into the page banner (Markdown): shown as code, so a link cannot inject a link or image
+            shown = vector[:60].replace("`", "'")
+            state.notices.append(f"the link's vector `{shown}` is not on this server (import its file to use it)")
     layer = _number(query.get("layer"))
     if layer is not None and layer == int(layer) and 0 <= layer < num_layers:
         state.layer = int(layer)
@@ -61,11 +64,11 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
         state.relative = relative.strip().lower() not in ("0", "false", "no", "raw")
     alpha_max = _number(query.get("alpha_max"))
     if alpha_max is not None and alpha_max > 0:
-        state.alpha_max = alpha_max
+        state.alpha_max = min(max(alpha_max, ALPHA_MAX_RANGE[0]), ALPHA_MAX_RANGE[1])
     alpha = _number(query.get("alpha"))
     if alpha is not None:
-        state.alpha = alpha
-        state.alpha_max = max(state.alpha_max, abs(alpha))
+        state.alpha = max(-ALPHA_MAX_RANGE[1], min(ALPHA_MAX_RANGE[1], alpha))
+        state.alpha_max = max(state.alpha_max, abs(state.alpha))
     elif "alpha" in query:
         state.notices.append("the link's α is not a finite number")
     seed = _number(query.get("seed"))

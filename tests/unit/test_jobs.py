@@ -56,3 +56,28 @@ def test_a_job_past_the_time_limit_stops_and_keeps_the_session(tiny):
         service.train("session-a", "tsv", layer=1, settings={"epochs": 200, "compare": False})
     assert info.value.key == "job_too_long" and "0 s" not in str(info.value)
     assert service.vector_names("session-a") == before
+
+
+def test_a_flood_of_new_sessions_evicts_empty_ones_and_never_a_running_job(tiny):
+    """Cheap calls with fresh ids must not push out a visitor's data, least of all one whose job is running."""
+    service = Service(tiny("llama"), policy=Policy(max_sessions=3))
+    service.upload_dataset("owner-with-data", None, bundled="capitals_statements.csv")
+    busy = service.session("owner-running-a-job")
+    busy.running = True
+    for k in range(50):
+        service.set_language(f"flood-session-{k:04d}", "en")
+    assert service.dataset_summary("owner-with-data")["rows"] > 100
+    assert service.session("owner-running-a-job") is busy
+    busy.running = False
+
+
+def test_detection_is_bounded_before_any_model_work(tiny):
+    service = _service(tiny)
+    name, _ = service.train("session-a", "tsv", layer=1, settings={"epochs": 1, "compare": False})
+    too_many = [("q", f"a{i}") for i in range(service.policy.max_detect_answers + 1)]
+    with pytest.raises(UserError) as info:
+        service.detect("session-a", name, answers=too_many)
+    assert info.value.key == "too_many_answers"
+    with pytest.raises(UserError) as info:
+        service.detect("session-a", name, answers=[("q", "x" * 10_000)])
+    assert info.value.key == "prompt_too_long"

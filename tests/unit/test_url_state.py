@@ -23,3 +23,11 @@ def test_bad_values_fall_back_with_a_notice_and_unknown_keys_are_ignored():
     assert (state.layer, state.alpha, state.vector, state.prompt, state.seed) == (8, 0.14, "v", "p", 0)
     assert len(state.notices) == 4 and any("not on this server" in n for n in state.notices)
     assert DEFAULTS.notices == []  # the defaults are never modified
+
+
+def test_a_link_cannot_inject_markdown_or_push_alpha_past_the_field():
+    state = from_query({"vector": "[Log in](https://evil)`x`", "alpha": "2e9", "alpha_max": "1e-9"},
+                       DEFAULTS, VECTORS, 18, 4000)
+    assert "`[Log in](https://evil)'x'`" in state.notices[0]  # shown as code, backticks neutralised
+    assert state.alpha == 1e6 and state.alpha_max == 1e6
+    assert from_query({"alpha_max": "1e-9"}, DEFAULTS, VECTORS, 18, 4000).alpha_max == 0.001
