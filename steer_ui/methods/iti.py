@@ -55,13 +55,15 @@ HEADS, SHIFTS, ACCURACY = "iti.heads", "iti.shifts", "iti.accuracy"
 
 # ------------------------------------------------------------------ training maths
 def head_accuracy(heads: torch.Tensor, y: np.ndarray, fit_idx: Sequence[int], val_idx: Sequence[int],
-                  seed: int = 0) -> np.ndarray:
+                  seed: int = 0, progress: Progress | None = None) -> np.ndarray:
     """(layers, heads) validation accuracy of one probe per head.  ``heads``: (rows, layers, heads, head_dim)."""
     _rows, layers, n_heads, _d = heads.shape
     fit, val = np.asarray(fit_idx), np.asarray(val_idx)
     acc = np.zeros((layers, n_heads))
     with one_blas_thread():
         for layer in range(layers):
+            if progress is not None:  # also how a job's cancel and time limit reach this loop
+                progress(layer / layers, f"probing the heads of layer {layer}")
             for h in range(n_heads):
                 x = heads[:, layer, h, :].numpy().astype(np.float64)
                 model = fit_probe(x[fit], y[fit], seed=seed)
@@ -245,7 +247,7 @@ class ITI:
         except DatasetError:
             fit_idx, val_idx = list(tr), list(tr)
         progress(0.5, f"probing {heads.shape[1] * num_heads} heads")
-        accuracy = head_accuracy(heads, y, fit_idx, val_idx, seed=seed)
+        accuracy = head_accuracy(heads, y, fit_idx, val_idx, seed=seed, progress=sub_progress(progress, 0.5, 0.85))
         k = st.top_heads
         chosen = top_heads(accuracy, k)
         shifts = head_shifts(heads, y, chosen, tr)

@@ -5,7 +5,7 @@ Sources: ``none`` (α = 0), ``mean`` (Mean-S), ``l2s`` (g's prediction) and
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -33,7 +33,8 @@ def _mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tensor], layer: int, context_layer: int,
-                    alpha: float, positions: str = "all", batch_size: int = 16) -> pd.DataFrame:
+                    alpha: float, positions: str = "all", batch_size: int = 16,
+                    progress: Callable[[float, str], None] | None = None) -> pd.DataFrame:
     """Per pair and source: teacher-forced log p(positive), log p(negative), their margin, and whether the greedy
     continuation starts with the positive completion, with ``alpha · vectors[source][i]`` added at ``layer``.
 
@@ -55,6 +56,8 @@ def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tens
     results = {}
     arch = handle.arch
     for start in range(0, len(jobs), batch_size):
+        if progress is not None:  # also how a job's cancel and time limit reach this loop
+            progress(start / max(len(jobs), 1), f"scoring steering: {start}/{len(jobs)} rows")
         chunk = jobs[start:start + batch_size]
         prompts, comps, rows_vec, rows_alpha = [], [], [], []
         for i, s, sign in chunk:
@@ -98,7 +101,8 @@ def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tens
 
 def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha: float | None = None,
                     relative: bool = False, contexts: torch.Tensor | None = None,
-                    targets: torch.Tensor | None = None, limit: int | None = None) -> dict:
+                    targets: torch.Tensor | None = None, limit: int | None = None,
+                    progress: Callable[[float, str], None] | None = None) -> dict:
     """The held-out table: cosine / MSE of L2S and Mean-S predictions to the true targets, the margin gain and
     greedy-positive rate per source (none, Mean-S, L2S, P2S) at ``alpha``, and per-input predicted norms.
 
@@ -117,7 +121,7 @@ def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha
     raw_alpha = alpha * unit_scale(handle, vector, relative)
     k = len(pairs) if not limit else min(int(limit), len(pairs))
     effect = steering_effect(handle, pairs[:k], {"mean": mean[:k], "l2s": pred[:k], "p2s": targets[:k]}, layer,
-                             context_layer, raw_alpha, positions=vector.positions)
+                             context_layer, raw_alpha, positions=vector.positions, progress=progress)
     by_source = effect.groupby("source", sort=False)
     l2s_cos, mean_cos = cosines(pred, targets), cosines(mean, targets)
     per_input = pd.DataFrame({

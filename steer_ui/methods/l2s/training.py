@@ -96,7 +96,8 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
     limit = st.eval_limit
     progress(0.8, f"scoring steering on {min(len(test_idx), limit or len(test_idx))} held-out pairs")
     held = compare_heldout(handle, vector, test_pairs, alpha=st.eval_alpha,
-                           contexts=contexts[test_idx], targets=targets[test_idx], limit=limit)
+                           contexts=contexts[test_idx], targets=targets[test_idx], limit=limit,
+                           progress=lambda f, m: progress(0.8 + 0.2 * f, m))
     with torch.no_grad():
         val_pred = net(contexts[val_idx])
     val_cos = float(cosines(val_pred, targets[val_idx]).mean())
