@@ -57,6 +57,8 @@ ENGLISH: dict[str, str] = {
                         "(reload the page) to train or import more.",
     "session_full": "This session would hold more than {limit} MB of data and vectors, the most allowed; reload "
                     "the page to start a fresh session.",
+    "server_full": "This server holds as much visitors' data and vectors as it allows ({limit} MB in all); "
+                   "try again later, or ask its administrator.",
     "prompt_too_long": "The prompt has {size} characters; the limit is {limit}.",
     "bad_number": "{what} must be a whole number from {low} to {high}, got {value}.",
     "job_cancelled": "Cancelled: nothing was kept, and your session is as it was.",

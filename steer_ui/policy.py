@@ -38,6 +38,7 @@ class Policy:
     max_sessions: int = 256
     max_vectors_per_session: int = 32
     max_session_bytes: int = 256 << 20  # tensors of the session's vectors plus its dataset
+    max_total_session_bytes: int = 1 << 30  # the same, summed over every session: what all visitors may hold
     session_idle_seconds: float = 4 * 3600.0
     # ---- long jobs (training, probing every layer, detection)
     job_seconds: float = 900.0

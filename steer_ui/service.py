@@ -468,9 +468,16 @@ class Service:
             raise UserError("too_many_rows", rows=rows, limit=self.policy.max_train_rows)
 
     def _check_session_bytes(self, s: Session, extra: int) -> None:
-        used = sum(_vector_bytes(v) for v in s.vectors.values()) + _frame_bytes(s.dataset)
-        if used + extra > self.policy.max_session_bytes:
+        """Refuse ``extra`` bytes that would take this session, or all sessions together, over their budget."""
+        def held(x: Session) -> int:
+            return sum(_vector_bytes(v) for v in x.vectors.values()) + _frame_bytes(x.dataset)
+
+        if held(s) + extra > self.policy.max_session_bytes:
             raise UserError("session_full", limit=self.policy.max_session_bytes >> 20)
+        with self._sessions_lock:
+            everyone = sum(held(x) for x in list(self._sessions.values()) + list(self._anonymous.values()))
+        if everyone + extra > self.policy.max_total_session_bytes:
+            raise UserError("server_full", limit=self.policy.max_total_session_bytes >> 20)
 
     # =============================================================== explore
     def next_token(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,

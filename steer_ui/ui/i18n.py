@@ -310,6 +310,7 @@ MESSAGES: dict[str, dict[str, str]] = {
                            "其数据和向量已丢失。请重新加载后继续。",
         "too_many_vectors": "此会话已有 {limit} 个向量，已达上限；请刷新页面开始新会话以训练或导入更多向量。",
         "session_full": "此会话的数据和向量将超过 {limit} MB 的上限；请刷新页面开始新会话。",
+        "server_full": "此服务器保存的访客数据和向量已达上限（共 {limit} MB）；请稍后再试，或联系管理员。",
         "prompt_too_long": "提示词有 {size} 个字符；上限为 {limit}。",
         "bad_number": "{what} 必须是 {low} 到 {high} 之间的整数，收到 {value}。",
         "job_cancelled": "已取消：没有保留任何结果，你的会话保持原样。",

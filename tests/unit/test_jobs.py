@@ -81,3 +81,13 @@ def test_detection_is_bounded_before_any_model_work(tiny):
     with pytest.raises(UserError) as info:
         service.detect("session-a", name, answers=[("q", "x" * 10_000)])
     assert info.value.key == "prompt_too_long"
+
+
+def test_all_sessions_together_stay_within_the_server_budget(tiny):
+    """Each visitor's cap alone would let 256 sessions hold 64 GB: the sum is capped too."""
+    service = Service(tiny("llama"), policy=Policy(max_total_session_bytes=120_000))  # ~46 kB + ~99 kB
+    service.upload_dataset("first-visitor", None, bundled="capitals_statements.csv")
+    with pytest.raises(UserError) as info:
+        service.upload_dataset("second-visitor", None, bundled="capitals_pairs.csv")
+    assert info.value.key == "server_full"
+    assert service.dataset_summary("first-visitor")["rows"] > 100

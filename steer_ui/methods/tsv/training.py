@@ -177,11 +177,13 @@ def _train_run(handle, st: TSVSettings, layer: int, lam_raw: float, targets: dic
 
 
 def _evaluate(handle, batches, added: torch.Tensor, prototypes: torch.Tensor, kappa: float,
-              labels: Sequence[int], top_k: int = 10) -> dict:
+              labels: Sequence[int], top_k: int = 10, progress: Progress | None = None) -> dict:
     """Held-out p(truthful) scores, AUROC and the Δlogit report at the training strength."""
     finals, scores, rows = [], [], []
     with torch.no_grad():
-        for b in batches:
+        for k, b in enumerate(batches):
+            if progress is not None:  # also how a job's cancel and time limit reach this loop
+                progress(0.93, f"scoring the held-out split: batch {k + 1}/{len(batches)}")
             final = C.run_suffix(handle, b, added)
             finals.append(final)
             scores += class_probs(_reps_of(handle, final), prototypes, kappa)[:, 1].tolist()
@@ -309,10 +311,10 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
                                   exemplar_batches, unlabelled_batches, labels, True, progress,
                                   (0.27 + n * span, 0.27 + (n + 1) * span))
     progress(0.93, "scoring the held-out split")
-    evals = {c: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels)
+    evals = {c: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels, progress=progress)
              for c, r in runs.items()}
-    swept_evals = {b: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels)
-                   for b, r in swept.items()}
+    swept_evals = {b: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels,
+                                progress=progress) for b, r in swept.items()}
     n_answer = {}
     for i in test_rows:
         full = len(handle.tokenizer(texts[i]).input_ids)
