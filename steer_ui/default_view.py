@@ -67,20 +67,6 @@ def alpha_at_kl(alphas: Sequence[float], kl: Sequence[float], target: float) -> 
     return float(alphas[-1])
 
 
-def kl_curve(handle, direction, layer: int, prompts: Sequence[str] = CALIBRATION_PROMPTS,
-             alphas: Sequence[float] = GRID) -> np.ndarray:
-    """Mean next-token KL over ``prompts`` for a unit ``direction`` at relative ``alphas`` (one sweep per prompt)."""
-    from .model.analysis import sweep
-    from .model.units import relative_scale
-
-    unit = direction / direction.norm().clamp_min(1e-12)
-    scale = relative_scale(handle, layer)
-    total = np.zeros(len(alphas))
-    for p in prompts:
-        total += sweep(handle, p, unit, layer, [a * scale for a in alphas])["kl"].to_numpy()
-    return total / len(prompts)
-
-
 def distinct_share(tokens: Sequence[str]) -> float:
     """Distinct tokens / tokens: 1 for varied text, small for a loop."""
     return len(set(tokens)) / max(len(tokens), 1)
@@ -99,6 +85,7 @@ def calibrate(handle, progress: Progress | None = None) -> tuple[DefaultView, St
     """Train the default vector at candidate blocks and pick the block and α (see the module docstring)."""
     from .data import load_dataset
     from .methods import train
+    from .model.analysis import mean_kl_curve
     from .model.generation import Sampling, side_by_side
     from .steering import build_steers
 
@@ -110,7 +97,7 @@ def calibrate(handle, progress: Progress | None = None) -> tuple[DefaultView, St
     for i, layer in enumerate(layers):
         progress(i / len(layers), f"default vector: training and calibrating block {layer}")
         vector, _report = train(handle, dataset, "mean-diff", layer=layer)
-        kl = kl_curve(handle, vector.direction(), layer)
+        kl = mean_kl_curve(handle, vector.direction(), layer, GRID, CALIBRATION_PROMPTS)
         alpha_max = alpha_at_kl(GRID, kl, KL_AT_MAX)
         for fraction in FRACTIONS:
             alpha = alpha_max * fraction

@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from .messages import english, normalise_lang
+from .model.units import AlphaError, check_alpha
 from .paths import cache_root, prune
 from .policy import ANONYMOUS_PREFIX, DTYPES, MAX_ANONYMOUS, Policy, device_allowed
 from .steering import steering_kind
@@ -454,10 +455,10 @@ class Service:
 
     def _check_alpha(self, alpha) -> float:
         try:
-            value = float(alpha)
-        except (TypeError, ValueError):
+            value = check_alpha(alpha)
+        except AlphaError:
             raise UserError("bad_alpha", alpha=str(alpha)[:40]) from None
-        if not math.isfinite(value) or abs(value) > self.policy.max_alpha:
+        if abs(value) > self.policy.max_alpha:
             raise UserError("bad_alpha", alpha=str(alpha)[:40])
         return value
 
@@ -503,7 +504,8 @@ class Service:
         sweep of the fast path (a fraction of a second).  Vectors that do not
         steer with one fixed direction keep their own recommended range.
         """
-        from .default_view import GRID, KL_AT_MAX, alpha_at_kl, kl_curve
+        from .default_view import GRID, KL_AT_MAX, alpha_at_kl
+        from .model.analysis import mean_kl_curve
 
         self._check_prompt(prompt)
         handle = self.handle
@@ -515,7 +517,7 @@ class Service:
         direction = vector.direction(layer if layer in vector.directions else None)
         try:
             with handle.lock:
-                kl = kl_curve(handle, direction, layer, prompts=(prompt,))
+                kl = mean_kl_curve(handle, direction, layer, GRID, (prompt,))
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
         return round(alpha_at_kl(GRID, kl, KL_AT_MAX), 4)

@@ -25,7 +25,7 @@ import torch
 
 from ..data import Dataset, DatasetError, split_indices
 from ..data.activations import Activations, extract
-from ..model.units import NEUTRAL_PROMPTS, relative_scale
+from ..model.units import NEUTRAL_PROMPTS
 from ..vector import SteeringVector
 from .base import Progress
 
@@ -155,19 +155,9 @@ def alpha_range_from_kl(kl_at: Callable[[list[float]], np.ndarray], grid: Sequen
 def residual_alpha_range(handle, direction: torch.Tensor, layer: int, prompts: Sequence[str] = SWEEP_PROMPTS,
                          bound: float = KL_BOUND) -> tuple[tuple[float, float], list[dict[str, float]]]:
     """Recommended relative α range for a residual direction at ``layer`` (see :func:`alpha_range_from_kl`)."""
-    from ..model.analysis import sweep
+    from ..model.analysis import mean_kl_curve
 
-    unit = direction / direction.norm().clamp_min(1e-12)
-    scale = relative_scale(handle, layer)
-
-    def kl_at(alphas: list[float]) -> np.ndarray:
-        total = np.zeros(len(alphas))
-        for p in prompts:
-            frame = sweep(handle, p, unit, layer, [a * scale for a in alphas])
-            total += frame["kl"].to_numpy()
-        return total / len(prompts)
-
-    return alpha_range_from_kl(kl_at, bound=bound)
+    return alpha_range_from_kl(lambda alphas: mean_kl_curve(handle, direction, layer, alphas, prompts), bound=bound)
 
 
 # ------------------------------------------------------------------ record

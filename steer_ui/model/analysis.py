@@ -14,12 +14,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
 from .architecture import argmax_last, topk_last
 from .generation import encode_prompt
 from .hooks import Steer, StepState, steering
+from .units import relative_scale
 from .prefix import Prefix, for_prompt
 
 
@@ -227,6 +229,19 @@ def sweep(handle, prompt: str, vector: torch.Tensor, layer: int, alphas: Sequenc
         frame["target_token"] = handle.tokenizer.decode([tid])
         frame["target_prob"] = ls[:, tid].exp().tolist()
     return frame
+
+
+def mean_kl_curve(handle, direction: torch.Tensor, layer: int, relative_alphas: Sequence[float],
+                  prompts: Sequence[str]) -> np.ndarray:
+    """Mean next-token KL(unsteered ‖ steered) over ``prompts`` for the unit ``direction`` at ``layer``, at each
+    α in relative units (one batched :func:`sweep` per prompt).  What the recommended α range and the
+    calibrated slider are read from."""
+    unit = direction / direction.norm().clamp_min(1e-12)
+    scale = relative_scale(handle, layer)
+    total = np.zeros(len(relative_alphas))
+    for p in prompts:
+        total += sweep(handle, p, unit, layer, [a * scale for a in relative_alphas])["kl"].to_numpy()
+    return total / len(prompts)
 
 
 def first_token_id(handle, text: str) -> int:

@@ -39,10 +39,10 @@ def check_alpha(alpha) -> float:
     """α as a finite float, or a one-line error naming what was given."""
     try:
         value = float(alpha)
-    except (TypeError, ValueError):
-        raise AlphaError(f"alpha must be a number, got {alpha!r}") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too long for a float
+        raise AlphaError(f"alpha must be a number, got {str(alpha)[:40]!r}") from None
     if not math.isfinite(value):
-        raise AlphaError(f"alpha must be a finite number, got {alpha!r}")
+        raise AlphaError(f"alpha must be a finite number, got {str(alpha)[:40]!r}")
     return value
 
 
