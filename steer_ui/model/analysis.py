@@ -10,6 +10,7 @@ L+1.. on ``h_L + α·v``, then unembeds the last position alone.
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
@@ -27,13 +28,14 @@ from .prefix import Prefix, for_prompt
 
 # ----------------------------------------------------------------- fast path
 _PREFIX_LRU_SIZE = 8
+_PREFIX_LRU_LOCK = threading.Lock()  # the LRU dict only: never the long jobs' lock, so the slider never waits on them
 
 
 def prefix_state(handle, prompt: str, layer: int) -> Prefix:
     """The prompt's frozen prefix at ``layer``, from a shared LRU per (prompt, layer)."""
     lru = handle.__dict__.setdefault("_prefix_lru", OrderedDict())
     key = (prompt, layer)
-    with handle.lock:
+    with _PREFIX_LRU_LOCK:
         if key in lru:
             lru.move_to_end(key)
             return lru[key]

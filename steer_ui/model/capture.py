@@ -16,6 +16,8 @@ give alone (to float rounding).
 """
 from __future__ import annotations
 
+import functools
+import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
@@ -74,6 +76,29 @@ def site_width(handle, site: str) -> int:
     return heads * head_dim
 
 
+def thread_owned(fn: Callable) -> Callable:
+    """``fn`` as a hook that acts only in the thread that makes it (so, registers it).
+
+    Hooks live on the one shared model, and several threads run it at once:
+    the decode engine, a session's training job, another's slider.  A hook
+    that fired in every thread would leak one user's steering or recording
+    into another's forward pass; tied to its thread, it cannot.  (So a
+    forward pass must run in the thread that installed its hooks: never
+    yield out of a steering block to a consumer in another thread.)  Marked
+    ``_steer_ui`` for :func:`steer_ui.model.hooks.hook_count`.
+    """
+    owner = threading.get_ident()
+
+    @functools.wraps(fn)
+    def hook(*args, **kwargs):
+        if threading.get_ident() != owner:
+            return None
+        return fn(*args, **kwargs)
+
+    hook._steer_ui = True
+    return hook
+
+
 def _check(handle, layers: Sequence[int], site: str) -> list[int]:
     if site not in SITES:
         raise CaptureError(f"site must be one of {SITES}, got {site!r}")
@@ -104,15 +129,13 @@ def recording(handle, layers: Sequence[int], site: str = "resid", reduce: Reduce
         def hook(_m, _inp, output):
             h = output[0] if isinstance(output, tuple) else output
             store[layer] = keep(h.detach() if detach else h)
-        hook._steer_ui = True
-        return hook
+        return thread_owned(hook)
 
     def pre(layer):
         def hook(_m, args, kwargs):
             h = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
             store[layer] = keep(h.detach() if detach else h)
-        hook._steer_ui = True
-        return hook
+        return thread_owned(hook)
 
     removers = []
     try:

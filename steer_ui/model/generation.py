@@ -1,6 +1,7 @@
-"""One batched decode loop for unsteered and steered continuations together.
+"""One batched decode loop: unsteered and steered continuations, for many requests at once.
 
-Rows of a side-by-side run:
+A request (:class:`Request`, one side-by-side generation) is three rows of a
+decode batch (:class:`DecodeBatch`):
 
 * ``unsteered``: the model as it is (α = 0);
 * ``steered``: the same prompt with the steering applied;
@@ -14,21 +15,31 @@ outputs along the residual stream to the logits, with the later blocks'
 reaction removed.  At the last block nothing reacts, so there it equals the
 actual Δlogit.
 
-All rows share every forward pass and the KV cache, and draw from one random
-stream (one uniform number per step, shared by the rows), so with α = 0 the
-two sides are token-for-token identical, greedy or sampled.
+A request's rows draw from the request's own random stream (one uniform
+number per step, shared by its two sampled rows), so with α = 0 the two sides
+are token-for-token identical, greedy or sampled.
+
+Many requests share a batch (continuous batching, :mod:`.engine` schedules
+them): their prompts are left-padded, with an attention mask and position
+ids that count real tokens only, so every row sees what it would see alone;
+each request keeps its own steering (one (rows, hidden) matrix per steered
+block, zero on other requests' rows), sampling settings and random stream.
+Requests join between decode steps (their prompts are run together, then
+their KV cache rows are joined to the running batch's, :mod:`.kv_rows`) and
+leave as soon as both their sides have stopped.  :func:`stream_side_by_side`
+runs one request alone through the same code.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
+from . import kv_rows
 from .architecture import argmax_last, topk_last
-from .capture import recording
-from .hooks import Steer, StepState, steering
+from .capture import left_pad, recording
+from .hooks import HeadSteer, Steer, StepState, input_vector, steering, validate
 
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
 
@@ -202,8 +213,8 @@ def direct_delta_logit(arch, final_residual: torch.Tensor, addition: torch.Tenso
 
     ``final_residual`` h (rows, hidden): the residual at the output of the
     last block of the *counterfactual* row (the unsteered model on the
-    steered row's tokens), before the final norm.  ``addition`` a (hidden,):
-    what the steering added to the steered row at that position, summed over
+    steered row's tokens), before the final norm.  ``addition`` a (hidden,),
+    or (rows, hidden) with one per row: what the steering added to the steered row at that position, summed over
     the steered blocks (:func:`_steered_addition`).  ``base_logit`` (rows,):
     the counterfactual row's own logit of the token, ``logit(final_norm(h))``.
 
@@ -223,15 +234,10 @@ def direct_delta_logit(arch, final_residual: torch.Tensor, addition: torch.Tenso
     return arch.logits_at(arch.final_hidden(h), token_ids) - base_logit
 
 
-def _forward_hidden(handle, input_ids, position_ids, cache):
-    """Run the base model (final norm included); return the last position's hidden state and the cache."""
-    out = handle.model.base_model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
-                                  use_cache=True)
-    return out.last_hidden_state[:, -1, :], out.past_key_values
 
 
 def _prefill_rows(steers: Sequence) -> list[int] | None:
-    """Which rows the prompt pass must compute, as an index map onto the three decode rows.
+    """Which rows the prompt pass must compute, as an index map onto a request's three rows.
 
     The counterfactual row is the unsteered model on the same prompt, so its
     prefill equals the unsteered row's and is copied rather than computed;
@@ -251,148 +257,374 @@ def _decode_many(tok, ids: list[int]) -> list[str]:
     return tok.batch_decode([[i] for i in ids]) if ids else []
 
 
+def _eos_ids(handle) -> set[int]:
+    e = handle.tokenizer.eos_token_id
+    eos = set(e if isinstance(e, (list, tuple)) else [e]) - {None}
+    gen_eos = getattr(getattr(handle.model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        eos |= set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+    return eos
+
+
+@dataclass(eq=False)
+class Request:
+    """One side-by-side generation: rows unsteered, steered and counterfactual of a :class:`DecodeBatch`.
+
+    Make it with :meth:`make` (which validates everything a batch would
+    otherwise fail on).  ``steers`` carry the steered α (scalar); the
+    request's rows get (0, α, 0).  The decode fills ``result``; ``done`` is
+    set once both sides have stopped, ``cancelled`` by whoever gives up on it.
+    """
+
+    prompt: str
+    ids: list[int]
+    steers: list
+    sampling: Sampling
+    result: SideBySide
+    eos: set[int]
+    row_steers: list = field(default_factory=list)
+    step: int = 0
+    done: bool = False
+    cancelled: bool = False
+    # filled at prefill
+    input_vectors: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # id(row steer) -> (3, hidden)
+    additions: dict[bool, torch.Tensor | None] = field(default_factory=dict, repr=False)  # generated? -> Σ α·v
+    decode_resid: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # block -> (hidden,) float
+    decode_heads: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # block -> (width,) float
+    rng: torch.Generator | None = field(default=None, repr=False)
+    history: torch.Tensor | None = field(default=None, repr=False)
+    generated: dict[int, list[int]] = field(default_factory=lambda: {UNSTEERED: [], STEERED: []}, repr=False)
+
+    @classmethod
+    def make(cls, handle, prompt: str, steers: Sequence, sampling: Sampling | None = None) -> "Request":
+        sampling = sampling or Sampling()
+        sampling.validate()
+        ids = encode_prompt(handle, prompt)[0].tolist()
+        steers = list(steers)
+        validate(steers, handle.arch.num_layers, handle.arch.hidden_size)
+        for s in steers:
+            if not isinstance(s, (Steer, HeadSteer)):
+                raise GenerationError(f"cannot decode with a {type(s).__name__} intervention")
+        zero = torch.zeros(())
+        row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
+        return cls(prompt=prompt, ids=ids, steers=steers, sampling=sampling,
+                   result=SideBySide(prompt=prompt, unsteered=Side(), steered=Side()),
+                   eos=_eos_ids(handle) if sampling.stop_at_eos else set(), row_steers=row_steers,
+                   rng=torch.Generator().manual_seed(int(sampling.seed)))
+
+    @property
+    def sides(self) -> dict[int, Side]:
+        return {UNSTEERED: self.result.unsteered, STEERED: self.result.steered}
+
+    def _after_prefill(self, input_vectors: dict[int, torch.Tensor], device) -> None:
+        """What the decode steps need: the direct-Δlogit additions and the steered row's per-block additions.
+
+        While decoding every position is a generated one, so prompt-only
+        steers drop out and every other steer adds its α·v (an input-dependent
+        one, the steered row's own vector, fixed at prefill) at every step.
+        """
+        self.input_vectors = input_vectors
+        length = len(self.ids)
+        residual = [s for s in self.row_steers if isinstance(s, Steer)]
+        at_prompt = StepState(prompt_len=length, offset=0, input_vectors=input_vectors)
+        at_generated = StepState(prompt_len=length, offset=length, input_vectors=input_vectors)
+        # step 0 predicts from the last prompt position, later steps from generated positions
+        self.additions = {False: _steered_addition(residual, at_prompt, length) if residual else None,
+                          True: _steered_addition(residual, at_generated, 1) if residual else None}
+        for s in self.row_steers:
+            if s.positions == "prompt":
+                continue
+            alpha = float(s.alpha[STEERED])
+            if isinstance(s, Steer):
+                vec = s.vector if s.fn is None else input_vectors[id(s)][STEERED]
+                add = alpha * vec.float().to(device)
+                self.decode_resid[s.layer] = add if s.layer not in self.decode_resid else self.decode_resid[s.layer] + add
+            else:
+                for layer, shift in s.shifts.items():
+                    add = alpha * shift.to(device)
+                    self.decode_heads[layer] = add if layer not in self.decode_heads else self.decode_heads[layer] + add
+        if self.sampling.repetition_penalty != 1.0:
+            self.history = torch.tensor([self.ids, self.ids], device=device)
+
+    def _finish(self) -> None:
+        for side in self.sides.values():
+            side.finished = side.finished or "length"
+        self.done = True
+
+
+class DecodeBatch:
+    """The rows of every running request, their KV cache, and one decode step for all of them.
+
+    Request ``i`` owns rows ``3i`` (unsteered), ``3i + 1`` (steered) and
+    ``3i + 2`` (counterfactual).  :meth:`admit` runs new requests' prompts
+    and joins their rows; :meth:`sample` picks every request's next tokens
+    from the rows' current hidden states and returns one event per request;
+    :meth:`advance` drops the requests that are done or cancelled and runs
+    one forward pass of the remaining rows.  Not thread-safe: one thread (the
+    engine's, or :func:`stream_side_by_side`'s caller) drives a batch, and the
+    steering hooks it installs act in that thread only.
+    """
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.requests: list[Request] = []
+        self.cache = None
+        self.columns = 0  # KV columns every row has consumed (real tokens at the right, padding at the left)
+        self.mask = self.positions = self.hidden = self.final = self.next_ids = None
+        self._steers: list = []
+        self._final_block = handle.arch.num_layers - 1
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def can_join(self) -> bool:
+        """Whether new rows can join now (always when empty; else when the cache layout allows it)."""
+        return self.cache is None or kv_rows.joinable(self.cache)
+
+    # ------------------------------------------------------------ prefill
+    def admit(self, requests: Sequence[Request]) -> None:
+        """Run the new requests' prompts together (left-padded) and join their rows to the batch."""
+        requests = [r for r in requests if not r.cancelled]
+        if not requests:
+            return
+        handle = self.handle
+        device = handle.input_device
+        plans, texts = [], []
+        for r in requests:
+            index_map = _prefill_rows(r.row_steers) if r.row_steers else [UNSTEERED] * 3
+            distinct = [UNSTEERED, STEERED, COUNTERFACTUAL] if index_map is None else sorted(set(index_map))
+            plans.append((len(texts), distinct, index_map or [UNSTEERED, STEERED, COUNTERFACTUAL]))
+            texts += [r.ids] * len(distinct)
+        pad = handle.tokenizer.pad_token_id
+        ids, attention, position = left_pad(texts, pad if pad is not None else 0)
+        rows, length = ids.shape
+        # each request's steers act on its own prefill rows only (α = 0 elsewhere)
+        pre_steers, owner = [], {}
+        for r, (first, distinct, _) in zip(requests, plans):
+            for s in r.row_steers:
+                alpha = torch.zeros(rows)
+                for j, kind in enumerate(distinct):
+                    alpha[first + j] = s.alpha[kind]
+                pre = s.with_alpha(alpha)
+                pre_steers.append(pre)
+                owner[id(pre)] = (r, s)
+        state = StepState(prompt_len=length, offset=0)
+        with torch.inference_mode(), \
+                recording(handle, [self._final_block], "resid", reduce=lambda h: h[:, -1, :]) as final, \
+                steering(handle, pre_steers, state):
+            out = handle.model.base_model(input_ids=ids.to(device), attention_mask=attention.to(device),
+                                          position_ids=position.to(device), use_cache=True)
+            # a generated-only input-dependent steer whose context block comes after its own block saw no
+            # context while the prompt ran through it; its vector is fixed now, from the recorded context
+            for pre in pre_steers:
+                if isinstance(pre, Steer) and pre.fn is not None and id(pre) not in state.input_vectors:
+                    input_vector(pre, state, out.last_hidden_state)
+        order = [first + distinct.index(index_map[kind]) for first, distinct, index_map in plans
+                 for kind in (UNSTEERED, STEERED, COUNTERFACTUAL)]
+        gather = torch.tensor(order, device=device)
+        cache = out.past_key_values
+        kv_rows.keep_rows(cache, gather)
+        hidden = out.last_hidden_state[:, -1, :].index_select(0, gather)
+        final_residual = final[self._final_block].index_select(0, gather.to(final[self._final_block].device))
+        mask = attention.to(device).index_select(0, gather)
+        positions = position[:, -1].to(device).index_select(0, gather) + 1
+        for i, r in enumerate(requests):
+            vectors = {}
+            for pre, vec in state.input_vectors.items():
+                if pre in {id(p) for p in pre_steers} and owner[pre][0] is r:
+                    vectors[id(owner[pre][1])] = vec.index_select(0, gather[3 * i:3 * i + 3].to(vec.device))
+            r._after_prefill(vectors, device)
+        self._join(requests, cache, length, mask, positions, hidden, final_residual)
+
+    def _join(self, requests, cache, columns, mask, positions, hidden, final_residual) -> None:
+        if self.cache is None:
+            self.cache, self.columns, self.mask = cache, columns, mask
+            self.positions, self.hidden, self.final = positions, hidden, final_residual
+        else:
+            total = kv_rows.join(self.cache, self.columns, cache, columns)
+
+            def widen(m):
+                return torch.cat([m.new_zeros((m.shape[0], total - m.shape[1])), m], dim=1)
+
+            self.mask = torch.cat([widen(self.mask), widen(mask)])
+            self.columns = total
+            self.positions = torch.cat([self.positions, positions])
+            self.hidden = torch.cat([self.hidden, hidden])
+            self.final = torch.cat([self.final, final_residual.to(self.final.device)])
+            if self.next_ids is not None:  # new rows have not sampled yet; sample() sets it for everyone
+                self.next_ids = None
+        self.requests += list(requests)
+        self._rebuild_steers()
+
+    def _rebuild_steers(self) -> None:
+        """One (rows, hidden) matrix per steered block, one (rows, width) per steered head site; zero rows elsewhere."""
+        rows = 3 * len(self.requests)
+        device = self.handle.input_device
+        resid: dict[int, torch.Tensor] = {}
+        heads: dict[int, torch.Tensor] = {}
+        for i, r in enumerate(self.requests):
+            for table, mine in ((resid, r.decode_resid), (heads, r.decode_heads)):
+                for layer, add in mine.items():
+                    if layer not in table:
+                        table[layer] = torch.zeros((rows, add.shape[-1]), device=device)
+                    table[layer][3 * i + STEERED] = add
+        self._steers = [Steer(layer=layer, vector=matrix) for layer, matrix in resid.items()]
+        if heads:
+            self._steers.append(HeadSteer(heads))
+
+    # ------------------------------------------------------------- decode
+    def sample(self) -> list[tuple[Request, StepEvent]]:
+        """Pick every request's next tokens from its rows' hidden states; one event per request.
+
+        The full unembedding runs for the unsteered and steered rows only (the
+        counterfactual row needs one logit, the steered token's); the direct
+        Δlogit costs one final-norm row per request; the host gets one transfer
+        of floats and one of ids for the whole batch.
+        """
+        arch, tok = self.handle.arch, self.handle.tokenizer
+        n = len(self.requests)
+        device = self.hidden.device
+        sampled = torch.tensor([3 * i + row for i in range(n) for row in (UNSTEERED, STEERED)], device=device)
+        logits = arch.logits(self.hidden.index_select(0, sampled))  # (2n, vocab)
+        picked = []
+        for i, r in enumerate(self.requests):
+            uniform = float(torch.rand((), generator=r.rng)) if r.sampling.temperature > 0 else None
+            processed = process_logits(logits[2 * i:2 * i + 2], r.history, r.sampling)
+            picked.append(choose(processed, r.sampling, uniform))
+        picked = torch.cat(picked)  # (2n,): unsteered, steered, unsteered, steered, ...
+        steered_ids = picked[STEERED::2]
+        counterfactual = arch.logits_at(self.hidden[COUNTERFACTUAL::3], steered_ids)
+        lse = torch.logsumexp(logits, dim=-1)
+        chosen = logits.gather(1, picked.unsqueeze(1)).squeeze(1)
+        floats = [chosen, lse, counterfactual]
+        with_direct = [i for i, r in enumerate(self.requests) if r.additions.get(r.step > 0) is not None]
+        if with_direct:
+            adds = torch.stack([self.requests[i].additions[self.requests[i].step > 0] for i in with_direct])
+            idx = torch.tensor(with_direct, device=device)
+            floats.append(direct_delta_logit(arch, self.final[COUNTERFACTUAL::3].index_select(0, idx.to(self.final.device)),
+                                             adds, steered_ids.index_select(0, idx), counterfactual.index_select(0, idx)))
+        k = min(max(int(r.sampling.alternatives) for r in self.requests), arch.vocab_size)
+        if k:
+            top_values, top_indices = topk_last(logits, k)
+            floats.append((top_values - lse.unsqueeze(1)).exp().reshape(-1))
+        values = torch.cat([f.reshape(-1).float() for f in floats]).tolist()
+        id_list = torch.cat([picked, top_indices.reshape(-1)] if k else [picked]).tolist()
+        strings = _decode_many(tok, id_list)
+        direct = dict(zip(with_direct, values[5 * n:5 * n + len(with_direct)]))
+        probs = values[5 * n + len(with_direct):]
+        events = []
+        for i, r in enumerate(self.requests):
+            new = {}
+            for row in (UNSTEERED, STEERED):
+                j = 2 * i + row
+                side = r.sides[row]
+                if side.finished:
+                    new[row] = None
+                    continue
+                tid = id_list[j]
+                own_k = min(int(r.sampling.alternatives), k)
+                alts = [(strings[2 * n + j * k + a], probs[j * k + a]) for a in range(own_k)]
+                rec = TokenRecord(token_id=tid, token=strings[j], logprob=values[j] - values[2 * n + j],
+                                  alternatives=alts)
+                if row == STEERED:
+                    rec.delta_logit = values[j] - values[4 * n + i]
+                    # no steer touched this position: nothing flows straight from the steering to it
+                    rec.direct_delta_logit = direct.get(i, 0.0)
+                new[row] = rec
+                if tid in r.eos:
+                    side.finished = "eos"
+                    continue
+                side.tokens.append(rec)
+                r.generated[row].append(tid)
+                side.text = tok.decode(r.generated[row], skip_special_tokens=True)
+                for stop in r.sampling.stop:
+                    if stop and stop in side.text:
+                        side.text = side.text[: side.text.index(stop)]
+                        side.finished = "stop"
+                        break
+            if r.history is not None:
+                r.history = torch.cat([r.history, picked[2 * i:2 * i + 2].unsqueeze(1)], dim=1)
+            r.result.steps = r.step + 1
+            r.step += 1
+            if all(side.finished for side in r.sides.values()) or r.step >= r.sampling.max_new_tokens:
+                r._finish()
+            events.append((r, StepEvent(step=r.step - 1, unsteered=new[UNSTEERED], steered=new[STEERED],
+                                        result=r.result)))
+        # the next inputs: unsteered row its token, steered and counterfactual rows the steered token
+        feed = torch.tensor([2 * i + row for i in range(n) for row in (UNSTEERED, STEERED, STEERED)], device=device)
+        self.next_ids = picked.index_select(0, feed).unsqueeze(1)
+        return events
+
+    def advance(self) -> None:
+        """Drop requests that are done or cancelled, then run one decode step for the rest."""
+        keep = [i for i, r in enumerate(self.requests) if not (r.done or r.cancelled)]
+        if len(keep) < len(self.requests):
+            self._keep(keep)
+        if not self.requests:
+            return
+        handle = self.handle
+        ones = self.mask.new_ones((self.mask.shape[0], 1))
+        self.mask = torch.cat([self.mask, ones], dim=1)
+        state = StepState(prompt_len=0, offset=self.columns)  # every position from here on is a generated one
+        with torch.inference_mode(), \
+                recording(handle, [self._final_block], "resid", reduce=lambda h: h[:, -1, :]) as final, \
+                steering(handle, self._steers, state):
+            out = handle.model.base_model(input_ids=self.next_ids, attention_mask=self.mask,
+                                          position_ids=self.positions.unsqueeze(1), past_key_values=self.cache,
+                                          use_cache=True)
+        self.cache = out.past_key_values
+        self.columns += 1
+        self.positions = self.positions + 1
+        self.hidden = out.last_hidden_state[:, -1, :]
+        self.final = final[self._final_block]
+        self.next_ids = None
+
+    def _keep(self, keep: list[int]) -> None:
+        self.requests = [self.requests[i] for i in keep]
+        if not self.requests:
+            self.cache = self.mask = self.positions = self.hidden = self.final = self.next_ids = None
+            self.columns = 0
+            self._steers = []
+            return
+        rows = torch.tensor([3 * i + row for i in keep for row in range(3)], device=self.hidden.device)
+        kv_rows.keep_rows(self.cache, rows)
+        self.mask = self.mask.index_select(0, rows)
+        self.positions = self.positions.index_select(0, rows)
+        self.hidden = self.hidden.index_select(0, rows)
+        self.final = self.final.index_select(0, rows.to(self.final.device))
+        if self.next_ids is not None:
+            self.next_ids = self.next_ids.index_select(0, rows)
+        # columns that are padding in every remaining row (the longest prompt left) need not be attended to
+        used = self.mask.any(dim=0)
+        lead = int(used.int().argmax()) if bool(used.any()) else 0
+        if lead and kv_rows.joinable(self.cache):
+            self.columns = kv_rows.drop_leading(self.cache, self.columns, lead)
+            self.mask = self.mask[:, lead:]
+        self._rebuild_steers()
+
+
 def stream_side_by_side(
     handle,
     prompt: str,
     steers: Sequence[Steer],
     sampling: Sampling | None = None,
 ) -> Iterator[StepEvent]:
-    """Decode unsteered, steered and counterfactual rows together; yield each step.
+    """Decode one request alone (unsteered, steered and counterfactual rows); yield each step.
 
-    ``steers`` carry the *steered* α (scalar); this function sets the
-    per-row α to (0, α, 0).  The last event's ``result`` is complete.
-
-    Per step: one forward of the three rows through the blocks, the full
-    unembedding for the unsteered and steered rows only (the counterfactual
-    row needs one logit, the steered token's, so it gets a dot product), the
-    direct Δlogit (one final-norm row and one more dot product), and a few
-    small tensors brought to the host in one transfer each.
+    ``steers`` carry the *steered* α (scalar).  The last event's ``result``
+    is complete.  The same :class:`DecodeBatch` code serves many requests at
+    once (:mod:`.engine`); alone, a request gets exactly what it gets there.
     """
-    sampling = sampling or Sampling()
-    sampling.validate()
-    ids = encode_prompt(handle, prompt)
-    rows = 3
-    zero = torch.zeros(())
-    row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
-    eos = set()
-    if sampling.stop_at_eos:
-        e = handle.tokenizer.eos_token_id
-        eos = set(e if isinstance(e, (list, tuple)) else [e]) - {None}
-        gen_eos = getattr(getattr(handle.model, "generation_config", None), "eos_token_id", None)
-        if gen_eos is not None:
-            eos |= set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
-    result = SideBySide(prompt=prompt, unsteered=Side(), steered=Side())
-    sides = {UNSTEERED: result.unsteered, STEERED: result.steered}
-    generated: dict[int, list[int]] = {UNSTEERED: [], STEERED: []}
-    rng = torch.Generator().manual_seed(int(sampling.seed))
-    tok = handle.tokenizer
-    arch = handle.arch
-    device = handle.input_device
-    k = min(int(sampling.alternatives), arch.vocab_size)
-    prompt_len = ids.shape[1]
-    ids = ids.to(device)
-    history = ids.expand(2, -1) if sampling.repetition_penalty != 1.0 else None
-    state = StepState(prompt_len=prompt_len, offset=0)
-    index_map = _prefill_rows(steers) if steers else [UNSTEERED, UNSTEERED, UNSTEERED]
-    # The direct Δlogit needs each row's last-block output (before the final norm) at the last position;
-    # recorded only when some steer adds to the residual stream.  Installed before the steering hooks, it
-    # sees the block's own output, which for the counterfactual row (α = 0) is what reaches the final norm.
-    direct_steers = [s for s in row_steers if isinstance(s, Steer)]
-    final_block = arch.num_layers - 1
-    record = (recording(handle, [final_block], "resid", reduce=lambda h: h[:, -1, :]) if direct_steers
-              else nullcontext({}))
-    additions: dict[bool, torch.Tensor | None] = {}  # generated position? -> Σ α·v the steered row got there
-
-    with torch.inference_mode(), handle.lock, record as final_residual:
-        # ---- prompt pass: only the distinct rows, then copied into the three decode rows
-        position = torch.arange(prompt_len, device=device).unsqueeze(0)
-        if index_map is None:
-            with steering(handle, row_steers, state):
-                hidden, cache = _forward_hidden(handle, ids.expand(rows, -1), position.expand(rows, -1), None)
-        else:
-            distinct = sorted(set(index_map))
-            pre_steers = [s.with_alpha(s.alpha[distinct]) for s in row_steers]
-            with steering(handle, pre_steers, state):
-                hidden, cache = _forward_hidden(handle, ids.expand(len(distinct), -1),
-                                                position.expand(len(distinct), -1), None)
-            gather = torch.tensor([distinct.index(r) for r in index_map], device=device)
-            hidden = hidden.index_select(0, gather)
-            cache.reorder_cache(gather)
-            if final_residual:
-                last = final_residual[final_block]
-                final_residual[final_block] = last.index_select(0, gather.to(last.device))
-
-        with steering(handle, row_steers, state):
-            for step in range(sampling.max_new_tokens):
-                if step:
-                    hidden, cache = _forward_hidden(handle, input_ids, position, cache)
-                logits = arch.logits(hidden[:2])  # (2, vocab): the rows whose distributions we show and sample
-                uniform = float(torch.rand((), generator=rng)) if sampling.temperature > 0 else None
-                processed = process_logits(logits, history, sampling)
-                picked = choose(processed, sampling, uniform)
-                counterfactual = arch.logits_at(hidden[COUNTERFACTUAL:], picked[STEERED:])
-                lse = torch.logsumexp(logits, dim=-1)
-                chosen = logits.gather(1, picked.unsqueeze(1)).squeeze(1)
-                floats = [chosen, lse, counterfactual]
-                addition = None
-                if direct_steers:
-                    # step 0 predicts from the last prompt position, later steps from generated positions
-                    if (step > 0) not in additions:
-                        additions[step > 0] = _steered_addition(direct_steers, state, 1 if step else prompt_len)
-                    addition = additions[step > 0]
-                if addition is not None:
-                    floats.append(direct_delta_logit(arch, final_residual[final_block][COUNTERFACTUAL:], addition,
-                                                     picked[STEERED:], counterfactual))
-                if k:
-                    top_values, top_indices = topk_last(logits, k)
-                    floats.append((top_values - lse.unsqueeze(1)).exp().reshape(-1))
-                # one device-to-host transfer for the floats, one for the ids
-                values = torch.cat([f.reshape(-1).float() for f in floats]).tolist()
-                id_list = torch.cat([picked.reshape(-1), top_indices.reshape(-1)] if k else [picked]).tolist()
-                picked_ids, alt_ids = id_list[:2], id_list[2:]
-                chosen_v, lse_v, cf_v = values[0:2], values[2:4], values[4]
-                pos = 5
-                direct_v = 0.0
-                if addition is not None:  # else no steer touched this position: nothing flows straight to it
-                    direct_v, pos = values[pos], pos + 1
-                alt_probs = values[pos:]
-                strings = _decode_many(tok, picked_ids + alt_ids)
-                new = {}
-                for row in (UNSTEERED, STEERED):
-                    side = sides[row]
-                    if side.finished:
-                        new[row] = None
-                        continue
-                    tid = picked_ids[row]
-                    alts = [(strings[2 + row * k + j], alt_probs[row * k + j]) for j in range(k)]
-                    rec = TokenRecord(token_id=tid, token=strings[row], logprob=chosen_v[row] - lse_v[row],
-                                      alternatives=alts)
-                    if row == STEERED:
-                        rec.delta_logit = chosen_v[STEERED] - cf_v
-                        rec.direct_delta_logit = direct_v
-                    new[row] = rec
-                    if tid in eos:
-                        side.finished = "eos"
-                        continue
-                    side.tokens.append(rec)
-                    generated[row].append(tid)
-                    side.text = tok.decode(generated[row], skip_special_tokens=True)
-                    for stop in sampling.stop:
-                        if stop and stop in side.text:
-                            side.text = side.text[: side.text.index(stop)]
-                            side.finished = "stop"
-                            break
-                result.steps = step + 1
-                yield StepEvent(step=step, unsteered=new[UNSTEERED], steered=new[STEERED], result=result)
-                if all(sides[r].finished for r in sides):
-                    break
-                input_ids = picked[[UNSTEERED, STEERED, STEERED]].unsqueeze(1)
-                if history is not None:
-                    history = torch.cat([history, picked.unsqueeze(1)], dim=1)
-                state.offset = prompt_len + step
-                position = torch.full((rows, 1), prompt_len + step, device=device)
-        for side in sides.values():
-            side.finished = side.finished or "length"
+    request = Request.make(handle, prompt, steers, sampling)
+    batch = DecodeBatch(handle)
+    batch.admit([request])
+    while True:
+        ((_, event),) = batch.sample()
+        yield event
+        if request.done:
+            return
+        batch.advance()
 
 
 def side_by_side(handle, prompt: str, steers: Sequence[Steer], sampling: Sampling | None = None) -> SideBySide:

@@ -18,9 +18,9 @@ attention output projection).
 :func:`apply_steers` is the one place a residual steer is added: the forward
 hook calls it, and so does the frozen-prefix engine (:mod:`.prefix`) for the
 block whose output it keeps instead of re-running.  Hooks only exist inside
-:func:`steering`, which holds the model lock, tracks every hook the moment it
-is registered and removes them all in ``finally``, even when an intervention
-fails half-way through installing.
+:func:`steering`, act only in the thread that installed them, are tracked the
+moment they are registered and are all removed in ``finally``, even when an
+intervention fails half-way through installing.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..vector import POSITIONS
-from .capture import out_projection
+from .capture import out_projection, thread_owned
 
 
 class SteeringError(ValueError):
@@ -63,6 +63,8 @@ def _alpha_rows(alpha: torch.Tensor, rows: int, device, dtype) -> torch.Tensor:
 class Steer:
     """Add ``alpha * vector`` (raw units) to the output of block ``layer``.
 
+    ``vector``: (hidden,), or (rows, hidden) for a different vector per
+    batch row (the decode engine puts many requests' vectors in one matrix).
     ``alpha``: a number, or one number per batch row.
     ``positions``: ``all`` positions, only ``prompt`` positions, or only
     ``generated`` ones (positions at or after the prompt length given to the
@@ -88,7 +90,9 @@ class Steer:
             raise SteeringError("an input-dependent Steer needs context_layer")
         self.alpha = _as_alpha(self.alpha)
         if self.vector is not None:
-            self.vector = torch.as_tensor(self.vector).detach().float().reshape(-1)
+            vector = torch.as_tensor(self.vector).detach().float()
+            # (rows, hidden): one vector per batch row (many users' rows in one decode batch)
+            self.vector = vector if vector.ndim == 2 else vector.reshape(-1)
             if not torch.isfinite(self.vector).all():
                 raise SteeringError("the steering vector contains NaN or inf values")
 
@@ -176,7 +180,7 @@ def _replace_output(output, hidden):
     return hidden
 
 
-def _input_vector(s: Steer, state: StepState, like: torch.Tensor) -> torch.Tensor:
+def input_vector(s: Steer, state: StepState, like: torch.Tensor) -> torch.Tensor:
     """(rows, 1, width) vector of an input-dependent steer: ``fn`` of its context, once per prompt."""
     key = id(s)
     if key not in state.input_vectors:
@@ -212,11 +216,13 @@ def apply_steers(steers: Sequence[Steer], state: StepState, hidden: torch.Tensor
     for s in steers:
         touches = state.touches(seq, s.positions)
         if s.fn is not None and (touches or s.context_layer in state.context):
-            vec = _input_vector(s, state, hidden)
+            vec = input_vector(s, state, hidden)
         if not touches:
             continue
         if s.fn is None:
             vec = s.vector_on(hidden.device, hidden.dtype)
+            if vec.ndim == 2:  # one vector per row
+                vec = vec.unsqueeze(1)
         add = state.masked(s.alpha_for(rows, hidden.device, hidden.dtype) * vec, seq, s.positions)
         total = add if total is None else total + add
     return hidden if total is None else hidden + total
@@ -244,14 +250,18 @@ class HeadSteer:
 
     That input is the per-head attention outputs concatenated, so a shift
     that is zero outside some heads' slices steers those heads only.
-    ``shifts``: {layer: (heads · head_dim) tensor}.  ``alpha``: a number or
-    one per batch row.  ``positions`` as for :class:`Steer`.
+    ``shifts``: {layer: (heads · head_dim) tensor, or (rows, heads · head_dim)
+    for one shift per batch row}.  ``alpha``: a number or one per batch row.
+    ``positions`` as for :class:`Steer`.
     """
 
     def __init__(self, shifts: dict[int, torch.Tensor], alpha=1.0, positions: str = "all"):
         self.positions = _check_positions(positions)
         self.alpha = _as_alpha(alpha)
-        self.shifts = {int(k): torch.as_tensor(v).float().reshape(-1) for k, v in shifts.items()}
+        self.shifts = {}
+        for k, v in shifts.items():
+            v = torch.as_tensor(v).float()
+            self.shifts[int(k)] = v if v.ndim == 2 else v.reshape(-1)
 
     @property
     def layer(self) -> int:
@@ -272,8 +282,8 @@ class HeadSteer:
                                     f"0..{handle.arch.num_layers - 1}")
             module = out_projection(handle, layer)
             width = module.weight.shape[0] if type(module).__name__ == "Conv1D" else module.weight.shape[1]
-            if shift.numel() != width:
-                raise SteeringError(f"ITI shift for layer {layer} has {shift.numel()} values but the attention "
+            if shift.shape[-1] != width:
+                raise SteeringError(f"ITI shift for layer {layer} has {shift.shape[-1]} values but the attention "
                                     f"output projection takes {width}")
             hooks.before(module, self._hook(shift, state))
 
@@ -285,7 +295,10 @@ class HeadSteer:
             rows, seq, _ = x.shape
             if not state.touches(seq, positions):
                 return None
-            add = _alpha_rows(alpha, rows, x.device, x.dtype) * shift.to(device=x.device, dtype=x.dtype)
+            per_row = shift.to(device=x.device, dtype=x.dtype)
+            if per_row.ndim == 2:
+                per_row = per_row.unsqueeze(1)
+            add = _alpha_rows(alpha, rows, x.device, x.dtype) * per_row
             return (x + state.masked(add, seq, positions),) + tuple(args[1:])
 
         return hook
@@ -303,12 +316,10 @@ class Installed:
         self._removers: list = []
 
     def after(self, module: torch.nn.Module, fn) -> None:
-        fn._steer_ui = True
-        self._removers.append(module.register_forward_hook(fn))
+        self._removers.append(module.register_forward_hook(thread_owned(fn)))
 
     def before(self, module: torch.nn.Module, fn) -> None:
-        fn._steer_ui = True
-        self._removers.append(module.register_forward_pre_hook(fn))
+        self._removers.append(module.register_forward_pre_hook(thread_owned(fn)))
 
     def remove_all(self) -> None:
         while self._removers:
@@ -321,9 +332,9 @@ def validate(steers: Sequence[Steer], num_layers: int, hidden_size: int) -> None
             continue  # extensions (see `steering`) validate themselves
         if not 0 <= s.layer < num_layers:
             raise SteeringError(f"layer {s.layer} does not exist: the model has layers 0..{num_layers - 1}")
-        if s.vector is not None and s.vector.numel() != hidden_size:
+        if s.vector is not None and s.vector.shape[-1] != hidden_size:
             raise SteeringError(
-                f"vector has {s.vector.numel()} values but the model's hidden size is {hidden_size}"
+                f"vector has {s.vector.shape[-1]} values but the model's hidden size is {hidden_size}"
             )
         if s.context_layer is not None and not 0 <= s.context_layer < num_layers:
             raise SteeringError(f"context layer {s.context_layer} does not exist (0..{num_layers - 1})")
@@ -333,8 +344,9 @@ def validate(steers: Sequence[Steer], num_layers: int, hidden_size: int) -> None
 def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = None) -> Iterator[StepState]:
     """Install ``steers`` on ``handle``'s model for the duration of the block.
 
-    Holds ``handle.lock`` throughout; hooks are removed in ``finally`` so an
-    exception anywhere inside leaves the model clean.
+    The hooks act only in the calling thread (other threads' forward passes
+    on the shared model never see them) and are removed in ``finally``, so
+    an exception anywhere inside leaves the model clean.
 
     Besides :class:`Steer`, any object with ``install(handle, state, hooks)``
     (registering through ``hooks``, an :class:`Installed`) and
@@ -344,24 +356,23 @@ def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = Non
     state = state or StepState()
     arch = handle.arch
     validate(steers, arch.num_layers, arch.hidden_size)
-    with handle.lock:
-        hooks = Installed()
-        try:
-            by_layer: dict[int, list[Steer]] = {}
-            for s in steers:
-                if isinstance(s, Steer):
-                    by_layer.setdefault(s.layer, []).append(s)
-                else:
-                    s.install(handle, state, hooks)
-            context_layers = {s.context_layer for s in steers if isinstance(s, Steer) and s.fn is not None}
-            # Context hooks first so a context layer equal to the steered layer sees the unsteered activation.
-            for layer in sorted(context_layers):
-                hooks.after(arch.layers[layer], _make_context_hook(layer, state))
-            for layer, group in by_layer.items():
-                hooks.after(arch.layers[layer], _make_steer_hook(group, state))
-            yield state
-        finally:
-            hooks.remove_all()
+    hooks = Installed()
+    try:
+        by_layer: dict[int, list[Steer]] = {}
+        for s in steers:
+            if isinstance(s, Steer):
+                by_layer.setdefault(s.layer, []).append(s)
+            else:
+                s.install(handle, state, hooks)
+        context_layers = {s.context_layer for s in steers if isinstance(s, Steer) and s.fn is not None}
+        # Context hooks first so a context layer equal to the steered layer sees the unsteered activation.
+        for layer in sorted(context_layers):
+            hooks.after(arch.layers[layer], _make_context_hook(layer, state))
+        for layer, group in by_layer.items():
+            hooks.after(arch.layers[layer], _make_steer_hook(group, state))
+        yield state
+    finally:
+        hooks.remove_all()
 
 
 def hook_count(handle) -> int:

@@ -41,8 +41,12 @@ def _noop(_f: float, _m: str) -> None:
 class ModelHandle:
     """A loaded model plus everything steering needs, shared by all sessions.
 
-    ``lock`` must be held for every forward pass that installs hooks, so two
-    users never see each other's steering.
+    Forward passes need no lock: every hook acts only in the thread that
+    installed it (:func:`steer_ui.model.capture.thread_owned`), so the decode
+    engine, the slider and a training job can share the model at once without
+    seeing each other's steering.  ``lock`` serialises the long jobs
+    (training, extraction, probing) among themselves, which bounds their
+    memory; generation and the slider never wait for it.
     """
 
     model: torch.nn.Module

@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .capture import CaptureError, forward, left_pad, length_batches, recording
+from .capture import CaptureError, forward, left_pad, length_batches, recording, thread_owned
 from .generation import encode_prompt
 from .hooks import Steer, StepState, apply_steers, steering, validate
 
@@ -82,15 +82,13 @@ class Prefix:
 
         ``added``: (width,) added to block L's output at every position, or
         (rows, width) per row, or None.  Gradients flow to ``added`` when it
-        requires them; the model's weights are frozen.  Holds the model lock
-        (another session's hooks must not fire on these calls).
+        requires them; the model's weights are frozen.
         """
         h = self.hidden
         if added is not None:
             add = added.to(h.device, h.dtype)
             h = h + (add.unsqueeze(1) if add.ndim == 2 else add)
-        with self.handle.lock:
-            h = self._blocks_above(h)
+        h = self._blocks_above(h)
         return h[:, -1, :].float()
 
     def logits(self, steers: Sequence[Steer], rows: int | None = None) -> torch.Tensor:
@@ -148,8 +146,7 @@ def _recording_calls(handle, layers: Sequence[int]) -> Iterator[dict[int, tuple[
     def pre(i):
         def hook(_m, args, kwargs):
             calls[i] = (tuple(args[1:]), dict(kwargs))
-        hook._steer_ui = True
-        return hook
+        return thread_owned(hook)
 
     removers = []
     try:
@@ -179,7 +176,7 @@ def run_prefix(handle, input_ids: torch.Tensor, layer: int, attention_mask: torc
     layer = int(layer)
     if not 0 <= layer < n:
         raise CaptureError(f"layer {layer} does not exist: the model has layers 0..{n - 1}")
-    with handle.lock, torch.no_grad(), \
+    with torch.no_grad(), \
             recording(handle, range(layer + 1), reduce=_last) as context, \
             recording(handle, [layer]) as at_layer, \
             recording(handle, [n - 1], reduce=None if keep_final_all else _last) as final, \
