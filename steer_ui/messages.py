@@ -61,6 +61,9 @@ ENGLISH: dict[str, str] = {
                    "try again later, or ask its administrator.",
     "prompt_too_long": "The prompt has {size} characters; the limit is {limit}.",
     "bad_number": "{what} must be a whole number from {low} to {high}, got {value}.",
+    "busy": "The server is busy ({detail}). Try again in a moment.",
+    "generation_timeout": "Generation stopped: {detail}.",
+    "job_queued": "Waiting for another visitor's job to finish…",
     "job_cancelled": "Cancelled: nothing was kept, and your session is as it was.",
     "job_too_long": "Stopped after {limit} s, this server's limit for one job: nothing was kept. Try fewer rows "
                     "or epochs.",

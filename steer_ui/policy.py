@@ -45,8 +45,11 @@ class Policy:
     # rows a training job may read: TSV keeps every row's cached prefix in memory (~0.1 MB a row on Gemma 3
     # 270M), so this bounds memory as well as time; TruthfulQA's full expansion (~6,000 answers) fits
     max_train_rows: int = 8000
-    # ---- the queue
+    # ---- the queue and the decode batch (many sessions' generations decode together, model/engine.py)
     queue_max_size: int = 64
+    batch_requests: int = 8  # generations decoded together (3 rows each); more wait for a free place
+    waiting_generations: int = 32  # beyond this a generation is refused with "busy, try again"
+    generation_seconds: float = 300.0  # one generation's time limit, waiting included
     # ---- disk
     export_max_bytes: int = 512 << 20  # all exported files kept for download, oldest removed first
     export_keep_seconds: float = 3600.0

@@ -8,13 +8,15 @@ generation).  The UI is a thin layer that passes ``request.session_hash`` as
 
 Rules kept here so the UI cannot forget them:
 
-* every model call holds ``handle.lock`` (the core functions take it too; it is
-  re-entrant), so two sessions never see each other's hooks;
+* steering hooks act only in the thread that installed them, so sessions
+  running the model at once never see each other's steering; long jobs
+  (training, probing, detection) take ``handle.lock`` one at a time, and
+  generation and the slider never wait for them;
 * a failed action raises :class:`UserError` with a plain message and leaves the
   session's data and vectors as they were;
-* streamed generation runs in its own worker thread that owns the lock from
-  start to finish, so a browser that disconnects mid-stream cannot leave the
-  lock held by a half-consumed generator.
+* generation joins one decode batch shared by every session (the engine in
+  :mod:`steer_ui.model.engine`); a browser that disconnects mid-stream frees
+  its rows at the next step.
 """
 from __future__ import annotations
 
@@ -173,6 +175,8 @@ class Service:
         self._evicted: "OrderedDict[str, None]" = OrderedDict()  # ids whose owner is told once that they are gone
         self._anonymous: "OrderedDict[str, Session]" = OrderedDict()
         self._sessions_lock = threading.Lock()
+        self._engine = None  # the decode batch every session's generations join (model/engine.py)
+        self._engine_lock = threading.Lock()
         self.max_file_bytes = int(max_file_bytes)
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="steer_ui-"))
 
@@ -491,8 +495,7 @@ class Service:
         steers = self.steers(session, vector_name, layer, alpha, relative, seed)
         handle = self.handle
         try:
-            with handle.lock:
-                return next_token(handle, prompt, steers, top_k=top_k)
+            return next_token(handle, prompt, steers, top_k=top_k)
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
 
@@ -516,8 +519,7 @@ class Service:
             return float(max(abs(rng[0]), abs(rng[1]))) if rng else 1.0
         direction = vector.direction(layer if layer in vector.directions else None)
         try:
-            with handle.lock:
-                kl = mean_kl_curve(handle, direction, layer, GRID, (prompt,))
+            kl = mean_kl_curve(handle, direction, layer, GRID, (prompt,))
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
         return round(alpha_at_kl(GRID, kl, KL_AT_MAX), 4)
@@ -531,8 +533,7 @@ class Service:
         if steering_kind(vector) == "input":
             raise UserError("input_dependent_projection")
         direction = vector.direction(layer if layer in vector.directions else None)
-        with handle.lock:
-            return vocab_projection(handle, direction, top_k=top_k)
+        return vocab_projection(handle, direction, top_k=top_k)
 
     def _check_prompt(self, prompt) -> None:
         if not isinstance(prompt, str) or not prompt.strip():
@@ -558,65 +559,66 @@ class Service:
             raise UserError("bad_sampling", detail=f"top-k must be at most {MAX_VOCAB_TOP_K}, got {s.top_k}")
         return s
 
+    def engine(self):
+        """The request batcher on the current model (a new one after a model switch; the old one drains)."""
+        from .model.engine import Engine
+
+        handle = self.handle
+        with self._engine_lock:
+            if self._engine is None or self._engine.handle is not handle:
+                if self._engine is not None:
+                    self._engine.close()
+                p = self.policy
+                self._engine = Engine(handle, max_requests=p.batch_requests, max_waiting=p.waiting_generations,
+                                      timeout_seconds=p.generation_seconds)
+            return self._engine
+
     def stream_generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
                         alpha: float, relative: bool = True, seed: int = 0, sampling=None) -> Iterator[Frame]:
-        """Unsteered and steered continuations from one batched decode, yielded as snapshots.
+        """Unsteered and steered continuations, yielded as snapshots while they decode.
 
-        A worker thread runs the decode under the model lock; this generator
-        yields the newest snapshot whenever the consumer asks (intermediate
-        ones are skipped if the consumer is slower than the model).  Closing
-        the generator early stops the worker at its next step.
+        The request joins the engine's decode batch beside every other
+        session's generations (each gets exactly what it would get alone).
+        This generator yields the newest snapshot whenever the consumer asks
+        (intermediate ones are skipped if the consumer is slower than the
+        model); closing it early drops the request's rows at the next step.
         """
-        from .model.generation import stream_side_by_side
+        from .model.engine import EngineBusy, EngineTimeout
+        from .model.generation import Request
 
         self._check_prompt(prompt)
         steers = self.steers(session, vector_name, layer, alpha, relative, seed)
         handle = self.handle
         sampling = sampling or self.sampling()
-        events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
-        stop = threading.Event()
+        try:
+            request = Request.make(handle, prompt, steers, sampling)
+        except _expected_errors() as exc:
+            raise UserError("generation_failed", detail=_first_line(exc)) from None
+        try:
+            ticket = self.engine().submit(request)
+        except EngineBusy as exc:
+            raise UserError("busy", detail=_first_line(exc)) from None
 
-        def snapshot(result, done: bool) -> Frame:
+        def frame(result, done: bool) -> Frame:
             return Frame(prompt=prompt, unsteered_text=result.unsteered.text, steered_text=result.steered.text,
                          unsteered_tokens=list(result.unsteered.tokens), steered_tokens=list(result.steered.tokens),
                          done=done, steps=result.steps)
 
-        def work():
-            try:
-                with handle.lock:
-                    stream = stream_side_by_side(handle, prompt, steers, sampling)
-                    last = None
-                    try:
-                        for event in stream:
-                            last = event.result
-                            events.put(("step", snapshot(last, False)))
-                            if stop.is_set():
-                                break
-                    finally:
-                        stream.close()
-                    events.put(("done", snapshot(last, True) if last is not None else None))
-            except BaseException as exc:  # handed to the consumer thread
-                events.put(("error", exc))
-
-        worker = threading.Thread(target=work, name="steer_ui-generate", daemon=True)
-        worker.start()
+        last = None
         try:
-            while True:
-                kind, payload = events.get()
-                while kind == "step" and not events.empty():  # skip to the newest snapshot
-                    kind, payload = events.get()
-                if kind == "error":
-                    if isinstance(payload, _expected_errors()):
-                        raise UserError("generation_failed", detail=_first_line(payload)) from None
-                    raise payload
-                if payload is not None:
-                    if kind == "done":
-                        self.session(session).last_generation = payload.as_dict()
-                    yield payload
-                if kind == "done":
-                    return
+            for event in ticket.newest():
+                last = event.result
+                yield frame(last, False)
+        except EngineTimeout as exc:
+            raise UserError("generation_timeout", detail=_first_line(exc)) from None
+        except _expected_errors() as exc:
+            raise UserError("generation_failed", detail=_first_line(exc)) from None
         finally:
-            stop.set()
+            ticket.cancel()
+        if last is not None:
+            final = frame(last, True)
+            self.session(session).last_generation = final.as_dict()
+            yield final
 
     def generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,
                  relative: bool = True, seed: int = 0, sampling=None) -> Frame:
@@ -645,9 +647,8 @@ class Service:
         alphas = [alpha_max * (2 * i / (points - 1) - 1) for i in range(points)]
         handle = self.handle
         try:
-            with handle.lock:
-                frame = sweep(handle, prompt, steer.vector, steer.layer, [a * scale for a in alphas],
-                              positions=steer.positions, target=(target or None))
+            frame = sweep(handle, prompt, steer.vector, steer.layer, [a * scale for a in alphas],
+                          positions=steer.positions, target=(target or None))
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
         frame = frame.rename(columns={"alpha": "raw_alpha"})
@@ -741,7 +742,7 @@ class Service:
         self._check_rows(s.dataset)
         handle = self.handle
         try:
-            with self._job(s, progress) as report, handle.lock:
+            with self._job(s, progress) as report, self._one_job_at_a_time(handle, report):
                 result = probe_layers(handle, s.dataset, position=position, seed=_check_seed(seed), progress=report)
         except _expected_errors() as exc:
             raise UserError("training_failed", detail=_first_line(exc)) from None
@@ -775,6 +776,23 @@ class Service:
             yield report
         finally:
             s.running = False
+
+    @staticmethod
+    @contextmanager
+    def _one_job_at_a_time(handle, report: Progress) -> Iterator[None]:
+        """Hold the model's job lock for a long job, telling the user while another visitor's job runs.
+
+        Waiting goes through ``report``, so Cancel and the time limit reach a
+        queued job too.  Generation and the slider never take this lock.
+        """
+        if not handle.lock.acquire(blocking=False):
+            report(0.0, english("job_queued"))
+            while not handle.lock.acquire(timeout=0.5):
+                report(0.0, english("job_queued"))
+        try:
+            yield
+        finally:
+            handle.lock.release()
 
     def cancel(self, session: str | None) -> bool:
         """Ask the session's running job to stop at its next progress report; True if one was running."""
@@ -834,7 +852,7 @@ class Service:
         self._check_rows(s.dataset)
         handle = self.handle
         try:
-            with self._job(s, progress) as job_progress, handle.lock:
+            with self._job(s, progress) as job_progress, self._one_job_at_a_time(handle, job_progress):
                 vector, report = m.train(handle, s.dataset, parsed, job_progress)
         except UserError:
             raise
@@ -874,7 +892,7 @@ class Service:
                 self._check_prompt(p + a)
         handle = self.handle
         try:
-            with self._job(s, None), handle.lock:  # a job: Cancel reaches it, like training
+            with self._job(s, None) as report, self._one_job_at_a_time(handle, report):  # Cancel reaches it
                 if path:
                     out = method.detect(handle, vector, dataset)
                 else:

@@ -116,6 +116,14 @@ class SideBySide:
     def as_dict(self) -> dict:
         return {"prompt": self.prompt, "unsteered": self.unsteered.as_dict(), "steered": self.steered.as_dict()}
 
+    def snapshot(self) -> "SideBySide":
+        """A copy as it is now (token records are never changed once made, so they are shared)."""
+        def side(s: Side) -> Side:
+            return Side(tokens=list(s.tokens), text=s.text, finished=s.finished)
+
+        return SideBySide(prompt=self.prompt, unsteered=side(self.unsteered), steered=side(self.steered),
+                          steps=self.steps)
+
 
 @dataclass
 class StepEvent:

@@ -9,7 +9,7 @@ import gradio as gr
 
 from ..service import RANDOM, Service
 from . import i18n
-from .common import MODEL, T, as_gr_error, handler, sid
+from .common import EXPLORE, MODEL, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
 from .explore_tab import DEFAULT_PROMPT, build_explore_tab
@@ -195,11 +195,11 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             .then(page_view, None, page_outputs, api_name="page_model", api_visibility="undocumented") \
             .then(explore.next_token_fn, explore.steering_inputs,
                   [explore.bars, explore.delta, explore.readout, explore.details], api_name="page_next_token",
-                  api_visibility="undocumented", show_progress="hidden", **MODEL) \
+                  api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
             .then(explore.generate_fn, explore.steering_inputs + explore.sampling_inputs, explore.gen_outputs,
-                  api_name="page_generate", api_visibility="undocumented", show_progress="hidden", **MODEL) \
+                  api_name="page_generate", api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
             .then(explore.sweep_fn, explore.sweep_inputs, [explore.dose, explore.tokens], api_name="page_sweep",
-                  api_visibility="undocumented", show_progress="hidden", **MODEL)
+                  api_visibility="undocumented", show_progress="hidden", **EXPLORE)
         # No unload handler: a missed heartbeat (a laptop lid, a flaky network) must not wipe a session; idle
         # sessions are forgotten by the service after policy.session_idle_seconds instead.
     demo.steer_ui_backend = backend

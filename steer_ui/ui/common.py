@@ -15,9 +15,13 @@ from . import i18n
 
 log = logging.getLogger("steer_ui.ui")
 
-# Every event that runs the model shares one queue slot: the core lock serialises them anyway, and
-# gradio then shows "queued" instead of a spinner that hangs on the lock.
+# Long jobs (training, probing, detection, the Concepts tab's lessons) share one queue slot: the service runs
+# them one at a time anyway, and gradio then shows "queued" instead of a spinner that hangs on the lock.
 MODEL = dict(concurrency_id="model", concurrency_limit=1)
+# Explore events (slider, generate, sweep) of many sessions run at once: generations join one decode batch
+# (steer_ui/model/engine.py) and the slider's passes run side by side, since hooks act only in their own
+# thread. The limit bounds the threads and memory they take; long jobs keep the "model" slot above.
+EXPLORE = dict(concurrency_id="explore", concurrency_limit=16)
 
 
 def T(key: str):

@@ -1,0 +1,260 @@
+"""The request batcher: every session's generations as rows of one decode batch.
+
+Serving engines batch concurrent requests (continuous batching in vLLM and
+TGI); this module does the same for side-by-side steered generation.  One
+scheduler thread owns a :class:`~.generation.DecodeBatch` and loops:
+
+1. admit waiting requests (up to ``max_requests`` in the batch; the first
+   ones wait ``gather_seconds`` for company so that a burst shares a prefill);
+2. sample every request's next tokens and hand each request its event;
+3. drop the requests that are done, cancelled or past their deadline, and run
+   one decode step for the rest.
+
+A decode step for many rows costs far less than a step per row: the weights
+are read once per step whatever the number of rows.
+
+The interface is deliberately small, so that a serving engine with
+per-request steering (EasySteer on vLLM keeps a steering vector per request
+in a slot, as LoRA adapters are kept) could replace this loop by swapping
+this one module:
+
+* :meth:`Engine.submit` (a validated :class:`~.generation.Request`) → a
+  :class:`Ticket`, or :class:`EngineBusy` when too many are waiting;
+* iterating a ticket gives the request's :class:`~.generation.StepEvent` s as
+  they come (each with a snapshot of the result so far); an error the
+  engine met for this request is raised there;
+* :meth:`Ticket.cancel`: the request's rows leave at the next step.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from .generation import DecodeBatch, Request, StepEvent
+
+log = logging.getLogger(__name__)
+
+_DONE = object()
+
+
+class EngineBusy(RuntimeError):
+    """Too many requests are waiting already: try again in a moment."""
+
+
+class EngineTimeout(RuntimeError):
+    """A request ran past its deadline (waiting included) and was stopped."""
+
+
+class Ticket:
+    """One submitted request: iterate it for its events; :meth:`cancel` gives up on it."""
+
+    def __init__(self, engine: "Engine", request: Request, deadline: float):
+        self.request = request
+        self.deadline = deadline
+        self._engine = engine
+        self._events: "queue.Queue" = queue.Queue()
+
+    def cancel(self) -> None:
+        """Drop the request's rows at the next step (safe to call at any time, from any thread, twice)."""
+        if not self.request.done:
+            self.request.cancelled = True
+            self._engine._wake()
+
+    def __iter__(self):
+        try:
+            while True:
+                item = self._events.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:  # a consumer that stops reading (a closed browser tab) frees the rows
+            self.cancel()
+
+    def newest(self):
+        """Like iterating, but when the consumer is slower than the decode, skip to the newest event.
+
+        Every event carries the whole result so far, so only the last one waiting matters.
+        """
+        try:
+            item = self._events.get()
+            while True:
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                try:
+                    later = self._events.get_nowait()
+                except queue.Empty:
+                    yield item
+                    item = self._events.get()
+                    continue
+                if later is _DONE or isinstance(later, BaseException):
+                    yield item
+                item = later
+        finally:
+            self.cancel()
+
+    # engine side
+    def _put(self, item) -> None:
+        self._events.put(item)
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    rows_per_step: float = 0.0  # running mean
+    admitted: int = 0
+    peak_requests: int = 0
+
+
+class Engine:
+    """Continuous batching of side-by-side generations on one model (see the module docstring)."""
+
+    def __init__(self, handle, max_requests: int = 8, max_waiting: int = 32, gather_seconds: float = 0.005,
+                 timeout_seconds: float = 300.0):
+        self.handle = handle
+        self.max_requests = max(1, int(max_requests))
+        self.max_waiting = max(0, int(max_waiting))
+        self.gather_seconds = max(0.0, float(gather_seconds))
+        self.timeout_seconds = float(timeout_seconds)
+        self.stats = EngineStats()
+        self._waiting: deque[Ticket] = deque()
+        self._running: dict[int, Ticket] = {}  # id(request) -> ticket
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------ clients
+    def submit(self, request: Request, timeout_seconds: float | None = None) -> Ticket:
+        """Queue ``request``; refused with :class:`EngineBusy` when ``max_waiting`` are waiting already."""
+        timeout = self.timeout_seconds if timeout_seconds is None else float(timeout_seconds)
+        ticket = Ticket(self, request, time.monotonic() + timeout)
+        with self._cv:
+            if self._closed:
+                raise EngineBusy("the model is being replaced: try again in a moment")
+            if len(self._waiting) >= self.max_waiting:
+                raise EngineBusy(f"{len(self._waiting)} requests are waiting already: try again in a moment")
+            self._waiting.append(ticket)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="steer_ui-engine", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+        return ticket
+
+    def close(self) -> None:
+        """Stop taking requests; the running ones finish, waiting ones are told to retry."""
+        with self._cv:
+            self._closed = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._cv.notify()
+        for ticket in waiting:
+            ticket._put(EngineBusy("the model is being replaced: try again in a moment"))
+
+    @property
+    def load(self) -> dict:
+        with self._cv:
+            return {"running": len(self._running), "waiting": len(self._waiting)}
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    # ---------------------------------------------------------- scheduler
+    def _take(self, batch: DecodeBatch) -> list[Ticket]:
+        """Waiting tickets to admit now (cancelled and expired ones are answered and skipped)."""
+        taken = []
+        now = time.monotonic()
+        with self._cv:
+            while self._waiting and len(batch) + len(taken) < self.max_requests and batch.can_join:
+                ticket = self._waiting.popleft()
+                if ticket.request.cancelled:
+                    ticket._put(_DONE)
+                elif now > ticket.deadline:
+                    ticket._put(EngineTimeout("the request waited past its time limit: try again"))
+                else:
+                    taken.append(ticket)
+        return taken
+
+    def _loop(self) -> None:
+        batch = DecodeBatch(self.handle)
+        while True:
+            with self._cv:
+                while not self._waiting and not len(batch) and not self._closed:
+                    self._cv.wait()
+                if self._closed and not self._waiting and not len(batch):
+                    self._thread = None
+                    return
+            if not len(batch) and self.gather_seconds:
+                time.sleep(self.gather_seconds)  # an idle engine waits a moment, so a burst shares one prefill
+            new = self._take(batch)
+            if new:
+                self._admit(batch, new)
+            if not len(batch):
+                continue
+            try:
+                events = batch.sample()
+            except Exception as exc:  # noqa: BLE001 - every running request is told, the engine goes on
+                self._fail(batch, exc)
+                batch = DecodeBatch(self.handle)
+                continue
+            now = time.monotonic()
+            for request, event in events:
+                ticket = self._running[id(request)]
+                ticket._put(_snapshot(event))
+                if not request.done and now > ticket.deadline:
+                    request.cancelled = True
+                    self._running.pop(id(request))._put(EngineTimeout(
+                        "the generation ran past its time limit and was stopped"))
+            for request in list(batch.requests):
+                if request.done or request.cancelled:
+                    ticket = self._running.pop(id(request), None)
+                    if ticket is not None:
+                        ticket._put(_DONE)
+            try:
+                batch.advance()
+            except Exception as exc:  # noqa: BLE001
+                self._fail(batch, exc)
+                batch = DecodeBatch(self.handle)
+                continue
+            self.stats.steps += 1
+            rows = 3 * len(batch)
+            self.stats.rows_per_step += (rows - self.stats.rows_per_step) / self.stats.steps
+
+    def _admit(self, batch: DecodeBatch, tickets: list[Ticket]) -> None:
+        try:
+            batch.admit([t.request for t in tickets])
+        except Exception as exc:  # noqa: BLE001 - the new requests are told; the running batch is untouched
+            if len(tickets) > 1:  # one bad request must not fail the others that came with it
+                for ticket in tickets:
+                    self._admit(batch, [ticket])
+                return
+            log.info("request refused at prefill: %s", exc)
+            tickets[0]._put(exc)
+            return
+        admitted = {id(r) for r in batch.requests}
+        for ticket in tickets:
+            if id(ticket.request) in admitted:
+                self._running[id(ticket.request)] = ticket
+            else:  # cancelled while its prompt ran
+                ticket._put(_DONE)
+        self.stats.admitted += len(tickets)
+        self.stats.peak_requests = max(self.stats.peak_requests, len(batch))
+
+    def _fail(self, batch: DecodeBatch, exc: Exception) -> None:
+        log.exception("decode step failed; every running request is told")
+        for request in batch.requests:
+            ticket = self._running.pop(id(request), None)
+            if ticket is not None:
+                ticket._put(exc)
+
+
+def _snapshot(event: StepEvent) -> StepEvent:
+    """The event with a copy of the result as it is now (the engine goes on appending to the original)."""
+    return StepEvent(step=event.step, unsteered=event.unsteered, steered=event.steered,
+                     result=event.result.snapshot())
