@@ -495,7 +495,8 @@ class Service:
         steers = self.steers(session, vector_name, layer, alpha, relative, seed)
         handle = self.handle
         try:
-            return next_token(handle, prompt, steers, top_k=top_k)
+            with self.engine().interactive():  # the decode batch pauses between steps for a slider move
+                return next_token(handle, prompt, steers, top_k=top_k)
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
 

@@ -32,6 +32,7 @@ import queue
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .generation import DecodeBatch, Request, StepEvent
@@ -117,12 +118,14 @@ class Engine:
     """Continuous batching of side-by-side generations on one model (see the module docstring)."""
 
     def __init__(self, handle, max_requests: int = 8, max_waiting: int = 32, gather_seconds: float = 0.005,
-                 timeout_seconds: float = 300.0):
+                 timeout_seconds: float = 300.0, pause_seconds: float = 0.25):
         self.handle = handle
         self.max_requests = max(1, int(max_requests))
         self.max_waiting = max(0, int(max_waiting))
         self.gather_seconds = max(0.0, float(gather_seconds))
         self.timeout_seconds = float(timeout_seconds)
+        self.pause_seconds = max(0.0, float(pause_seconds))
+        self._interactive = 0  # short interactive passes (slider moves) in flight; the decode waits for them
         self.stats = EngineStats()
         self._waiting: deque[Ticket] = deque()
         self._running: dict[int, Ticket] = {}  # id(request) -> ticket
@@ -161,6 +164,25 @@ class Engine:
         with self._cv:
             return {"running": len(self._running), "waiting": len(self._waiting)}
 
+    @contextmanager
+    def interactive(self):
+        """Run a short interactive pass (a slider move) while the decode pauses between steps.
+
+        On a few CPU cores a slider move and a decode step running at once
+        would each take about twice as long; the move is what a user watches,
+        so the engine does not start a step while one is in flight (beyond
+        the step already under way), and waits at most ``pause_seconds`` per
+        step, so a stream of moves slows generation but never stops it.
+        """
+        with self._cv:
+            self._interactive += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._interactive -= 1
+                self._cv.notify_all()
+
     def _wake(self) -> None:
         with self._cv:
             self._cv.notify()
@@ -190,6 +212,8 @@ class Engine:
                 if self._closed and not self._waiting and not len(batch):
                     self._thread = None
                     return
+            with self._cv:  # let interactive passes in flight finish first (bounded)
+                self._cv.wait_for(lambda: not self._interactive or self._closed, timeout=self.pause_seconds)
             if not len(batch) and self.gather_seconds:
                 time.sleep(self.gather_seconds)  # an idle engine waits a moment, so a burst shares one prefill
             new = self._take(batch)

@@ -20,6 +20,9 @@ Headline ratios (targets from the performance issue):
 * ``sweep_speedup``: 21 separate fast-path calls ÷ one batched 21-α sweep.
 * ``extract_speedup``: one-at-a-time ÷ batched activation extraction over the
   bundled statements.
+* ``many_users_speedup``, ``many_users_exact``, ``slider_p95_load_over_idle_p50``:
+  eight sessions' generations through the request batcher, and the slider
+  while others generate (:mod:`.many_users`).
 
 ``--quick`` (CI's smoke run) uses fewer tokens and repetitions and skips the
 cold GGUF load, the training times and the bfloat16 modes.  Nothing here
@@ -46,6 +49,7 @@ from ..tiny import tiny_model
 from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_extract,
                        bench_hook_overhead, bench_side_by_side, bench_slider, bench_sweep, bench_training,
                        measure_bandwidth, seeded_steer)
+from .many_users import bench_many_users
 from .timing import loadavg, parameter_bytes, peak_rss_bytes, rss_bytes
 
 # name: (comparison, target)
@@ -58,6 +62,9 @@ TARGETS = {
     "extract_speedup": (">=", 3.0),
     "warm_load_s": ("<=", 10.0),
     "peak_rss_gb": ("<=", 3.0),
+    "many_users_speedup": (">=", 3.0),
+    "many_users_exact": (">=", 8),
+    "slider_p95_load_over_idle_p50": ("<=", 2.0),
 }
 
 
@@ -144,6 +151,8 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     timed("slider", lambda: bench_slider(handle, steer, layer, 5 if quick else 25, log, bw["read_gb_s"] * 1e9))
     timed("sweep", lambda: bench_sweep(handle, steer, steer.vector, layer, reps, log))
     timed("alpha_grid", lambda: bench_alpha_grid(handle, steer, layer, log, points=5 if quick else 41))
+    timed("many_users", lambda: bench_many_users(handle, layer, 8 if quick else 32, 1 if quick else 3, log,
+                                                 moves=5 if quick else 20))
     # the app's footprint: model loaded, decoded, analysed (before the extra copies the modes below make)
     result["memory"] = {"rss_gb": rss_bytes() / 1e9, "peak_rss_gb": peak_rss_bytes() / 1e9,
                         "note": "peak RSS of this process after load, decode, slider and sweep"}
@@ -173,6 +182,9 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "cold_load_s": result["cold_load"].get("cold_load_s")
         if load["cache_hit"] is not False else load["warm_load_s"],
         "peak_rss_gb": result["memory"]["peak_rss_gb"],
+        "many_users_speedup": result["many_users"]["many_users_speedup"],
+        "many_users_exact": result["many_users"]["many_users_exact"],
+        "slider_p95_load_over_idle_p50": result["many_users"]["slider_p95_load_over_idle_p50"],
     }
     result["load"] = load
     result["ratios"] = ratios
@@ -187,6 +199,7 @@ def markdown_table(result: dict) -> str:
     """The headline ratios of a :func:`run_bench` result as a Markdown table (for the README)."""
     sbs, slider, sweep_, hook = result["side_by_side"], result["slider"], result["sweep"], result["hook"]
     extract = result.get("extract", {})
+    users = result["many_users"]
     rows = [
         ("side_by_side_speedup", result["ratios"]["side_by_side_speedup"],
          f"HF generate ×2: {sbs['hf_two_generate_calls_ms']:.0f} ms vs ours {sbs['ours_side_by_side_ms']:.0f} ms "
@@ -212,6 +225,14 @@ def markdown_table(result: dict) -> str:
         ("warm_load_s", result["ratios"]["warm_load_s"], "load_model() from the safetensors cache"),
         ("cold_load_s", result["ratios"].get("cold_load_s"), "GGUF → safetensors, fresh process, empty cache"),
         ("peak_rss_gb", result["ratios"]["peak_rss_gb"], "after load, decode, slider, sweep"),
+        ("many_users_speedup", result["ratios"]["many_users_speedup"],
+         f"8 generations of {users['new_tokens']} tokens: one after another {users['sequential_ms']:.0f} ms vs "
+         f"at once {users['concurrent_ms']:.0f} ms"),
+        ("many_users_exact", result["ratios"]["many_users_exact"],
+         "of 8 concurrent results equal to their solo results (tokens; probabilities within 1e-5)"),
+        ("slider_p95_load_over_idle_p50", result["ratios"]["slider_p95_load_over_idle_p50"],
+         f"slider p95 {users['slider_p95_under_load_ms']:.0f} ms while 4 sessions generate vs idle p50 "
+         f"{users['slider_p50_idle_ms']:.0f} ms"),
     ]
     lines = ["| measure | value | target | met | absolute |", "|---|---|---|---|---|"]
     for name, value, note in rows:

@@ -1,0 +1,135 @@
+"""Many users at once: the request batcher against one-after-another, and the slider under load.
+
+* ``many_users_speedup``: 8 sessions' generations (4 prompts of different
+  lengths, 2 vectors, 8 different α, greedy and seeded sampling) run one
+  after another ÷ the same 8 sent at once (they share the engine's decode
+  batch).  Each side is the median of ``reps``, interleaved.
+* ``many_users_exact``: how many of the 8 concurrent results equal their
+  solo results token for token (both sides) with every reported probability
+  within 1e-5.
+* ``slider_p95_under_load_ms`` ÷ ``slider_p50_idle_ms``: a slider move (the
+  next-token view through the service's path, which pauses the decode between
+  steps) while 4 other sessions generate, against the same moves when idle.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from ..model.analysis import next_token
+from ..model.engine import Engine
+from ..model.generation import Request, Sampling
+from ..model.hooks import Steer
+from ..model.units import to_raw_alpha
+from ..vector import random_vector
+from .timing import median, ms, percentile, ratio
+
+PROMPTS = ("Hi", "The weather in Paris today is", "My favourite thing about long train journeys is that",
+           "Write a short story about a robot who learns to paint. Once upon a time, in a quiet town by the sea,")
+
+
+def _requests(handle, layer: int, n_tokens: int) -> list[tuple]:
+    hidden = handle.arch.hidden_size
+    vectors = [random_vector(hidden, layer, seed=s).directions[layer] for s in (0, 1)]
+    out = []
+    for i in range(8):
+        alpha = to_raw_alpha(handle, 0.1 + 0.05 * i, layer, relative=True) * (1 if i % 2 else -1)
+        sampling = Sampling(max_new_tokens=n_tokens, stop_at_eos=False,
+                            temperature=0.0 if i < 5 else 0.8, seed=i)
+        out.append((PROMPTS[i % 4], [Steer(layer=layer, vector=vectors[i % 2], alpha=alpha)], sampling))
+    return out
+
+
+def _one(engine: Engine, handle, spec) -> object:
+    result = None
+    for event in engine.submit(Request.make(handle, *spec)):
+        result = event.result
+    return result
+
+
+def _sequential(engine, handle, specs) -> tuple[float, list]:
+    start = time.perf_counter()
+    results = [_one(engine, handle, spec) for spec in specs]
+    return time.perf_counter() - start, results
+
+
+def _concurrent(engine, handle, specs) -> tuple[float, list]:
+    results = [None] * len(specs)
+    barrier = threading.Barrier(len(specs) + 1)
+
+    def client(i):
+        barrier.wait()
+        results[i] = _one(engine, handle, specs[i])
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(specs))]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start, results
+
+
+def _equal(a, b, tol: float = 1e-5) -> bool:
+    for side in ("unsteered", "steered"):
+        x, y = getattr(a, side).tokens, getattr(b, side).tokens
+        if [t.token_id for t in x] != [t.token_id for t in y]:
+            return False
+        for s, t in zip(x, y):
+            if abs(math.exp(s.logprob) - math.exp(t.logprob)) > tol:
+                return False
+            if any(abs(p - q) > tol for (_, p), (_, q) in zip(s.alternatives, t.alternatives)):
+                return False
+    return True
+
+
+def _slider_latencies(engine, handle, layer: int, moves: int) -> list[float]:
+    vec = random_vector(handle.arch.hidden_size, layer, seed=2).directions[layer]
+    out = []
+    for i in range(moves):
+        steer = Steer(layer=layer, vector=vec, alpha=to_raw_alpha(handle, 0.02 * (i % 10), layer, relative=True))
+        start = time.perf_counter()
+        with engine.interactive():
+            next_token(handle, PROMPTS[1], [steer])
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: int = 20) -> dict:
+    engine = Engine(handle, max_requests=8)
+    specs = _requests(handle, layer, n_tokens)
+    log(f"bench: many users, 8 generations of {n_tokens} tokens, one after another vs at once, {reps} reps")
+    _one(engine, handle, specs[0])  # warm-up
+    seq, conc, exact = [], [], []
+    for _ in range(reps):
+        t_seq, solo = _sequential(engine, handle, specs)
+        t_conc, together = _concurrent(engine, handle, specs)
+        seq.append(t_seq)
+        conc.append(t_conc)
+        exact.append(sum(_equal(a, b) for a, b in zip(together, solo)))
+    log("bench: slider moves idle, then while 4 sessions generate")
+    _slider_latencies(engine, handle, layer, 3)  # warm the prefix cache
+    idle = _slider_latencies(engine, handle, layer, moves)
+    load = [(p, s, Sampling(max_new_tokens=4096, stop_at_eos=False)) for p, s, _ in specs[:4]]
+    tickets = [engine.submit(Request.make(handle, *spec)) for spec in load]
+    time.sleep(0.5)  # the four are decoding
+    loaded = _slider_latencies(engine, handle, layer, moves)
+    steps_before = engine.stats.steps
+    time.sleep(1.0)
+    steps_per_s_loaded = engine.stats.steps - steps_before
+    for t in tickets:
+        t.cancel()
+    return {
+        "requests": 8, "new_tokens": n_tokens, "prompts": len(PROMPTS), "vectors": 2, "reps": reps,
+        "sequential_ms": ms(median(seq)), "concurrent_ms": ms(median(conc)),
+        "sequential_ms_all": [ms(x) for x in seq], "concurrent_ms_all": [ms(x) for x in conc],
+        "many_users_speedup": ratio(median(seq), median(conc)),
+        "many_users_exact": min(exact), "exact_per_rep": exact,
+        "slider_p50_idle_ms": ms(median(idle)), "slider_p95_idle_ms": ms(percentile(idle, 0.95)),
+        "slider_p50_under_load_ms": ms(median(loaded)), "slider_p95_under_load_ms": ms(percentile(loaded, 0.95)),
+        "slider_p95_load_over_idle_p50": ratio(percentile(loaded, 0.95), median(idle)),
+        "decode_steps_per_s_while_idle_slider": steps_per_s_loaded,
+        "engine": {"peak_requests": engine.stats.peak_requests, "mean_rows_per_step": engine.stats.rows_per_step},
+    }
