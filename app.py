@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sessions", type=int, default=None, help="sessions kept at once (default 256)")
     p.add_argument("--job-seconds", type=float, default=None, help="time limit of one training job (default 900)")
     p.add_argument("--queue-size", type=int, default=None, help="requests waiting at most (default 64)")
+    p.add_argument("--batch-requests", type=int, default=None,
+                   help="generations decoded together in one batch (default 8)")
+    p.add_argument("--waiting-generations", type=int, default=None,
+                   help="generations waiting for a place in the batch before 'busy, try again' (default 32)")
     return p
 
 
@@ -107,7 +111,8 @@ def policy_from_args(args):
     policy = Policy(allow_model_switch=bool(args.allow_model_switch), model_sources=tuple(policy_sources(args)),
                     device=args.device, dtype=args.dtype)
     for flag, attr in (("max_sessions", "max_sessions"), ("job_seconds", "job_seconds"),
-                       ("queue_size", "queue_max_size")):
+                       ("queue_size", "queue_max_size"), ("batch_requests", "batch_requests"),
+                       ("waiting_generations", "waiting_generations")):
         value = getattr(args, flag)
         if value is not None:
             if value <= 0:

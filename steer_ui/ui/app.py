@@ -115,7 +115,12 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             return backend.methods_schema()
 
         gr.api(train_api, api_name="train", **MODEL)
+        def load_api() -> dict:
+            """How busy the shared decode batch is: generations running and waiting (counts only)."""
+            return backend.engine().load
+
         gr.api(methods_api, api_name="methods", queue=False)
+        gr.api(load_api, api_name="load", queue=False)
         export.upload.upload(fan_out(export.import_fn, n_pickers), [export.upload],
                              [export.import_status, export.info] + vector_pickers, api_name="import_vector")
 

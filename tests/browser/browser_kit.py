@@ -1,10 +1,11 @@
 """What every browser test shares: where Chromium is, how to launch it, a free port, loading data in the page."""
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
+
+from app_process import free_port  # noqa: F401 (re-exported for the browser tests)
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -12,12 +13,6 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 ROOT = Path(__file__).resolve().parents[2]
 NEEDS_CHROMIUM = pytest.mark.skipif(not CHROMIUM.exists(), reason="Chromium is not installed at /usr/bin/chromium "
                                                                   "(apt-get install -y chromium); browser tests skipped")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
