@@ -176,6 +176,7 @@ class Service:
         self._anonymous: "OrderedDict[str, Session]" = OrderedDict()
         self._sessions_lock = threading.Lock()
         self._engine = None  # the decode batch every session's generations join (model/engine.py)
+        self._slider = None
         self._engine_lock = threading.Lock()
         self.max_file_bytes = int(max_file_bytes)
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="steer_ui-"))
@@ -488,15 +489,13 @@ class Service:
     def next_token(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,
                    relative: bool = True, seed: int = 0, top_k: int = 10):
         """Top-k next tokens unsteered vs steered, KL, entropies, Δlogit extremes (analysis fast path)."""
-        from .model.analysis import next_token
-
         self._check_prompt(prompt)
         top_k = _bounded_int(top_k, 1, self.policy.max_top_k, "top_k")
         steers = self.steers(session, vector_name, layer, alpha, relative, seed)
-        handle = self.handle
         try:
-            with self.engine().interactive():  # the decode batch pauses between steps for a slider move
-                return next_token(handle, prompt, steers, top_k=top_k)
+            engine, slider = self._explore_workers()
+            with engine.interactive():  # the decode batch pauses between steps for a slider move
+                return slider.next_token(prompt, steers, top_k=top_k)
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
 
@@ -563,6 +562,7 @@ class Service:
     def engine(self):
         """The request batcher on the current model (a new one after a model switch; the old one drains)."""
         from .model.engine import Engine
+        from .model.slider_batch import SliderBatcher
 
         handle = self.handle
         with self._engine_lock:
@@ -572,7 +572,14 @@ class Service:
                 p = self.policy
                 self._engine = Engine(handle, max_requests=p.batch_requests, max_waiting=p.waiting_generations,
                                       timeout_seconds=p.generation_seconds)
+                self._slider = SliderBatcher(handle)  # concurrent slider moves on one view share a pass
             return self._engine
+
+    def _explore_workers(self):
+        """(engine, slider batcher) of the current model, made together."""
+        engine = self.engine()
+        with self._engine_lock:
+            return engine, self._slider
 
     def stream_generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
                         alpha: float, relative: bool = True, seed: int = 0, sampling=None) -> Iterator[Frame]:

@@ -130,3 +130,33 @@ def test_hooks_act_only_in_their_own_thread(tiny):
     assert torch.equal(before, during)
     with steering(handle, [Steer(layer=1, vector=torch.ones(handle.arch.hidden_size) * 100, alpha=1.0)]):
         assert not torch.equal(before, capture(handle, ids, [3])[3])  # and active in its own
+
+
+def test_concurrent_slider_moves_on_one_view_share_a_pass(tiny):
+    from steer_ui.model.analysis import next_token
+    from steer_ui.model.slider_batch import SliderBatcher
+
+    handle = tiny("gemma3")
+    g = torch.Generator().manual_seed(5)
+    steers = [[Steer(layer=2, vector=torch.randn(handle.arch.hidden_size, generator=g), alpha=float(a))]
+              for a in (-3, -1, 0.5, 2, 4, 8)]
+    alone = [next_token(handle, "the same view", s, top_k=5) for s in steers]
+    batcher = SliderBatcher(handle, gather_seconds=0.2)
+    views = [None] * len(steers)
+    barrier = threading.Barrier(len(steers))
+
+    def move(i):
+        barrier.wait()
+        views[i] = batcher.next_token("the same view", steers[i], top_k=5)
+
+    threads = [threading.Thread(target=move, args=(i,)) for i in range(len(steers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert batcher.largest > 1 and batcher.passes < len(steers)
+    for got, want in zip(views, alone):
+        assert got.kl == pytest.approx(want.kl, abs=1e-5)
+        assert got.max_abs_delta_logit == pytest.approx(want.max_abs_delta_logit, abs=1e-4)
+        assert list(got.steered["token_id"]) == list(want.steered["token_id"])
+        assert list(got.steered["prob"]) == pytest.approx(list(want.steered["prob"]), abs=1e-5)
