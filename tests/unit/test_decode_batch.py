@@ -44,6 +44,13 @@ def _same(batched, alone):
                 assert x.direct_delta_logit == pytest.approx(y.direct_delta_logit, abs=TOL)
 
 
+def _setup(handle):
+    """(solo results, a fresh batch, requests for the same specs)."""
+    specs = _requests(handle)
+    alone = [side_by_side(handle, p, s, sm) for p, s, sm in specs]
+    return alone, DecodeBatch(handle), [Request.make(handle, p, s, sm) for p, s, sm in specs]
+
+
 def _drain(batch):
     while len(batch):
         batch.sample()
@@ -53,10 +60,7 @@ def _drain(batch):
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2", "qwen2"])
 def test_requests_together_equal_requests_alone(tiny, family):
     handle = tiny(family)
-    specs = _requests(handle)
-    alone = [side_by_side(handle, p, s, sm) for p, s, sm in specs]
-    batch = DecodeBatch(handle)
-    requests = [Request.make(handle, p, s, sm) for p, s, sm in specs]
+    alone, batch, requests = _setup(handle)
     batch.admit(requests)
     assert len(batch) == 4
     _drain(batch)
@@ -70,10 +74,7 @@ def test_requests_together_equal_requests_alone(tiny, family):
 def test_requests_join_and_leave_between_steps(tiny, family):
     """Continuous batching: a late request joins a running batch (shorter and longer prompts), early ones leave."""
     handle = tiny(family)
-    specs = _requests(handle)
-    alone = [side_by_side(handle, p, s, sm) for p, s, sm in specs]
-    batch = DecodeBatch(handle)
-    requests = [Request.make(handle, p, s, sm) for p, s, sm in specs]
+    alone, batch, requests = _setup(handle)
     batch.admit(requests[:2])
     for step in range(12):
         if step == 2:
