@@ -190,6 +190,9 @@ def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha
         "l2s_cosine": l2s_cos.tolist(),
         "mean_cosine": mean_cos.tolist(),
     })
+    for s in sources:  # per pair, for the first k (the steered ones); None after
+        gain = effect[effect.source == s].set_index("pair")["margin_gain"]
+        per_input[f"margin_gain_{s}"] = [float(gain[i]) if i in gain.index else None for i in range(len(pairs))]
     margins = by_source["margin"].mean()
     gains = by_source["margin_gain"].mean()
     greedy = by_source["greedy_positive"].mean()

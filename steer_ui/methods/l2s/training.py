@@ -139,8 +139,11 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
 
 
 def loss_curve(fit) -> list[dict]:
-    """Per-epoch train and validation loss as records (epoch 0: the starting point, Mean-S, validation only)."""
-    rows = [{"epoch": 0, "train_loss": None, "validation_loss": fit.val_loss[0]}] if fit.val_loss else []
+    """Per-epoch train and validation loss as records (epoch 0: the starting point, Mean-S, validation only),
+    with the rounding of ``fit.as_dict()``."""
+    losses = fit.as_dict()
+    train_loss, val_loss = losses["train_loss"], losses["val_loss"]
+    rows = [{"epoch": 0, "train_loss": None, "validation_loss": val_loss[0]}] if val_loss else []
     rows += [{"epoch": e, "train_loss": t, "validation_loss": v}
-             for e, (t, v) in enumerate(zip(fit.train_loss, fit.val_loss[1:]), start=1)]
+             for e, (t, v) in enumerate(zip(train_loss, val_loss[1:]), start=1)]
     return rows
