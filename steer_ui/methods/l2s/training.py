@@ -94,8 +94,8 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
         dataset_hash=frame_hash,
         extras=net.state_tensors(),
     )
-    # Recommended α (relative units): up to raw α = 2, i.e. twice the average target; beyond that P2S itself
-    # overshoots (validation split of the capitals pairs, docs/l2s.md).
+    # The slider's range (relative units): up to raw α = 2, i.e. twice the average target, where the true shift
+    # itself already overshoots on the capitals pairs.  The α to use is the calibrated one (report, below).
     reach = to_relative(handle, 2.0 * target_norm_mean, layer)
     vector.alpha_range = (-reach, reach)
 
