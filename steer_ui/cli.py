@@ -295,11 +295,12 @@ def cmd_detect(args) -> dict:
 
 @command("export")
 def cmd_export(args) -> dict:
-    from .formats import read_vector, write_vector
+    from .formats import export_notes, read_vector, write_vector
 
     vector, warnings = read_vector(args.vector)
     written = write_vector(vector, args.format, args.out)
-    return {"format": args.format, "out": [str(p) for p in written], "warnings": warnings}
+    return {"format": args.format, "out": [str(p) for p in written],
+            "warnings": warnings + export_notes(vector, args.format)}
 
 
 @command("import")

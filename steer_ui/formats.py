@@ -86,6 +86,17 @@ def write_vector(vector: SteeringVector, fmt: str, out: str | Path) -> list[Path
     return writers[fmt](vector, Path(out))
 
 
+def export_notes(vector: SteeringVector, fmt: str) -> list[str]:
+    """What a user should know about ``fmt``'s copy of ``vector``: its method's note (e.g. ITI's per-head
+    steering becomes an approximate residual-stream vector, with the measured error) for every format but
+    native, which keeps everything."""
+    from .methods.base import method_of
+
+    note = getattr(method_of(vector), "export_note", None)
+    text = note(vector) if note is not None and fmt != "native" else None
+    return [text] if text else []
+
+
 def read_vector(path: str | Path, handle=None,
                 max_bytes: int = MAX_VECTOR_FILE_BYTES) -> tuple[SteeringVector, list[str]]:
     """Load a vector in any supported format; returns ``(vector, warnings)``.

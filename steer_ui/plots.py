@@ -238,6 +238,24 @@ def training_curves(curves: pd.DataFrame, x: str = "epoch", labels: Mapping[str,
     return _layout(fig, _label(labels, "title", "Training curves"))
 
 
+def loss_curve(curve: pd.DataFrame, best_epoch: int | None = None,
+               labels: Mapping[str, str] | None = None) -> go.Figure:
+    """Train and validation loss per epoch (columns ``epoch``, ``train_loss``, ``validation_loss``; a missing
+    value leaves a gap, e.g. no train loss at epoch 0), with a dashed line at the epoch early stopping kept."""
+    fig = go.Figure()
+    for column, name, color in (("train_loss", _label(labels, "train", "train loss"), STEERED_COLOR),
+                                ("validation_loss", _label(labels, "validation", "validation loss"), DIRECT_COLOR)):
+        if column in curve:
+            fig.add_trace(go.Scatter(x=curve["epoch"], y=curve[column], mode="lines+markers", name=name,
+                                     line=dict(color=color), marker=dict(size=4)))
+    if best_epoch is not None:
+        fig.add_vline(x=best_epoch, line_dash="dash", line_color=UNSTEERED_COLOR,
+                      annotation_text=_label(labels, "kept", f"kept: epoch {best_epoch}"))
+    fig.update_xaxes(title_text=_label(labels, "epoch", "epoch"))
+    fig.update_yaxes(title_text=_label(labels, "loss", "loss"))
+    return _layout(fig, _label(labels, "title", "Training curves"))
+
+
 def head_heatmap(accuracy: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
     """ITI's layer × head probe accuracy (rows = layers, columns = heads); NaN cells stay blank."""
     fig = go.Figure(go.Heatmap(

@@ -20,12 +20,21 @@ Storage: ``extras["iti.heads"]`` (K, 2) [layer, head], ``extras["iti.shifts"]``
 (K, head_dim) the σ·θ̂ per head, ``extras["iti.accuracy"]`` (layers, heads).
 
 Residual-stream equivalent (``directions``), for tools that only know block
-outputs: for each layer with selected heads, ``d_L = W_O · shift_L`` (the
-per-head shifts placed in their slices, mapped through the output
-projection).  It is exactly what the intervention adds to the attention
-output; as a steer at the *block output* it is an approximation, because the
-block's MLP (and, in Gemma 2/3, the post-attention norm) sees the ITI shift
-but not the exported one.
+outputs (every export format but native, which keeps the per-head data and
+steers exactly).  ``W_O · shift_L`` is exactly what the intervention adds to
+the attention output, but a vector added at the *block output* is something
+else: the block's MLP sees the ITI shift and not the exported one, and Gemma
+2/3 normalise the attention output (``post_attention_layernorm``) before the
+residual add, so a large shift *replaces* part of the attention output rather
+than adding to it, by an amount that differs per token.  No fixed vector can
+reproduce that, so :func:`block_output_equivalent` stores the measured
+average: the change of block L's output per unit α when only layer L's heads
+are shifted, at the vector's largest recommended α, over neutral prompts (the
+first token, an outlier in norm, left out).  :func:`export_error` then measures
+what is left on other prompts (the next-token log-probabilities' change,
+exported vs per-head, all positions steered), and the vector carries it in
+``hyperparameters["residual_export"]`` (so in every format's metadata) and in
+the note the CLI and the Export tab print (:func:`export_note`).
 
 Units: α multiplies the σ-scaled shifts, so it counts standard deviations of
 each head's activation along its direction (the paper's α; on Gemma 3 270M
@@ -44,12 +53,15 @@ import torch
 from ..data import Dataset, DatasetError, split_indices
 from ..model.capture import head_geometry, out_projection_weight
 from ..model.hooks import HeadSteer, SteeringError, StepState
+from ..model.units import NEUTRAL_PROMPTS
 from ..vector import SteeringVector
 from .base import Progress, setting, settings_dict, static_steers
 from .common import (KL_BOUND, SWEEP_PROMPTS, TEST_FRACTION, Timer, alpha_range_from_kl, auroc, check_binary, clean,
                      fit_probe, make_record, one_blas_thread, prepare, sub_progress)
 
 ALPHA_GRID = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0)  # σ units
+# The residual-stream export is fitted on these and its error measured on SWEEP_PROMPTS (disjoint).
+EXPORT_CALIBRATION_PROMPTS = NEUTRAL_PROMPTS[2:]
 HEADS, SHIFTS, ACCURACY = "iti.heads", "iti.shifts", "iti.accuracy"
 
 
@@ -93,11 +105,93 @@ def head_shifts(heads: torch.Tensor, y: np.ndarray, chosen: Sequence[tuple[int, 
     return torch.stack(out)
 
 
-def residual_equivalent(handle, chosen: Sequence[tuple[int, int]], shifts: torch.Tensor,
-                        head_dim: int) -> dict[int, torch.Tensor]:
-    """{layer: W_O · (per-head shifts in their slices)} for each layer with chosen heads."""
+def output_projection_shift(handle, chosen: Sequence[tuple[int, int]], shifts: torch.Tensor,
+                            head_dim: int) -> dict[int, torch.Tensor]:
+    """{layer: W_O · (per-head shifts in their slices)}: exactly what the shift adds to the attention output."""
     by_layer = layer_shifts(chosen, shifts, head_dim, head_geometry(handle)[0])
     return {layer: out_projection_weight(handle, layer) @ vec for layer, vec in by_layer.items()}
+
+
+def _encode(handle, prompt: str) -> torch.Tensor:
+    from ..model.generation import encode_prompt
+
+    return encode_prompt(handle, prompt).to(handle.input_device)
+
+
+def block_output_equivalent(handle, chosen: Sequence[tuple[int, int]], shifts: torch.Tensor, head_dim: int,
+                            alpha: float, prompts: Sequence[str] = EXPORT_CALIBRATION_PROMPTS
+                            ) -> dict[int, torch.Tensor]:
+    """{layer: mean over tokens of (block L output with layer L's heads shifted by α − without) / α}.
+
+    Only layer L's heads are shifted, so block L's input is the same in both passes and the difference is block
+    L's own response to the shift (through its output projection, post-attention norm and MLP).  α is the
+    strength the export should be faithful at (the secant, not the tangent: Gemma's norms saturate)."""
+    from ..model.capture import recording
+    from ..model.hooks import steering
+
+    alpha = float(alpha) or 1.0
+    by_layer = layer_shifts(chosen, shifts, head_dim, head_geometry(handle)[0])
+    out: dict[int, torch.Tensor] = {}
+    for layer, shift in by_layer.items():
+        rows = []
+        steer = HeadSteer({layer: shift}, torch.tensor([0.0, alpha]), "all")
+        for prompt in prompts:
+            ids = _encode(handle, prompt).expand(2, -1)
+            with torch.inference_mode(), recording(handle, [layer]) as store, \
+                    steering(handle, [steer], StepState(prompt_len=None)):
+                handle.model.base_model(input_ids=ids, use_cache=False)
+            h = store[layer].float().cpu()
+            rows.append((h[1, 1:] - h[0, 1:]) / alpha)
+        out[layer] = torch.cat(rows).mean(0)
+    return out
+
+
+def _next_token_logp(handle, prompt: str, steers: list) -> torch.Tensor:
+    from ..model.hooks import steering
+
+    ids = _encode(handle, prompt)
+    with torch.inference_mode(), steering(handle, steers, StepState(prompt_len=ids.shape[1])):
+        out = handle.model.base_model(input_ids=ids, use_cache=False)
+        logits = handle.arch.logits(out.last_hidden_state[:, -1, :]).float()
+    return logits[0].log_softmax(-1).cpu()
+
+
+def export_error(handle, vector, alpha: float, directions: dict[int, torch.Tensor] | None = None,
+                 prompts: Sequence[str] = SWEEP_PROMPTS) -> dict[str, float]:
+    """How far the residual-stream ``directions`` (default: the vector's) are from the per-head intervention.
+
+    On each prompt, at ``alpha``, all positions steered: the change of the next-token log-probabilities under
+    the per-head intervention (Δ_head) and under the directions added at the block outputs (Δ_residual).
+    Returns the mean ``relative_error`` ‖Δ_residual − Δ_head‖ / ‖Δ_head‖ and the mean KL(head-steered ‖
+    residual-steered) in nats."""
+    from ..model.hooks import Steer
+
+    directions = vector.directions if directions is None else directions
+    head = build_steers(handle, vector, alpha, positions="all")
+    residual = [Steer(layer=l, vector=d, alpha=float(alpha), positions="all") for l, d in directions.items()]
+    errors, kls = [], []
+    for prompt in prompts:
+        base = _next_token_logp(handle, prompt, [])
+        by_head, by_residual = _next_token_logp(handle, prompt, head), _next_token_logp(handle, prompt, residual)
+        want = by_head - base
+        errors.append(float((by_residual - by_head).norm() / want.norm().clamp_min(1e-12)))
+        kls.append(float((by_head.exp() * (by_head - by_residual)).sum()))
+    return {"relative_error": float(np.mean(errors)), "kl": float(np.mean(kls))}
+
+
+def export_note(vector) -> str | None:
+    """The sentence the CLI and the Export tab show when an ITI vector leaves as residual-stream directions."""
+    info = vector.hyperparameters.get("residual_export")
+    if vector.method != "iti" or not isinstance(info, dict):
+        return None
+    try:
+        err, kl, alpha = float(info["relative_error"]), float(info["kl"]), float(info["alpha"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (f"approximate: this ITI vector steers attention heads; as a residual-stream vector (every format "
+            f"but native) it changes next-token log-probabilities {100 * err:.0f}% differently (relative L2 error; "
+            f"KL {kl:.3g} nats) from the per-head intervention at α = {alpha:g}, measured at export-building "
+            f"time. Export as native to keep the per-head steering exact.")
 
 
 def layer_shifts(chosen: Sequence[tuple[int, int]], shifts: torch.Tensor, head_dim: int,
@@ -251,7 +345,7 @@ class ITI:
         k = st.top_heads
         chosen = top_heads(accuracy, k)
         shifts = head_shifts(heads, y, chosen, tr)
-        directions = residual_equivalent(handle, chosen, shifts, head_dim)
+        directions = output_projection_shift(handle, chosen, shifts, head_dim)  # replaced below, once α is known
         scores = score_heads(heads, chosen, shifts).numpy()
         metrics = {"train_auroc": auroc(scores[tr], y[tr]), "test_auroc": auroc(scores[te], y[te]),
                    "train_rows": len(tr), "test_rows": len(te), "heads": len(chosen),
@@ -268,12 +362,21 @@ class ITI:
         alpha_range, table = alpha_range_from_kl(lambda a: kl_at(handle, vector, SWEEP_PROMPTS, a),
                                                  grid=ALPHA_GRID, bound=hyper["kl_bound"])
         vector.alpha_range = alpha_range
+        progress(0.95, "building and checking the residual-stream export")
+        export_alpha = float(alpha_range[1])
+        vector.directions = block_output_equivalent(handle, chosen, shifts, head_dim, export_alpha)
+        export = {"alpha": export_alpha, **export_error(handle, vector, export_alpha), "approximate": True,
+                  "positions": "all", "how": "mean change of each block's output per unit α (secant at α)"}
+        naive = export_error(handle, vector, export_alpha, directions=directions)
+        export["output_projection_relative_error"] = naive["relative_error"]
+        vector.hyperparameters["residual_export"] = export
         progress(1.0, f"ITI with {len(chosen)} heads: test AUROC {metrics['test_auroc']:.3f}")
         report = {"method": "iti", "layers": vector.layers, "metrics": metrics,
                   "heads": [[l, h, float(accuracy[l, h])] for l, h in chosen],
                   "heatmap": accuracy.tolist(), "heatmap_axes": {"rows": "layer", "columns": "head",
                                                                  "value": "validation accuracy"},
-                  "alpha_sweep": table, "alpha_range": list(alpha_range), "warnings": list(labelled.warnings),
+                  "alpha_sweep": table, "alpha_range": list(alpha_range), "residual_export": export,
+                  "warnings": list(labelled.warnings) + [export_note(vector)],
                   "dataset": dataset.summary(), "activations_cached": acts.from_cache, "seconds": timer()}
         return vector, clean(report)
 
@@ -286,6 +389,10 @@ class ITI:
     def check(self, handle, vector) -> None:
         """Called by formats.read_vector on import: the per-head data must fit the loaded model."""
         check_vector(handle, vector)
+
+    def export_note(self, vector) -> str | None:
+        """Called by formats.export_notes for every format but native: how approximate the directions are."""
+        return export_note(vector)
 
 
 METHOD = ITI()

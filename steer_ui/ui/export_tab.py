@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from ..formats import export_notes
 from ..service import FORMATS, RANDOM, Service
 from . import i18n
 from .common import T, handler, lang_of, sid
@@ -45,6 +46,9 @@ def build_export_tab(backend: Service) -> ExportTab:
         written = backend.export_vector(sid(request), vector, fmt)
         text = i18n.message(lang_of(backend, request), "exported", n=len(written), fmt=fmt,
                             names=", ".join(p.name for p in written))
+        # E.g. an ITI vector leaving as residual-stream directions: say how approximate that copy is.
+        for note in export_notes(backend.get_vector(sid(request), vector), fmt):
+            text += f"\n\n⚠ {note}"
         return [str(p) for p in written], text
 
     @handler(backend)

@@ -81,6 +81,16 @@ def find_results(report: dict) -> pd.DataFrame | None:
     return pd.DataFrame({"name": list(scalars), "value": list(scalars.values())}) if scalars else None
 
 
+def find_loss_curve(report: dict) -> tuple[pd.DataFrame, int | None] | None:
+    """(train/validation loss per epoch, the epoch early stopping kept) where a method reports them (L2S)."""
+    frame = _records(report.get("loss_curve"))
+    if frame is None or "epoch" not in frame:
+        return None
+    fit = report.get("fit") if isinstance(report.get("fit"), dict) else {}
+    best = fit.get("best_epoch")
+    return frame, best if isinstance(best, int) and not isinstance(best, bool) else None
+
+
 def find_alpha_sweep(report: dict) -> pd.DataFrame | None:
     """The KL-vs-α sweep a method ran to pick its recommended α range (shown when there are no epochs)."""
     frame = _records(report.get("alpha_sweep"))
@@ -150,19 +160,28 @@ def parse_extra(extra: str | None) -> dict[str, Any]:
 
 
 def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple:
-    """(status, curves figure, results table, report) shown after any training run."""
+    """(status, curves figure, results table, report) shown after any training run.
+
+    A method's own verdict (``report["recommendation"]``, e.g. L2S saying it did not beat mean steering) is
+    shown under the status line as the method wrote it."""
+    loss = find_loss_curve(report)
     curves_frame = find_curves(report)
     sweep_frame = find_alpha_sweep(report)
     heads_frame = find_head_heatmap(report)
     if heads_frame is not None:
         curves_fig = plots.head_heatmap(heads_frame, labels=i18n.plot_labels(lang, "heads"))
+    elif loss is not None:
+        curves_fig = plots.loss_curve(loss[0], best_epoch=loss[1], labels=i18n.plot_labels(lang, "curves"))
     elif curves_frame is not None:
         curves_fig = plots.training_curves(curves_frame, labels=i18n.plot_labels(lang, "curves"))
     elif sweep_frame is not None:
         curves_fig = plots.training_curves(sweep_frame, x="alpha", labels=i18n.plot_labels(lang, "alpha_sweep"))
     else:
         curves_fig = plots.empty_figure(i18n.message(lang, "no_curves"))
-    return i18n.message(lang, "trained", name=name), curves_fig, table(find_results(report)), _jsonable(report)
+    status = i18n.message(lang, "trained", name=name)
+    if isinstance(report.get("recommendation"), str):
+        status += "\n\n" + report["recommendation"]
+    return status, curves_fig, table(find_results(report)), _jsonable(report)
 
 
 def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab:

@@ -35,3 +35,22 @@ def test_answers_table_skips_blank_answers():
     frame = pd.DataFrame({"prompt": ["q1", "q2", None], "answer": ["a1", "  ", "a3"]})
     assert answers_from_table(frame) == [("q1", "a1"), ("", "a3")]
     assert answers_from_table(None) == []
+
+
+def test_l2s_loss_curve_and_recommendation_reach_the_train_tab():
+    from steer_ui.ui.train_tab import find_loss_curve, train_outputs
+
+    report = {"loss_curve": [{"epoch": 0, "train_loss": None, "validation_loss": 1.0},
+                             {"epoch": 1, "train_loss": 0.9, "validation_loss": 0.8},
+                             {"epoch": 2, "train_loss": 0.6, "validation_loss": 0.85}],
+              "fit": {"best_epoch": 1}, "table": [{"source": "L2S", "margin_gain": 0.1}],
+              "recommendation": "L2S did not beat mean steering on this data."}
+    frame, best = find_loss_curve(report)
+    assert list(frame.validation_loss) == [1.0, 0.8, 0.85] and best == 1
+    status, fig, results, _ = train_outputs(None, "en", "l2s L6<-L6", report)
+    assert [t.name for t in fig.data] == ["train loss", "validation loss"]
+    assert list(fig.data[1].y) == [1.0, 0.8, 0.85]
+    assert status.endswith("L2S did not beat mean steering on this data.")
+    assert find_loss_curve({"curves": []}) is None
+    plain_status, *_ = train_outputs(None, "en", "v", {"metrics": {"test_auroc": 0.9}})
+    assert "mean steering" not in plain_status

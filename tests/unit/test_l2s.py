@@ -357,3 +357,119 @@ def test_accepts_a_pairs_dataset(tmp_path):
     pairs = l2s.as_pairs(load_dataset(path))
     assert [(p.prompt, p.positive, p.negative, p.group) for p in pairs] == [("Q1", " yes", " no", "a"),
                                                                           ("Q2", " no", " yes", "b")]
+
+
+def test_svd_decoder_starts_at_mean_steering_and_spans_the_principal_directions():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 12, generator=gen)
+    direction = torch.nn.functional.normalize(torch.randn(16, generator=gen), dim=0)
+    z = 3.0 + torch.randn(40, 1, generator=gen) * 5 * direction + 0.01 * torch.randn(40, 16, generator=gen)
+    net, report = l2s.fit_mlp(x, z, list(range(30)), list(range(30, 40)), hidden=4, epochs=0, decoder_init="svd")
+    assert report.best_epoch == 0
+    torch.testing.assert_close(net(x), z[:30].mean(0).expand(40, -1))  # epoch 0 is Mean-S exactly
+    first = torch.nn.functional.normalize(net.decoder.weight[:, 0], dim=0)
+    assert abs(float(first @ direction)) > 0.99  # the direction the shifts vary along
+    with pytest.raises(l2s.L2SError, match="decoder_init must be one of"):
+        l2s.fit_mlp(x, z, list(range(30)), list(range(30, 40)), hidden=4, decoder_init="bogus")
+
+
+def test_svd_init_fits_a_low_rank_map_at_least_as_well_as_a_zero_decoder():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(120, 24, generator=gen)
+    basis = torch.randn(2, 32, generator=gen)
+    z = torch.tanh(x[:, :2]) @ basis * 4 + 1.0  # the shifts vary along two directions, chosen by the input
+    train, val = list(range(90)), list(range(90, 120))
+    losses = {}
+    for init in ("svd", "zero"):
+        _, report = l2s.fit_mlp(x, z, train, val, hidden=16, epochs=60, patience=60, lr=3e-3, decoder_init=init)
+        losses[init] = report.best_val_loss
+    assert losses["svd"] < 0.5 * report.val_loss[0]  # well below Mean-S's loss
+    assert losses["svd"] <= losses["zero"] * 1.05
+
+
+def _colour_pairs(n=16):
+    words = ["red", "blue", "green", "black", "white", "pink", "gold", "grey"]
+    rows = []
+    for i in range(n):
+        a, b = words[i % 8], words[(i + 3) % 8]
+        rows.append((f"Item {i} is", f" {a}", f" {b}", f"g{i}"))
+        rows.append((f"No, item {i} is not", f" {b}", f" {a}", f"g{i}"))
+    return rows
+
+
+def test_calibration_tries_both_sources_at_the_same_strengths_within_the_budget(tiny):
+    handle = tiny("llama")
+    vector = _tiny_vector(handle, layer=2, context_layer=1)
+    pairs = l2s.as_pairs(_colour_pairs(4))
+    contexts, _ = l2s.extract(handle, pairs, 2, 1)
+    result = l2s.calibrate(handle, vector, pairs, contexts, budget=0.3, steps=3)
+    table = result["table"]
+    for source in ("mean", "l2s"):
+        rows = [r for r in table if r["source"] == source]
+        assert [round(r["relative_norm"], 6) for r in rows] == pytest.approx([0.1, 0.2, 0.3], rel=1e-4)
+        best = max(rows, key=lambda r: r["margin_gain"])
+        assert result["alphas"][source] == best["raw_alpha"]
+
+
+def _steered_logp(handle, vector, raw_alpha, prompt, completion):
+    """log p(completion | prompt) with the vector's own generation hook (build_steers) at raw α, by hand."""
+    tok = handle.tokenizer
+    p = tok(prompt).input_ids
+    c = tok(completion, add_special_tokens=False).input_ids
+    ids = torch.tensor([p + c])
+    with torch.inference_mode(), steering(handle, l2s.build_steers(handle, vector, raw_alpha),
+                                          StepState(prompt_len=len(p))):
+        logits = handle.model(input_ids=ids, use_cache=False).logits[0].float()
+    logp = logits.log_softmax(-1)
+    return float(sum(logp[len(p) - 1 + t, c[t]] for t in range(len(c))))
+
+
+def test_report_carries_the_loss_curve_the_behaviour_at_one_budget_and_a_recommendation(tiny):
+    handle = tiny("llama")
+    vector, report = l2s.train(handle, _colour_pairs(), layer=2, context_layer=1, hidden=8, epochs=20, patience=20,
+                               norm_budget=0.4, calibration_steps=2)
+    curve = report["loss_curve"]
+    assert [r["epoch"] for r in curve] == list(range(report["fit"]["epochs_run"] + 1))
+    assert [r["validation_loss"] for r in curve] == report["fit"]["val_loss"]
+    assert curve[0]["train_loss"] is None and curve[1]["train_loss"] == report["fit"]["train_loss"][0]
+    # Mean-S and L2S were calibrated under the same budget: neither adds more than it on average.
+    assert report["norm_budget"] == 0.4
+    for source in ("mean", "l2s"):
+        assert 0 < report["steered_norm"][source] <= 0.4 * 1.3  # the held-out mean norm, calibrated on validation
+    assert {r["source"] for r in report["calibration"]} == {"mean", "l2s"}
+    assert vector.hyperparameters["calibrated_raw_alpha"] == {
+        s: pytest.approx(a) for s, a in report["raw_alpha"].items() if s != "p2s"}
+    # The reported margin gain is what the vector's own hook does: recompute one held-out pair by hand.
+    first = report["per_input"][0]
+    pair = next(p for p in l2s.as_pairs(_colour_pairs()) if p.prompt == first["prompt"])
+    assert pair.group in report["splits"]["test_groups"]
+    raw = report["raw_alpha"]["l2s"]
+    by_hand = (_steered_logp(handle, vector, raw, pair.prompt, pair.positive)
+               - _steered_logp(handle, vector, raw, pair.prompt, pair.negative)
+               - _steered_logp(handle, vector, 0.0, pair.prompt, pair.positive)
+               + _steered_logp(handle, vector, 0.0, pair.prompt, pair.negative))
+    assert by_hand == pytest.approx(first["margin_gain_l2s"], abs=1e-3)
+    assert isinstance(report["recommendation"], str) and isinstance(report["l2s_beats_mean"], bool)
+
+
+def test_when_g_learns_nothing_l2s_is_mean_steering_and_the_report_says_so(tiny):
+    handle = tiny("llama")
+    # One epoch at a tiny learning rate cannot beat Mean-S on validation, so early stopping keeps epoch 0.
+    _, report = l2s.train(handle, _colour_pairs(), layer=2, context_layer=1, hidden=8, epochs=1, lr=1e-9,
+                          calibration_steps=2)
+    assert report["fit"]["best_epoch"] == 0
+    assert report["margin_gain"]["l2s"] == pytest.approx(report["margin_gain"]["mean"])
+    assert report["l2s_beats_mean"] is False
+    assert report["recommendation"].startswith("L2S did not beat mean steering on this data")
+    assert "Use mean steering instead" in report["recommendation"]
+
+
+def test_recommendation_needs_a_clear_paired_advantage():
+    result = {"margin_gain": {"mean": 0.2, "l2s": 1.0}, "n_steered": 30, "alpha": {"l2s": 0.25},
+              "l2s_minus_mean": {"mean": 0.8, "se": 0.1, "n": 30}}
+    beats, text = l2s.recommendation(result, 0.1)
+    assert beats and text.startswith("L2S beat mean steering") and "+1.00 for L2S vs +0.20" in text
+    assert "relative α 0.25" in text
+    noisy = {**result, "l2s_minus_mean": {"mean": 0.8, "se": 0.5, "n": 30}}
+    beats, text = l2s.recommendation(noisy, 0.1)
+    assert not beats and "did not beat" in text

@@ -201,8 +201,8 @@ def test_iti_shift_signs_point_to_positive_class(tiny):
         assert float((x[y == 1].mean(0) - x[y == 0].mean(0)) @ shift) > 0
 
 
-def test_head_steer_per_row_alpha_and_exact_residual_equivalent(tiny):
-    """α=0 rows are untouched; the o_proj output moves by exactly α·d_L (what `directions` stores)."""
+def test_head_steer_per_row_alpha_and_exact_output_projection_shift(tiny):
+    """α=0 rows are untouched; the o_proj output moves by exactly α·W_O·shift."""
     handle = tiny("llama")
     vector, _ = train(handle, separable(), "iti", top_heads=2, position="mean")
     steer = build_steers(handle, vector, 1.0)[0]
@@ -224,7 +224,9 @@ def test_head_steer_per_row_alpha_and_exact_residual_equivalent(tiny):
     assert torch.allclose(mixed[0], plain[0], atol=1e-5)
     assert not torch.allclose(mixed[1], plain[1], atol=1e-3)
     # ITI steers the last prompt position by default (honest_llama): that is where the shift must be exact
-    assert torch.allclose(o_mixed[1, -1] - o_plain[1, -1], 2.0 * vector.direction(layer), atol=1e-4)
+    heads, shifts, _ = iti.shifts_of(vector)
+    expected = iti.output_projection_shift(handle, heads, shifts, head_geometry(handle)[1])[layer]
+    assert torch.allclose(o_mixed[1, -1] - o_plain[1, -1], 2.0 * expected, atol=1e-4)
 
 
 def test_iti_vector_without_extras_falls_back_to_residual(tiny):

@@ -145,3 +145,17 @@ def test_the_dose_response_chart_shades_the_readable_zone():
     shapes = dose_response(frame, current_alpha=1.0).layout.shapes
     assert any(s.type == "rect" and (s.x0, s.x1) == (-1.0, 2.0) for s in shapes)
     assert readable_zone(frame.assign(kl=[9.0, 9.0, 6.0, 9.0, 9.0, 9.0])) is None
+
+
+def test_loss_curve_draws_both_losses_and_marks_the_kept_epoch():
+    curve = pd.DataFrame({"epoch": [0, 1, 2, 3], "train_loss": [None, 0.9, 0.7, 0.5],
+                          "validation_loss": [1.0, 0.8, 0.75, 0.9]})
+    fig = plots.loss_curve(curve, best_epoch=2, labels={"title": "T"})
+    train, val = fig.data
+    assert train.name == "train loss" and val.name == "validation loss"
+    assert list(val.x) == [0, 1, 2, 3] and list(val.y) == [1.0, 0.8, 0.75, 0.9]
+    assert train.y[0] is None or train.y[0] != train.y[0]  # no train loss before the first epoch: a gap
+    (line,) = [s for s in fig.layout.shapes if s.type == "line"]
+    assert line.x0 == line.x1 == 2
+    assert fig.layout.title.text == "T"
+    assert not plots.loss_curve(curve).layout.shapes  # no kept epoch given, no marker

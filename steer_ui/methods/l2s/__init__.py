@@ -40,8 +40,8 @@ from ...model.hooks import SteeringError
 from ...vector import SteeringVector
 from ..base import Progress
 from .activations import TARGET_POSITIONS, extract, prompt_contexts
-from .evaluation import SOURCES, compare_heldout, steering_effect, table_rows
-from .mlp import ACTIVATIONS, FitReport, SteeringMLP, default_hidden, fit_mlp
+from .evaluation import SOURCES, calibrate, compare_heldout, recommendation, steering_effect, table_rows
+from .mlp import ACTIVATIONS, DECODER_INITS, FitReport, SteeringMLP, default_hidden, fit_mlp
 from .pairs import L2SError, Pair, as_pairs, join_text
 from .settings import L2SSettings
 from .steering import (NAME, build_steers, describe, layers_of, mean_steers, mlp_of, p2s_vector, predict,
@@ -71,8 +71,8 @@ class L2SMethod:
 
 METHOD = L2SMethod()
 
-__all__ = ["ACTIVATIONS", "FitReport", "L2SError", "L2SMethod", "L2SSettings", "METHOD", "Pair", "SOURCES",
-           "SteeringMLP", "TARGET_POSITIONS", "as_pairs", "build_steers", "compare_heldout", "default_hidden",
+__all__ = ["ACTIVATIONS", "DECODER_INITS", "FitReport", "L2SError", "L2SMethod", "L2SSettings", "METHOD", "Pair", "SOURCES",
+           "SteeringMLP", "TARGET_POSITIONS", "as_pairs", "build_steers", "calibrate", "compare_heldout", "default_hidden",
            "default_layer", "describe", "extract", "fit_mlp", "join_text", "layers_of", "mean_steers", "mlp_of",
-           "p2s_vector", "predict", "prompt_contexts", "steer_sources", "steering_effect", "table_rows",
+           "p2s_vector", "predict", "prompt_contexts", "recommendation", "steer_sources", "steering_effect", "table_rows",
            "train", "unit_scale"]

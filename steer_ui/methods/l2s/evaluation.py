@@ -13,11 +13,11 @@ from torch import nn
 
 from ...model.capture import forward
 from ...model.hooks import Steer, StepState, steering
+from ...model.units import relative_scale
 from ...vector import SteeringVector
 from .activations import encode, extract
 from .cpu import one_thread
 from .pairs import Pair, join_text
-from .settings import L2SSettings
 from .steering import check_positions, layers_of, mlp_of, unit_scale
 
 SOURCES = ("none", "mean", "l2s", "p2s")
@@ -99,29 +99,86 @@ def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tens
     return frame
 
 
+def budget_alphas(vectors: torch.Tensor, budget_norm: float, steps: int) -> list[float]:
+    """Raw multipliers whose steered vectors have mean norm ``budget_norm · k / steps``, k = 1..steps."""
+    norm = float(vectors.norm(dim=-1).mean())
+    if not norm > 0:
+        return [0.0] * steps
+    return [budget_norm * k / steps / norm for k in range(1, steps + 1)]
+
+
+def calibrate(handle, vector: SteeringVector, pairs: Sequence[Pair], contexts: torch.Tensor, budget: float,
+              steps: int, limit: int | None = None,
+              progress: Callable[[float, str], None] | None = None) -> dict:
+    """α per source (Mean-S, L2S) that maximises the mean margin gain on ``pairs`` (the validation split) under a
+    norm budget: the mean norm of the added vectors stays within ``budget · n_{L*}`` (relative units).
+
+    The candidates are ``steps`` evenly spaced mean norms up to the budget, so both sources are tried at the same
+    strengths.  Returns ``{"alphas": {source: raw multiplier}, "table": records}``; ties go to the smaller α.
+    """
+    layer, context_layer = layers_of(vector)
+    scale = relative_scale(handle, layer)
+    with torch.no_grad():
+        pred = mlp_of(vector)(contexts)
+    per_source = {"mean": vector.directions[layer].unsqueeze(0).expand_as(pred), "l2s": pred}
+    k = len(pairs) if not limit else min(int(limit), len(pairs))
+    grid = {s: budget_alphas(v, budget * scale, steps) for s, v in per_source.items()}
+    candidates = {f"{s}@{j}": a * v[:k] for s, v in per_source.items() for j, a in enumerate(grid[s])}
+    effect = steering_effect(handle, pairs[:k], candidates, layer, context_layer, 1.0, positions=vector.positions,
+                             progress=progress)
+    by_source = effect.groupby("source", sort=False)
+    gains, rates = by_source["margin_gain"].mean(), by_source["greedy_positive"].mean()
+    rows, best = [], {}
+    l2s_unit = unit_scale(handle, vector, True)
+    for s, v in per_source.items():
+        norm = float(v.norm(dim=-1).mean())
+        for j, a in enumerate(grid[s]):
+            name = f"{s}@{j}"
+            rows.append({"source": s, "raw_alpha": a, "relative_alpha": a / l2s_unit,
+                         "relative_norm": a * norm / scale, "margin_gain": float(gains[name]),
+                         "positive_rate": float(rates[name])})
+            if s not in best or rows[-1]["margin_gain"] > best[s]["margin_gain"]:
+                best[s] = rows[-1]
+    return {"alphas": {s: r["raw_alpha"] for s, r in best.items()}, "table": rows, "n_pairs": k}
+
+
 def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha: float | None = None,
                     relative: bool = False, contexts: torch.Tensor | None = None,
                     targets: torch.Tensor | None = None, limit: int | None = None,
-                    progress: Callable[[float, str], None] | None = None) -> dict:
+                    progress: Callable[[float, str], None] | None = None,
+                    alphas: dict[str, float] | None = None) -> dict:
     """The held-out table: cosine / MSE of L2S and Mean-S predictions to the true targets, the margin gain and
-    greedy-positive rate per source (none, Mean-S, L2S, P2S) at ``alpha``, and per-input predicted norms.
+    greedy-positive rate per source (none, Mean-S, L2S, P2S), and per-input predicted norms.
+
+    Strength: ``alphas`` (source -> raw multiplier, e.g. the validation-calibrated ones; P2S gets the largest
+    mean norm the others use, so it bounds them at the same budget), else ``alpha`` for every source (raw, or
+    relative with ``relative``), else the vector's calibrated ``hyperparameters["calibrated_raw_alpha"]``,
+    else raw 0.5.  ``steered_norm`` reports each source's mean added norm in relative units.
 
     ``limit``: measure steering on the first ``limit`` pairs only (it costs 8 forward rows per pair); the
     cosines and MSEs always use every pair."""
     layer, context_layer = layers_of(vector)
     hp = vector.hyperparameters
     position = hp.get("position", "mean")
-    alpha = float(hp.get("eval_alpha", L2SSettings.eval_alpha) if alpha is None else alpha)
     if contexts is None or targets is None:
         contexts, targets = extract(handle, pairs, layer, context_layer, position)
     net = mlp_of(vector)
     with torch.no_grad():
         pred = net(contexts)
     mean = vector.directions[layer].unsqueeze(0).expand_as(targets)
-    raw_alpha = alpha * unit_scale(handle, vector, relative)
+    sources = {"mean": mean, "l2s": pred, "p2s": targets}
+    alphas = alphas if alphas is not None else (None if alpha is not None else hp.get("calibrated_raw_alpha"))
+    if alphas is None:
+        raw = (0.5 if alpha is None else float(alpha)) * unit_scale(handle, vector, relative)
+        alphas = {s: raw for s in sources}
+    alphas = {s: float(a) for s, a in alphas.items()}
+    if "p2s" not in alphas:
+        longest = max(alphas[s] * float(sources[s].norm(dim=-1).mean()) for s in alphas)
+        alphas["p2s"] = longest / max(float(targets.norm(dim=-1).mean()), 1e-12)
     k = len(pairs) if not limit else min(int(limit), len(pairs))
-    effect = steering_effect(handle, pairs[:k], {"mean": mean[:k], "l2s": pred[:k], "p2s": targets[:k]}, layer,
-                             context_layer, raw_alpha, positions=vector.positions, progress=progress)
+    effect = steering_effect(handle, pairs[:k], {s: alphas[s] * v[:k] for s, v in sources.items()}, layer,
+                             context_layer, 1.0, positions=vector.positions, progress=progress)
+    scale = relative_scale(handle, layer)
     by_source = effect.groupby("source", sort=False)
     l2s_cos, mean_cos = cosines(pred, targets), cosines(mean, targets)
     per_input = pd.DataFrame({
@@ -133,15 +190,19 @@ def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha
         "l2s_cosine": l2s_cos.tolist(),
         "mean_cosine": mean_cos.tolist(),
     })
+    for s in sources:  # per pair, for the first k (the steered ones); None after
+        gain = effect[effect.source == s].set_index("pair")["margin_gain"]
+        per_input[f"margin_gain_{s}"] = [float(gain[i]) if i in gain.index else None for i in range(len(pairs))]
     margins = by_source["margin"].mean()
     gains = by_source["margin_gain"].mean()
     greedy = by_source["greedy_positive"].mean()
+    l2s_unit = unit_scale(handle, vector, True)
     return {
         "n": len(pairs),
         "n_steered": k,
-        "alpha": alpha,
-        "relative": relative,
-        "raw_alpha": raw_alpha,
+        "alpha": {s: a / l2s_unit for s, a in alphas.items()},  # relative units of this vector
+        "raw_alpha": alphas,
+        "steered_norm": {s: alphas[s] * float(v[:k].norm(dim=-1).mean()) / scale for s, v in sources.items()},
         "l2s_cosine": float(l2s_cos.mean()),
         "mean_cosine": float(mean_cos.mean()),
         "l2s_mse": float(_mse(pred, targets).mean()),
@@ -149,12 +210,39 @@ def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha
         "margin": {s: float(v) for s, v in margins.items()},
         "margin_gain": {s: float(v) for s, v in gains.items() if s != "none"},
         "positive_rate": {s: float(v) for s, v in greedy.items()},
+        "l2s_minus_mean": paired_difference(effect, "l2s", "mean"),
         "predicted_norm_mean": float(pred.norm(dim=-1).mean()),
         "predicted_norm_std": float(pred.norm(dim=-1).std()) if len(pairs) > 1 else 0.0,
         "cosine_to_mean_mean": float(cosines(pred, mean).mean()),
         "per_input": per_input,
         "per_pair_effect": effect,
     }
+
+
+def paired_difference(effect: pd.DataFrame, a: str, b: str) -> dict:
+    """Mean per-pair margin gain of source ``a`` minus source ``b``, with its standard error."""
+    gain = effect.pivot(index="pair", columns="source", values="margin_gain")
+    diff = gain[a] - gain[b]
+    n = len(diff)
+    se = float(diff.std(ddof=1) / n ** 0.5) if n > 1 else float("nan")
+    return {"mean": float(diff.mean()), "se": se, "n": n}
+
+
+def recommendation(result: dict, budget: float) -> tuple[bool, str]:
+    """(whether L2S beat Mean-S, a plain sentence for the user) from a :func:`compare_heldout` result.
+
+    "Beat" means a paired margin-gain advantage more than twice its standard error: otherwise the simpler,
+    input-independent vector is the one to use."""
+    gain, diff = result["margin_gain"], result["l2s_minus_mean"]
+    n = result["n_steered"]
+    numbers = (f"held-out margin gain {gain['l2s']:+.2f} for L2S vs {gain['mean']:+.2f} for mean steering over "
+               f"{n} pairs, at the same norm budget (relative {budget:g})")
+    beats = diff["mean"] > 0 and diff["mean"] > 2 * (diff["se"] if diff["se"] == diff["se"] else float("inf"))
+    if beats:
+        return True, (f"L2S beat mean steering: {numbers}. Use L2S at relative α "
+                      f"{result['alpha']['l2s']:.3g} (calibrated on the validation split).")
+    return False, (f"L2S did not beat mean steering on this data: {numbers}. Use mean steering instead: this "
+                   f"vector's Mean-S direction (exported formats carry it) or a mean-difference vector.")
 
 
 def table_rows(result: dict) -> list[dict]:
@@ -167,6 +255,8 @@ def table_rows(result: dict) -> list[dict]:
             "source": {"none": "no steering", "mean": "Mean-S", "l2s": "L2S", "p2s": "P2S (oracle)"}[s],
             "cosine_to_target": {"mean": result["mean_cosine"], "l2s": result["l2s_cosine"], "p2s": 1.0}.get(s),
             "mse_to_target": {"mean": result["mean_mse"], "l2s": result["l2s_mse"], "p2s": 0.0}.get(s),
+            "relative_alpha": result["alpha"].get(s, 0.0),
+            "steered_norm": result["steered_norm"].get(s, 0.0),
             "margin": result["margin"][s],
             "margin_gain": result["margin_gain"].get(s, 0.0),
             "positive_rate": result["positive_rate"][s],

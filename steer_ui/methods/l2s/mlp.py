@@ -1,8 +1,16 @@
 """g, the steering MLP: ``Linear(D→H) → act → Linear(H→D)`` on standardised contexts, fitted to ``z − z̄``.
 
-Fitting starts at Mean-S (a zero decoder) and keeps the epoch with the lowest
-validation loss, so the result predicts validation targets at least as well
-as the mean does.  Storage: the tensors go in a vector's ``extras`` under
+Fitting starts at Mean-S and keeps the epoch with the lowest validation loss,
+so the result predicts validation targets at least as well as the mean does.
+What makes it work on a few hundred pairs (docs/l2s.md measures each):
+
+* the MLP predicts only the residual ``z − z̄`` (steering adds ``z̄ + g``), so
+  the mean shift, the part every input shares, is never at risk;
+* the decoder starts as the top singular directions of the centred training
+  shifts (``decoder_init="svd"``) with a zero encoder: the output is exactly
+  Mean-S at epoch 0, and the first steps only choose, per input, among the
+  directions in which the shifts really vary, instead of searching all of R^D;
+* weight decay, and early stopping on the validation loss.  Storage: the tensors go in a vector's ``extras`` under
 ``l2s.`` (see :meth:`SteeringMLP.state_tensors`).
 """
 from __future__ import annotations
@@ -20,6 +28,7 @@ from .cpu import one_thread
 from .pairs import L2SError
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+DECODER_INITS = ("svd", "zero")
 EXTRA = "l2s."
 
 
@@ -110,9 +119,14 @@ def _loss(pred: torch.Tensor, target: torch.Tensor, cos_weight: float) -> torch.
 def fit_mlp(contexts: torch.Tensor, targets: torch.Tensor, train_idx: Sequence[int], val_idx: Sequence[int],
             hidden: int, activation: str = "tanh", epochs: int = 400, patience: int = 40, lr: float = 1e-3,
             weight_decay: float = 1e-4, batch_size: int = 32, cos_weight: float = 0.1, seed: int = 0,
-            progress: Progress | None = None) -> tuple[SteeringMLP, FitReport]:
+            decoder_init: str = "svd", progress: Progress | None = None) -> tuple[SteeringMLP, FitReport]:
     """Fit g on ``train_idx``; keep the epoch with the lowest validation loss; stop after ``patience`` epochs
-    without improvement.  Standardisation statistics come from the training rows only."""
+    without improvement.  Standardisation statistics come from the training rows only.
+
+    ``decoder_init``: ``"svd"`` (the decoder spans the top principal directions of the centred training
+    shifts, the encoder is zero) or ``"zero"`` (a zero decoder, a random encoder).  Both start at Mean-S."""
+    if decoder_init not in DECODER_INITS:
+        raise L2SError(f"decoder_init must be one of {DECODER_INITS}, got '{decoder_init}'")
     progress = progress or noop
     started = time.perf_counter()
     train_idx, val_idx = list(train_idx), list(val_idx)
@@ -131,15 +145,37 @@ def fit_mlp(contexts: torch.Tensor, targets: torch.Tensor, train_idx: Sequence[i
         net.input_scale.fill_(float((xt - xt.mean(0)).pow(2).mean().sqrt().clamp_min(1e-6)))
         net.target_mean.copy_(zt.mean(0))
         net.target_scale.fill_(float((zt - zt.mean(0)).pow(2).mean().sqrt().clamp_min(1e-6)))
-        # Start exactly at Mean-S: a zero decoder makes the residual vanish.
-        net.decoder.weight.zero_()
         net.decoder.bias.zero_()
     # Standardised residual targets and the standardised Mean-S offset (for the cosine term on whole vectors).
     offset = (net.target_mean / net.target_scale).detach()
     r_all = (z - net.target_mean) / net.target_scale
+    with torch.no_grad():
+        if decoder_init == "svd":
+            _principal_decoder(net, r_all[train_idx], gen)
+        else:  # start exactly at Mean-S: a zero decoder makes the residual vanish
+            net.decoder.weight.zero_()
     with one_thread():
         return _fit_loop(net, x, r_all, offset, train_idx, val_idx, epochs, patience, lr, weight_decay, batch_size,
                          cos_weight, gen, progress, started)
+
+
+def _principal_decoder(net: SteeringMLP, residuals: torch.Tensor, gen: torch.Generator) -> None:
+    """Decoder columns = the top principal directions of the training residuals, each as long as the residuals'
+    spread along it; encoder zero, so tanh(0) = 0 and g starts exactly at Mean-S.
+
+    With fewer directions than hidden units (rank < H), the spare columns get small random directions so that
+    no unit is dead (a zero column and a zero encoder row would both get zero gradient forever).
+    """
+    n, hidden = residuals.shape[0], net.decoder.weight.shape[1]
+    _u, s, vh = torch.linalg.svd(residuals, full_matrices=False)
+    spread = s / max(n - 1, 1) ** 0.5
+    k = int(min(hidden, int((spread > spread[0] * 1e-4).sum()) if len(spread) else 0))
+    weight = torch.randn(net.decoder.weight.shape, generator=gen) * (1e-2 * float(spread[0]) if k else 1e-2)
+    weight /= max(net.decoder.weight.shape[0], 1) ** 0.5
+    weight[:, :k] = (vh[:k] * spread[:k, None]).T
+    net.decoder.weight.copy_(weight)
+    net.encoder.weight.zero_()
+    net.encoder.bias.zero_()
 
 
 def _fit_loop(net, x, r_all, offset, train_idx, val_idx, epochs, patience, lr, weight_decay, batch_size, cos_weight,

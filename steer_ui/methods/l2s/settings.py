@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..base import setting
 from .activations import TARGET_POSITIONS
-from .mlp import ACTIVATIONS
+from .mlp import ACTIVATIONS, DECODER_INITS
 
 STEER_POSITIONS = ("all", "prompt", "generated")
 
@@ -32,14 +32,21 @@ class L2SSettings:
     cos_weight: float = setting(0.1, "weight of the (1 − cosine) term added to the MSE loss",
                                 minimum=0.0, maximum=100.0, ui=False)
     activation: str = setting("tanh", "g's nonlinearity", choices=tuple(ACTIVATIONS), ui=False)
+    decoder_init: str = setting("svd", "g's decoder at epoch 0: the top principal directions of the centred "
+                                "training shifts (svd) or zero; both start at mean steering",
+                                choices=DECODER_INITS, ui=False)
     test_fraction: float = setting(0.2, "fraction of groups held out for the report (never trained on)",
                                    minimum=0.05, maximum=0.9, ui=False)
     val_fraction: float = setting(0.2, "fraction of the remaining groups used for early stopping",
                                   minimum=0.05, maximum=0.9, ui=False)
-    eval_alpha: float = setting(0.5, "raw α of the held-out steering comparison", minimum=-100.0, maximum=100.0,
-                                ui=False)
-    eval_limit: int | None = setting(None, "score steering on at most this many held-out pairs (empty: all; "
-                                     "cosines always use all)", minimum=1, maximum=100000, ui=False)
+    norm_budget: float = setting(
+        0.1, "norm budget of the steering comparison: the mean norm of the added vector as a fraction of the "
+        "typical residual norm at L* (relative units); α is calibrated on validation within it, for L2S and mean "
+        "steering alike", minimum=0.001, maximum=2.0, ui=False)
+    calibration_steps: int = setting(4, "strengths tried up to the norm budget when calibrating α on the "
+                                     "validation split (1: the budget itself)", minimum=1, maximum=12, ui=False)
+    eval_limit: int | None = setting(None, "score steering on at most this many validation and held-out pairs "
+                                     "(empty: all; cosines always use all)", minimum=1, maximum=100000, ui=False)
     steer_positions: str = setting("all", "positions the trained vector steers by default",
                                    choices=STEER_POSITIONS, ui=False)
     extract_batch: int = setting(32, "rows per activation-extraction batch", minimum=1, maximum=512, ui=False)

@@ -10,15 +10,15 @@ from ...model.units import to_relative
 from ...vector import SteeringVector, dataset_hash
 from ..base import Progress, noop, parse_settings, settings_dict
 from .activations import check_layer, extract
-from .evaluation import compare_heldout, cosines, table_rows
+from .evaluation import calibrate, compare_heldout, cosines, recommendation, table_rows
 from .mlp import default_hidden, fit_mlp
 from .pairs import L2SError, as_pairs
 from .settings import L2SSettings
 from .steering import NAME, check_positions
 
 # Settings recorded in the vector's hyperparameters (the rest are described by the vector itself or the report).
-_RECORDED = ("seed", "epochs", "patience", "lr", "weight_decay", "batch_size", "cos_weight", "test_fraction",
-             "val_fraction", "eval_alpha")
+_RECORDED = ("seed", "epochs", "patience", "lr", "weight_decay", "batch_size", "cos_weight", "decoder_init",
+             "test_fraction", "val_fraction", "norm_budget", "calibration_steps")
 
 
 def default_layer(num_layers: int) -> int:
@@ -35,8 +35,14 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
     (``layer=6, epochs=50``) may be given instead.  Either way they pass the
     same validation as the CLI's and the API's.  Groups are split three ways, seeded:
     ``test_fraction`` held out (only scored), then ``val_fraction`` of the rest
-    for early stopping, the rest for fitting.  ``layer`` (L*) defaults to a
-    third of the depth, ``context_layer`` (L′) to L*.
+    for early stopping and α calibration, the rest for fitting.  ``layer`` (L*)
+    defaults to a third of the depth, ``context_layer`` (L′) to L*.
+
+    The report carries the per-epoch losses (``loss_curve``), the α calibration
+    on the validation split (``calibration``), the held-out behaviour of no
+    steering, Mean-S, L2S and P2S at the same norm budget (``margin_gain``,
+    ``positive_rate``, ``table``), and ``recommendation``: a plain sentence
+    saying whether L2S beat mean steering here, for the UI to show.
     """
     if settings is not None and values:
         raise TypeError("give either an L2SSettings or keyword settings, not both")
@@ -59,10 +65,11 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
 
     progress(0.0, f"extracting activations for {len(pairs)} pairs at layers {context_layer} and {layer}")
     contexts, targets = extract(handle, pairs, layer, context_layer, st.position, st.extract_batch,
-                                progress=lambda f, m: progress(0.4 * f, m))
+                                progress=lambda f, m: progress(0.3 * f, m))
     net, fit = fit_mlp(contexts, targets, train_idx, val_idx, hidden, st.activation, epochs=st.epochs,
                        patience=st.patience, lr=st.lr, weight_decay=st.weight_decay, batch_size=st.batch_size,
-                       cos_weight=st.cos_weight, seed=st.seed, progress=lambda f, m: progress(0.4 + 0.4 * f, m))
+                       cos_weight=st.cos_weight, seed=st.seed, decoder_init=st.decoder_init,
+                       progress=lambda f, m: progress(0.3 + 0.2 * f, m))
     mean_s = targets[train_idx].mean(0)
     target_norm_mean = float(targets[train_idx].norm(dim=-1).mean())
     frame_hash = getattr(dataset, "content_hash", None)
@@ -87,34 +94,56 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
         dataset_hash=frame_hash,
         extras=net.state_tensors(),
     )
-    # Recommended α (relative units): up to raw α = 2, i.e. twice the average target; beyond that P2S itself
-    # overshoots (validation split of the capitals pairs, docs/l2s.md).
+    # The slider's range (relative units): up to raw α = 2, i.e. twice the average target, where the true shift
+    # itself already overshoots on the capitals pairs.  The α to use is the calibrated one (report, below).
     reach = to_relative(handle, 2.0 * target_norm_mean, layer)
     vector.alpha_range = (-reach, reach)
 
-    test_pairs = [pairs[i] for i in test_idx]
     limit = st.eval_limit
-    progress(0.8, f"scoring steering on {min(len(test_idx), limit or len(test_idx))} held-out pairs")
-    held = compare_heldout(handle, vector, test_pairs, alpha=st.eval_alpha,
+    val_pairs, test_pairs = [pairs[i] for i in val_idx], [pairs[i] for i in test_idx]
+    progress(0.5, f"calibrating α on {min(len(val_idx), limit or len(val_idx))} validation pairs")
+    calibration = calibrate(handle, vector, val_pairs, contexts[val_idx], st.norm_budget, st.calibration_steps,
+                            limit=limit, progress=lambda f, m: progress(0.5 + 0.25 * f, m))
+    vector.hyperparameters["calibrated_raw_alpha"] = calibration["alphas"]
+    progress(0.75, f"scoring steering on {min(len(test_idx), limit or len(test_idx))} held-out pairs")
+    held = compare_heldout(handle, vector, test_pairs, alphas=calibration["alphas"],
                            contexts=contexts[test_idx], targets=targets[test_idx], limit=limit,
-                           progress=lambda f, m: progress(0.8 + 0.2 * f, m))
+                           progress=lambda f, m: progress(0.75 + 0.25 * f, m))
+    beats, advice = recommendation(held, st.norm_budget)
     with torch.no_grad():
         val_pred = net(contexts[val_idx])
     val_cos = float(cosines(val_pred, targets[val_idx]).mean())
     val_mean_cos = float(cosines(mean_s.unsqueeze(0).expand(len(val_idx), -1), targets[val_idx]).mean())
     summary = {k: held[k] for k in ("l2s_cosine", "mean_cosine", "l2s_mse", "mean_mse", "margin_gain",
-                                    "positive_rate", "alpha", "n", "n_steered")}
+                                    "positive_rate", "alpha", "steered_norm", "n", "n_steered")}
     vector.metrics = {"heldout": summary, "validation": {"l2s_cosine": val_cos, "mean_cosine": val_mean_cos},
-                      "best_epoch": fit.best_epoch}
+                      "best_epoch": fit.best_epoch, "l2s_beats_mean": beats}
     report = {
         "layer": layer, "context_layer": context_layer, "position": st.position, "hidden": hidden,
         "splits": {"train": len(train_idx), "validation": len(val_idx), "test": len(test_idx),
                    "test_groups": sorted({groups[i] for i in test_idx})},
         "fit": fit.as_dict(),
+        "loss_curve": loss_curve(fit),
+        "norm_budget": st.norm_budget,
+        "calibration": calibration["table"],
         "validation": {"l2s_cosine": val_cos, "mean_cosine": val_mean_cos},
         **{k: v for k, v in held.items() if k not in ("per_input", "per_pair_effect")},
         "table": table_rows(held),
         "per_input": held["per_input"].to_dict("records"),
+        "l2s_beats_mean": beats,
+        "recommendation": advice,
     }
-    progress(1.0, f"held-out cosine: L2S {held['l2s_cosine']:.3f} vs Mean-S {held['mean_cosine']:.3f}")
+    progress(1.0, f"held-out margin gain: L2S {held['margin_gain']['l2s']:+.3f} vs Mean-S "
+                  f"{held['margin_gain']['mean']:+.3f}")
     return vector, report
+
+
+def loss_curve(fit) -> list[dict]:
+    """Per-epoch train and validation loss as records (epoch 0: the starting point, Mean-S, validation only),
+    with the rounding of ``fit.as_dict()``."""
+    losses = fit.as_dict()
+    train_loss, val_loss = losses["train_loss"], losses["val_loss"]
+    rows = [{"epoch": 0, "train_loss": None, "validation_loss": val_loss[0]}] if val_loss else []
+    rows += [{"epoch": e, "train_loss": t, "validation_loss": v}
+             for e, (t, v) in enumerate(zip(train_loss, val_loss[1:]), start=1)]
+    return rows
