@@ -175,7 +175,10 @@ def test_train_returns_a_tsv_record_and_a_full_report(trained):
     assert set(counts) == {"hallucinated", "truthful"} and sum(counts.values()) == report["pseudo_labels"]["selected"]
     assert 0 < report["pseudo_labels"]["selected"] <= 8
     assert 0 <= report["auroc"] <= 1
-    assert set(report["baselines"]) >= {"probe", "mean_difference", "mean_token_logprob"}
+    assert set(report["baselines"]) >= {"probe", "probe_exemplars", "mean_difference_exemplars",
+                                        "mean_token_logprob", "perplexity"}
+    # perplexity is a monotone function of the mean log-probability: the same ranking
+    assert report["baselines"]["perplexity"]["auroc"] == pytest.approx(report["baselines"]["mean_token_logprob"]["auroc"])
     assert set(report["max_abs_delta_logit"]) >= {"with_constraints", "without_constraints"}
     assert set(report["runs"]) == {"constrained", "unconstrained"}
     assert report["top_tokens"] and "token" in report["top_tokens"][0]
@@ -237,7 +240,7 @@ def test_train_rejects_unknown_settings_and_one_class(tiny):
 def test_the_methods_settings_take_the_cli_names(tiny):
     h = tiny("llama")
     # what --layer 1 --exemplars 6 --epochs 1 --no-logit-penalty --no-kl-penalty become
-    settings = parse_settings(tsv.TSVSettings, {"layer": 1, "generate": False, "exemplars": 6, "epochs": 1,
+    settings = parse_settings(tsv.TSVSettings, {"layer": 1, "generate": "no", "exemplars": 6, "epochs": 1,
                                                 "logit_penalty": False, "kl_penalty": False, "seed": 0})
     vector, report = tsv.METHOD.train(h, _rows(8), settings, lambda _f, _m: None)
     s = report["settings"]
