@@ -61,6 +61,9 @@ class TSVMethod(StaticMethod):
         if generates(settings, dataset):
             generated = dataset = generate_and_label(handle, dataset, sub_progress(progress, 0.0, GENERATE_SHARE),
                                                      template=settings.template, cache_dir=answers_cache)
+            if generated.empty:
+                raise TSVError(f"the model's answers to all {generated.attrs['empty_answers']} questions were empty "
+                               f"after cleaning: nothing to label (a model this small may not answer at all)")
             progress = sub_progress(progress, GENERATE_SHARE, 1.0)
         vector, report = training.train(handle, dataset, settings, progress)
         if generated is not None:

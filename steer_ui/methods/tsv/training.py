@@ -67,8 +67,8 @@ def _chunks(parts: list, batch_size: int) -> list[list]:
 
 # ------------------------------------------------------- generation positions
 def generation_positions(batch: C.SuffixBatch, n_answer: dict[int, int], rows: int | None = None,
-                         where: str = "answer") -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, position) indices into a batch's (rows, seq) grid: where the constraints act.
+                         where: str = "answer") -> tuple[list[int], list[int]]:
+    """(rows, positions) index lists into a batch's (rows, seq) grid: where the constraints act.
 
     Logits at position j predict token j + 1.  ``answer``: the positions
     whose logits generate the answer, the last prompt token and every answer
@@ -91,7 +91,12 @@ def generation_positions(batch: C.SuffixBatch, n_answer: dict[int, int], rows: i
             positions = list(range(seq - answer - 1, seq - 1)) + ([seq - 1] if where == "answer_and_end" else [])
         r_idx += [p] * len(positions)
         p_idx += positions
-    return torch.tensor(r_idx, dtype=torch.long), torch.tensor(p_idx, dtype=torch.long)
+    return r_idx, p_idx
+
+
+def at_positions(x: torch.Tensor, rows: list[int], positions: list[int]) -> torch.Tensor:
+    """``x[rows, positions]`` for a (rows, seq, hidden) tensor: (n, hidden) float, on ``x``'s device."""
+    return x[torch.tensor(rows, device=x.device), torch.tensor(positions, device=x.device)].float()
 
 
 def answer_lengths(handle, frame, texts: Sequence[str], template: str, rows: Sequence[int]) -> dict[int, int]:
@@ -172,8 +177,7 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                         budget -= k
                         if all_positions:
                             r, pos = generation_positions(b, n_answer, k, st.penalty_positions)
-                            base_at = b.final_all[r.to(b.final_all.device), pos.to(b.final_all.device)].float()
-                            steered_at = steered_all[r.to(steered_all.device), pos.to(steered_all.device)]
+                            base_at, steered_at = at_positions(b.final_all, r, pos), at_positions(steered_all, r, pos)
                         else:
                             base_at, steered_at = b.final_last[:k], final[:k]
                         lt, kt, w = C.penalties(handle, base_at, steered_at, added, st.max_logit_change,
@@ -253,10 +257,8 @@ def _evaluate(handle, batches, added: torch.Tensor, prototypes: torch.Tensor, ka
             scores += class_probs(_reps_of(handle, final), prototypes, kappa)[:, 1].tolist()
             rows += b.index
             r, pos = generation_positions(b, n_answer, where="answer")
-            dev = b.final_all.device
-            at_answer.append(C.delta_stats(handle, b.final_all[r.to(dev), pos.to(dev)].float(),
-                                           steered_all[r.to(steered_all.device), pos.to(steered_all.device)],
-                                           added))
+            at_answer.append(C.delta_stats(handle, at_positions(b.final_all, r, pos),
+                                           at_positions(steered_all, r, pos), added))
             at_last.append(C.delta_stats(handle, b.final_last, final, added))
     return {"auroc": auroc(scores, [labels[i] for i in rows]), "scores": dict(zip(rows, scores)),
             "delta": C.summarise_delta(handle, at_answer, top_k), "delta_last": C.summarise_delta(handle, at_last, top_k)}
