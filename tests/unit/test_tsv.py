@@ -263,7 +263,13 @@ def test_seeds_markdown_reports_mean_sd_and_each_seed(trained, tiny):
     drops = [r["runs"]["unconstrained"]["auroc"] - r["runs"]["constrained"]["auroc"] for r in (first, second)]
     drop_row = next(line for line in table.splitlines() if line.startswith("| drop from the constraints |"))
     assert f"{drops[0]:.3f}, {drops[1]:.3f}" in drop_row
-    assert "per seed (0, 1)" in table and "| probe |" in table
+    assert "per seed (0, 1)" in table and "| full-label probe (ceiling) |" in table
+    assert "| exemplar probe (TSV's labels) |" in table and "| perplexity (no training) |" in table
+    # the verdict line checks the three conditions on these numbers
+    verdict = table.splitlines()[-1]
+    probe = sum(r["baselines"]["probe_exemplars"]["auroc"] for r in (first, second)) / 2
+    assert verdict.startswith("Target: ") and verdict.count("met: ") + verdict.count("MISSED: ") == 3
+    assert ("met: constrained" if mean > probe else "MISSED: constrained") in verdict.split(";")[1]
 
 
 def test_bound_sweep_measures_auroc_against_each_bound_on_the_same_split(tiny):
