@@ -186,7 +186,8 @@ def _chunk_penalty(handle, base_final: torch.Tensor, steered_final: torch.Tensor
     delta = steered_logits - base_logits
     logit_term, kl_term = zero, zero
     if use_logit:
-        direct = direct_delta_logits(handle, added, base_final)
+        # the direct path (direct_delta_logits), sharing the unsteered logits computed above
+        direct = logits_of(handle, base_final + added.to(base_final.device, base_final.dtype)) - base_logits
         logit_term = logit_penalty(delta, max_change, reduction) + logit_penalty(direct, max_change, reduction)
     if use_kl:
         kl_term = kl_penalty(base_logits.log_softmax(-1), steered_logits.log_softmax(-1))

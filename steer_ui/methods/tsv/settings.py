@@ -82,6 +82,11 @@ class TSVSettings:
     # the last), and the detector's last position stays free; "answer_and_end" adds it; "last" is it alone (before).
     penalty_positions: str = setting("answer", "positions whose next-token logits the penalties bound",
                                      choices=("answer", "answer_and_end", "last"), ui=False)
+    # Each position costs a pass over the whole vocabulary (262k tokens on Gemma 3) forward and backward; a fresh
+    # random draw each step covers every position over the epochs at a fraction of the cost.
+    penalty_tokens: int = setting(64, "generation positions per optimiser step whose logits are penalised, drawn at "
+                                      "random from the penalty rows' generation positions", minimum=1,
+                                  maximum=100_000, ui=False)
     penalty_rows: int = setting(32, "rows per optimiser step whose full-vocabulary logits are penalised",
                                 minimum=1, maximum=1024, ui=False)
     test_fraction: float = setting(0.25, "share of the groups held out for the AUROC", minimum=0, maximum=1,

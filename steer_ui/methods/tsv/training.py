@@ -177,6 +177,11 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                         budget -= k
                         if all_positions:
                             r, pos = generation_positions(b, n_answer, k, st.penalty_positions)
+                            # this sub-batch's share of the step's position budget, drawn afresh each step
+                            quota = max(1, round(st.penalty_tokens * k / min(st.penalty_rows, n_rows)))
+                            if len(r) > quota:
+                                keep = sorted(rng.sample(range(len(r)), quota))
+                                r, pos = [r[j] for j in keep], [pos[j] for j in keep]
                             base_at, steered_at = at_positions(b.final_all, r, pos), at_positions(steered_all, r, pos)
                         else:
                             base_at, steered_at = b.final_last[:k], final[:k]
