@@ -12,6 +12,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Sequence
 
 from ..data import load_dataset
@@ -143,6 +144,14 @@ def parse_bounds(text: str | None) -> tuple[float, ...] | None:
     return tuple(out)
 
 
+def first_questions(dataset, n: int | None):
+    """``dataset`` cut to the rows of its first ``n`` groups (questions), in file order; all when ``n`` is None."""
+    if not n:
+        return dataset
+    keep = set(list(dict.fromkeys(dataset.frame.group))[:n])
+    return replace(dataset, frame=dataset.frame[dataset.frame.group.isin(keep)].reset_index(drop=True))
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m steer_ui.tools.tsv_tables --data FILE``: train on the embedded model and print the AUROC tables.
 
@@ -168,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bound-sweep", default=None,
                    help="comma-separated extra |Δlogit| bounds (e.g. 6,20): one more constrained run per bound, "
                         "reported as AUROC against the bound")
+    p.add_argument("--max-questions", type=int, default=None,
+                   help="keep the first N questions (groups) of the file, before anything else")
     p.add_argument("--json", help="also write the full report here")
     args = p.parse_args(argv)
-    dataset = load_dataset(args.data)
+    dataset = first_questions(load_dataset(args.data), args.max_questions)
     handle = load_model(args.model)
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     reports = []

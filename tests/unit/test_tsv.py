@@ -485,3 +485,15 @@ def test_the_layer_sweep_trains_each_candidate_and_keeps_the_best_on_validation(
     assert sweep["validation_rows"] > 0 and sweep["epochs_per_candidate"] == 1
     help_text = tsv.TSVSettings.__dataclass_fields__["layer_sweep"].metadata["help"]  # what the form shows
     assert "Cost" in help_text and "sweep_epochs" in help_text
+
+
+def test_first_questions_keeps_whole_groups_in_file_order():
+    from steer_ui.data import load_dataset
+
+    frame = pd.DataFrame({"Question": ["q1", "q2", "q3"], "Correct Answers": ["a; b", "c", "d"],
+                          "Incorrect Answers": ["x", "y; z", "w"]})
+    data = load_dataset(frame)
+    cut = tsv_tables.first_questions(data, 2)
+    assert cut.schema == "truthfulqa" and list(dict.fromkeys(cut.frame.group)) == ["q1", "q2"]
+    assert len(cut.frame) == 6 and tsv.is_question_table(cut)
+    assert tsv_tables.first_questions(data, None) is data

@@ -18,6 +18,8 @@ from torch.overrides import TorchFunctionMode
 import steer_ui.methods.constraints as constraints_module
 from steer_ui.methods import tsv
 
+from test_tsv import _rows
+
 FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.randn, torch.rand, torch.randint, torch.arange,
              torch.eye, torch.linspace, torch.tensor, torch.as_tensor}
 TSV_DIR = Path(tsv.__file__).parent
@@ -45,14 +47,6 @@ class DefaultDeviceIsElsewhere(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _rows(n=10):
-    rows = []
-    for i in range(n):
-        rows.append((f"What colour is thing {i}?", f"It is red {i}", 1, f"q{i}"))
-        rows.append((f"What colour is thing {i}?", f"It is blue, no {i}", 0, f"q{i}"))
-    return rows
-
-
 def test_the_mode_catches_a_tensor_made_on_the_default_device():
     """The check itself: code in TSV's files that makes a tensor without a device is caught; other code is not."""
     # the line that crashed on CUDA, as if written in maths.py: labels made on the default device
@@ -71,7 +65,7 @@ def test_tsv_trains_and_scores_with_every_tensor_on_the_models_device(tiny, pena
     h = tiny("llama")
     mode = DefaultDeviceIsElsewhere()
     with mode:
-        vector, report = tsv.train(h, _rows(), layer=1, init_epochs=1, aug_epochs=1, exemplars=6, selected=4,
+        vector, report = tsv.train(h, _rows(10), layer=1, init_epochs=1, aug_epochs=1, exemplars=6, selected=4,
                                    penalty_positions=penalty_positions, prototype_init="random")
         scores = tsv.score(h, vector, [("What colour is thing 1?", "It is red 1")])
     assert mode.redirected == [], mode.redirected
