@@ -3,9 +3,11 @@
 Stage 1 trains on a few labelled exemplars; Sinkhorn pseudo-labels pick
 confident unlabelled rows; stage 2 trains on both (Park et al., ICML 2025).
 Our additions: the lm_head constraints of :mod:`steer_ui.methods.constraints`
-(a hinge on |Δlogit| above ``max_logit_change``, real and direct-path, and a
-KL term) so the vector does not wreck the next-token distribution at the
-strength it was trained at, and baselines on the same held-out split.
+(a hinge on the centred |Δlogit| above ``max_logit_change``, real and
+direct-path, and a KL term) at the positions where a steered model generates
+the answer (:func:`generation_positions`; the detector's last position is
+left free), so the vector does not wreck generation at the strength it was
+trained at; and like-for-like baselines on the same held-out split.
 
 Speed on a CPU: blocks 0..L never see ``v``, so every text is run through the
 frozen model once (:func:`~steer_ui.methods.constraints.cache_prefix`); each
