@@ -7,10 +7,12 @@ the steered model emits it forever.  Two penalties, both zero while the
 steering is gentle:
 
 * :func:`logit_penalty`: the excess of |Δlogit| over ``max_change``, as a
-  hinge, per token.  Training applies it to the real Δlogit at the last
-  position (steered vs unsteered run of the blocks after L, through the final
-  norm) and to the *direct path*: the vector added straight to the final
-  residual (:func:`direct_delta_logits`).
+  hinge, per token, on the *centred* change (:func:`centred`: Δlogit minus
+  its mean over the vocabulary), so a change that moves every logit alike,
+  which moves no probability, costs nothing.  Training applies it to the real
+  Δlogit at the positions it names (steered vs unsteered run of the blocks
+  after L, through the final norm) and to the *direct path*: the vector added
+  straight to the final residual (:func:`direct_delta_logits`).
 * :func:`kl_penalty`: KL(p_unsteered ‖ p_steered) of the next-token
   distribution.
 
@@ -43,11 +45,26 @@ REDUCTIONS = ("mean", "sum", "max")
 
 
 # ------------------------------------------------------------------ penalties
+def centred(delta_logits: torch.Tensor) -> torch.Tensor:
+    """Δlogit minus its mean over the vocabulary (last dimension).
+
+    Softmax ignores a shift shared by every logit, so the raw |Δlogit| can be
+    large while no probability moves.  The centred change is shift-invariant:
+    ``centred(d + c) == centred(d)`` for any per-row constant ``c``.  (The
+    change of log-probabilities is the other shift-invariant choice; it
+    subtracts the change of the log-normaliser instead of the mean, which a
+    few dominant tokens set.)
+    """
+    return delta_logits - delta_logits.mean(-1, keepdim=True)
+
+
 def logit_penalty(delta_logits: torch.Tensor, max_change: float = DEFAULT_MAX_CHANGE,
                   reduction: str = "mean") -> torch.Tensor:
-    """Hinge on |Δlogit| above ``max_change``: zero when every token moves less than that.
+    """Hinge on the centred |Δlogit| above ``max_change``: zero when every token moves less than that.
 
-    ``delta_logits``: (vocab,) or (rows, vocab).  ``reduction`` over the
+    ``delta_logits``: (vocab,) or (rows, vocab); centred first
+    (:func:`centred`), so adding the same constant to a row's changes leaves
+    the penalty unchanged.  ``reduction`` over the
     vocabulary: ``mean`` (the excess averaged over all tokens), ``sum`` (the
     total excess; one exploding token is not diluted by a 262k vocabulary) or
     ``max`` (the worst token only).  Rows are averaged.
@@ -56,7 +73,7 @@ def logit_penalty(delta_logits: torch.Tensor, max_change: float = DEFAULT_MAX_CH
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got '{reduction}'")
     if max_change < 0:
         raise ValueError(f"max_change must be >= 0, got {max_change}")
-    excess = F.relu(delta_logits.float().abs() - float(max_change))
+    excess = F.relu(centred(delta_logits.float()).abs() - float(max_change))
     if excess.ndim == 1:
         excess = excess.unsqueeze(0)
     if reduction == "mean":
@@ -133,65 +150,151 @@ def run_suffix(handle, batch: SuffixBatch, added: torch.Tensor | None) -> torch.
     return batch.final(added)
 
 
+def run_suffix_all(handle, batch: SuffixBatch, added: torch.Tensor | None) -> torch.Tensor:
+    """Like :func:`run_suffix` but the final residual at every position: (rows, seq, hidden), float.
+
+    What a penalty at the positions where a steered model generates needs
+    (the answer tokens, not only the last one the detector reads).
+    """
+    h = batch.hidden
+    if added is not None:
+        add = added.to(h.device, h.dtype)
+        h = h + (add.unsqueeze(1) if add.ndim == 2 else add)
+    with handle.lock:
+        # Prefix.final keeps only the last position; the blocks above are the same call
+        h = batch._blocks_above(h)
+    return h.float()
+
+
 def logits_of(handle, final_residual: torch.Tensor) -> torch.Tensor:
     """Next-token logits (rows, vocab) from final residuals (rows, hidden)."""
     arch = handle.arch
     return arch.logits(arch.final_hidden(final_residual.to(handle.dtype)))
 
 
-def penalty_terms(handle, batch: SuffixBatch, added: torch.Tensor, steered_final: torch.Tensor,
-                  rows: Sequence[int] | slice, max_change: float, reduction: str,
-                  use_logit: bool, use_kl: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(logit penalty, KL penalty, max |real Δlogit|) on the given rows of a batch; autograd-ready."""
+# Full-vocabulary logits of this many positions at a time: 64 × 262,144 floats is 64 MB on Gemma 3.
+PENALTY_CHUNK = 64
+
+
+def _chunk_penalty(handle, base_final: torch.Tensor, steered_final: torch.Tensor, added: torch.Tensor,
+                   max_change: float, reduction: str, use_logit: bool, use_kl: bool) -> torch.Tensor:
+    """(logit term, KL term, max |centred real Δlogit|) of one chunk, stacked in one tensor (for checkpointing)."""
     zero = steered_final.new_zeros(())
-    if not (use_logit or use_kl):
-        return zero, zero, float("nan")
-    base_final = batch.final_last[rows]
     with torch.no_grad():
         base_logits = logits_of(handle, base_final)
-    steered_logits = logits_of(handle, steered_final[rows])
+    steered_logits = logits_of(handle, steered_final)
     delta = steered_logits - base_logits
     logit_term, kl_term = zero, zero
     if use_logit:
-        direct = direct_delta_logits(handle, added, base_final)
+        # the direct path (direct_delta_logits), sharing the unsteered logits computed above
+        direct = logits_of(handle, base_final + added.to(base_final.device, base_final.dtype)) - base_logits
         logit_term = logit_penalty(delta, max_change, reduction) + logit_penalty(direct, max_change, reduction)
     if use_kl:
         kl_term = kl_penalty(base_logits.log_softmax(-1), steered_logits.log_softmax(-1))
-    return logit_term, kl_term, float(delta.detach().abs().max())
+    worst = centred(delta.detach()).abs().max()
+    return torch.stack([logit_term.float(), kl_term.float(), worst.float().to(logit_term.device)])
+
+
+def penalties(handle, base_final: torch.Tensor, steered_final: torch.Tensor, added: torch.Tensor,
+              max_change: float, reduction: str, use_logit: bool, use_kl: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(logit penalty, KL penalty, max |centred real Δlogit|) over positions given as final residuals (n, hidden).
+
+    Both penalties are means over the ``n`` positions.  The full-vocabulary
+    logits are computed :data:`PENALTY_CHUNK` positions at a time and, when
+    gradients flow, recomputed in the backward pass (checkpointing), so memory
+    stays that of one chunk however many positions are penalised.
+    """
+    zero = steered_final.new_zeros(())
+    n = steered_final.shape[0]
+    if not (use_logit or use_kl) or n == 0:
+        return zero, zero, float("nan")
+    logit_term, kl_term, worst = zero, zero, 0.0
+    for start in range(0, n, PENALTY_CHUNK):
+        base, steered = base_final[start:start + PENALTY_CHUNK], steered_final[start:start + PENALTY_CHUNK]
+        args = (handle, base, steered, added, max_change, reduction, use_logit, use_kl)
+        if torch.is_grad_enabled() and (steered.requires_grad or added.requires_grad):
+            from torch.utils.checkpoint import checkpoint
+
+            out = checkpoint(_chunk_penalty, *args, use_reentrant=False)
+        else:
+            out = _chunk_penalty(*args)
+        share = len(steered) / n
+        logit_term = logit_term + share * out[0]
+        kl_term = kl_term + share * out[1]
+        worst = max(worst, float(out[2].detach()))
+    return logit_term, kl_term, worst
+
+
+def penalty_terms(handle, batch: SuffixBatch, added: torch.Tensor, steered_final: torch.Tensor,
+                  rows: Sequence[int] | slice, max_change: float, reduction: str,
+                  use_logit: bool, use_kl: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(logit penalty, KL penalty, max |centred real Δlogit|) at the last position of some rows of a batch."""
+    return penalties(handle, batch.final_last[rows], steered_final[rows], added, max_change, reduction,
+                     use_logit, use_kl)
+
+
+def delta_stats(handle, base_final: torch.Tensor, steered_final: torch.Tensor, added: torch.Tensor) -> dict:
+    """Per-position Δlogit statistics of final residuals (n, hidden), without gradients.
+
+    ``max_abs`` and ``max_abs_centred`` (n,): the worst token's raw and
+    centred |Δlogit|; ``kl`` (n,); ``signed`` (vocab,): each token's change at
+    the position where it moved most (for :func:`top_offenders`);
+    ``direct_max``: the worst direct-path |Δlogit|.
+    """
+    out = {"max_abs": [], "max_abs_centred": [], "kl": [], "signed": None, "direct_max": 0.0}
+    with torch.no_grad():
+        for start in range(0, base_final.shape[0], PENALTY_CHUNK):
+            base = logits_of(handle, base_final[start:start + PENALTY_CHUNK])
+            steered = logits_of(handle, steered_final[start:start + PENALTY_CHUNK])
+            delta = steered - base
+            out["max_abs"].append(delta.abs().max(-1).values.cpu())
+            out["max_abs_centred"].append(centred(delta).abs().max(-1).values.cpu())
+            lb, ls = base.log_softmax(-1), steered.log_softmax(-1)
+            out["kl"].append((lb.exp() * (lb - ls)).sum(-1).cpu())
+            signed = delta.gather(0, delta.abs().argmax(0, keepdim=True))[0]
+            prev = out["signed"]
+            out["signed"] = signed if prev is None else torch.where(signed.abs() > prev.abs(), signed, prev)
+            direct = direct_delta_logits(handle, added, base_final[start:start + PENALTY_CHUNK])
+            out["direct_max"] = max(out["direct_max"], float(direct.abs().max()))
+    for key in ("max_abs", "max_abs_centred", "kl"):
+        out[key] = torch.cat(out[key]) if out[key] else torch.zeros(0)
+    return out
+
+
+def summarise_delta(handle, stats: Sequence[dict], top_k: int = 10) -> dict:
+    """The report of :func:`delta_stats` over several groups of positions (e.g. batches)."""
+    stats = [s for s in stats if len(s["max_abs"])]
+    if not stats:
+        return {"max_abs_delta_logit": None, "rows": 0}
+    raw = torch.cat([s["max_abs"] for s in stats])
+    cen = torch.cat([s["max_abs_centred"] for s in stats])
+    worst = stats[0]["signed"]
+    for s in stats[1:]:
+        worst = torch.where(s["signed"].abs() > worst.abs(), s["signed"], worst)
+    return {
+        "max_abs_delta_logit": float(raw.max()),
+        "max_abs_centred_delta_logit": float(cen.max()),
+        "median_max_abs_delta_logit": float(raw.median()),
+        "direct_max_abs_delta_logit": max(s["direct_max"] for s in stats),
+        "mean_kl": float(torch.cat([s["kl"] for s in stats]).mean()),
+        "rows": int(raw.numel()),
+        "top_tokens": top_offenders(handle, worst, top_k),
+    }
 
 
 def measure_delta(handle, batches: Sequence[SuffixBatch], added: torch.Tensor, top_k: int = 10,
                   finals: Sequence[torch.Tensor] | None = None) -> dict:
-    """max |Δlogit| at the last position over every cached row, KL, and the top offending tokens.
+    """max |Δlogit| (raw and centred) at the last position over every cached row, KL, and the top offending tokens.
 
     ``finals``: the steered final residuals per batch when the caller already
     has them (saves re-running the blocks).
     """
-    worst, kls, per_row_max = None, [], []
-    direct_max = 0.0
+    stats = []
     with torch.no_grad():
         for n, b in enumerate(batches):
             final = finals[n] if finals is not None else run_suffix(handle, b, added)
-            steered = logits_of(handle, final)
-            base = logits_of(handle, b.final_last)
-            delta = steered - base
-            per_row_max += delta.abs().max(-1).values.tolist()
-            kls += (base.log_softmax(-1).exp() * (base.log_softmax(-1) - steered.log_softmax(-1))).sum(-1).tolist()
-            row = delta.abs().max(0).values
-            signed = delta.gather(0, delta.abs().argmax(0, keepdim=True))[0]
-            worst = signed if worst is None else torch.where(row > worst.abs(), signed, worst)
-            direct_max = max(direct_max, float(direct_delta_logits(handle, added, b.final_last).abs().max()))
-    if worst is None:
-        return {"max_abs_delta_logit": None, "rows": 0}
-    rows = torch.tensor(per_row_max)
-    return {
-        "max_abs_delta_logit": float(rows.max()),
-        "median_max_abs_delta_logit": float(rows.median()),
-        "direct_max_abs_delta_logit": direct_max,
-        "mean_kl": float(torch.tensor(kls).mean()),
-        "rows": len(per_row_max),
-        "top_tokens": top_offenders(handle, worst, top_k),
-    }
+            stats.append(delta_stats(handle, b.final_last, final, added))
+    return summarise_delta(handle, stats, top_k)
 
 
 # ------------------------------------------------------ constrain a vector

@@ -1,8 +1,9 @@
-"""The TSV tables of the README and docs/tsv.md: held-out AUROC against baselines, seeds, bound sweeps.
+"""The TSV tables of docs/tsv.md: held-out AUROC against like-for-like baselines, seeds, the Δlogit check.
 
 ``python -m steer_ui.tools.tsv_tables --data FILE [--seeds 0,1,2] [--bound-sweep 6,20]`` trains on the
-embedded model (or ``--model``) and prints Markdown; ``--json`` keeps the full reports.  Report building
-only: the runtime never imports this module.
+embedded model (or ``--model``) and prints Markdown; ``--json`` keeps the full reports.  On TruthfulQA the
+model answers the questions first (answers cached under ``steer_ui.paths.cache_root()/tsv_answers``).
+Report building only: the runtime never imports this module.
 """
 from __future__ import annotations
 
@@ -11,28 +12,48 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Sequence
 
 from ..data import load_dataset
 from ..methods import tsv
 from ..model.loading import load_model
+from ..paths import cache_root
+
+
+BASELINE_NAMES = {
+    "probe_exemplars": "exemplar probe (TSV's labels)",
+    "mean_difference_exemplars": "exemplar mean difference (TSV's labels)",
+    "probe": "full-label probe (ceiling)",
+    "probe_at_block": "full-label probe at the steered block",
+    "mean_token_logprob": "mean token log-probability (no training)",
+    "perplexity": "perplexity (no training)",
+    "prototypes_without_vector": "prototypes without vector (v = 0)",
+}
+
+
+def _name(key: str) -> str:
+    return BASELINE_NAMES.get(key, key.replace("_", " "))
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
 
 
 def table_markdown(report: dict) -> str:
-    """The held-out AUROC table (TSV vs baselines) and the Δlogit check, as Markdown."""
-    def fmt(x):
-        return "n/a" if x is None else f"{x:.3f}"
-
+    """The held-out AUROC table (TSV vs baselines) and the Δlogit check of one report, as Markdown."""
     runs = report["runs"]
     lines = ["| detector | held-out AUROC |", "|---|---|"]
     for key, run in runs.items():  # constrained, unconstrained, then any bound-sweep runs
-        lines.append(f"| TSV ({key}) | {fmt(run['auroc'])} |")
+        lines.append(f"| TSV ({key}) | {_fmt(run['auroc'])} |")
     for name, b in report["baselines"].items():
-        lines.append(f"| {name.replace('_', ' ')} | {fmt(b['auroc'])} |")
-    lines += ["", "| run | max abs Δlogit (held-out, last position) | median per row | mean KL |", "|---|---|---|---|"]
+        lines.append(f"| {_name(name)} | {_fmt(b['auroc'])} |")
+    lines += ["", "| run | max abs centred Δlogit, generation positions | raw | last position (centred) | mean KL |",
+              "|---|---|---|---|---|"]
     for key, r in runs.items():
-        lines.append(f"| {key} | {fmt(r['max_abs_delta_logit'])} | {fmt(r['median_max_abs_delta_logit'])} | "
-                     f"{fmt(r['mean_kl'])} |")
+        last = r.get("last_position", {})
+        lines.append(f"| {key} | {_fmt(r['max_abs_delta_logit'])} | {_fmt(r.get('max_abs_raw_delta_logit'))} | "
+                     f"{_fmt(last.get('max_abs_delta_logit'))} | {_fmt(r['mean_kl'])} |")
     return "\n".join(lines)
 
 
@@ -45,27 +66,57 @@ def _mean_sd(values) -> str:
     return f"{statistics.mean(values):.3f} ± {sd:.3f}"
 
 
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return statistics.mean(values) if values else None
+
+
 def seeds_markdown(reports: Sequence[dict]) -> str:
-    """Per-seed held-out AUROCs and max |Δlogit| with their mean ± standard deviation, as Markdown."""
+    """Per-seed held-out AUROCs and max |Δlogit| with their mean ± standard deviation, and the target's verdict."""
     def cell(values):
         each = ", ".join(f"{v:.3f}" for v in values if v is not None)
         return _mean_sd(values), each or "n/a"
 
-    rows = [("TSV (constrained)", [r["runs"].get("constrained", {}).get("auroc") for r in reports]),
-            ("TSV (unconstrained)", [r["runs"].get("unconstrained", {}).get("auroc") for r in reports])]
-    if all("constrained" in r["runs"] and "unconstrained" in r["runs"] for r in reports):
+    def run_values(key, field):
+        return [r["runs"].get(key, {}).get(field) for r in reports]
+
+    rows = [("TSV (constrained)", run_values("constrained", "auroc")),
+            ("TSV (unconstrained)", run_values("unconstrained", "auroc"))]
+    both = all("constrained" in r["runs"] and "unconstrained" in r["runs"] for r in reports)
+    if both:
         drops = [r["runs"]["unconstrained"]["auroc"] - r["runs"]["constrained"]["auroc"] for r in reports]
         rows.append(("drop from the constraints", drops))
     for name in reports[0]["baselines"]:
-        rows.append((name.replace("_", " "), [r["baselines"][name]["auroc"] for r in reports]))
+        rows.append((_name(name), [r["baselines"][name]["auroc"] for r in reports]))
     seeds = ", ".join(str(r["settings"]["seed"]) for r in reports)
     lines = [f"| detector | held-out AUROC, mean ± sd | per seed ({seeds}) |", "|---|---|---|"]
     lines += [f"| {name} | {' | '.join(cell(vals))} |" for name, vals in rows]
-    lines += ["", f"| run | max abs Δlogit (held-out, last position), mean ± sd | per seed ({seeds}) |",
-              "|---|---|---|"]
+    bound = reports[0]["settings"]["max_logit_change"]
+    lines += ["", f"| run | max abs Δlogit at generation positions, centred (bound {bound:g}) | raw | "
+                  f"at the last position, centred | per seed, centred ({seeds}) |", "|---|---|---|---|---|"]
     for key in reports[0]["runs"]:
-        lines.append(f"| {key} | {' | '.join(cell([r['runs'][key]['max_abs_delta_logit'] for r in reports]))} |")
+        centred = run_values(key, "max_abs_delta_logit")
+        raw = run_values(key, "max_abs_raw_delta_logit")
+        last = [r["runs"][key].get("last_position", {}).get("max_abs_delta_logit") for r in reports]
+        lines.append(f"| {key} | {_mean_sd(centred)} | {_mean_sd(raw)} | {_mean_sd(last)} | {cell(centred)[1]} |")
+    if both:
+        lines += ["", verdict(reports)]
     return "\n".join(lines)
+
+
+def verdict(reports: Sequence[dict]) -> str:
+    """The issue's target, checked on the means: constrained within 0.02 of unconstrained, above the exemplar
+    probe, and every seed's constrained max |Δlogit| (centred, generation positions) within the bound."""
+    con = _mean([r["runs"]["constrained"]["auroc"] for r in reports])
+    free = _mean([r["runs"]["unconstrained"]["auroc"] for r in reports])
+    probe = _mean([r["baselines"]["probe_exemplars"]["auroc"] for r in reports])
+    bound = reports[0]["settings"]["max_logit_change"]
+    worst = max(r["runs"]["constrained"]["max_abs_delta_logit"] for r in reports)
+    checks = [(free - con <= 0.02, f"constrained {con:.3f} vs unconstrained {free:.3f} (drop {free - con:+.3f}, "
+                                   f"target ≤ 0.02)"),
+              (con > probe, f"constrained {con:.3f} vs exemplar probe {probe:.3f}"),
+              (worst <= bound, f"worst constrained max |Δlogit| {worst:.3f} vs bound {bound:g}")]
+    return "Target: " + "; ".join(f"{'met' if ok else 'MISSED'}: {text}" for ok, text in checks)
 
 
 def bounds_markdown(reports: Sequence[dict]) -> str:
@@ -93,13 +144,26 @@ def parse_bounds(text: str | None) -> tuple[float, ...] | None:
     return tuple(out)
 
 
+def first_questions(dataset, n: int | None):
+    """``dataset`` cut to the rows of its first ``n`` groups (questions), in file order; all when ``n`` is None."""
+    if not n:
+        return dataset
+    keep = set(list(dict.fromkeys(dataset.frame.group))[:n])
+    return replace(dataset, frame=dataset.frame[dataset.frame.group.isin(keep)].reset_index(drop=True))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m steer_ui.tools.tsv_tables --data FILE``: train on the embedded model and print the AUROC table."""
+    """``python -m steer_ui.tools.tsv_tables --data FILE``: train on the embedded model and print the AUROC tables.
+
+    TruthfulQA-shaped data is answered by the model first (greedy; the answers are cached under the cache root,
+    so reruns only label them) and each answer labelled with TruthfulQA's similarity-difference rule.
+    """
     p = argparse.ArgumentParser(prog="python -m steer_ui.tools.tsv_tables", description=main.__doc__)
     p.add_argument("--data", required=True)
     p.add_argument("--model", default=None)
     p.add_argument("--max-rows", type=int, default=None, help="subsample whole groups (questions) to this many rows")
-    p.add_argument("--layer", type=int, default=None)
+    p.add_argument("--layer", type=int, default=None, help="default: the paper's relative depth")
+    p.add_argument("--layer-sweep", type=int, default=None, help="blocks to sweep around the paper's depth")
     p.add_argument("--epochs", type=int, default=None, help="epochs of each stage (default 20)")
     p.add_argument("--exemplars", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -107,30 +171,41 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated seeds (e.g. 0,1,2): one run per seed (its own split, exemplars and "
                         "initialisation), reported as mean ± sd")
     p.add_argument("--max-logit-change", type=float, default=None, help="the |Δlogit| bound (default 2.0)")
+    p.add_argument("--penalty-positions", default=None, choices=("answer", "answer_and_end", "last"))
+    p.add_argument("--generate", default=None, choices=("auto", "yes", "no"),
+                   help="label the model's own answers (auto: for TruthfulQA-shaped data)")
     p.add_argument("--bound-sweep", default=None,
                    help="comma-separated extra |Δlogit| bounds (e.g. 6,20): one more constrained run per bound, "
                         "reported as AUROC against the bound")
+    p.add_argument("--max-questions", type=int, default=None,
+                   help="keep the first N questions (groups) of the file, before anything else")
     p.add_argument("--json", help="also write the full report here")
     args = p.parse_args(argv)
-    dataset = load_dataset(args.data)
+    dataset = first_questions(load_dataset(args.data), args.max_questions)
     handle = load_model(args.model)
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     reports = []
     for seed in seeds:
-        hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars,
-              "max_logit_change": args.max_logit_change, "bound_sweep": parse_bounds(args.bound_sweep)}
+        hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars, "layer": args.layer,
+              "layer_sweep": args.layer_sweep, "max_logit_change": args.max_logit_change,
+              "penalty_positions": args.penalty_positions, "generate": args.generate,
+              "bound_sweep": parse_bounds(args.bound_sweep)}
         if args.epochs is not None:
             hp["epochs"] = args.epochs
         start = time.perf_counter()
-        _vector, report = tsv.train(handle, dataset, layer=args.layer,
+        _vector, report = tsv.train(handle, dataset, answers_cache=cache_root() / "tsv_answers",
                                     progress=lambda f, m: print(f"[{f:4.0%}] {m}", file=sys.stderr, flush=True),
                                     **{k: v for k, v in hp.items() if v is not None})
         report["seconds"] = round(time.perf_counter() - start, 1)
+        report.pop("generated", None)  # the answers are in the cache; the JSON keeps the numbers
         reports.append(report)
         print(f"seed {seed}:\n" if len(seeds) > 1 else "", end="")
         print(table_markdown(report))
+        lab = report["labelling"]
+        labels = (f"{lab['answers']}, {lab['truthful']} truthful / {lab['hallucinated']} hallucinated"
+                  if "truthful" in lab else lab["answers"])
         print(f"\nrows {report['rows']}, layer {report['layer']}, λ = {report['lam']} × mean norm = "
-              f"{report['lam_raw']:.1f}, pseudo-labels {report['pseudo_labels'].get('counts')}, "
+              f"{report['lam_raw']:.1f}, answers: {labels}, pseudo-labels {report['pseudo_labels'].get('counts')}, "
               f"{report['seconds']} s\n", flush=True)
     if len(reports) > 1:
         print(seeds_markdown(reports))

@@ -27,14 +27,15 @@ def short_run(gemma):
 
 def test_short_run_reports_everything_on_a_group_split(gemma, short_run):
     vector, report = short_run
-    assert vector.layer == tsv.default_layer(gemma.arch.num_layers) == 14
-    assert report["lam_raw"] == pytest.approx(0.05 * relative_scale(gemma, 14))
+    assert vector.layer == tsv.default_layer(gemma.arch.num_layers) == 5  # the paper's relative depth
+    assert report["lam_raw"] == pytest.approx(0.05 * relative_scale(gemma, 5))
     rows = report["rows"]
     assert rows["train"] + rows["test"] == rows["total"] <= 40
     held_groups = {r["prompt"] + r["answer"] for r in report["held_out"]}
     assert len(held_groups) == rows["test"]
     assert set(report["runs"]) == {"constrained", "unconstrained"}
     assert report["max_abs_delta_logit"]["with_constraints"] >= 0
+    assert report["penalty_positions"] == "answer" and report["labelling"]["answers"].startswith("the dataset")
     # The probe baseline sees the same activations TSV steers; on capitals it must be far above chance.
     assert report["baselines"]["probe"]["auroc"] > 0.8
     assert 0.0 <= report["auroc"] <= 1.0

@@ -13,9 +13,10 @@ TEXTS = ["hello there", "a much longer sentence, with commas", "xy", "the cat sa
 
 # ---------------------------------------------------------------- penalties
 def test_logit_penalty_zero_below_threshold_positive_above():
-    below = torch.tensor([[0.5, -1.9, 1.99, 0.0]])
+    # rows whose changes already average to zero: centring leaves them as they are
+    below = torch.tensor([[0.5, -1.9, 1.4, 0.0]])
     assert float(C.logit_penalty(below, max_change=2.0)) == 0.0
-    above = torch.tensor([[0.5, -5.0, 3.0, 0.0]])
+    above = torch.tensor([[0.5, -5.0, 3.0, 1.5]])
     # excess: 3 (|-5| - 2) and 1 (3 - 2)
     assert float(C.logit_penalty(above, 2.0, "sum")) == pytest.approx(4.0)
     assert float(C.logit_penalty(above, 2.0, "mean")) == pytest.approx(1.0)
@@ -23,11 +24,27 @@ def test_logit_penalty_zero_below_threshold_positive_above():
 
 
 def test_logit_penalty_averages_rows_and_has_gradient_only_above():
-    delta = torch.tensor([[0.0, 3.0], [1.0, -1.0]], requires_grad=True)
+    delta = torch.tensor([[-3.0, 3.0], [1.0, -1.0]], requires_grad=True)
     pen = C.logit_penalty(delta, 2.0, "sum")
-    assert float(pen.detach()) == pytest.approx(0.5)  # row 0 excess 1, row 1 excess 0, mean over rows
+    assert float(pen.detach()) == pytest.approx(1.0)  # row 0 excess 1 + 1, row 1 excess 0, mean over rows
     pen.backward()
-    assert delta.grad.tolist() == [[0.0, 0.5], [0.0, 0.0]]
+    # through the centring: each over-bound token pushes itself by 1/2 and every token back by its share
+    assert delta.grad.tolist() == [[-0.5, 0.5], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("reduction", C.REDUCTIONS)
+def test_logit_penalty_is_shift_invariant(reduction):
+    """Adding one constant to every logit of a row moves no probability, so it costs nothing."""
+    g = torch.Generator().manual_seed(0)
+    delta = torch.randn(3, 50, generator=g) * 3
+    shifts = torch.tensor([[100.0], [-7.5], [0.0]])
+    assert float(C.logit_penalty(delta, 2.0, reduction)) > 0
+    assert float(C.logit_penalty(delta + shifts, 2.0, reduction)) == pytest.approx(
+        float(C.logit_penalty(delta, 2.0, reduction)), rel=1e-5)
+    # a pure shift, however large, is no change at all
+    assert float(C.logit_penalty(torch.zeros(3, 50) + shifts, 2.0, reduction)) == 0.0
+    assert torch.allclose(C.centred(delta + shifts), C.centred(delta), atol=1e-4)
+    assert torch.allclose(C.centred(delta).mean(-1), torch.zeros(3), atol=1e-5)
 
 
 def test_logit_penalty_rejects_bad_arguments():

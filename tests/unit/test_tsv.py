@@ -175,7 +175,10 @@ def test_train_returns_a_tsv_record_and_a_full_report(trained):
     assert set(counts) == {"hallucinated", "truthful"} and sum(counts.values()) == report["pseudo_labels"]["selected"]
     assert 0 < report["pseudo_labels"]["selected"] <= 8
     assert 0 <= report["auroc"] <= 1
-    assert set(report["baselines"]) >= {"probe", "mean_difference", "mean_token_logprob"}
+    assert set(report["baselines"]) >= {"probe", "probe_exemplars", "mean_difference_exemplars",
+                                        "mean_token_logprob", "perplexity"}
+    # perplexity is a monotone function of the mean log-probability: the same ranking
+    assert report["baselines"]["perplexity"]["auroc"] == pytest.approx(report["baselines"]["mean_token_logprob"]["auroc"])
     assert set(report["max_abs_delta_logit"]) >= {"with_constraints", "without_constraints"}
     assert set(report["runs"]) == {"constrained", "unconstrained"}
     assert report["top_tokens"] and "token" in report["top_tokens"][0]
@@ -237,7 +240,7 @@ def test_train_rejects_unknown_settings_and_one_class(tiny):
 def test_the_methods_settings_take_the_cli_names(tiny):
     h = tiny("llama")
     # what --layer 1 --exemplars 6 --epochs 1 --no-logit-penalty --no-kl-penalty become
-    settings = parse_settings(tsv.TSVSettings, {"layer": 1, "generate": False, "exemplars": 6, "epochs": 1,
+    settings = parse_settings(tsv.TSVSettings, {"layer": 1, "generate": "no", "exemplars": 6, "epochs": 1,
                                                 "logit_penalty": False, "kl_penalty": False, "seed": 0})
     vector, report = tsv.METHOD.train(h, _rows(8), settings, lambda _f, _m: None)
     s = report["settings"]
@@ -260,7 +263,13 @@ def test_seeds_markdown_reports_mean_sd_and_each_seed(trained, tiny):
     drops = [r["runs"]["unconstrained"]["auroc"] - r["runs"]["constrained"]["auroc"] for r in (first, second)]
     drop_row = next(line for line in table.splitlines() if line.startswith("| drop from the constraints |"))
     assert f"{drops[0]:.3f}, {drops[1]:.3f}" in drop_row
-    assert "per seed (0, 1)" in table and "| probe |" in table
+    assert "per seed (0, 1)" in table and "| full-label probe (ceiling) |" in table
+    assert "| exemplar probe (TSV's labels) |" in table and "| perplexity (no training) |" in table
+    # the verdict line checks the three conditions on these numbers
+    verdict = table.splitlines()[-1]
+    probe = sum(r["baselines"]["probe_exemplars"]["auroc"] for r in (first, second)) / 2
+    assert verdict.startswith("Target: ") and verdict.count("met: ") + verdict.count("MISSED: ") == 3
+    assert ("met: constrained" if mean > probe else "MISSED: constrained") in verdict.split(";")[1]
 
 
 def test_bound_sweep_measures_auroc_against_each_bound_on_the_same_split(tiny):
@@ -412,3 +421,79 @@ def test_a_vector_with_non_finite_prototypes_cannot_even_be_built(trained):
     _h, vector, _ = trained
     with pytest.raises(VectorError, match="NaN or inf"):
         _tampered(vector, extras={"prototypes": torch.full((2, 64), float("nan"))})
+
+
+# ------------------------------------------------- layer, positions, sweep
+def test_the_default_block_is_the_papers_relative_depth(tiny):
+    # LLaMA-3.1-8B: block 9 of 32 in the paper; Gemma 3 270M: block 5 of 18; a 4-block tiny model: block 1
+    assert [tsv.default_layer(n) for n in (32, 18, 26, 4, 1)] == [9, 5, 7, 1, 0]
+    h = tiny("llama")
+    vector, report = tsv.train(h, _rows(8), init_epochs=1, aug_epochs=0, exemplars=6, compare=False)
+    assert vector.layer == report["layer"] == 1 and report["layer_sweep"] is None
+
+
+def test_generation_positions_are_those_whose_logits_produce_the_answer(tiny):
+    from steer_ui.methods import constraints as C
+    from steer_ui.methods.tsv.training import answer_lengths, generation_positions
+
+    h = tiny("llama")  # byte-level tokenizer: one token per byte, BOS first
+    frame = tsv.rows_of([("What colour is it?", "Red.", 1, "g"), ("", "Paris is in France.", 1, "s"),
+                         ("Why?", "Because it rains a lot here", 0, "w")])
+    texts = [tsv.format_text(p, a) for p, a in zip(frame.prompt, frame.completion)]
+    n_answer = answer_lengths(h, frame, texts, tsv.PROMPT_TEMPLATE, range(3))
+    assert n_answer == {0: len(" Red."), 1: len("Paris is in France."), 2: len(" Because it rains a lot here")}
+    (batch,) = C.cache_prefix(h, texts, 1, batch_size=8)
+    seq = batch.input_ids.shape[1]
+    for where in ("answer", "answer_and_end", "last"):
+        rows, positions = generation_positions(batch, n_answer, where=where)
+        for p, i in enumerate(batch.index):
+            mine = [pos for r, pos in zip(rows, positions) if r == p]
+            if where == "last":
+                assert mine == [seq - 1]
+                continue
+            # the token each position predicts is the next one: together, exactly the answer's tokens
+            predicted = batch.input_ids[p, [pos + 1 for pos in mine if pos + 1 < seq]].tolist()
+            answer_ids = h.tokenizer(texts[i]).input_ids[-n_answer[i]:]
+            assert predicted == answer_ids
+            assert (seq - 1 in mine) == (where == "answer_and_end")  # the detector's position
+    rows, _ = generation_positions(batch, n_answer, rows=1)
+    assert set(rows) == {0}
+
+
+def test_constraints_at_the_generation_positions_bound_the_logits_there(tiny):
+    h = tiny("llama")
+    # a strong vector (λ = the residual norm) and a tight bound, so the penalty has something to do
+    _v, report = tsv.train(h, _rows(), layer=1, init_epochs=3, aug_epochs=3, exemplars=8, selected=8, lam=1.0,
+                           max_logit_change=0.05, logit_weight=5.0, penalty_positions="answer")
+    constrained, free = report["runs"]["constrained"], report["runs"]["unconstrained"]
+    assert constrained["max_abs_delta_logit"] < 0.5 * free["max_abs_delta_logit"]
+    assert report["max_abs_delta_logit"]["with_constraints"] == constrained["max_abs_delta_logit"]
+    assert report["penalty_positions"] == "answer"
+    # the centred change never exceeds twice the raw one (the mean moves by at most the max)
+    assert constrained["max_abs_delta_logit"] <= 2 * constrained["max_abs_raw_delta_logit"] + 1e-6
+    assert set(constrained["last_position"]) == {"max_abs_delta_logit", "max_abs_raw_delta_logit", "mean_kl"}
+
+
+def test_the_layer_sweep_trains_each_candidate_and_keeps_the_best_on_validation(tiny):
+    h = tiny("llama")
+    _v, report = tsv.train(h, _rows(), layer_sweep=3, sweep_epochs=1, init_epochs=1, aug_epochs=1, exemplars=8,
+                           selected=8, compare=False)
+    sweep = report["layer_sweep"]
+    assert [c["layer"] for c in sweep["candidates"]] == [0, 1, 2]  # centred on the paper's depth, block 1
+    best = max(sweep["candidates"], key=lambda c: c["validation_auroc"])
+    assert sweep["best"] == best["layer"] == report["layer"]
+    assert sweep["validation_rows"] > 0 and sweep["epochs_per_candidate"] == 1
+    help_text = tsv.TSVSettings.__dataclass_fields__["layer_sweep"].metadata["help"]  # what the form shows
+    assert "Cost" in help_text and "sweep_epochs" in help_text
+
+
+def test_first_questions_keeps_whole_groups_in_file_order():
+    from steer_ui.data import load_dataset
+
+    frame = pd.DataFrame({"Question": ["q1", "q2", "q3"], "Correct Answers": ["a; b", "c", "d"],
+                          "Incorrect Answers": ["x", "y; z", "w"]})
+    data = load_dataset(frame)
+    cut = tsv_tables.first_questions(data, 2)
+    assert cut.schema == "truthfulqa" and list(dict.fromkeys(cut.frame.group)) == ["q1", "q2"]
+    assert len(cut.frame) == 6 and tsv.is_question_table(cut)
+    assert tsv_tables.first_questions(data, None) is data

@@ -1,10 +1,13 @@
 """Lexical labelling for TSV's generate-and-label mode, and the mode itself on a tiny model."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
 from steer_ui import lexical
+from steer_ui.methods import parse_settings
 from steer_ui.methods import tsv
 
 
@@ -75,3 +78,80 @@ def test_generate_and_label_reads_labelled_rows_as_references(tiny):
     assert table.correct.tolist() == [["Four"]] and table.incorrect.tolist() == [["Five"]]
     with pytest.raises(tsv.TSVError, match="needs questions"):
         tsv.question_table([("Paris is in France.", 1), ("Paris is in Peru.", 0)])
+
+
+def _questions(n):
+    return pd.DataFrame({
+        "Question": [f"What is {i} plus {'one' * (1 + i % 3)}?" for i in range(n)],
+        "Correct Answers": [f"{i + 1}; It is {i + 1}" for i in range(n)],
+        "Incorrect Answers": [f"{i + 2}; It is {i}" for i in range(n)],
+    })
+
+
+def test_batched_left_padded_answers_equal_one_at_a_time(tiny):
+    """Prompts of different lengths in one left-padded batch get the answers each gets alone."""
+    h = tiny("gemma3")  # the tiny llama answers only whitespace; this one says varied things
+    questions = _questions(5).Question.tolist()
+    batched = tsv.generate_answers(h, questions, max_new_tokens=5, batch_size=5)
+    alone = [tsv.generate_answers(h, [q], max_new_tokens=5, batch_size=1)[0] for q in questions]
+    assert batched == alone
+    assert len(set(batched)) > 1 and all(batched)
+
+
+def test_generated_answers_are_cached_and_read_back(tiny, tmp_path):
+    h = tiny("llama")
+    first = tsv.generate_and_label(h, _questions(3), max_new_tokens=4, cache_dir=tmp_path)
+    files = list(tmp_path.glob("answers-*.json"))
+    assert len(files) == 1
+    # a rerun reads the file: prove it by editing what it holds
+    import json
+
+    answers = json.loads(files[0].read_text())
+    answers[0] = "It is 1"
+    files[0].write_text(json.dumps(answers))
+    second = tsv.generate_and_label(h, _questions(3), max_new_tokens=4, cache_dir=tmp_path)
+    assert second.completion[0] == "It is 1" and second.label[0] == 1
+    assert second.completion.tolist()[1:] == first.completion.tolist()[1:]
+    # another answer length is another key
+    tsv.generate_and_label(h, _questions(3), max_new_tokens=5, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("answers-*.json"))) == 2
+
+
+def test_truthfulqa_shaped_data_trains_on_the_models_own_answers_by_default(tiny, tmp_path):
+    import json
+
+    from steer_ui.data import load_dataset
+
+    h = tiny("llama")
+    path = tmp_path / "tqa.csv"
+    _questions(16).to_csv(path, index=False)
+    data = load_dataset(path)
+    assert data.schema == "truthfulqa" and tsv.is_question_table(data)
+    settings = parse_settings(tsv.TSVSettings, {"layer": 1, "epochs": 1, "exemplars": 4, "compare": False})
+    assert settings.generate == "auto" and tsv.generates(settings, data)
+    # A random model's answers are noise; put known ones in its answer cache, the way a rerun would read them:
+    # right for even questions, wrong for odd ones, one left empty (dropped).
+    cache = tmp_path / "answers"
+    tsv.generate_and_label(h, data, cache_dir=cache)  # the training's own call below hits this file
+    (answers_file,) = cache.glob("answers-*.json")
+    chosen = [f"It is {i + 1}" if i % 2 == 0 else f"It is {i}" for i in range(16)]
+    chosen[3] = ""
+    answers_file.write_text(json.dumps(chosen))
+    _v, report = tsv.train(h, data, settings, answers_cache=cache)
+    lab = report["labelling"]
+    assert lab["answers"] == "the model's own greedy answers" and "ROUGE-L" in lab["rule"]
+    assert (lab["truthful"], lab["hallucinated"], lab["empty_answers_dropped"]) == (8, 7, 1)
+    assert lab["truthful_share"] == round(8 / 15, 4) and report["rows"]["total"] == 15
+    assert [r["completion"] for r in report["generated"]] == [a for a in chosen if a]
+    assert report["label_balance"] == {"truthful": 8, "hallucinated": 7}
+    # "no" keeps the dataset's reference answers (2 per question here)
+    _v, ref_report = tsv.train(h, data, replace(settings, generate="no"))
+    assert ref_report["labelling"] == {"answers": "the dataset's own labelled rows"}
+    assert ref_report["rows"]["total"] == len(data.frame) == 64
+
+
+def test_labelled_answers_are_not_regenerated_by_default():
+    rows = tsv.rows_of([("What is 1 plus one?", "2", 1), ("What is 1 plus one?", "3", 0)])
+    assert not tsv.is_question_table(rows)
+    assert tsv.generates(parse_settings(tsv.TSVSettings, {"generate": "yes"}), rows)
+    assert not tsv.generates(parse_settings(tsv.TSVSettings, {}), rows)

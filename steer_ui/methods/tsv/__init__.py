@@ -33,7 +33,8 @@ from ..common import clean, sub_progress
 from . import training
 from .data import (CLASSES, PROMPT_TEMPLATE, TSVError, format_text, pick_exemplars, prefix_text, rows_of,
                    split_groups, subsample_groups, template_pieces)
-from .labelling import clean_answer, generate_and_label, question_table
+from .labelling import (LABELLING_RULE, clean_answer, generate_and_label, generate_answers, is_question_table,
+                        label_balance, question_table)
 from .maths import class_probs, ema_prototypes, select_confident, sinkhorn
 from .scoring import check_vector, detect, score
 from .settings import TSVSettings, default_layer
@@ -49,17 +50,30 @@ class TSVMethod(StaticMethod):
     Settings = TSVSettings
 
     def train(self, handle, dataset, settings: TSVSettings,
-              progress: Progress = noop) -> tuple[SteeringVector, dict]:
+              progress: Progress = noop, answers_cache=None) -> tuple[SteeringVector, dict]:
+        """Train on ``dataset``; on TruthfulQA-shaped data (``generate="auto"``), on the model's own answers.
+
+        ``answers_cache``: a folder for the generated answers (the report tools
+        pass one under the cache root; the service keeps none on disk).
+        """
         progress = progress or noop
         generated = None
-        if settings.generate:
+        if generates(settings, dataset):
             generated = dataset = generate_and_label(handle, dataset, sub_progress(progress, 0.0, GENERATE_SHARE),
-                                                     template=settings.template)
+                                                     template=settings.template, cache_dir=answers_cache)
+            if generated.empty:
+                raise TSVError(f"the model's answers to all {generated.attrs['empty_answers']} questions were empty "
+                               f"after cleaning: nothing to label (a model this small may not answer at all)")
             progress = sub_progress(progress, GENERATE_SHARE, 1.0)
         vector, report = training.train(handle, dataset, settings, progress)
         if generated is not None:
+            report["labelling"] = {"answers": "the model's own greedy answers", "rule": generated.attrs["rule"],
+                                   "questions": len(generated) + generated.attrs["empty_answers"],
+                                   **label_balance(generated)}
             report["generated"] = clean(generated[["prompt", "completion", "label", "similarity_correct",
                                                    "similarity_incorrect"]].to_dict("records"))
+        else:
+            report["labelling"] = {"answers": "the dataset's own labelled rows"}
         return vector, report
 
     def check(self, handle, vector: SteeringVector) -> None:
@@ -77,8 +91,15 @@ class TSVMethod(StaticMethod):
 METHOD = TSVMethod()
 
 
+def generates(settings: TSVSettings, dataset) -> bool:
+    """Whether training first answers the questions with the model (``generate``; auto: TruthfulQA-shaped data)."""
+    if settings.generate == "auto":
+        return is_question_table(dataset)
+    return settings.generate == "yes"
+
+
 def train(handle, dataset, settings: TSVSettings | None = None, progress: Progress | None = None,
-          **values) -> tuple[SteeringVector, dict]:
+          answers_cache=None, **values) -> tuple[SteeringVector, dict]:
     """Train a TSV; returns (SteeringVector, report).
 
     ``settings`` is a :class:`TSVSettings`, or give its fields (and the alias
@@ -90,10 +111,10 @@ def train(handle, dataset, settings: TSVSettings | None = None, progress: Progre
         settings = parse_settings(TSVSettings, values)
     elif values:
         raise TypeError("give a TSVSettings or keyword settings, not both")
-    return METHOD.train(handle, dataset, settings, progress or noop)
+    return METHOD.train(handle, dataset, settings, progress or noop, answers_cache=answers_cache)
 
 
-__all__ = ["CLASSES", "METHOD", "PROMPT_TEMPLATE", "TSVError", "TSVMethod", "TSVSettings", "check_vector",
+__all__ = ["CLASSES", "LABELLING_RULE", "METHOD", "PROMPT_TEMPLATE", "TSVError", "TSVMethod", "TSVSettings", "check_vector",
            "class_probs", "clean_answer", "default_layer", "detect", "ema_prototypes", "format_text",
-           "generate_and_label", "pick_exemplars", "prefix_text", "question_table", "rows_of", "score",
+           "generate_and_label", "generate_answers", "generates", "is_question_table", "label_balance", "pick_exemplars", "prefix_text", "question_table", "rows_of", "score",
            "select_confident", "sinkhorn", "split_groups", "subsample_groups", "template_pieces", "train"]

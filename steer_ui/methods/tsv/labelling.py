@@ -3,16 +3,53 @@
 TSV's unlabelled rows should be the model's own answers (their truthfulness
 is what detection scores), so given TruthfulQA-style questions with correct
 and incorrect references, :func:`generate_and_label` answers each greedily
-and labels the answer lexically (:mod:`steer_ui.lexical`).
+and labels the answer lexically (:mod:`steer_ui.lexical`), with
+TruthfulQA's similarity-difference rule (:data:`LABELLING_RULE`).
 """
 from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
 
 import pandas as pd
 import torch
 
 from ...lexical import label_answer, split_references
+from ...model.capture import left_pad
 from ..base import Progress, noop
 from .data import PROMPT_TEMPLATE, TSVError, prefix_text, rows_of
+
+LABELLING_RULE = ("truthful when the answer's best {metric} against the correct references beats its best against the "
+                  "incorrect references (TruthfulQA's similarity difference); with no incorrect references, when it "
+                  "reaches {threshold} against a correct one")
+METRIC_NAMES = {"rouge_l": "ROUGE-L (LCS F-measure on lower-cased word tokens)", "token_f1": "token F1"}
+
+
+def is_question_table(dataset) -> bool:
+    """Whether ``dataset`` is TruthfulQA-shaped: questions with correct and incorrect reference answers.
+
+    A loaded TruthfulQA file (schema ``truthfulqa``, expanded into labelled
+    references) or a raw frame with Question / Correct Answers / Incorrect
+    Answers columns.  The paper's task on such data labels the model's own
+    answers, not the references.
+    """
+    if getattr(dataset, "schema", None) == "truthfulqa":
+        return True
+    frame = getattr(dataset, "frame", dataset)
+    if not isinstance(frame, pd.DataFrame):
+        return False
+    cols = {str(c).lower().replace("_", " ") for c in frame.columns}
+    return "question" in cols and "incorrect answers" in cols and ("correct answers" in cols or "best answer" in cols)
+
+
+def label_balance(labelled: pd.DataFrame) -> dict:
+    """Counts of truthful and hallucinated generated answers, and the truthful share."""
+    truthful = int((labelled.label == 1).sum())
+    total = len(labelled)
+    return {"truthful": truthful, "hallucinated": total - truthful,
+            "truthful_share": round(truthful / total, 4) if total else None,
+            "empty_answers_dropped": int(labelled.attrs.get("empty_answers", 0))}
 
 
 def question_table(questions) -> pd.DataFrame:
@@ -51,14 +88,52 @@ def clean_answer(text: str) -> str:
     return text.strip()
 
 
+def _answers_cache(cache_dir, handle, template: str, max_new_tokens: int, questions: list[str]) -> Path | None:
+    """The file that holds these questions' greedy answers from this model, under ``cache_dir``."""
+    if cache_dir is None:
+        return None
+    key = json.dumps([handle.model_id, str(handle.dtype), template, max_new_tokens, questions])
+    return Path(cache_dir) / f"answers-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def generate_answers(handle, questions: list[str], template: str = PROMPT_TEMPLATE, max_new_tokens: int = 32,
+                     batch_size: int = 16, progress: Progress | None = None) -> list[str]:
+    """Greedy answers, batched: prompts sorted by length, left-padded (the model's tokenizer, its pad id)."""
+    progress = progress or noop
+    tok = handle.tokenizer
+    prompts = [prefix_text(q, template) for q in questions]
+    token_rows = [tok(p).input_ids for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(token_rows[i]))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    answers = [""] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        index = order[start:start + batch_size]
+        ids, mask, _ = left_pad([token_rows[i] for i in index], pad)
+        device = handle.input_device
+        with handle.lock, torch.inference_mode():
+            out = handle.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                        pad_token_id=pad, eos_token_id=tok.eos_token_id,
+                                        temperature=None, top_p=None, top_k=None)
+        for i, row in zip(index, out[:, ids.shape[1]:]):
+            answers[i] = clean_answer(tok.decode(row, skip_special_tokens=True))
+        done = min(len(order), start + batch_size)
+        progress(done / len(order), f"answered {done}/{len(order)} questions")
+    return answers
+
+
 def generate_and_label(handle, questions_frame, progress: Progress | None = None, max_new_tokens: int = 32,
-                       batch_size: int = 8, metric: str = "rouge_l", threshold: float = 0.5,
-                       template: str = PROMPT_TEMPLATE, max_questions: int | None = None) -> pd.DataFrame:
+                       batch_size: int = 16, metric: str = "rouge_l", threshold: float = 0.5,
+                       template: str = PROMPT_TEMPLATE, max_questions: int | None = None,
+                       cache_dir: str | Path | None = None) -> pd.DataFrame:
     """Answer each question greedily with ``template`` and label the answer lexically against the references.
 
     Returns a frame with prompt (the question), completion (the answer),
     label (1 truthful), group, the similarity to the best correct and best
-    incorrect reference, and the references used, ready for :func:`train`.
+    incorrect reference, and the references used, ready for :func:`train`;
+    ``attrs`` hold the rule, the metric and how many empty answers were
+    dropped.  ``cache_dir``: keep the answers there (keyed by model, dtype,
+    template, length and questions), so a rerun skips the generation.
     """
     progress = progress or noop
     table = question_table(questions_frame)
@@ -69,20 +144,16 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
         raise TSVError("no questions to answer")
     if not any(len(c) for c in table.correct):
         raise TSVError("generate-and-label needs correct reference answers for the questions")
-    tok = handle.tokenizer
-    answers: list[str] = []
-    eos = tok.eos_token_id
-    for start in range(0, len(table), batch_size):
-        qs = table.question.iloc[start:start + batch_size].tolist()
-        prompts = [prefix_text(q, template) for q in qs]
-        enc = tok(prompts, return_tensors="pt", padding=True).to(handle.input_device)
-        with handle.lock, torch.inference_mode():
-            out = handle.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                        pad_token_id=tok.pad_token_id, eos_token_id=eos,
-                                        temperature=None, top_p=None, top_k=None)
-        for row in out[:, enc.input_ids.shape[1]:]:
-            answers.append(clean_answer(tok.decode(row, skip_special_tokens=True)))
-        progress(min(1.0, (start + len(qs)) / len(table)), f"answered {start + len(qs)}/{len(table)} questions")
+    questions = table.question.tolist()
+    cached = _answers_cache(cache_dir, handle, template, max_new_tokens, questions)
+    if cached is not None and cached.is_file():
+        answers = json.loads(cached.read_text())
+        progress(1.0, f"read {len(answers)} cached answers")
+    else:
+        answers = generate_answers(handle, questions, template, max_new_tokens, batch_size, progress)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(json.dumps(answers))
     labelled = [label_answer(a, c, i, metric=metric, threshold=threshold)
                 for a, c, i in zip(answers, table.correct, table.incorrect)]
     result = pd.DataFrame({
@@ -96,6 +167,7 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
         "incorrect_answers": ["; ".join(i) for i in table.incorrect],
     })
     empty = result.completion.str.strip() == ""
-    result.attrs["metric"] = metric
-    result.attrs["empty_answers"] = int(empty.sum())
-    return result[~empty].reset_index(drop=True)
+    result = result[~empty].reset_index(drop=True)
+    result.attrs.update(metric=metric, empty_answers=int(empty.sum()),
+                        rule=LABELLING_RULE.format(metric=METRIC_NAMES.get(metric, metric), threshold=threshold))
+    return result

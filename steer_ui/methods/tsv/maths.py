@@ -16,8 +16,9 @@ from .data import TSVError
 
 
 def class_probs(reps: torch.Tensor, prototypes: torch.Tensor, kappa: float) -> torch.Tensor:
-    """p(c | r) = softmax(κ μ_cᵀ r) for L2-normalised r and μ: (rows, 2)."""
-    return (kappa * F.normalize(reps, dim=-1) @ F.normalize(prototypes, dim=-1).T).softmax(-1)
+    """p(c | r) = softmax(κ μ_cᵀ r) for L2-normalised r and μ: (rows, 2), on ``reps``' device."""
+    protos = F.normalize(prototypes.to(reps.device, reps.dtype), dim=-1)
+    return (kappa * F.normalize(reps, dim=-1) @ protos.T).softmax(-1)
 
 
 def sinkhorn(logits: torch.Tensor, marginals: torch.Tensor, epsilon: float = 0.05,
@@ -31,7 +32,7 @@ def sinkhorn(logits: torch.Tensor, marginals: torch.Tensor, epsilon: float = 0.0
     class totals approximate after few iterations.  Worked in the log domain
     (ε = 0.05 turns log-probabilities into exponents of hundreds).
     """
-    marginals = torch.as_tensor(marginals, dtype=torch.float64).reshape(-1)
+    marginals = torch.as_tensor(marginals, dtype=torch.float64, device=logits.device).reshape(-1)
     if marginals.numel() != logits.shape[1] or (marginals <= 0).any():
         raise TSVError(f"sinkhorn needs one positive marginal per class, got {marginals.tolist()}")
     marginals = marginals / marginals.sum()
@@ -53,6 +54,7 @@ def select_confident(probs: torch.Tensor, pseudo: torch.Tensor, k: int,
     has; the quota is not refilled from the other class, so the selection
     keeps the exemplars' balance rather than the model's bias.
     """
+    pseudo = pseudo.to(probs.device)
     ce = -(pseudo * (probs + 1e-8).log()).sum(1)
     hard = pseudo.argmax(1)
     chosen = []
@@ -61,7 +63,7 @@ def select_confident(probs: torch.Tensor, pseudo: torch.Tensor, k: int,
         quota = min(len(members), int(round(k * float(share))))
         if quota > 0:
             chosen.append(members[torch.topk(ce[members], quota, largest=False).indices])
-    return torch.cat(chosen) if chosen else torch.zeros(0, dtype=torch.long)
+    return torch.cat(chosen) if chosen else torch.zeros(0, dtype=torch.long, device=probs.device)
 
 
 def ema_prototypes(prototypes: torch.Tensor, reps: torch.Tensor, weights: torch.Tensor,
@@ -69,11 +71,13 @@ def ema_prototypes(prototypes: torch.Tensor, reps: torch.Tensor, weights: torch.
     """μ ← normalise(decay·μ + (1 − decay)·weighted class mean of normalised reps).
 
     ``weights`` (rows, classes): one-hot labels or soft pseudo-labels.  A class
-    with no weight in the batch keeps its prototype.
+    with no weight in the batch keeps its prototype.  The result lives on
+    ``reps``' device (the prototypes and weights are moved there: a model on
+    a GPU gives its representations there, whatever made the labels).
     """
     reps = F.normalize(reps.detach().float(), dim=-1)
-    protos = F.normalize(prototypes.float(), dim=-1)
-    weights = weights.detach().float()
+    protos = F.normalize(prototypes.to(reps.device).float(), dim=-1)
+    weights = weights.detach().to(reps.device).float()
     totals = weights.sum(0)
     means = (weights.T @ reps) / (totals.unsqueeze(1) + 1e-8)
     updated = F.normalize(decay * protos + (1 - decay) * means, dim=-1)

@@ -26,17 +26,30 @@ class TSVSettings:
     ALIASES: ClassVar[dict[str, tuple[str, ...]]] = {"epochs": ("init_epochs", "aug_epochs")}
 
     layer: int | None = setting(
-        None, "decoder block whose output the vector is added to (empty: three quarters of the depth)",
+        None, "decoder block whose output the vector is added to (empty: the paper's relative depth, 9/32 of the "
+              "blocks, e.g. block 5 of Gemma 3 270M's 18; or the best block of layer_sweep)",
         minimum=0, maximum=1000)
+    layer_sweep: int = setting(
+        0, "when layer is empty, try this many blocks around the paper's depth first and keep the one with the best "
+           "validation AUROC (0: no sweep). Cost: one brief training per block (sweep_epochs epochs on the exemplars, "
+           "then scoring the validation rows), about N × sweep_epochs / (init_epochs + aug_epochs) of the main "
+           "training's time, more for early blocks; reads the labels of a third of the unlabelled training rows "
+           "for the choice", minimum=0, maximum=9)
+    sweep_epochs: int = setting(5, "epochs of each layer-sweep candidate's brief training", minimum=1, maximum=50)
     exemplars: int = setting(32, "labelled training rows TSV keeps the labels of; the rest are pseudo-labelled",
                              minimum=2, maximum=10_000)
     init_epochs: int = setting(20, "epochs of stage 1 (labelled exemplars only)", minimum=0, maximum=MAX_EPOCHS)
     aug_epochs: int = setting(20, "epochs of stage 2 (exemplars plus confident pseudo-labelled rows)",
                               minimum=0, maximum=MAX_EPOCHS)
-    logit_penalty: bool = setting(True, "penalise next-token logit changes above max_logit_change")
+    logit_penalty: bool = setting(True, "penalise next-token logit changes above max_logit_change (centred: "
+                                        "relative to their mean over the vocabulary)")
     max_logit_change: float = setting(2.0, "the |Δlogit| bound of the logit penalty", minimum=0, maximum=1e4)
     kl_penalty: bool = setting(True, "penalise the KL divergence of the next-token distribution")
-    generate: bool = setting(False, "answer the questions with the model and label the answers first")
+    generate: str = setting(
+        "auto", "label the model's own greedy answers instead of the dataset's (the paper's TruthfulQA task): each "
+                "answer is truthful when its best ROUGE-L (LCS F-measure on word tokens) to a correct reference beats "
+                "its best to an incorrect one. auto: yes for TruthfulQA-shaped data (questions with correct and "
+                "incorrect references), no otherwise", choices=("auto", "yes", "no"))
     seed: int = setting(0, "seed of the split, the exemplars and the initialisation", minimum=0, maximum=2**31 - 1)
 
     # expert settings: in the settings JSON, not in the form
@@ -65,6 +78,15 @@ class TSVSettings:
     kl_weight: float = setting(0.1, "weight of the KL penalty in the loss", minimum=0, maximum=100, ui=False)
     # With 8, the bound held on the rows each step saw but a held-out tail reached 3.01 on TruthfulQA
     # (limit 1.5 × 2.0); 32 covers every exemplar.
+    # "answer": the penalties act where a steered model generates (the last prompt token and the answer tokens but
+    # the last), and the detector's last position stays free; "answer_and_end" adds it; "last" is it alone (before).
+    penalty_positions: str = setting("answer", "positions whose next-token logits the penalties bound",
+                                     choices=("answer", "answer_and_end", "last"), ui=False)
+    # Each position costs a pass over the whole vocabulary (262k tokens on Gemma 3) forward and backward; a fresh
+    # random draw each step covers every position over the epochs at a fraction of the cost.
+    penalty_tokens: int = setting(64, "generation positions per optimiser step whose logits are penalised, drawn at "
+                                      "random from the penalty rows' generation positions", minimum=1,
+                                  maximum=100_000, ui=False)
     penalty_rows: int = setting(32, "rows per optimiser step whose full-vocabulary logits are penalised",
                                 minimum=1, maximum=1024, ui=False)
     test_fraction: float = setting(0.25, "share of the groups held out for the AUROC", minimum=0, maximum=1,
@@ -103,12 +125,9 @@ class TSVSettings:
         return self.logit_penalty or self.kl_penalty
 
 
-def default_layer(num_layers: int) -> int:
-    """Three quarters of the depth (block 14 of Gemma 3 270M's 18).
+PAPER_DEPTH = 9 / 32  # the paper steers block 9 of LLaMA-3.1-8B's 32
 
-    Each training step re-runs every block after L, forward and backward, so
-    a late layer is what makes training affordable on a CPU; the paper's
-    models used a middle layer.  Probes on the embedded model separate true
-    from false statements from block 5 on, so the signal is there.
-    """
-    return max(0, min(num_layers - 2, round(num_layers * 3 / 4)))
+
+def default_layer(num_layers: int) -> int:
+    """The paper's relative depth: 9/32 of the blocks (block 5 of Gemma 3 270M's 18, block 1 of a 4-block model)."""
+    return max(0, min(num_layers - 1, round(num_layers * PAPER_DEPTH)))

@@ -3,9 +3,11 @@
 Stage 1 trains on a few labelled exemplars; Sinkhorn pseudo-labels pick
 confident unlabelled rows; stage 2 trains on both (Park et al., ICML 2025).
 Our additions: the lm_head constraints of :mod:`steer_ui.methods.constraints`
-(a hinge on |Δlogit| above ``max_logit_change``, real and direct-path, and a
-KL term) so the vector does not wreck the next-token distribution at the
-strength it was trained at, and baselines on the same held-out split.
+(a hinge on the centred |Δlogit| above ``max_logit_change``, real and
+direct-path, and a KL term) at the positions where a steered model generates
+the answer (:func:`generation_positions`; the detector's last position is
+left free), so the vector does not wreck generation at the strength it was
+trained at; and like-for-like baselines on the same held-out split.
 
 Speed on a CPU: blocks 0..L never see ``v``, so every text is run through the
 frozen model once (:func:`~steer_ui.methods.constraints.cache_prefix`); each
@@ -30,7 +32,7 @@ from ...model.units import relative_scale, to_relative
 from ...vector import SteeringVector, dataset_hash
 from .. import constraints as C
 from ..base import Progress, noop, parse_settings, settings_dict
-from ..common import auroc, clean, sub_progress
+from ..common import auroc, clean, fit_probe, sub_progress
 from .data import CLASSES, TSVError, format_text, pick_exemplars, prefix_text, rows_of, split_groups, subsample_groups
 from .maths import class_probs, ema_prototypes, select_confident, sinkhorn
 from .settings import TSVSettings, default_layer
@@ -65,9 +67,53 @@ def _chunks(parts: list, batch_size: int) -> list[list]:
     return steps
 
 
+# ------------------------------------------------------- generation positions
+def generation_positions(batch: C.SuffixBatch, n_answer: dict[int, int], rows: int | None = None,
+                         where: str = "answer") -> tuple[list[int], list[int]]:
+    """(rows, positions) index lists into a batch's (rows, seq) grid: where the constraints act.
+
+    Logits at position j predict token j + 1.  ``answer``: the positions
+    whose logits generate the answer, the last prompt token and every answer
+    token but the last (for a statement: every token but the last).  The last
+    position, the one the detector reads, is not among them: its logits
+    would decide what follows the answer.  ``answer_and_end`` adds it;
+    ``last`` is it alone.  Rows are left-padded, so the last position is the
+    last real token of every row.  ``rows``: the first so many rows only.
+    """
+    seq = batch.input_ids.shape[1]
+    rows = len(batch) if rows is None else min(rows, len(batch))
+    lengths = batch.attention_mask.sum(-1).tolist() if batch.attention_mask is not None else [seq] * len(batch)
+    r_idx, p_idx = [], []
+    for p in range(rows):
+        if where == "last":
+            positions = [seq - 1]
+        else:
+            real = int(lengths[p])
+            answer = max(1, min(int(n_answer[batch.index[p]]), real - 1))
+            positions = list(range(seq - answer - 1, seq - 1)) + ([seq - 1] if where == "answer_and_end" else [])
+        r_idx += [p] * len(positions)
+        p_idx += positions
+    return r_idx, p_idx
+
+
+def at_positions(x: torch.Tensor, rows: list[int], positions: list[int]) -> torch.Tensor:
+    """``x[rows, positions]`` for a (rows, seq, hidden) tensor: (n, hidden) float, on ``x``'s device."""
+    return x[torch.tensor(rows, device=x.device), torch.tensor(positions, device=x.device)].float()
+
+
+def answer_lengths(handle, frame, texts: Sequence[str], template: str, rows: Sequence[int]) -> dict[int, int]:
+    """Tokens of each row's answer: the full text's tokens minus the prompt's (BOS alone for a statement)."""
+    out = {}
+    for i in rows:
+        full = len(handle.tokenizer(texts[i]).input_ids)
+        pre = prefix_text(frame.prompt[i], template)
+        out[i] = max(1, full - (len(handle.tokenizer(pre).input_ids) if pre else 1))
+    return out
+
+
 @dataclass
 class _Run:
-    """One training run's result (the main one, or its with/without-constraints twin)."""
+    """One training run's result (the main one, its with/without-constraints twin, a sweep candidate)."""
 
     v: torch.Tensor
     prototypes: torch.Tensor
@@ -76,24 +122,31 @@ class _Run:
     constrained: bool
 
 
-def _train_run(handle, st: TSVSettings, layer: int, lam_raw: float, targets: dict[int, torch.Tensor],
-               exemplar_batches, unlabelled_batches, labels: Sequence[int], constrained: bool,
-               progress: Progress, span: tuple[float, float]) -> _Run:
-    """Stage 1, pseudo-labelling, stage 2 for one constraint setting."""
-    hidden = handle.arch.hidden_size
-    gen = torch.Generator().manual_seed(st.seed)
+def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch.Tensor],
+               exemplar_batches, unlabelled_batches, labels: Sequence[int], n_answer: dict[int, int],
+               constrained: bool, progress: Progress, span: tuple[float, float]) -> _Run:
+    """Stage 1, pseudo-labelling, stage 2 for one constraint setting.
+
+    Every tensor made here lives on the model's device (``handle.device``);
+    what the frozen blocks return lives where they put it, and the maths
+    functions move their second operand to their first's device.
+    """
+    hidden, device = handle.arch.hidden_size, handle.device
     rng = random.Random(st.seed)
-    v = torch.zeros(hidden, requires_grad=True)
+    v = torch.zeros(hidden, device=device, requires_grad=True)
     opt = torch.optim.AdamW([v], lr=st.lr)
     use_logit = constrained and st.logit_penalty
     use_kl = constrained and st.kl_penalty
+    penalised = use_logit or use_kl
+    all_positions = penalised and st.penalty_positions != "last"
     exemplar_rows = [i for b in exemplar_batches for i in b.index]
     if st.prototype_init == "class_means":
         reps = torch.cat([_reps_of(handle, b.final_last) for b in exemplar_batches])
         onehot = torch.stack([targets[i] for i in exemplar_rows])
-        prototypes = ema_prototypes(torch.zeros(2, hidden), reps, onehot, decay=0.0)
+        prototypes = ema_prototypes(torch.zeros(2, hidden, device=reps.device), reps, onehot, decay=0.0)
     else:
-        prototypes = F.normalize(torch.randn(2, hidden, generator=gen), dim=-1)
+        gen = torch.Generator(device=device).manual_seed(st.seed)
+        prototypes = F.normalize(torch.randn(2, hidden, generator=gen, device=device), dim=-1)
     curves: list[dict] = []
     total_epochs = max(1, st.init_epochs + (0 if st.supervised else st.aug_epochs))
     epoch_no = 0
@@ -111,35 +164,50 @@ def _train_run(handle, st: TSVSettings, layer: int, lam_raw: float, targets: dic
                 step_reps, step_targets = [], []
                 for b, t in step:
                     added = lam_raw * v
-                    final = C.run_suffix(handle, b, added)
+                    if all_positions:
+                        steered_all = C.run_suffix_all(handle, b, added)
+                        final = steered_all[:, -1, :]
+                    else:
+                        final = C.run_suffix(handle, b, added)
                     reps = _reps_of(handle, final)
-                    logits = st.kappa * reps @ prototypes.T
+                    logits = st.kappa * reps @ prototypes.to(reps.device).T
+                    t = t.to(reps.device)
                     ce = -(t * logits.log_softmax(-1)).sum()
                     loss = ce / n_rows
-                    if (use_logit or use_kl) and budget > 0:
+                    if penalised and budget > 0:
                         k = min(budget, len(b))
                         budget -= k
-                        lt, kt, w = C.penalty_terms(handle, b, added, final, slice(0, k), st.max_logit_change,
-                                                    st.logit_reduction, use_logit, use_kl)
+                        if all_positions:
+                            r, pos = generation_positions(b, n_answer, k, st.penalty_positions)
+                            # this sub-batch's share of the step's position budget, drawn afresh each step
+                            quota = max(1, round(st.penalty_tokens * k / min(st.penalty_rows, n_rows)))
+                            if len(r) > quota:
+                                keep = sorted(rng.sample(range(len(r)), quota))
+                                r, pos = [r[j] for j in keep], [pos[j] for j in keep]
+                            base_at, steered_at = at_positions(b.final_all, r, pos), at_positions(steered_all, r, pos)
+                        else:
+                            base_at, steered_at = b.final_last[:k], final[:k]
+                        lt, kt, w = C.penalties(handle, base_at, steered_at, added, st.max_logit_change,
+                                                st.logit_reduction, use_logit, use_kl)
                         share = k / min(st.penalty_rows, n_rows)
-                        loss = loss + share * (st.logit_weight * lt + st.kl_weight * kt)
+                        loss = loss + share * (st.logit_weight * lt + st.kl_weight * kt).to(loss.device)
                         worst = max(worst, w)
                     loss.backward()
                     loss_sum += float(loss.detach()) * n_rows
                     rows_seen += len(b)
                     step_reps.append(reps.detach())
                     step_targets.append(t)
-                    pred = logits.detach().argmax(-1)
+                    pred = logits.detach().argmax(-1).tolist()
                     for p, i in enumerate(b.index):
                         if i in exemplar_set:
                             ex_seen += 1
-                            correct += int(int(pred[p]) == int(labels[i]))
+                            correct += int(pred[p] == int(labels[i]))
                 opt.step()
                 prototypes = ema_prototypes(prototypes, torch.cat(step_reps), torch.cat(step_targets), st.ema)
             epoch_no += 1
             curves.append({"epoch": epoch_no, "stage": stage, "loss": loss_sum / max(rows_seen, 1),
                            "exemplar_accuracy": correct / max(ex_seen, 1), "vector_norm": float(v.detach().norm()),
-                           "max_abs_delta_logit_seen": worst if (use_logit or use_kl) else None})
+                           "max_abs_delta_logit_seen": worst if penalised else None})
             lo, hi = span
             progress(lo + (hi - lo) * epoch_no / total_epochs,
                      f"TSV {'constrained' if constrained else 'unconstrained'}: epoch {epoch_no}/{total_epochs}, "
@@ -155,11 +223,11 @@ def _train_run(handle, st: TSVSettings, layer: int, lam_raw: float, targets: dic
         rows = [i for b in unlabelled_batches for i in b.index]
         ex_labels = [labels[i] for i in exemplar_rows]
         dist = [max(1e-3, ex_labels.count(c) / len(ex_labels)) for c in (0, 1)]
-        logits = st.kappa * reps @ prototypes.T
-        plan = sinkhorn(logits, torch.tensor(dist), st.sinkhorn_epsilon, st.sinkhorn_iterations)
+        logits = st.kappa * reps @ prototypes.to(reps.device).T
+        plan = sinkhorn(logits, dist, st.sinkhorn_epsilon, st.sinkhorn_iterations)
         k = min(st.selected, max(2, len(rows) // 2))
-        picked = select_confident(logits.softmax(-1), plan, k, dist)
-        soft = {rows[int(p)]: plan[int(p)] for p in picked}
+        picked = select_confident(logits.softmax(-1), plan, k, dist).tolist()
+        soft = {rows[p]: plan[p].to(device) for p in picked}
         hard = {r: int(s.argmax()) for r, s in soft.items()}
         pseudo = {
             "selected": len(soft), "unlabelled": len(rows), "k": k, "class_marginals": dist,
@@ -177,23 +245,34 @@ def _train_run(handle, st: TSVSettings, layer: int, lam_raw: float, targets: dic
 
 
 def _evaluate(handle, batches, added: torch.Tensor, prototypes: torch.Tensor, kappa: float,
-              labels: Sequence[int], top_k: int = 10, progress: Progress | None = None) -> dict:
-    """Held-out p(truthful) scores, AUROC and the Δlogit report at the training strength."""
-    finals, scores, rows = [], [], []
+              labels: Sequence[int], n_answer: dict[int, int], top_k: int = 10,
+              progress: Progress | None = None) -> dict:
+    """Held-out p(truthful) scores, AUROC, and the Δlogit report at the training strength.
+
+    The score reads the last position of the steered pass over the whole text,
+    as training does.  Δlogit is measured at the generation positions
+    (:func:`generation_positions`, ``answer``) and, apart, at the last
+    position (the detector's, which decides what follows the answer).
+    """
+    scores, rows, at_answer, at_last = [], [], [], []
     with torch.no_grad():
         for k, b in enumerate(batches):
             if progress is not None:  # also how a job's cancel and time limit reach this loop
                 progress(0.93, f"scoring the held-out split: batch {k + 1}/{len(batches)}")
-            final = C.run_suffix(handle, b, added)
-            finals.append(final)
+            steered_all = C.run_suffix_all(handle, b, added)
+            final = steered_all[:, -1, :]
             scores += class_probs(_reps_of(handle, final), prototypes, kappa)[:, 1].tolist()
             rows += b.index
-    delta = C.measure_delta(handle, batches, added, top_k=top_k, finals=finals)
-    return {"auroc": auroc(scores, [labels[i] for i in rows]), "scores": dict(zip(rows, scores)), "delta": delta}
+            r, pos = generation_positions(b, n_answer, where="answer")
+            at_answer.append(C.delta_stats(handle, at_positions(b.final_all, r, pos),
+                                           at_positions(steered_all, r, pos), added))
+            at_last.append(C.delta_stats(handle, b.final_last, final, added))
+    return {"auroc": auroc(scores, [labels[i] for i in rows]), "scores": dict(zip(rows, scores)),
+            "delta": C.summarise_delta(handle, at_answer, top_k), "delta_last": C.summarise_delta(handle, at_last, top_k)}
 
 
 def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, float]:
-    """Mean log-probability of the answer tokens under the unsteered model (the perplexity baseline)."""
+    """Mean log-probability of the answer tokens under the unsteered model (the log-probability baseline)."""
     out = {}
     with torch.no_grad():
         for b in batches:
@@ -209,48 +288,110 @@ def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, floa
 
 def _baselines(handle, st: TSVSettings, train_batches, test_batches, exemplar_rows, labels,
                n_answer) -> dict:
-    """AUROC of simple detectors on the same held-out rows."""
+    """AUROC of simple detectors on the same held-out rows.
+
+    Like for like: the probe and the mean difference read what the detector
+    reads (the final layer's last-token state after the final norm, without
+    the vector), fitted on exactly TSV's exemplars; the probe on every
+    training label is the ceiling; the answer's mean token log-probability and
+    perplexity need no training.
+    """
     import numpy as np
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
 
     def feats(batches, attr):
         rows = [i for b in batches for i in b.index]
-        return rows, torch.cat([getattr(b, attr) for b in batches]).float().numpy()
+        return rows, torch.cat([getattr(b, attr).float().cpu() for b in batches]).numpy()
 
-    tr_rows, tr_x = feats(train_batches, "layer_last")
-    te_rows, te_x = feats(test_batches, "layer_last")
+    tr_rows, tr_x = feats(train_batches, "normed_last")
+    te_rows, te_x = feats(test_batches, "normed_last")
     tr_y = np.array([labels[i] for i in tr_rows])
     te_y = [labels[i] for i in te_rows]
+    ex = np.array([i in set(exemplar_rows) for i in tr_rows])
     out: dict[str, Any] = {}
 
-    def probe(mask):
-        scaler = StandardScaler().fit(tr_x[mask])
-        clf = LogisticRegression(C=1.0, max_iter=2000).fit(scaler.transform(tr_x[mask]), tr_y[mask])
-        return auroc(clf.decision_function(scaler.transform(te_x)), te_y)
+    def probe(x, y, test_x):
+        return auroc(fit_probe(x, y, seed=st.seed).decision_function(test_x), te_y)
 
-    ex = np.array([i in set(exemplar_rows) for i in tr_rows])
-    out["probe"] = {"auroc": probe(np.ones(len(tr_rows), bool)),
-                    "note": f"logistic regression on block {st.layer} last-token activations, all {len(tr_rows)} "
-                            f"labelled training rows"}
-    out["probe_exemplars"] = {"auroc": probe(ex),
-                              "note": f"the same probe fitted on the {int(ex.sum())} exemplars only (TSV's labels)"}
-    diff = tr_x[tr_y == 1].mean(0) - tr_x[tr_y == 0].mean(0)
-    out["mean_difference"] = {"auroc": auroc(te_x @ diff, te_y),
-                              "note": f"projection on mean(truthful) - mean(hallucinated) at block {st.layer}"}
+    def mean_diff(x, y, test_x):
+        return auroc(test_x @ (x[y == 1].mean(0) - x[y == 0].mean(0)), te_y)
+
+    out["probe_exemplars"] = {"auroc": probe(tr_x[ex], tr_y[ex], te_x),
+                              "note": f"logistic regression on the final layer's last-token state (what the "
+                                      f"detector reads, v = 0), fitted on the {int(ex.sum())} exemplars TSV gets"}
+    out["mean_difference_exemplars"] = {"auroc": mean_diff(tr_x[ex], tr_y[ex], te_x),
+                                        "note": "projection on mean(truthful) − mean(hallucinated) of the same "
+                                                "state, over the same exemplars"}
+    out["probe"] = {"auroc": probe(tr_x, tr_y, te_x),
+                    "note": f"the same probe fitted on all {len(tr_rows)} labelled training rows (a ceiling: "
+                            f"TSV sees {int(ex.sum())} labels)"}
+    _, tr_l = feats(train_batches, "layer_last")
+    _, te_l = feats(test_batches, "layer_last")
+    out["probe_at_block"] = {"auroc": probe(tr_l, tr_y, te_l),
+                             "note": f"the full-label probe on block {st.layer}'s last-token output (where the "
+                                     f"vector is added)"}
     logprob = _answer_logprob(handle, test_batches, n_answer)
     out["mean_token_logprob"] = {"auroc": auroc([logprob[i] for i in te_rows], te_y),
                                  "note": "the unsteered model's mean log-probability of the answer tokens"}
+    # exp(−mean log-prob): a monotone map, so its AUROC is the log-probability's; listed because papers list it
+    out["perplexity"] = {"auroc": auroc([-math.exp(-logprob[i]) for i in te_rows], te_y),
+                         "note": "the answer's perplexity, low = truthful (a monotone function of the mean "
+                                 "log-probability, so the same AUROC)"}
     ex_batches = _restrict(train_batches, set(exemplar_rows))
     ex_reps = torch.cat([_reps_of(handle, b.final_last) for b in ex_batches])
     ex_y = [labels[i] for b in ex_batches for i in b.index]
-    protos = ema_prototypes(torch.zeros(2, ex_reps.shape[1]), ex_reps,
-                            F.one_hot(torch.tensor(ex_y), 2).float(), decay=0.0)
+    protos = ema_prototypes(torch.zeros(2, ex_reps.shape[1], device=ex_reps.device), ex_reps,
+                            F.one_hot(torch.tensor(ex_y, device=ex_reps.device), 2).float(), decay=0.0)
     te_reps = torch.cat([_reps_of(handle, b.final_last) for b in test_batches])
     out["prototypes_without_vector"] = {
         "auroc": auroc(class_probs(te_reps, protos, st.kappa)[:, 1].tolist(), te_y),
         "note": "TSV's scoring rule with exemplar class means as prototypes and no vector (v = 0)"}
     return out
+
+
+def _layer_sweep(handle, st: TSVSettings, frame, texts, labels, exemplar_rows, unlabelled_rows, targets,
+                 n_answer, progress: Progress) -> dict:
+    """Brief stage-1 trainings at candidate blocks around the paper's depth; per-block validation AUROC.
+
+    The validation rows are unlabelled training rows of groups that hold no
+    exemplar (so no question is on both sides); their labels are read for
+    this choice only, never for training.  The test split is not touched.
+    """
+    n_layers = handle.arch.num_layers
+    centre = default_layer(n_layers)
+    half = st.layer_sweep // 2
+    candidates = [b for b in range(centre - half, centre - half + st.layer_sweep) if 0 <= b < n_layers]
+    ex_groups = {frame.group[i] for i in exemplar_rows}
+    pool = [i for i in unlabelled_rows if frame.group[i] not in ex_groups]
+    if len({labels[i] for i in pool}) < 2:
+        raise TSVError("layer_sweep needs validation rows of both classes outside the exemplars' groups; "
+                       "give more data or set layer_sweep to 0")
+    groups = sorted({frame.group[i] for i in pool})
+    random.Random(st.seed + 11).shuffle(groups)
+    keep = set(groups[:max(2, len(groups) // 3)])
+    validation = [i for i in pool if frame.group[i] in keep]
+    brief = replace(st, init_epochs=st.sweep_epochs, aug_epochs=0, compare=False)
+    results = []
+    for n, block in enumerate(candidates):
+        lo, hi = n / len(candidates), (n + 1) / len(candidates)
+        progress(lo, f"layer sweep: block {block} ({n + 1}/{len(candidates)})")
+        lam_raw = st.lam * relative_scale(handle, block)
+        ex_b = C.cache_prefix(handle, [texts[i] for i in exemplar_rows], block, batch_size=st.cache_batch,
+                              keep_final=st.penalty_positions != "last")
+        val_b = C.cache_prefix(handle, [texts[i] for i in validation], block, batch_size=st.cache_batch,
+                               keep_final=True)
+        for b in ex_b:
+            b.index = [exemplar_rows[p] for p in b.index]
+        for b in val_b:
+            b.index = [validation[p] for p in b.index]
+        run = _train_run(handle, replace(brief, layer=block), lam_raw, targets, ex_b, [], labels, n_answer,
+                         st.constrained, sub_progress(progress, lo, hi), (0.0, 1.0))
+        e = _evaluate(handle, val_b, lam_raw * run.v, run.prototypes, st.kappa, labels, n_answer)
+        results.append({"layer": block, "validation_auroc": e["auroc"],
+                        "max_abs_delta_logit": e["delta"]["max_abs_centred_delta_logit"]})
+    scored = [r for r in results if r["validation_auroc"] == r["validation_auroc"]]  # NaN: one-class validation
+    best = max(scored, key=lambda r: r["validation_auroc"])["layer"] if scored else centre
+    return {"candidates": results, "best": best, "validation_rows": len(validation),
+            "epochs_per_candidate": st.sweep_epochs, "constrained": st.constrained}
 
 
 def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> tuple[SteeringVector, dict]:
@@ -260,14 +401,14 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     test; ``exemplars`` training rows keep their labels, the rest are
     unlabelled (``supervised=True``: all keep them).  The report holds the
     per-epoch curves, pseudo-label counts, held-out ``auroc``, ``baselines``
-    on the same split, and ``max_abs_delta_logit`` with and without the
-    constraints (the twin run, ``compare=True``) with the top offending tokens.
+    on the same split, the layer sweep when asked for, and
+    ``max_abs_delta_logit`` with and without the constraints (the twin run,
+    ``compare=True``) at the generation positions, with the top offending tokens.
     """
     # Checked again here (cheap), so a hand-built TSVSettings meets the same bounds as one from a client.
     st = parse_settings(TSVSettings, settings_dict(settings))
     arch = handle.arch
-    st = replace(st, layer=default_layer(arch.num_layers) if st.layer is None else st.layer)
-    if not 0 <= st.layer < arch.num_layers:
+    if st.layer is not None and not 0 <= st.layer < arch.num_layers:
         raise TSVError(f"layer {st.layer} does not exist: the model has layers 0..{arch.num_layers - 1}")
     frame = rows_of(dataset)
     if st.max_rows:
@@ -279,11 +420,23 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     train_rows, test_rows = split_groups(frame.group.tolist(), labels, st.test_fraction, st.seed)
     exemplar_rows = train_rows if st.supervised else pick_exemplars(train_rows, labels, st.exemplars, st.seed)
     unlabelled_rows = [i for i in train_rows if i not in set(exemplar_rows)]
+    n_answer = answer_lengths(handle, frame, texts, st.template, range(len(texts)))
+    targets = {i: F.one_hot(torch.tensor(labels[i], device=handle.device), 2).float() for i in train_rows}
+
+    sweep = None
+    if st.layer is None and st.layer_sweep:
+        sweep = _layer_sweep(handle, st, frame, texts, labels, exemplar_rows, unlabelled_rows, targets, n_answer,
+                             sub_progress(progress, 0.0, 0.3))
+        st = replace(st, layer=sweep["best"])
+        progress = sub_progress(progress, 0.3, 1.0)
+    st = replace(st, layer=default_layer(arch.num_layers) if st.layer is None else st.layer)
 
     lam_raw = st.lam * relative_scale(handle, st.layer)
     progress(0.01, f"caching blocks 0..{st.layer} for {len(texts)} texts")
+    # the unsteered final residual at every position: the penalties act at the generation positions
+    keep_all = st.penalty_positions != "last"
 
-    def cache(rows, lo, hi, keep_final=False):
+    def cache(rows, lo, hi, keep_final=keep_all):
         batches = C.cache_prefix(handle, [texts[i] for i in rows], st.layer, batch_size=st.cache_batch,
                                  progress=sub_progress(progress, lo, hi), keep_final=keep_final)
         for b in batches:  # positions in `rows` -> dataset rows
@@ -293,7 +446,6 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     exemplar_batches = cache(exemplar_rows, 0.01, 0.05)
     unlabelled_batches = cache(unlabelled_rows, 0.05, 0.2) if unlabelled_rows else []
     test_batches = cache(test_rows, 0.2, 0.27, keep_final=True)
-    targets = {i: F.one_hot(torch.tensor(labels[i]), 2).float() for i in train_rows}
 
     settings_to_run = [st.constrained] + ([not st.constrained] if st.compare else [])
     # validate() allows a sweep only with the logit penalty on, so the main run is constrained and has its bound
@@ -301,35 +453,35 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     runs: dict[bool, _Run] = {}
     span = 0.65 / (len(settings_to_run) + len(bounds))
     for n, constrained in enumerate(settings_to_run):
-        runs[constrained] = _train_run(handle, st, st.layer, lam_raw, targets, exemplar_batches,
-                                       unlabelled_batches, labels, constrained, progress,
-                                       (0.27 + n * span, 0.27 + (n + 1) * span))
+        runs[constrained] = _train_run(handle, st, lam_raw, targets, exemplar_batches, unlabelled_batches, labels,
+                                       n_answer, constrained, progress, (0.27 + n * span, 0.27 + (n + 1) * span))
     swept: dict[float, _Run] = {}
     for n, bound in enumerate(bounds, start=len(settings_to_run)):
         progress(0.27 + n * span, f"bound sweep: |Δlogit| bound {bound:g}")
-        swept[bound] = _train_run(handle, replace(st, max_logit_change=bound), st.layer, lam_raw, targets,
-                                  exemplar_batches, unlabelled_batches, labels, True, progress,
+        swept[bound] = _train_run(handle, replace(st, max_logit_change=bound), lam_raw, targets, exemplar_batches,
+                                  unlabelled_batches, labels, n_answer, True, progress,
                                   (0.27 + n * span, 0.27 + (n + 1) * span))
     progress(0.93, "scoring the held-out split")
-    evals = {c: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels, progress=progress)
-             for c, r in runs.items()}
-    swept_evals = {b: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels,
+    evals = {c: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels, n_answer,
+                          progress=progress) for c, r in runs.items()}
+    swept_evals = {b: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels, n_answer,
                                 progress=progress) for b, r in swept.items()}
-    n_answer = {}
-    for i in test_rows:
-        full = len(handle.tokenizer(texts[i]).input_ids)
-        pre = prefix_text(frame.prompt[i], st.template)
-        n_answer[i] = full - (len(handle.tokenizer(pre).input_ids) if pre else 1)
     baselines = _baselines(handle, st, exemplar_batches + unlabelled_batches, test_batches, exemplar_rows, labels,
                            n_answer)
     main = runs[st.constrained]
     main_eval = evals[st.constrained]
 
     def run_report(e: dict, run: _Run) -> dict:
-        return {"auroc": e["auroc"], "max_abs_delta_logit": e["delta"]["max_abs_delta_logit"],
-                "median_max_abs_delta_logit": e["delta"]["median_max_abs_delta_logit"],
-                "direct_max_abs_delta_logit": e["delta"]["direct_max_abs_delta_logit"],
-                "mean_kl": e["delta"]["mean_kl"], "top_tokens": e["delta"]["top_tokens"],
+        d, last = e["delta"], e["delta_last"]
+        return {"auroc": e["auroc"],
+                # at the generation positions: centred (what the hinge bounds), then raw
+                "max_abs_delta_logit": d["max_abs_centred_delta_logit"],
+                "max_abs_raw_delta_logit": d["max_abs_delta_logit"],
+                "median_max_abs_delta_logit": d["median_max_abs_delta_logit"],
+                "direct_max_abs_delta_logit": d["direct_max_abs_delta_logit"],
+                "mean_kl": d["mean_kl"], "top_tokens": d["top_tokens"],
+                "last_position": {"max_abs_delta_logit": last["max_abs_centred_delta_logit"],
+                                  "max_abs_raw_delta_logit": last["max_abs_delta_logit"], "mean_kl": last["mean_kl"]},
                 "vector_norm": float((lam_raw * run.v).norm()), "curves": run.curves,
                 "pseudo_labels": run.pseudo}
 
@@ -339,7 +491,7 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     tradeoff = {**swept_evals, st.max_logit_change: evals[True]} if swept else {}
     if swept and False in evals:
         tradeoff[None] = evals[False]
-    bound_sweep = [{"bound": b, "auroc": e["auroc"], "max_abs_delta_logit": e["delta"]["max_abs_delta_logit"],
+    bound_sweep = [{"bound": b, "auroc": e["auroc"], "max_abs_delta_logit": e["delta"]["max_abs_centred_delta_logit"],
                     "mean_kl": e["delta"]["mean_kl"]}
                    for b, e in sorted(tradeoff.items(), key=lambda kv: math.inf if kv[0] is None else kv[0])]
 
@@ -349,13 +501,18 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
         "rows": {"total": len(frame), "train": len(train_rows), "test": len(test_rows),
                  "exemplars": len(exemplar_rows), "unlabelled": len(unlabelled_rows),
                  "groups": int(frame.group.nunique())},
+        "label_balance": {"truthful": int(sum(labels)), "hallucinated": int(len(labels) - sum(labels))},
         "auroc": main_eval["auroc"],
         "curves": main.curves,
         "pseudo_labels": main.pseudo,
         "baselines": baselines,
+        "layer_sweep": sweep,
+        "penalty_positions": st.penalty_positions,
         "max_abs_delta_logit": {
-            "with_constraints": evals[True]["delta"]["max_abs_delta_logit"] if True in evals else None,
-            "without_constraints": evals[False]["delta"]["max_abs_delta_logit"] if False in evals else None,
+            "where": "held-out generation positions (last prompt token and the answer tokens but the last), "
+                     "centred Δlogit",
+            "with_constraints": run_reports["constrained"]["max_abs_delta_logit"] if True in evals else None,
+            "without_constraints": run_reports["unconstrained"]["max_abs_delta_logit"] if False in evals else None,
             "limit": st.max_logit_change,
         },
         "top_tokens": main_eval["delta"]["top_tokens"],
@@ -373,15 +530,13 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
                "max_abs_delta_logit": report["max_abs_delta_logit"],
                "rows": report["rows"]}
     vector = SteeringVector(
-        directions={st.layer: direction}, hidden_size=arch.hidden_size, method="tsv", model_id=handle.model_id,
+        directions={st.layer: direction.cpu()}, hidden_size=arch.hidden_size, method="tsv", model_id=handle.model_id,
         model_type=handle.model_type, positions="all",
         name=f"tsv L{st.layer} ({'constrained' if st.constrained else 'unconstrained'})",
         hyperparameters=hyper,
         dataset_hash=dataset_hash(list(zip(texts, labels))), metrics=metrics,
         alpha_range=(0.0, round(2 * rel, 6) if rel > 0 else 1.0),
-        extras={"prototypes": main.prototypes},
+        extras={"prototypes": main.prototypes.cpu()},
     )
     progress(1.0, f"TSV trained: held-out AUROC {report['auroc']}")
     return vector, report
-
-
