@@ -41,8 +41,7 @@ from typing import Callable
 import torch
 
 from ..methods.common import clean
-from ..model.loading import EMBEDDED, embedded_gguf_path, from_model, gguf_cache_dir, load_model, resolve_device
-from ..tiny import tiny_model
+from ..model.loading import BUILT_PREFIXES, EMBEDDED, embedded_gguf_path, gguf_cache_dir, load_model
 from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_extract,
                        bench_hook_overhead, bench_side_by_side, bench_slider, bench_sweep, bench_training,
                        measure_bandwidth, seeded_steer)
@@ -63,14 +62,12 @@ TARGETS = {
 
 # ------------------------------------------------------------------ setup
 def _load(model: str | None, device: str, dtype: str, log):
-    """(handle, load facts).  ``tiny:FAMILY`` builds a random tiny model (tests, CI)."""
-    if model and model.startswith("tiny:"):
-        start = time.perf_counter()
-        m, tok = tiny_model(model.split(":", 1)[1])
-        m.to(resolve_device(device))
-        handle = from_model(m, tok, model_id=model)
-        return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": None, "source": model}
+    """(handle, load facts).  ``tiny:FAMILY`` and ``random:SHAPE`` build random models (tests, CI, GPU runs)."""
     source = model or EMBEDDED
+    if source.startswith(BUILT_PREFIXES):
+        start = time.perf_counter()
+        handle = load_model(source, device=device, dtype=dtype)
+        return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": None, "source": source}
     cache_hit = None
     if source == EMBEDDED or source.endswith(".gguf"):
         gguf = embedded_gguf_path() if source == EMBEDDED else Path(source).expanduser()
@@ -155,8 +152,8 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         timed("training", lambda: bench_training(handle, log))
         timed("bf16_lm_head", lambda: bench_bf16_lm_head(handle, 5, log))
         timed("bf16_model", lambda: bench_bf16_model(handle, steer, 32, bw["read_gb_s"] * 1e9, log))
-        if (model or "").startswith("tiny:"):
-            result["cold_load"] = {"status": "skipped: tiny models are built, not loaded"}
+        if (model or "").startswith(BUILT_PREFIXES):
+            result["cold_load"] = {"status": "skipped: random models are built, not loaded"}
         else:
             timed("cold_load", lambda: bench_cold_load(model, device, dtype, log))
     result["memory"]["peak_rss_gb_end"] = peak_rss_bytes() / 1e9
