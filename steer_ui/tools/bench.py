@@ -20,6 +20,14 @@ Headline ratios (targets from the performance issue):
 * ``sweep_speedup``: 21 separate fast-path calls ÷ one batched 21-α sweep.
 * ``extract_speedup``: one-at-a-time ÷ batched activation extraction over the
   bundled statements.
+* ``max_abs_delta_prob_vs_float32``: the accuracy cost of the model's dtype,
+  max |Δ probability| of the next token against the same model in float32
+  on fixed prompts (0 for a float32 model; ``--dtype bfloat16`` measures it on
+  a CPU too).
+
+``--model random:llama-8b`` (or ``random:llama-1b``) with ``--device cuda``
+runs the same benchmark on a model of that real shape with random weights
+built on the GPU (see :mod:`steer_ui.tiny`), so GPU figures need no download.
 
 ``--quick`` (CI's smoke run) uses fewer tokens and repetitions and skips the
 cold GGUF load, the training times and the bfloat16 modes.  Nothing here
@@ -42,7 +50,8 @@ import torch
 
 from ..methods.common import clean
 from ..model.loading import BUILT_PREFIXES, EMBEDDED, embedded_gguf_path, gguf_cache_dir, load_model
-from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_extract,
+from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_dtype_accuracy,
+                       bench_extract,
                        bench_hook_overhead, bench_side_by_side, bench_slider, bench_sweep, bench_training,
                        measure_bandwidth, seeded_steer)
 from .timing import loadavg, parameter_bytes, peak_rss_bytes, rss_bytes
@@ -145,6 +154,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     result["memory"] = {"rss_gb": rss_bytes() / 1e9, "peak_rss_gb": peak_rss_bytes() / 1e9,
                         "note": "peak RSS of this process after load, decode, slider and sweep"}
     timed("extract", lambda: bench_extract(handle, 16 if quick else None, 1, log))
+    timed("dtype_accuracy", lambda: bench_dtype_accuracy(handle, log))
     if quick:
         for name in ("cold_load", "training", "bf16_lm_head", "bf16_model"):
             result[name] = {"status": "skipped (--quick)"}
@@ -170,6 +180,8 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "cold_load_s": result["cold_load"].get("cold_load_s")
         if load["cache_hit"] is not False else load["warm_load_s"],
         "peak_rss_gb": result["memory"]["peak_rss_gb"],
+        # the accuracy cost of the model's dtype (0 in float32); no target, the reader weighs it against speed
+        "max_abs_delta_prob_vs_float32": result["dtype_accuracy"]["max_abs_delta_prob"],
     }
     result["load"] = load
     result["ratios"] = ratios
@@ -209,6 +221,9 @@ def markdown_table(result: dict) -> str:
         ("warm_load_s", result["ratios"]["warm_load_s"], "load_model() from the safetensors cache"),
         ("cold_load_s", result["ratios"].get("cold_load_s"), "GGUF → safetensors, fresh process, empty cache"),
         ("peak_rss_gb", result["ratios"]["peak_rss_gb"], "after load, decode, slider, sweep"),
+        ("max_abs_delta_prob_vs_float32", result["ratios"].get("max_abs_delta_prob_vs_float32"),
+         f"{result['dtype_accuracy']['dtype']} vs float32 next-token probabilities, "
+         f"{result['dtype_accuracy']['prompts']} prompts, top-1 agree {result['dtype_accuracy']['top1_agree']}"),
     ]
     lines = ["| measure | value | target | met | absolute |", "|---|---|---|---|---|"]
     for name, value, note in rows:
