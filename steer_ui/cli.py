@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any, Callable
 
+from .policy import DTYPES
 from .vector import POSITIONS
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
@@ -29,9 +30,11 @@ def command(name: str):
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="embedded (default), a hub id, a local directory, a .gguf file, or tiny:FAMILY")
+    p.add_argument("--model", default=None, help="embedded (default), a hub id, a local directory, a .gguf file, tiny:FAMILY, "
+                   "or random:SHAPE (a real shape with random weights: llama-8b, llama-1b, llama-mini)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps, or multi (accelerate device_map='auto')")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="auto: bfloat16 on CUDA (float16 where bfloat16 is unsupported), float32 on CPU and MPS")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
 
@@ -159,13 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 def load_handle(args: argparse.Namespace):
     from .model.loading import load_model
 
-    source = args.model
-    if source and source.startswith("tiny:"):
-        from .tiny import tiny_handle
-
-        return tiny_handle(source.split(":", 1)[1])
-
-    return load_model(source, device=args.device, dtype=args.dtype, progress=_stderr_progress)
+    return load_model(args.model, device=args.device, dtype=args.dtype, progress=_stderr_progress)
 
 
 def resolve_vector(args: argparse.Namespace, handle):

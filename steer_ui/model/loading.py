@@ -13,19 +13,18 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from ..paths import cache_root
-from .architecture import Architecture, discover
+from .handle import ModelHandle, from_model  # noqa: F401  (ModelHandle: re-exported for callers)
 
 EMBEDDED = "embedded"
 EMBEDDED_NAME = "gemma-3-270m (embedded, Q4_K_M GGUF dequantised)"
+BUILT_PREFIXES = ("tiny:", "random:")  # models built here with random weights, not loaded
 Progress = Callable[[float, str], None]
 
 
@@ -35,62 +34,6 @@ class ModelLoadError(RuntimeError):
 
 def _noop(_f: float, _m: str) -> None:
     pass
-
-
-@dataclass
-class ModelHandle:
-    """A loaded model plus everything steering needs, shared by all sessions.
-
-    Forward passes need no lock: every hook acts only in the thread that
-    installed it (:func:`steer_ui.model.capture.thread_owned`), so the decode
-    engine, the slider and a training job can share the model at once without
-    seeing each other's steering.  ``lock`` serialises the long jobs
-    (training, extraction, probing) among themselves, which bounds their
-    memory; generation and the slider never wait for it.
-    """
-
-    model: torch.nn.Module
-    tokenizer: object
-    arch: Architecture
-    model_id: str
-    source: str
-    device: torch.device
-    dtype: torch.dtype
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    load_seconds: float = 0.0
-    _layer_norms: list[float] | None = None
-
-    @property
-    def model_type(self) -> str:
-        return self.arch.model_type
-
-    @property
-    def input_device(self) -> torch.device:
-        emb = self.model.get_input_embeddings()
-        return emb.weight.device
-
-    def facts(self) -> dict:
-        n_params = sum(p.numel() for p in self.model.parameters())
-        return {
-            "model_id": self.model_id,
-            "model_type": self.arch.model_type,
-            "num_layers": self.arch.num_layers,
-            "hidden_size": self.arch.hidden_size,
-            "vocab_size": self.arch.vocab_size,
-            "tied_lm_head": self.arch.tied_lm_head,
-            "parameters": int(n_params),
-            "device": str(self.device),
-            "dtype": str(self.dtype).replace("torch.", ""),
-            "load_seconds": round(self.load_seconds, 2),
-        }
-
-    def layer_norms(self) -> list[float]:
-        """Mean residual-stream norm at each block output, measured once (see :mod:`.units`)."""
-        if self._layer_norms is None:
-            from .units import measure_layer_norms
-
-            self._layer_norms = measure_layer_norms(self)
-        return self._layer_norms
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -226,7 +169,8 @@ def load_model(
     progress: Progress | None = None,
     device_map: str | None = None,
 ) -> ModelHandle:
-    """Load ``source``: None/'embedded', a .gguf path, a local directory or a hub id.
+    """Load ``source``: None/'embedded', a .gguf path, a local directory, a hub id, or a random model
+    (``tiny:FAMILY``, ``random:SHAPE``; see :mod:`steer_ui.tiny`) built on ``device`` in ``dtype``.
 
     ``device='multi'`` (or ``device_map='auto'``) spreads a model too large for
     one GPU over the available GPUs (and CPU) through accelerate; the hooks
@@ -241,6 +185,12 @@ def load_model(
         device, device_map = "auto", device_map or "auto"
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+
+    if source.startswith(BUILT_PREFIXES):
+        if device_map:
+            raise ModelLoadError(f"{source} is built on one device; use --device cpu, cuda or mps, not multi")
+        model, tok = _build_random(source, dev, torch_dtype)
+        return _finish(model, tok, source, source, dev, torch_dtype, start, progress)
 
     model_id = source
     if source == EMBEDDED or source.endswith(".gguf"):
@@ -282,27 +232,28 @@ def load_model(
         ) from None
     if not device_map:
         model.to(dev)
-    model.eval()
-    model.requires_grad_(False)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    handle = ModelHandle(
-        model=model, tokenizer=tok, arch=discover(model), model_id=model_id, source=source,
-        device=dev if not device_map else torch.device(str(next(model.parameters()).device)),
-        dtype=torch_dtype, load_seconds=time.perf_counter() - start,
-    )
+    else:
+        dev = torch.device(str(next(model.parameters()).device))
+    return _finish(model, tok, model_id, source, dev, torch_dtype, start, progress)
+
+
+def _build_random(source: str, dev: torch.device, dtype: torch.dtype):
+    """(model, tokenizer) for ``tiny:FAMILY`` or ``random:SHAPE``: random weights, nothing downloaded."""
+    from ..tiny import random_model, tiny_model
+
+    kind, _, name = source.partition(":")
+    try:
+        if kind == "tiny":
+            model, tok = tiny_model(name)
+            return model.to(dev, dtype), tok
+        return random_model(name, dev, dtype)
+    except ValueError as exc:  # an unknown family or shape: the message lists the known ones
+        raise ModelLoadError(str(exc)) from None
+
+
+def _finish(model, tok, model_id: str, source: str, dev: torch.device, dtype: torch.dtype, start: float,
+            progress: Progress) -> ModelHandle:
+    handle = from_model(model, tok, model_id=model_id, source=source, device=dev, dtype=dtype,
+                        load_seconds=time.perf_counter() - start)
     progress(1.0, f"loaded {model_id} in {handle.load_seconds:.1f} s")
     return handle
-
-
-def from_model(model: torch.nn.Module, tokenizer, model_id: str = "in-memory") -> ModelHandle:
-    """Wrap an already-built model (tests build tiny random ones)."""
-    model.eval()
-    model.requires_grad_(False)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    p = next(model.parameters())
-    return ModelHandle(model=model, tokenizer=tokenizer, arch=discover(model), model_id=model_id,
-                       source=model_id, device=p.device, dtype=p.dtype)

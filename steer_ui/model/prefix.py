@@ -69,11 +69,20 @@ class Prefix:
             return self.handle.arch.logits(self.normed_last).cpu()
 
     def _blocks_above(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Blocks ``layer + 1``.. on ``hidden`` with the recorded arguments; the final residual, every position."""
+        """Blocks ``layer + 1``.. on ``hidden`` with the recorded arguments; the final residual.
+
+        Only the last position of the result is meant to be read: the final
+        block's MLP runs on that position alone (see :func:`_last_position_mlp`).
+        """
         layers = self.handle.arch.layers
+        last = len(layers) - 1
         for i in range(self.layer + 1, len(layers)):
             args, kwargs = self.calls[i]
-            out = layers[i](hidden, *args, **kwargs)
+            if i == last and _final_mlp_sliceable(self.handle, layers[i], hidden, args, kwargs):
+                with _last_position_mlp(self.handle):
+                    out = layers[i](hidden, *args, **kwargs)
+            else:
+                out = layers[i](hidden, *args, **kwargs)
             hidden = out[0] if isinstance(out, tuple) else out
         return hidden
 
@@ -136,6 +145,54 @@ class Prefix:
         changes = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name not in ("handle", "layer")}
         changes["index"] = [self.index[r] for r in rows]
         return replace(self, **changes)
+
+
+@contextmanager
+def _last_position_mlp(handle) -> Iterator[None]:
+    """Feed the final block's MLP the last position only.
+
+    After its attention, a block works on each position alone, and of the
+    final block's output only the last position is read (the next token), so
+    its MLP (most of a block's work) need not run on the others.  The block
+    adds the one-position result to its residual by broadcasting, which
+    leaves the other positions wrong and the last one exact.
+    """
+    def last_only(_m, args):
+        return (args[0][:, -1:, :],) + tuple(args[1:])
+
+    remover = handle.arch.final_mlp.register_forward_pre_hook(last_only)
+    try:
+        yield
+    finally:
+        remover.remove()
+
+
+def _final_mlp_sliceable(handle, block, hidden: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+    """Whether :func:`_last_position_mlp` gives this model's final block the same last position (checked once).
+
+    A family whose block reshapes the MLP's output by the sequence length,
+    or has no single MLP module, keeps the full block.
+    """
+    verdict = handle.__dict__.get("_final_mlp_sliceable")
+    if verdict is not None:
+        return verdict
+    if hidden.shape[1] < 2:
+        return False  # a one-position pass has nothing to cut; decide on a longer one
+    verdict = False
+    if handle.arch.final_mlp is not None:
+        with torch.no_grad():
+            full = block(hidden, *args, **kwargs)
+            full = (full[0] if isinstance(full, tuple) else full)[:, -1]
+            try:
+                with _last_position_mlp(handle):
+                    cut = block(hidden, *args, **kwargs)
+                cut = (cut[0] if isinstance(cut, tuple) else cut)[:, -1]
+                scale = float(full.abs().max()) or 1.0
+                verdict = cut.shape == full.shape and torch.allclose(cut, full, rtol=1e-3, atol=1e-3 * scale)
+            except (RuntimeError, ValueError, IndexError):
+                verdict = False
+    handle.__dict__["_final_mlp_sliceable"] = verdict
+    return verdict
 
 
 @contextmanager

@@ -23,6 +23,14 @@ Headline ratios (targets from the performance issue):
 * ``many_users_speedup``, ``many_users_exact``, ``slider_p95_load_over_idle_p50``:
   eight sessions' generations through the request batcher, and the slider
   while others generate (:mod:`.many_users`).
+* ``max_abs_delta_prob_vs_float32``: the accuracy cost of the model's dtype,
+  max |Δ probability| of the next token against the same model in float32
+  on fixed prompts (0 for a float32 model; ``--dtype bfloat16`` measures it on
+  a CPU too).
+
+``--model random:llama-8b`` (or ``random:llama-1b``) with ``--device cuda``
+runs the same benchmark on a model of that real shape with random weights
+built on the GPU (see :mod:`steer_ui.tiny`), so GPU figures need no download.
 
 ``--quick`` (CI's smoke run) uses fewer tokens and repetitions and skips the
 cold GGUF load, the training times and the bfloat16 modes.  Nothing here
@@ -44,9 +52,9 @@ from typing import Callable
 import torch
 
 from ..methods.common import clean
-from ..model.loading import EMBEDDED, embedded_gguf_path, from_model, gguf_cache_dir, load_model, resolve_device
-from ..tiny import tiny_model
-from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_extract,
+from ..model.loading import BUILT_PREFIXES, EMBEDDED, embedded_gguf_path, gguf_cache_dir, load_model
+from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_dtype_accuracy,
+                       bench_extract,
                        bench_hook_overhead, bench_side_by_side, bench_slider, bench_sweep, bench_training,
                        measure_bandwidth, seeded_steer)
 from .many_users import bench_many_users
@@ -70,14 +78,12 @@ TARGETS = {
 
 # ------------------------------------------------------------------ setup
 def _load(model: str | None, device: str, dtype: str, log):
-    """(handle, load facts).  ``tiny:FAMILY`` builds a random tiny model (tests, CI)."""
-    if model and model.startswith("tiny:"):
-        start = time.perf_counter()
-        m, tok = tiny_model(model.split(":", 1)[1])
-        m.to(resolve_device(device))
-        handle = from_model(m, tok, model_id=model)
-        return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": None, "source": model}
+    """(handle, load facts).  ``tiny:FAMILY`` and ``random:SHAPE`` build random models (tests, CI, GPU runs)."""
     source = model or EMBEDDED
+    if source.startswith(BUILT_PREFIXES):
+        start = time.perf_counter()
+        handle = load_model(source, device=device, dtype=dtype)
+        return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": None, "source": source}
     cache_hit = None
     if source == EMBEDDED or source.endswith(".gguf"):
         gguf = embedded_gguf_path() if source == EMBEDDED else Path(source).expanduser()
@@ -157,6 +163,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     result["memory"] = {"rss_gb": rss_bytes() / 1e9, "peak_rss_gb": peak_rss_bytes() / 1e9,
                         "note": "peak RSS of this process after load, decode, slider and sweep"}
     timed("extract", lambda: bench_extract(handle, 16 if quick else None, 1, log))
+    timed("dtype_accuracy", lambda: bench_dtype_accuracy(handle, log))
     if quick:
         for name in ("cold_load", "training", "bf16_lm_head", "bf16_model"):
             result[name] = {"status": "skipped (--quick)"}
@@ -164,8 +171,8 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         timed("training", lambda: bench_training(handle, log))
         timed("bf16_lm_head", lambda: bench_bf16_lm_head(handle, 5, log))
         timed("bf16_model", lambda: bench_bf16_model(handle, steer, 32, bw["read_gb_s"] * 1e9, log))
-        if (model or "").startswith("tiny:"):
-            result["cold_load"] = {"status": "skipped: tiny models are built, not loaded"}
+        if (model or "").startswith(BUILT_PREFIXES):
+            result["cold_load"] = {"status": "skipped: random models are built, not loaded"}
         else:
             timed("cold_load", lambda: bench_cold_load(model, device, dtype, log))
     result["memory"]["peak_rss_gb_end"] = peak_rss_bytes() / 1e9
@@ -185,6 +192,8 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "many_users_speedup": result["many_users"]["many_users_speedup"],
         "many_users_exact": result["many_users"]["many_users_exact"],
         "slider_p95_load_over_idle_p50": result["many_users"]["slider_p95_load_over_idle_p50"],
+        # the accuracy cost of the model's dtype (0 in float32); no target, the reader weighs it against speed
+        "max_abs_delta_prob_vs_float32": result["dtype_accuracy"]["max_abs_delta_prob"],
     }
     result["load"] = load
     result["ratios"] = ratios
@@ -233,6 +242,9 @@ def markdown_table(result: dict) -> str:
         ("slider_p95_load_over_idle_p50", result["ratios"]["slider_p95_load_over_idle_p50"],
          f"slider p95 {users['slider_p95_under_load_ms']:.0f} ms while 4 sessions generate vs idle p50 "
          f"{users['slider_p50_idle_ms']:.0f} ms"),
+        ("max_abs_delta_prob_vs_float32", result["ratios"].get("max_abs_delta_prob_vs_float32"),
+         f"{result['dtype_accuracy']['dtype']} vs float32 next-token probabilities, "
+         f"{result['dtype_accuracy']['prompts']} prompts, top-1 agree {result['dtype_accuracy']['top1_agree']}"),
     ]
     lines = ["| measure | value | target | met | absolute |", "|---|---|---|---|---|"]
     for name, value, note in rows:

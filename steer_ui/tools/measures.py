@@ -551,3 +551,41 @@ def bench_alpha_grid(handle, steer, layer: int, log, points: int = 41) -> dict:
     }
 
 
+
+
+# ------------------------------------------------------------------ precision
+def next_token_probs(handle, prompts=PROBE_PROMPTS) -> torch.Tensor:
+    """(prompts, vocab) float32 next-token probabilities of the unsteered model, on the CPU."""
+    with torch.inference_mode():
+        return torch.cat([handle.arch.logits(h).softmax(-1).cpu() for h in _final_hidden(handle, prompts)])
+
+
+def bench_dtype_accuracy(handle, log) -> dict:
+    """What the model's dtype costs: max |Δ probability| of the next token vs the float32 model, on fixed prompts.
+
+    The reference is ``handle.source`` loaded again in float32 on the same
+    device (for a checkpoint, its stored weights; for ``random:``/``tiny:``
+    models the same seeded weights before rounding), so the figure includes
+    the weights' rounding as well as the arithmetic's.  A float32 model is its
+    own reference: 0, nothing loaded.
+    """
+    dtype = str(handle.dtype).replace("torch.", "")
+    if handle.dtype == torch.float32:
+        return {"status": "measured", "dtype": dtype, "max_abs_delta_prob": 0.0, "top1_agree": "all",
+                "reference": "the model itself (float32)", "prompts": len(PROBE_PROMPTS)}
+    from ..model.loading import load_model
+
+    log(f"bench: {dtype} vs float32 next-token distributions ({len(PROBE_PROMPTS)} prompts)")
+    probs = next_token_probs(handle)
+    reference = load_model(handle.source, device=str(handle.device), dtype="float32")
+    try:
+        ref_probs = next_token_probs(reference)
+    finally:
+        del reference
+        gc.collect()
+        if handle.device.type == "cuda":
+            torch.cuda.empty_cache()
+    agree = int((probs.argmax(-1) == ref_probs.argmax(-1)).sum())
+    return {"status": "measured", "dtype": dtype, "max_abs_delta_prob": float((probs - ref_probs).abs().max()),
+            "top1_agree": f"{agree}/{len(PROBE_PROMPTS)}", "reference": f"{handle.source} loaded in float32",
+            "prompts": len(PROBE_PROMPTS)}

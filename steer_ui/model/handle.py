@@ -1,0 +1,88 @@
+"""The loaded model every session shares (:class:`ModelHandle`), and wrapping an already-built model in one.
+
+Apart from :mod:`.loading` so that modules which build models themselves
+(:mod:`steer_ui.tiny`) can make a handle without importing the loader, which
+imports them.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from .architecture import Architecture, discover
+
+
+@dataclass
+class ModelHandle:
+    """A loaded model plus everything steering needs, shared by all sessions.
+
+    Forward passes need no lock: every hook acts only in the thread that
+    installed it (:func:`steer_ui.model.capture.thread_owned`), so the decode
+    engine, the slider and a training job can share the model at once without
+    seeing each other's steering.  ``lock`` serialises the long jobs
+    (training, extraction, probing) among themselves, which bounds their
+    memory; generation and the slider never wait for it.
+    """
+
+    model: torch.nn.Module
+    tokenizer: object
+    arch: Architecture
+    model_id: str
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    load_seconds: float = 0.0
+    _layer_norms: list[float] | None = None
+
+    @property
+    def model_type(self) -> str:
+        return self.arch.model_type
+
+    @property
+    def input_device(self) -> torch.device:
+        emb = self.model.get_input_embeddings()
+        return emb.weight.device
+
+    def facts(self) -> dict:
+        n_params = sum(p.numel() for p in self.model.parameters())
+        return {
+            "model_id": self.model_id,
+            "model_type": self.arch.model_type,
+            "num_layers": self.arch.num_layers,
+            "hidden_size": self.arch.hidden_size,
+            "vocab_size": self.arch.vocab_size,
+            "tied_lm_head": self.arch.tied_lm_head,
+            "parameters": int(n_params),
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "load_seconds": round(self.load_seconds, 2),
+        }
+
+    def layer_norms(self) -> list[float]:
+        """Mean residual-stream norm at each block output, measured once (see :mod:`.units`)."""
+        if self._layer_norms is None:
+            from .units import measure_layer_norms
+
+            self._layer_norms = measure_layer_norms(self)
+        return self._layer_norms
+
+
+def from_model(model: torch.nn.Module, tokenizer, model_id: str = "in-memory", source: str | None = None,
+               device: torch.device | None = None, dtype: torch.dtype | None = None,
+               load_seconds: float = 0.0) -> ModelHandle:
+    """Wrap an already-built model (frozen, eval mode; the tokenizer pads on the left).
+
+    ``device`` and ``dtype`` default to those of the first parameter.
+    """
+    model.eval()
+    model.requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    p = next(model.parameters())
+    return ModelHandle(model=model, tokenizer=tokenizer, arch=discover(model), model_id=model_id,
+                       source=source or model_id, device=device or p.device, dtype=dtype or p.dtype,
+                       load_seconds=load_seconds)

@@ -1,0 +1,38 @@
+"""The benchmark's --model/--device/--dtype flags and its accuracy-cost measure (no timing assertions)."""
+import json
+
+import torch
+
+from steer_ui.cli import main
+from steer_ui.model.loading import load_model
+from steer_ui.tools.bench import markdown_table
+from steer_ui.tools.measures import bench_dtype_accuracy, next_token_probs
+
+
+def test_bench_cli_on_a_random_model_in_bfloat16_reports_the_accuracy_cost(capsys):
+    code = main(["bench", "--model", "random:llama-mini", "--device", "cpu", "--dtype", "bfloat16", "--quick",
+                 "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    assert out["model"]["model_id"] == "random:llama-mini" and out["model"]["dtype"] == "bfloat16"
+    assert out["conditions"]["device"] == "cpu" and out["conditions"]["dtype"] == "bfloat16"
+    accuracy = out["dtype_accuracy"]
+    assert accuracy["reference"] == "random:llama-mini loaded in float32"
+    # bfloat16 rounds weights and arithmetic: the distributions differ, but not by much
+    assert 0 < out["ratios"]["max_abs_delta_prob_vs_float32"] == accuracy["max_abs_delta_prob"] < 0.05
+    assert "max_abs_delta_prob_vs_float32" in markdown_table(out)
+
+
+def test_float32_is_its_own_reference_and_a_bfloat16_copy_differs():
+    h32 = load_model("random:llama-mini", device="cpu", dtype="float32")
+    assert bench_dtype_accuracy(h32, print)["max_abs_delta_prob"] == 0.0
+    h16 = load_model("random:llama-mini", device="cpu", dtype="bfloat16")
+    measured = bench_dtype_accuracy(h16, lambda _m: None)["max_abs_delta_prob"]
+    direct = float((next_token_probs(h16) - next_token_probs(h32)).abs().max())
+    assert measured == direct > 0
+    assert next_token_probs(h32).sum(-1).allclose(torch.ones(6))
+
+
+def test_bench_refuses_an_unknown_dtype_in_one_json_line(capsys):
+    code = main(["bench", "--model", "random:llama-mini", "--dtype", "float8", "--quick", "--json"])
+    assert code == 2 and "float8" in json.loads(capsys.readouterr().out)["error"]
