@@ -176,6 +176,11 @@ ALLOWED = {
         "activations cached on the host (training batches move them back)",
     ("steer_ui/methods/tsv/scoring.py", "score", ".cpu()"):
         "representations compared with the stored prototypes, which live on the host",
+    ("steer_ui/methods/constraints.py", "delta_stats", ".cpu()"): "per-position statistics for the report",
+    ("steer_ui/methods/iti.py", "block_output_equivalent", ".cpu()"): "the exported residual vector (stored)",
+    ("steer_ui/methods/iti.py", "_next_token_logp", ".cpu()"): "log-probabilities compared on the host",
+    ("steer_ui/methods/tsv/training.py", "feats", ".cpu()"): "features into numpy for the baseline probes",
+    ("steer_ui/methods/tsv/training.py", "train", ".cpu()"): "the trained vector and prototypes (stored)",
 }
 
 
