@@ -152,14 +152,20 @@ class Engine:
             self._cv.notify()
         return ticket
 
-    def close(self) -> None:
-        """Stop taking requests; the running ones finish, waiting ones are told to retry."""
+    def close(self, wait: float = 0.0) -> None:
+        """Stop taking requests; the running ones finish, waiting ones are told to retry.
+
+        ``wait``: seconds to wait for the engine thread to end (the running requests to finish).
+        """
         with self._cv:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
+            thread = self._thread
             self._cv.notify()
         for ticket in waiting:
             ticket._put(EngineBusy("the model is being replaced"))
+        if wait and thread is not None:
+            thread.join(wait)
 
     @property
     def load(self) -> dict:

@@ -380,6 +380,7 @@ class DecodeBatch:
         self.columns = 0  # KV columns every row has consumed (real tokens at the right, padding at the left)
         self.mask = self.positions = self.hidden = self.final = self.next_ids = None
         self._steers: list = []
+        self._padded = False  # some row has padding columns (then every pass needs the attention mask)
         self._final_block = handle.arch.num_layers - 1
 
     def __len__(self) -> int:
@@ -421,7 +422,9 @@ class DecodeBatch:
         with torch.inference_mode(), \
                 recording(handle, [self._final_block], "resid", reduce=lambda h: h[:, -1, :]) as final, \
                 steering(handle, pre_steers, state):
-            out = handle.model.base_model(input_ids=ids.to(device), attention_mask=attention.to(device),
+            padded = bool((attention == 0).any())
+            out = handle.model.base_model(input_ids=ids.to(device),
+                                          attention_mask=attention.to(device) if padded else None,
                                           position_ids=position.to(device), use_cache=True)
             # a generated-only input-dependent steer whose context block comes after its own block saw no
             # context while the prompt ran through it; its vector is fixed now, from the recorded context
@@ -463,6 +466,7 @@ class DecodeBatch:
             if self.next_ids is not None:  # new rows have not sampled yet; sample() sets it for everyone
                 self.next_ids = None
         self.requests += list(requests)
+        self._padded = bool((self.mask == 0).any())
         self._rebuild_steers()
 
     def _rebuild_steers(self) -> None:
@@ -578,7 +582,9 @@ class DecodeBatch:
         with torch.inference_mode(), \
                 recording(handle, [self._final_block], "resid", reduce=lambda h: h[:, -1, :]) as final, \
                 steering(handle, self._steers, state):
-            out = handle.model.base_model(input_ids=self.next_ids, attention_mask=self.mask,
+            # the mask only where some column is padding: without one, the model takes its plain causal path
+            # (no per-step mask building), as a request alone does
+            out = handle.model.base_model(input_ids=self.next_ids, attention_mask=self.mask if self._padded else None,
                                           position_ids=self.positions.unsqueeze(1), past_key_values=self.cache,
                                           use_cache=True)
         self.cache = out.past_key_values
@@ -609,6 +615,7 @@ class DecodeBatch:
         if lead and kv_rows.joinable(self.cache):
             self.columns = kv_rows.drop_leading(self.cache, self.columns, lead)
             self.mask = self.mask[:, lead:]
+        self._padded = bool((self.mask == 0).any())
         self._rebuild_steers()
 
 

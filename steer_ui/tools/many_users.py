@@ -121,6 +121,7 @@ def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: i
     steps_per_s_loaded = engine.stats.steps - steps_before
     for t in tickets:
         t.cancel()
+    engine.close(wait=60)  # the thread ends once the cancelled rows are dropped
     return {
         "requests": 8, "new_tokens": n_tokens, "prompts": len(PROMPTS), "vectors": 2, "reps": reps,
         "sequential_ms": ms(median(seq)), "concurrent_ms": ms(median(conc)),
