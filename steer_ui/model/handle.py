@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .architecture import Architecture, discover
+from .architecture import Architecture, discover, fast_cpu_linears
 
 
 @dataclass
@@ -83,6 +83,9 @@ def from_model(model: torch.nn.Module, tokenizer, model_id: str = "in-memory", s
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     p = next(model.parameters())
-    return ModelHandle(model=model, tokenizer=tokenizer, arch=discover(model), model_id=model_id,
+    arch = discover(model)
+    if p.device.type == "cpu" and p.dtype == torch.float32:
+        fast_cpu_linears(model, arch.layers)  # few-row products (decode steps, slider) through oneDNN where faster
+    return ModelHandle(model=model, tokenizer=tokenizer, arch=arch, model_id=model_id,
                        source=source or model_id, device=device or p.device, dtype=dtype or p.dtype,
                        load_seconds=load_seconds)
