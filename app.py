@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-requests", type=int, default=None,
                    help="generations decoded together in one batch (default 8)")
     p.add_argument("--waiting-generations", type=int, default=None,
-                   help="generations waiting for a place in the batch before 'busy, try again' (default 32)")
+                   help="generations waiting for a place in the batch before 'busy, try again' (default 8)")
     return p
 
 

@@ -48,7 +48,8 @@ class Policy:
     # ---- the queue and the decode batch (many sessions' generations decode together, model/engine.py)
     queue_max_size: int = 64
     batch_requests: int = 8  # generations decoded together (3 rows each); more wait for a free place
-    waiting_generations: int = 32  # beyond this a generation is refused with "busy, try again"
+    waiting_generations: int = 8  # beyond this a generation is refused with "busy, try again"
+    generations_per_session: int = 2  # one visitor's generations at once (a slider release and a button)
     generation_seconds: float = 300.0  # one generation's time limit, waiting included
     # ---- disk
     export_max_bytes: int = 512 << 20  # all exported files kept for download, oldest removed first

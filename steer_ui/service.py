@@ -123,6 +123,7 @@ class Session:
     touched: float = field(default_factory=time.monotonic)
     cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     running: bool = False  # a long job (training, probing) is under way
+    generating: int = 0  # this session's generations in the decode batch or waiting for it
 
 
 @dataclass
@@ -566,6 +567,8 @@ class Service:
 
         handle = self.handle
         with self._engine_lock:
+            if handle is not self._handle:  # the model changed while we waited: use the current one's engine
+                handle = self._handle
             if self._engine is None or self._engine.handle is not handle:
                 if self._engine is not None:
                     self._engine.close()
@@ -574,6 +577,11 @@ class Service:
                                       timeout_seconds=p.generation_seconds)
                 self._slider = SliderBatcher(handle)  # concurrent slider moves on one view share a pass
             return self._engine
+
+    def engine_load(self) -> dict:
+        """Generations running in the decode batch and waiting for it (no engine yet: none of either)."""
+        engine = self._engine
+        return engine.load if engine is not None else {"running": 0, "waiting": 0}
 
     def _explore_workers(self):
         """(engine, slider batcher) of the current model, made together."""
@@ -590,22 +598,38 @@ class Service:
         This generator yields the newest snapshot whenever the consumer asks
         (intermediate ones are skipped if the consumer is slower than the
         model); closing it early drops the request's rows at the next step.
+        A session has at most ``policy.generations_per_session`` at once.
         """
-        from .model.engine import EngineBusy, EngineTimeout
+        from .model.engine import EngineBusy
         from .model.generation import Request
 
         self._check_prompt(prompt)
         steers = self.steers(session, vector_name, layer, alpha, relative, seed)
-        handle = self.handle
         sampling = sampling or self.sampling()
+        engine = self.engine()
         try:
-            request = Request.make(handle, prompt, steers, sampling)
+            request = Request.make(engine.handle, prompt, steers, sampling)
         except _expected_errors() as exc:
             raise UserError("generation_failed", detail=_first_line(exc)) from None
+        s = self.session(session)
+        with self._sessions_lock:  # one visitor cannot take every place in the batch
+            if s.generating >= self.policy.generations_per_session:
+                raise UserError("busy", detail=f"this session already has {s.generating} generations running")
+            s.generating += 1
         try:
-            ticket = self.engine().submit(request)
-        except EngineBusy as exc:
-            raise UserError("busy", detail=_first_line(exc)) from None
+            try:
+                ticket = engine.submit(request)
+            except EngineBusy as exc:
+                raise UserError("busy", detail=_first_line(exc)) from None
+            yield from self._frames(s, prompt, ticket)
+        finally:
+            with self._sessions_lock:
+                s.generating -= 1
+
+    @staticmethod
+    def _frames(s: Session, prompt: str, ticket) -> Iterator[Frame]:
+        """A ticket's events as frames (the newest each time), then the final one; errors as one line each."""
+        from .model.engine import EngineBusy, EngineTimeout
 
         def frame(result, done: bool) -> Frame:
             return Frame(prompt=prompt, unsteered_text=result.unsteered.text, steered_text=result.steered.text,
@@ -621,13 +645,13 @@ class Service:
             raise UserError("generation_timeout", detail=_first_line(exc)) from None
         except EngineBusy as exc:  # the model was replaced while this request waited
             raise UserError("busy", detail=_first_line(exc)) from None
-        except _expected_errors() as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the engine met for this request, in one line
             raise UserError("generation_failed", detail=_first_line(exc)) from None
         finally:
             ticket.cancel()
         if last is not None:
             final = frame(last, True)
-            self.session(session).last_generation = final.as_dict()
+            s.last_generation = final.as_dict()
             yield final
 
     def generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,

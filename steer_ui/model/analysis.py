@@ -39,11 +39,14 @@ def prefix_state(handle, prompt: str, layer: int) -> Prefix:
         if key in lru:
             lru.move_to_end(key)
             return lru[key]
-        st = for_prompt(handle, prompt, layer)
+    # computed outside the lock: one visitor's long new prompt must not hold up everyone's slider (two
+    # threads may both compute the same prefix once; the results are equal and the second one is kept)
+    st = for_prompt(handle, prompt, layer)
+    with _PREFIX_LRU_LOCK:
         lru[key] = st
         while len(lru) > _PREFIX_LRU_SIZE:
             lru.popitem(last=False)
-        return st
+    return st
 
 
 def naive_logits(handle, prompt: str, steers: Sequence[Steer], rows: int = 1) -> torch.Tensor:

@@ -40,6 +40,7 @@ from .generation import DecodeBatch, Request, StepEvent
 log = logging.getLogger(__name__)
 
 _DONE = object()
+_GRACE_SECONDS = 30.0  # past its deadline a ticket waits this much longer for the engine's own answer
 
 
 class EngineBusy(RuntimeError):
@@ -65,10 +66,17 @@ class Ticket:
             self.request.cancelled = True
             self._engine._wake()
 
+    def _next(self):
+        """The next item; a server that stays silent past the deadline (plus a grace) ends the wait."""
+        try:
+            return self._events.get(timeout=max(0.0, self.deadline - time.monotonic()) + _GRACE_SECONDS)
+        except queue.Empty:
+            return EngineTimeout("the server did not answer in time")
+
     def __iter__(self):
         try:
             while True:
-                item = self._events.get()
+                item = self._next()
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):
@@ -83,7 +91,7 @@ class Ticket:
         Every event carries the whole result so far, so only the last one waiting matters.
         """
         try:
-            item = self._events.get()
+            item = self._next()
             while True:
                 if item is _DONE:
                     return
@@ -93,7 +101,7 @@ class Ticket:
                     later = self._events.get_nowait()
                 except queue.Empty:
                     yield item
-                    item = self._events.get()
+                    item = self._next()
                     continue
                 if later is _DONE or isinstance(later, BaseException):
                     yield item
@@ -220,43 +228,43 @@ class Engine:
                 if self._closed and not self._waiting and not len(batch):
                     self._thread = None
                     return
-            with self._cv:  # let interactive passes in flight finish first (bounded)
-                self._cv.wait_for(lambda: not self._interactive or self._closed, timeout=self.pause_seconds)
-            if not len(batch) and self.gather_seconds:
-                time.sleep(self.gather_seconds)  # an idle engine waits a moment, so a burst shares one prefill
-            new = self._take(batch)
-            if new:
-                self._admit(batch, new)
-            if not len(batch):
-                continue
             try:
-                events = batch.sample()
-            except Exception as exc:  # noqa: BLE001 - every running request is told, the engine goes on
-                self._fail(batch, exc)
+                self._iteration(batch)
+            except BaseException as exc:  # noqa: BLE001 - the thread must not die: everyone running is told
+                self._fail(exc)
                 batch = DecodeBatch(self.handle)
+
+    def _iteration(self, batch: DecodeBatch) -> None:
+        """Admit, sample, hand out events, retire, and run one decode step."""
+        with self._cv:  # let interactive passes in flight finish first (bounded)
+            self._cv.wait_for(lambda: not self._interactive or self._closed, timeout=self.pause_seconds)
+        if not len(batch) and self.gather_seconds:
+            time.sleep(self.gather_seconds)  # an idle engine waits a moment, so a burst shares one prefill
+        new = self._take(batch)
+        if new:
+            self._admit(batch, new)
+        if not len(batch):
+            return
+        events = batch.sample()
+        now = time.monotonic()
+        for request, event in events:
+            ticket = self._running.get(id(request))
+            if ticket is None:  # no one is waiting for it any more
+                request.cancelled = True
                 continue
-            now = time.monotonic()
-            for request, event in events:
-                ticket = self._running[id(request)]
-                ticket._put(_snapshot(event))
-                if not request.done and now > ticket.deadline:
-                    request.cancelled = True
-                    self._running.pop(id(request))._put(EngineTimeout(
-                        "the generation ran past its time limit and was stopped"))
-            for request in list(batch.requests):
-                if request.done or request.cancelled:
-                    ticket = self._running.pop(id(request), None)
-                    if ticket is not None:
-                        ticket._put(_DONE)
-            try:
-                batch.advance()
-            except Exception as exc:  # noqa: BLE001
-                self._fail(batch, exc)
-                batch = DecodeBatch(self.handle)
-                continue
-            self.stats.steps += 1
-            rows = 3 * len(batch)
-            self.stats.rows_per_step += (rows - self.stats.rows_per_step) / self.stats.steps
+            ticket._put(_snapshot(event))
+            if not request.done and now > ticket.deadline:
+                request.cancelled = True
+                self._running.pop(id(request))._put(EngineTimeout(
+                    "the generation ran past its time limit and was stopped"))
+        batch.advance()
+        # every ticket whose request left the batch (done, cancelled, timed out) gets its end, exactly once
+        live = {id(r) for r in batch.requests}
+        for key in [k for k in self._running if k not in live]:
+            self._running.pop(key)._put(_DONE)
+        self.stats.steps += 1
+        rows = 3 * len(batch)
+        self.stats.rows_per_step += (rows - self.stats.rows_per_step) / self.stats.steps
 
     def _admit(self, batch: DecodeBatch, tickets: list[Ticket]) -> None:
         try:
@@ -278,12 +286,12 @@ class Engine:
         self.stats.admitted += len(tickets)
         self.stats.peak_requests = max(self.stats.peak_requests, len(batch))
 
-    def _fail(self, batch: DecodeBatch, exc: Exception) -> None:
-        log.exception("decode step failed; every running request is told")
-        for request in batch.requests:
-            ticket = self._running.pop(id(request), None)
-            if ticket is not None:
-                ticket._put(exc)
+    def _fail(self, exc: BaseException) -> None:
+        log.error("decode step failed; every running request is told: %s", exc, exc_info=exc)
+        running, self._running = self._running, {}
+        for ticket in running.values():
+            ticket.request.cancelled = True
+            ticket._put(exc)
 
 
 def _snapshot(event: StepEvent) -> StepEvent:

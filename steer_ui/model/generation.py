@@ -274,6 +274,17 @@ def _eos_ids(handle) -> set[int]:
     return eos
 
 
+def max_positions(handle) -> int | None:
+    """The longest sequence the model takes (learned position tables end there), or None if it does not say."""
+    config = handle.model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 @dataclass(eq=False)
 class Request:
     """One side-by-side generation: rows unsteered, steered and counterfactual of a :class:`DecodeBatch`.
@@ -313,6 +324,16 @@ class Request:
         for s in steers:
             if not isinstance(s, (Steer, HeadSteer)):
                 raise GenerationError(f"cannot decode with a {type(s).__name__} intervention")
+            # α·v must be finite in the model's dtype: an overflow would reach other requests' rows as 0 · inf
+            pushes = [s.vector] if isinstance(s, Steer) and s.fn is None else \
+                list(s.shifts.values()) if isinstance(s, HeadSteer) else []
+            for push in pushes:
+                if not torch.isfinite((s.scalar_alpha.float() * push.float()).to(handle.dtype)).all():
+                    raise GenerationError("α × vector overflows the model's number range: use a smaller α")
+        limit = max_positions(handle)
+        if limit and len(ids) + sampling.max_new_tokens > limit:
+            raise GenerationError(f"the prompt ({len(ids)} tokens) plus {sampling.max_new_tokens} new tokens is "
+                                  f"longer than this model's {limit} positions")
         zero = torch.zeros(())
         row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
         return cls(prompt=prompt, ids=ids, steers=steers, sampling=sampling,
@@ -332,6 +353,7 @@ class Request:
         one, the steered row's own vector, fixed at prefill) at every step.
         """
         self.input_vectors = input_vectors
+        self.decode_resid, self.decode_heads = {}, {}  # recomputed whole: an admit retried after a failure
         length = len(self.ids)
         residual = [s for s in self.row_steers if isinstance(s, Steer)]
         at_prompt = StepState(prompt_len=length, offset=0, input_vectors=input_vectors)
@@ -449,6 +471,8 @@ class DecodeBatch:
         self._join(requests, cache, length, mask, positions, hidden, final_residual)
 
     def _join(self, requests, cache, columns, mask, positions, hidden, final_residual) -> None:
+        """Add the prefilled rows; all or nothing (what can fail runs before the batch changes)."""
+        steers = self._steers_for(self.requests + list(requests))
         if self.cache is None:
             self.cache, self.columns, self.mask = cache, columns, mask
             self.positions, self.hidden, self.final = positions, hidden, final_residual
@@ -467,23 +491,24 @@ class DecodeBatch:
                 self.next_ids = None
         self.requests += list(requests)
         self._padded = bool((self.mask == 0).any())
-        self._rebuild_steers()
+        self._steers = steers
 
-    def _rebuild_steers(self) -> None:
+    def _steers_for(self, requests: list[Request]) -> list:
         """One (rows, hidden) matrix per steered block, one (rows, width) per steered head site; zero rows elsewhere."""
-        rows = 3 * len(self.requests)
+        rows = 3 * len(requests)
         device = self.handle.input_device
         resid: dict[int, torch.Tensor] = {}
         heads: dict[int, torch.Tensor] = {}
-        for i, r in enumerate(self.requests):
+        for i, r in enumerate(requests):
             for table, mine in ((resid, r.decode_resid), (heads, r.decode_heads)):
                 for layer, add in mine.items():
                     if layer not in table:
                         table[layer] = torch.zeros((rows, add.shape[-1]), device=device)
                     table[layer][3 * i + STEERED] = add
-        self._steers = [Steer(layer=layer, vector=matrix) for layer, matrix in resid.items()]
+        steers = [Steer(layer=layer, vector=matrix) for layer, matrix in resid.items()]
         if heads:
-            self._steers.append(HeadSteer(heads))
+            steers.append(HeadSteer(heads))
+        return steers
 
     # ------------------------------------------------------------- decode
     def sample(self) -> list[tuple[Request, StepEvent]]:
@@ -616,7 +641,7 @@ class DecodeBatch:
             self.columns = kv_rows.drop_leading(self.cache, self.columns, lead)
             self.mask = self.mask[:, lead:]
         self._padded = bool((self.mask == 0).any())
-        self._rebuild_steers()
+        self._steers = self._steers_for(self.requests)
 
 
 def stream_side_by_side(

@@ -195,6 +195,8 @@ def input_vector(s: Steer, state: StepState, like: torch.Tensor) -> torch.Tensor
         vec = s.fn(context.float())
         if vec.shape != (context.shape[0], like.shape[-1]):
             raise SteeringError(f"input-dependent vector has shape {tuple(vec.shape)}")
+        if not torch.isfinite(vec).all():  # 0 · inf would put NaN even in rows this steer leaves alone
+            raise SteeringError("the input-dependent vector function returned NaN or inf")
         state.input_vectors[key] = vec.detach()
     return state.input_vectors[key].to(device=like.device, dtype=like.dtype).unsqueeze(1)
 

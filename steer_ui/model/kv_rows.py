@@ -48,10 +48,13 @@ def _pad_left(x: torch.Tensor, width: int) -> torch.Tensor:
 def join(cache: Cache, columns: int, other: Cache, other_columns: int) -> int:
     """Append ``other``'s rows to ``cache`` (in place), both padded on the left; returns the joined column count."""
     total = max(columns, other_columns)
+    joined = []  # built in full before any layer changes, so a failure (out of memory) leaves ``cache`` intact
     for mine, theirs in zip(cache.layers, other.layers):
         width = _stored(mine, total)
-        mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)], dim=0)
-        mine.values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)], dim=0)
+        joined.append((torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)], dim=0),
+                       torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)], dim=0)))
+    for mine, (keys, values) in zip(cache.layers, joined):
+        mine.keys, mine.values = keys, values
         if isinstance(mine, DynamicSlidingWindowLayer):
             mine.cumulative_length = total
     return total

@@ -160,7 +160,8 @@ def _last_position_mlp(handle) -> Iterator[None]:
     def last_only(_m, args):
         return (args[0][:, -1:, :],) + tuple(args[1:])
 
-    remover = handle.arch.final_mlp.register_forward_pre_hook(last_only)
+    # tied to this thread: another thread's forward pass through the final block must see every position
+    remover = handle.arch.final_mlp.register_forward_pre_hook(thread_owned(last_only))
     try:
         yield
     finally:

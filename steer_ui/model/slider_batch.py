@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .analysis import NextTokenView, compare_logits, next_token, prefix_state
-from .hooks import Steer
+from .hooks import Steer, SteeringError
 
 
 @dataclass(eq=False)
@@ -51,6 +51,9 @@ class SliderBatcher:
         return compare_logits(self.handle, st.unsteered_logits[0], steered, top_k)
 
     def _steered_logits(self, prompt: str, steer: Steer) -> torch.Tensor:
+        push = float(steer.scalar_alpha) * steer.vector.float()
+        if not torch.isfinite(push).all():  # checked alone, so one user's overflow never fails a group
+            raise SteeringError("α × vector overflows the model's number range: use a smaller α")
         key = (prompt, steer.layer, steer.positions)
         with self._lock:
             group = self._open.get(key)
@@ -58,7 +61,7 @@ class SliderBatcher:
             if leader:
                 group = self._open[key] = _Group()
             row = len(group.rows)
-            group.rows.append(float(steer.scalar_alpha) * steer.vector.float())
+            group.rows.append(push)
         if not leader:
             group.done.wait()
         else:
@@ -77,5 +80,10 @@ class SliderBatcher:
             finally:
                 group.done.set()
         if group.error is not None:
-            raise group.error
+            if len(group.rows) == 1:
+                raise group.error
+            # whatever failed the shared pass, each member finds out alone whether it was theirs
+            st = prefix_state(self.handle, prompt, steer.layer)
+            alone = Steer(layer=steer.layer, vector=push.unsqueeze(0), positions=steer.positions)
+            return st.logits([alone], rows=1)[0]
         return group.logits[row]

@@ -19,7 +19,7 @@ import time
 
 from ..model.analysis import next_token
 from ..model.engine import Engine
-from ..model.generation import Request, Sampling
+from ..model.generation import Request, Sampling, max_positions
 from ..model.hooks import Steer
 from ..model.units import to_raw_alpha
 from ..vector import random_vector
@@ -112,7 +112,8 @@ def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: i
     log("bench: slider moves idle, then while 4 sessions generate")
     _slider_latencies(engine, handle, layer, 3)  # warm the prefix cache
     idle = _slider_latencies(engine, handle, layer, moves)
-    load = [(p, s, Sampling(max_new_tokens=4096, stop_at_eos=False)) for p, s, _ in specs[:4]]
+    longest = min(4096, (max_positions(handle) or 4096) - 128)  # as long as the positions allow (prompts < 128)
+    load = [(p, s, Sampling(max_new_tokens=longest, stop_at_eos=False)) for p, s, _ in specs[:4]]
     tickets = [engine.submit(Request.make(handle, *spec)) for spec in load]
     time.sleep(0.5)  # the four are decoding
     loaded = _slider_latencies(engine, handle, layer, moves)

@@ -9,7 +9,7 @@ import gradio as gr
 
 from ..service import RANDOM, Service
 from . import i18n
-from .common import EXPLORE, MODEL, T, as_gr_error, handler, sid
+from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
 from .explore_tab import DEFAULT_PROMPT, build_explore_tab
@@ -117,7 +117,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         gr.api(train_api, api_name="train", **MODEL)
         def load_api() -> dict:
             """How busy the shared decode batch is: generations running and waiting (counts only)."""
-            return backend.engine().load
+            return backend.engine_load()
 
         gr.api(methods_api, api_name="methods", queue=False)
         gr.api(load_api, api_name="load", queue=False)
@@ -200,7 +200,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             .then(page_view, None, page_outputs, api_name="page_model", api_visibility="undocumented") \
             .then(explore.next_token_fn, explore.steering_inputs,
                   [explore.bars, explore.delta, explore.readout, explore.details], api_name="page_next_token",
-                  api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
+                  api_visibility="undocumented", show_progress="hidden", **SLIDER) \
             .then(explore.generate_fn, explore.steering_inputs + explore.sampling_inputs, explore.gen_outputs,
                   api_name="page_generate", api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
             .then(explore.sweep_fn, explore.sweep_inputs, [explore.dose, explore.tokens], api_name="page_sweep",

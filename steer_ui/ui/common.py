@@ -21,7 +21,9 @@ MODEL = dict(concurrency_id="model", concurrency_limit=1)
 # Explore events (slider, generate, sweep) of many sessions run at once: generations join one decode batch
 # (steer_ui/model/engine.py) and the slider's passes run side by side, since hooks act only in their own
 # thread. The limit bounds the threads and memory they take; long jobs keep the "model" slot above.
-EXPLORE = dict(concurrency_id="explore", concurrency_limit=16)
+EXPLORE = dict(concurrency_id="explore", concurrency_limit=16)  # policy.batch_requests + waiting_generations
+# Slider moves get slots of their own, so sixteen long generations never hold up everyone's bars.
+SLIDER = dict(concurrency_id="slider", concurrency_limit=8)
 
 
 def T(key: str):

@@ -17,7 +17,7 @@ import gradio as gr
 from .. import plots
 from ..service import RANDOM, Service
 from . import i18n
-from .common import EXPLORE, AlphaSlider, T, handler, lang_of, msg, sid, table
+from .common import EXPLORE, SLIDER, AlphaSlider, T, handler, lang_of, msg, sid, table
 from .url_state import JS_COPY_URL, JS_SYNC_URL
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
@@ -246,7 +246,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     sweep_inputs = steering_inputs + [alpha_max, target]
 
     alpha.input(next_token, steering_inputs, nt_outputs, api_name="next_token", trigger_mode="always_last",
-                show_progress="hidden", **EXPLORE)
+                show_progress="hidden", **SLIDER)
     alpha.release(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_release",
                   api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **EXPLORE) \
         .then(mark_alpha, sweep_inputs, [dose], api_name="mark_alpha", api_visibility="undocumented",
@@ -254,22 +254,22 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     generate_btn.click(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate", **EXPLORE)
     sweep_btn.click(sweep, sweep_inputs, [dose, tokens], api_name="sweep", **EXPLORE)
     prompt.submit(next_token, steering_inputs, nt_outputs, api_name="next_token_on_submit",
-                  api_visibility="undocumented", **EXPLORE) \
+                  api_visibility="undocumented", **SLIDER) \
         .then(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_submit",
               api_visibility="undocumented", **EXPLORE)
     # layer: on release only (pick_vector moves it programmatically and refreshes by itself)
     layer.release(next_token, steering_inputs, nt_outputs, api_name="next_token_on_layer",
-                  api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **EXPLORE)
+                  api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **SLIDER)
     for control in (vector_seed, relative):
         control.input(next_token, steering_inputs, nt_outputs, api_name=f"next_token_on_{_name(control, tab)}",
-                      api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **EXPLORE)
+                      api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **SLIDER)
     for control in (alpha_max, extend):
         control.change(alpha_range, [alpha, alpha_max, extend], [alpha], api_name=f"alpha_range_{_name(control, tab)}",
                        api_visibility="undocumented", queue=False)
     vector.input(pick_vector, [prompt, vector, layer, vector_seed], [layer, alpha_max, relative], api_name="pick_vector",
                  api_visibility="undocumented", **EXPLORE) \
         .then(next_token, steering_inputs, nt_outputs, api_name="next_token_on_vector", api_visibility="undocumented",
-              show_progress="hidden", **EXPLORE)
+              show_progress="hidden", **SLIDER)
     layer.release(recalibrate, [prompt, vector, layer, vector_seed, relative, alpha_max], [alpha_max],
                   api_name="recalibrate", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
     # the page URL follows the controls (in the browser only), and "Copy link" copies it

@@ -183,3 +183,16 @@ def test_tsv_bound_sweep_from_the_train_form_and_a_bad_bound_keeps_the_session(b
         backend.train("s", "tsv", 1, settings={"epochs": 1, "bound_sweep": ["six"]})
     assert backend.vector_names("s") == names and name in names
     assert backend.dataset_summary("s")["rows"] > 100
+
+
+def test_one_session_cannot_take_every_place_in_the_decode_batch(backend):
+    long = backend.sampling(max_new_tokens=200)
+    first = backend.stream_generate("greedy", PROMPT, RANDOM, 1, 1.0, sampling=long)
+    second = backend.stream_generate("greedy", PROMPT, RANDOM, 1, 2.0, sampling=long)
+    next(first), next(second)
+    with pytest.raises(UserError, match="already has 2 generations running"):
+        next(backend.stream_generate("greedy", PROMPT, RANDOM, 1, 3.0, sampling=long))
+    other = backend.generate("someone else", PROMPT, RANDOM, 1, 1.0, sampling=backend.sampling(max_new_tokens=3))
+    assert other.done and other.steps == 3
+    first.close(), second.close()
+    assert next(backend.stream_generate("greedy", PROMPT, RANDOM, 1, 3.0, sampling=long)) is not None

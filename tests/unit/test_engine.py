@@ -1,4 +1,5 @@
 """The request batcher: concurrent requests decode together and each gets its solo result."""
+import math
 import threading
 import time
 
@@ -66,17 +67,19 @@ def test_eight_concurrent_requests_get_their_solo_results(tiny, family):
 
 def test_full_queue_says_busy_and_cancel_frees_the_place(tiny):
     handle = tiny("llama")
-    engine = Engine(handle, max_requests=1, max_waiting=1, gather_seconds=0)
-    long = Sampling(max_new_tokens=4000, stop_at_eos=False)
-    running = engine.submit(Request.make(handle, "first", [], long))
-    events = iter(running)
-    next(events)  # it is decoding
-    waiting = engine.submit(Request.make(handle, "second", [], long))
-    with pytest.raises(EngineBusy, match="1 generations running and 1 waiting"):
-        engine.submit(Request.make(handle, "third", [], long))
-    running.cancel()
-    waiting.cancel()
-    assert len(list(events)) < 4000  # the stream ends once its rows are dropped, long before its length
+    # an interactive pass held open slows the decode to one step per pause: the requests stay running
+    engine = Engine(handle, max_requests=1, max_waiting=1, gather_seconds=0, pause_seconds=0.2)
+    long = Sampling(max_new_tokens=240, stop_at_eos=False)
+    with engine.interactive():
+        running = engine.submit(Request.make(handle, "first", [], long))
+        events = iter(running)
+        next(events)  # it is decoding
+        waiting = engine.submit(Request.make(handle, "second", [], long))
+        with pytest.raises(EngineBusy, match="1 generations running and 1 waiting"):
+            engine.submit(Request.make(handle, "third", [], long))
+        running.cancel()
+        waiting.cancel()
+    assert len(list(events)) < 240  # the stream ends once its rows are dropped, long before its length
     deadline = time.monotonic() + 10
     while (engine.load["running"] or engine.load["waiting"]) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -87,11 +90,66 @@ def test_full_queue_says_busy_and_cancel_frees_the_place(tiny):
 
 def test_time_limit_stops_a_generation(tiny):
     handle = tiny("llama")
-    engine = Engine(handle, gather_seconds=0, timeout_seconds=0.3)
-    ticket = engine.submit(Request.make(handle, "slow", [], Sampling(max_new_tokens=4000, stop_at_eos=False)))
-    with pytest.raises(EngineTimeout):
-        for _ in ticket:
-            pass
+    engine = Engine(handle, gather_seconds=0, timeout_seconds=0.3, pause_seconds=0.05)
+    with engine.interactive():  # 240 steps at one per 0.05 s: far past the limit
+        ticket = engine.submit(Request.make(handle, "slow", [], Sampling(max_new_tokens=240, stop_at_eos=False)))
+        with pytest.raises(EngineTimeout):
+            for _ in ticket:
+                pass
+
+
+def test_a_request_longer_than_the_models_positions_is_refused_before_it_runs(tiny):
+    handle = tiny("gpt2")  # learned positions: 256
+    with pytest.raises(GenerationError, match="256 positions"):
+        Request.make(handle, "x" * 200, [], Sampling(max_new_tokens=100))
+
+
+def test_an_overflowing_push_is_refused_before_it_reaches_the_batch(tiny):
+    handle = tiny("llama")
+    huge = Steer(layer=1, vector=torch.full((handle.arch.hidden_size,), 1e33), alpha=1e6)
+    with pytest.raises(GenerationError, match="overflows"):
+        Request.make(handle, "hi", [huge])
+
+
+def test_the_engine_survives_a_failure_inside_a_step_and_serves_the_next_request(tiny, monkeypatch):
+    handle = tiny("llama")
+    engine = Engine(handle, gather_seconds=0)
+    from steer_ui.model import generation
+
+    real = generation.DecodeBatch.sample
+    calls = {"n": 0}
+
+    def failing_once(self):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise MemoryError("simulated: out of memory in the middle of a step")
+        return real(self)
+
+    monkeypatch.setattr(generation.DecodeBatch, "sample", failing_once)
+    victim = engine.submit(Request.make(handle, "first", [], Sampling(max_new_tokens=5)))
+    with pytest.raises(MemoryError):
+        list(victim)
+    after = engine.submit(Request.make(handle, "second", [], Sampling(max_new_tokens=4)))
+    assert len(list(after)) == 4  # the thread lived on with a fresh batch
+    assert engine.load == {"running": 0, "waiting": 0}
+
+
+def test_an_input_dependent_vector_that_overflows_fails_alone_not_its_batch(tiny):
+    handle = tiny("llama")
+    engine = Engine(handle, gather_seconds=0.2)
+    hidden = handle.arch.hidden_size
+
+    def overflowing(context):  # finite weights, infinite output on every row it sees (others' rows too)
+        return context[:, :1].expand(-1, hidden) * 1e38 * 1e38
+
+    bad = engine.submit(Request.make(handle, "bad", [Steer(layer=1, fn=overflowing, context_layer=0, alpha=1.0,
+                                                          positions="prompt")]))
+    good = engine.submit(Request.make(handle, "good", [], Sampling(max_new_tokens=4)))
+    with pytest.raises(Exception, match="NaN or inf"):
+        list(bad)
+    result = list(good)[-1].result
+    assert all(math.isfinite(t.logprob) for t in result.unsteered.tokens)
+    assert _ids(result.unsteered) == _ids(side_by_side(handle, "good", [], Sampling(max_new_tokens=4)).unsteered)
 
 
 def test_a_request_that_fails_at_prefill_fails_alone(tiny):
@@ -160,3 +218,28 @@ def test_concurrent_slider_moves_on_one_view_share_a_pass(tiny):
         assert got.max_abs_delta_logit == pytest.approx(want.max_abs_delta_logit, abs=1e-4)
         assert list(got.steered["token_id"]) == list(want.steered["token_id"])
         assert list(got.steered["prob"]) == pytest.approx(list(want.steered["prob"]), abs=1e-5)
+
+
+def test_an_overflowing_slider_move_fails_alone_in_its_group(tiny):
+    from steer_ui.model.hooks import SteeringError
+    from steer_ui.model.slider_batch import SliderBatcher
+
+    handle = tiny("llama")
+    batcher = SliderBatcher(handle, gather_seconds=0.2)
+    honest = [Steer(layer=1, vector=torch.ones(handle.arch.hidden_size), alpha=2.0)]
+    attack = [Steer(layer=1, vector=torch.full((handle.arch.hidden_size,), 1e33), alpha=1e6)]
+    got = {}
+
+    def move(name, steers):
+        try:
+            got[name] = batcher.next_token("the same view", steers).kl
+        except SteeringError as exc:
+            got[name] = exc
+
+    threads = [threading.Thread(target=move, args=a) for a in (("honest", honest), ("attack", attack))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(got["attack"], SteeringError)
+    assert got["honest"] == pytest.approx(batcher.next_token("the same view", honest).kl, abs=1e-6)
