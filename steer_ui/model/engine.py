@@ -134,6 +134,7 @@ class Engine:
         self.timeout_seconds = float(timeout_seconds)
         self.pause_seconds = max(0.0, float(pause_seconds))
         self._interactive = 0  # short interactive passes (slider moves) in flight; the decode waits for them
+        self._step_started = 0.0
         self.stats = EngineStats()
         self._waiting: deque[Ticket] = deque()
         self._running: dict[int, Ticket] = {}  # id(request) -> ticket
@@ -186,9 +187,9 @@ class Engine:
 
         On a few CPU cores a slider move and a decode step running at once
         would each take about twice as long; the move is what a user watches,
-        so the engine does not start a step while one is in flight (beyond
-        the step already under way), and waits at most ``pause_seconds`` per
-        step, so a stream of moves slows generation but never stops it.
+        so the engine gives way before each decoder block while one is in
+        flight, and at most ``pause_seconds`` per step, so a stream of moves
+        slows generation but never stops it.
         """
         with self._cv:
             self._interactive += 1
@@ -198,6 +199,20 @@ class Engine:
             with self._cv:
                 self._interactive -= 1
                 self._cv.notify_all()
+
+    def _give_way(self) -> None:
+        """Wait while interactive passes are in flight, at most ``pause_seconds`` per step in all.
+
+        Called between steps and before every decoder block of a step (the
+        batch's ``pause``), so a slider move waits for at most one block of
+        the step under way, not the whole step.
+        """
+        if not self._interactive:  # the usual case: no lock taken
+            return
+        left = self._step_started + self.pause_seconds - time.monotonic()
+        if left > 0:
+            with self._cv:
+                self._cv.wait_for(lambda: not self._interactive or self._closed, timeout=left)
 
     def _wake(self) -> None:
         with self._cv:
@@ -220,7 +235,7 @@ class Engine:
         return taken
 
     def _loop(self) -> None:
-        batch = DecodeBatch(self.handle)
+        batch = DecodeBatch(self.handle, pause=self._give_way)
         while True:
             with self._cv:
                 while not self._waiting and not len(batch) and not self._closed:
@@ -232,12 +247,12 @@ class Engine:
                 self._iteration(batch)
             except BaseException as exc:  # noqa: BLE001 - the thread must not die: everyone running is told
                 self._fail(exc)
-                batch = DecodeBatch(self.handle)
+                batch = DecodeBatch(self.handle, pause=self._give_way)
 
     def _iteration(self, batch: DecodeBatch) -> None:
         """Admit, sample, hand out events, retire, and run one decode step."""
-        with self._cv:  # let interactive passes in flight finish first (bounded)
-            self._cv.wait_for(lambda: not self._interactive or self._closed, timeout=self.pause_seconds)
+        self._step_started = time.monotonic()
+        self._give_way()  # let interactive passes in flight finish first (bounded)
         if not len(batch) and self.gather_seconds:
             time.sleep(self.gather_seconds)  # an idle engine waits a moment, so a burst shares one prefill
         new = self._take(batch)

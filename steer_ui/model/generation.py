@@ -39,7 +39,7 @@ import torch
 from . import kv_rows
 from .architecture import argmax_last, topk_last
 from .capture import left_pad, recording
-from .hooks import HeadSteer, Steer, StepState, input_vector, steering, validate
+from .hooks import HeadSteer, Steer, StepState, between_blocks, input_vector, steering, validate
 
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
 
@@ -395,8 +395,10 @@ class DecodeBatch:
     steering hooks it installs act in that thread only.
     """
 
-    def __init__(self, handle):
+    def __init__(self, handle, pause=None):
+        """``pause``: called before each decoder block of this batch's passes (where a step may give way)."""
         self.handle = handle
+        self.pause = pause
         self.requests: list[Request] = []
         self.cache = None
         self.columns = 0  # KV columns every row has consumed (real tokens at the right, padding at the left)
@@ -443,7 +445,7 @@ class DecodeBatch:
         state = StepState(prompt_len=length, offset=0)
         with torch.inference_mode(), \
                 recording(handle, [self._final_block], "resid", reduce=lambda h: h[:, -1, :]) as final, \
-                steering(handle, pre_steers, state):
+                steering(handle, pre_steers, state), between_blocks(handle, self.pause):
             padded = bool((attention == 0).any())
             out = handle.model.base_model(input_ids=ids.to(device),
                                           attention_mask=attention.to(device) if padded else None,
@@ -606,7 +608,7 @@ class DecodeBatch:
         state = StepState(prompt_len=0, offset=self.columns)  # every position from here on is a generated one
         with torch.inference_mode(), \
                 recording(handle, [self._final_block], "resid", reduce=lambda h: h[:, -1, :]) as final, \
-                steering(handle, self._steers, state):
+                steering(handle, self._steers, state), between_blocks(handle, self.pause):
             # the mask only where some column is padding: without one, the model takes its plain causal path
             # (no per-step mask building), as a request alone does
             out = handle.model.base_model(input_ids=self.next_ids, attention_mask=self.mask if self._padded else None,

@@ -377,6 +377,25 @@ def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = Non
         hooks.remove_all()
 
 
+@contextmanager
+def between_blocks(handle, pause: Callable[[], None] | None) -> Iterator[None]:
+    """Call ``pause()`` before each decoder block of the passes this thread runs inside the block.
+
+    The decode engine uses it to give way to a slider move in the middle of
+    a step, at block granularity, rather than only between steps.
+    """
+    if pause is None:
+        yield
+        return
+    hooks = Installed()
+    try:
+        for block in handle.arch.layers:
+            hooks.before(block, lambda _module, _args: pause())
+        yield
+    finally:
+        hooks.remove_all()
+
+
 def hook_count(handle) -> int:
     """How many of our hooks are installed anywhere in the model (0 outside :func:`steering`).
 

@@ -243,3 +243,19 @@ def test_an_overflowing_slider_move_fails_alone_in_its_group(tiny):
         t.join(30)
     assert isinstance(got["attack"], SteeringError)
     assert got["honest"] == pytest.approx(batcher.next_token("the same view", honest).kl, abs=1e-6)
+
+
+def test_the_decode_gives_way_to_a_slider_move_within_a_step(tiny):
+    handle = tiny("llama")
+    engine = Engine(handle, gather_seconds=0, pause_seconds=5.0)
+    ticket = engine.submit(Request.make(handle, "busy", [], Sampling(max_new_tokens=240, stop_at_eos=False)))
+    events = iter(ticket)
+    next(events)
+    with engine.interactive():
+        time.sleep(0.05)  # the step under way reaches its next block and waits there
+        before = engine.stats.steps
+        time.sleep(0.5)
+        assert engine.stats.steps == before  # no step completes while a move is in flight
+    time.sleep(0.3)
+    assert engine.stats.steps > before  # and decoding resumes right after
+    ticket.cancel()
