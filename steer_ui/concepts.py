@@ -253,9 +253,11 @@ def sample_many(handle, prompt: str, n: int = 100, seed: int = 0, temperature: f
                 top_p: float = 1.0, repetition_penalty: float = 1.0, show: int = 20) -> pd.DataFrame:
     """Draw the next token ``n`` times with the app's sampler; empirical frequency next to the probability.
 
-    Each draw uses ``generation.choose`` with one uniform from a generator
-    seeded with ``seed`` (as ``generate`` does per step), so a seed gives the
-    same counts every time.  Rows: every token drawn at least once plus the
+    Draws come from the same distribution as ``generate``'s sampler
+    (softmax of the processed logits) by inverse CDF, one uniform per draw
+    from a generator seeded with ``seed``, so a seed gives the same counts
+    every time and 100,000 draws stay cheap (``generate`` itself uses
+    Gumbel-max, which needs a noise value per token).  Rows: every token drawn at least once plus the
     ``show`` most likely ones.  ``frame.attrs`` has ``n``, ``seed`` and the
     total variation distance between frequencies and probabilities over all
     tokens.
@@ -269,10 +271,14 @@ def sample_many(handle, prompt: str, n: int = 100, seed: int = 0, temperature: f
     s, processed = view.sampling, view.processed
     rng = torch.Generator().manual_seed(int(seed))
     counts = torch.zeros(processed.shape[-1], dtype=torch.long)
-    for _ in range(n):
-        uniform = float(torch.rand((), generator=rng)) if s.temperature > 0 else None
-        counts[int(choose(processed, s, uniform)[0])] += 1
     probs = processed.softmax(-1)[0]
+    if s.temperature == 0:
+        counts[int(choose(processed, s, None)[0])] += n
+    else:
+        cdf = probs.double().cumsum(-1)
+        uniforms = torch.rand(n, generator=rng, dtype=torch.float64) * cdf[-1]
+        drawn_ids = torch.searchsorted(cdf, uniforms).clamp_max(probs.numel() - 1)
+        counts += torch.bincount(drawn_ids, minlength=probs.numel())
     drawn = torch.nonzero(counts).flatten().tolist()
     likely = torch.topk(probs, min(int(show), probs.numel())).indices.tolist()
     ids = list(dict.fromkeys(likely + drawn))

@@ -15,9 +15,9 @@ outputs along the residual stream to the logits, with the later blocks'
 reaction removed.  At the last block nothing reacts, so there it equals the
 actual Δlogit.
 
-A request's rows draw from the request's own random stream (one uniform
-number per step, shared by its two sampled rows), so with α = 0 the two sides
-are token-for-token identical, greedy or sampled.
+A request's rows draw from the request's own random stream (one Gumbel
+noise vector per step, shared by its two sampled rows), so with α = 0 the two
+sides are token-for-token identical, greedy or sampled.
 
 Many requests share a batch (continuous batching, :mod:`.engine` schedules
 them): their prompts are left-padded, with an attention mask and position
@@ -176,15 +176,26 @@ def process_logits(logits: torch.Tensor, history: torch.Tensor | None, s: Sampli
     return logits
 
 
-def choose(processed: torch.Tensor, s: Sampling, uniform: float | None) -> torch.Tensor:
-    """Greedy argmax, or inverse-CDF sampling with one shared uniform so equal rows pick equal tokens."""
+def gumbel_noise(rng: torch.Generator, vocab: int, device) -> torch.Tensor:
+    """(vocab,) Gumbel noise from ``rng``: one draw of the sampler for one step of one request."""
+    u = torch.rand(vocab, generator=rng, dtype=torch.float64).clamp_(min=1e-300)
+    return (-torch.log(-torch.log(u))).to(device)
+
+
+def choose(processed: torch.Tensor, s: Sampling, noise: torch.Tensor | None) -> torch.Tensor:
+    """Greedy argmax, or a sample: the argmax of the processed logits plus Gumbel ``noise`` (shared by the rows).
+
+    Gumbel-max draws from softmax(processed) exactly.  Unlike inverse-CDF
+    sampling it is all but immune to float noise: a token changes only if
+    the two best perturbed scores lie within the noise of each other, while
+    an inverse CDF over a 262k vocabulary moves a boundary past the uniform
+    whenever the draw lands in the tail, where boundaries are ~1e-6 apart.
+    So a request gets the same sampled tokens alone and in a batch.  Rows
+    given the same noise and equal logits pick the same token (α = 0).
+    """
     if s.temperature == 0:
         return argmax_last(processed)
-    probs = processed.softmax(-1)
-    cdf = probs.cumsum(-1)
-    u = torch.full((probs.shape[0], 1), float(uniform), dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, u).squeeze(1)
-    return idx.clamp_max(probs.shape[-1] - 1)
+    return argmax_last(processed.double() + noise.to(processed.device))
 
 
 def _steered_addition(steers: Sequence, state: StepState, seq_len: int) -> torch.Tensor | None:
@@ -528,9 +539,9 @@ class DecodeBatch:
         logits = arch.logits(self.hidden.index_select(0, sampled))  # (2n, vocab)
         picked = []
         for i, r in enumerate(self.requests):
-            uniform = float(torch.rand((), generator=r.rng)) if r.sampling.temperature > 0 else None
+            noise = gumbel_noise(r.rng, logits.shape[-1], device) if r.sampling.temperature > 0 else None
             processed = process_logits(logits[2 * i:2 * i + 2], r.history, r.sampling)
-            picked.append(choose(processed, r.sampling, uniform))
+            picked.append(choose(processed, r.sampling, noise))
         picked = torch.cat(picked)  # (2n,): unsteered, steered, unsteered, steered, ...
         steered_ids = picked[STEERED::2]
         counterfactual = arch.logits_at(self.hidden[COUNTERFACTUAL::3], steered_ids)
