@@ -164,11 +164,14 @@ def test_concurrent_sessions_get_exactly_their_own_results(app):
 
     with ThreadPoolExecutor(max_workers=len(alphas)) as pool:
         results = list(pool.map(run, alphas * 2))
+    def view(numbers, alpha):  # at α = 0 every Δlogit is float noise, so which tokens rank top is arbitrary
+        return {k: v for k, v in numbers.items() if alpha or k not in ("promoted", "suppressed", "max_delta_token")}
+
     for alpha, numbers, gen in results:
-        assert same(numbers, alone[alpha][0]) is None
+        assert same(view(numbers, alpha), view(alone[alpha][0], alpha)) is None
         assert gen["steered"]["text"] == alone[alpha][1]["steered"]["text"]
         assert same(gen["steered"]["tokens"], alone[alpha][1]["steered"]["tokens"]) is None
-    assert len({r[1]["kl"] for r in results}) == len(alphas)
+    assert len({round(r[1]["kl"], 4) for r in results}) == len(alphas)  # each α its own view
 
 
 @pytest.mark.integration

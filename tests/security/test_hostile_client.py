@@ -56,8 +56,9 @@ def honest_view(c: Client) -> tuple:
     """The honest session's results: next-token numbers and a greedy side-by-side generation."""
     *_, numbers = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, api_name="/next_token")
     *_, result = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0, api_name="/generate")
+    # probabilities of the generated tokens: #17's bar is probabilities within float noise
     return (numbers, result["unsteered"]["text"], result["steered"]["text"],
-            [t["logprob"] for t in result["steered"]["tokens"]])
+            [math.exp(t["logprob"]) for t in result["steered"]["tokens"]])
 
 
 @pytest.fixture(scope="module")
