@@ -477,8 +477,8 @@ class DecodeBatch:
         positions = position[:, -1].to(device).index_select(0, gather) + 1
         for i, r in enumerate(requests):
             vectors = {}
-            for pre, vec in state.input_vectors.items():
-                if pre in {id(p) for p in pre_steers} and owner[pre][0] is r:
+            for pre, vec in state.input_vectors.items():  # keyed by id(prefill steer), as ``owner`` is
+                if owner[pre][0] is r:
                     vectors[id(owner[pre][1])] = vec.index_select(0, gather[3 * i:3 * i + 3].to(vec.device))
             r._after_prefill(vectors, device)
         self._join(requests, cache, length, mask, positions, hidden, final_residual)
