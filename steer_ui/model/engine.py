@@ -126,15 +126,20 @@ class Engine:
     """Continuous batching of side-by-side generations on one model (see the module docstring)."""
 
     def __init__(self, handle, max_requests: int = 8, max_waiting: int = 32, gather_seconds: float = 0.005,
-                 timeout_seconds: float = 300.0, pause_seconds: float = 0.25):
+                 timeout_seconds: float = 300.0, pause_seconds: float = 0.25, turn_seconds: float = 0.005):
         self.handle = handle
         self.max_requests = max(1, int(max_requests))
         self.max_waiting = max(0, int(max_waiting))
         self.gather_seconds = max(0.0, float(gather_seconds))
         self.timeout_seconds = float(timeout_seconds)
         self.pause_seconds = max(0.0, float(pause_seconds))
-        self._interactive = 0  # short interactive passes (slider moves) in flight; the decode waits for them
-        self._step_started = 0.0
+        self.turn_seconds = max(0.0, float(turn_seconds))
+        # Turn-taking between the decode and interactive passes (slider moves); see `interactive`.
+        self._moves = 0  # interactive passes running
+        self._moves_waiting = 0  # interactive passes waiting for the decode's turn to end
+        self._decoding = False  # the engine thread holds the turn (it is computing)
+        self._decode_wants = False  # the engine waits for the passes in flight; new ones wait for it
+        self._turn_started = 0.0
         self.stats = EngineStats()
         self._waiting: deque[Ticket] = deque()
         self._running: dict[int, Ticket] = {}  # id(request) -> ticket
@@ -183,36 +188,65 @@ class Engine:
 
     @contextmanager
     def interactive(self):
-        """Run a short interactive pass (a slider move) while the decode pauses between steps.
+        """Run a short interactive pass (a slider move) in turn with the decode.
 
         On a few CPU cores a slider move and a decode step running at once
-        would each take about twice as long; the move is what a user watches,
-        so the engine gives way before each decoder block while one is in
-        flight, and at most ``pause_seconds`` per step, so a stream of moves
-        slows generation but never stops it.
+        each take about twice as long, and the move is what a user watches.
+        So the two take turns at decoder-block granularity: a move waits for
+        the decode's turn to end (at most ``turn_seconds`` plus one block, or
+        the final norm and unembedding), then runs with the machine to itself;
+        the decode waits for the moves in flight to end (at most
+        ``pause_seconds`` per turn, after which it runs beside them) and then
+        holds a turn of ``turn_seconds`` during which new moves wait.  A user
+        dragging a slider non-stop therefore slows generation to about
+        ``turn_seconds`` per move but never stops it, and moves never share
+        the cores with a decode block (unless one outlasts ``pause_seconds``).
         """
         with self._cv:
-            self._interactive += 1
+            self._moves_waiting += 1
+            try:
+                self._cv.wait_for(lambda: self._closed or not (self._decoding or self._decode_wants))
+            finally:
+                self._moves_waiting -= 1
+            self._moves += 1
         try:
             yield
         finally:
             with self._cv:
-                self._interactive -= 1
+                self._moves -= 1
                 self._cv.notify_all()
 
     def _give_way(self) -> None:
-        """Wait while interactive passes are in flight, at most ``pause_seconds`` per step in all.
+        """Called by the engine thread before each decoder block, the final norm, and each step.
 
-        Called between steps and before every decoder block of a step (the
-        batch's ``pause``), so a slider move waits for at most one block of
-        the step under way, not the whole step.
+        Keeps the turn while no move wants it, or for ``turn_seconds``;
+        otherwise hands it to the moves (see :meth:`interactive`) and takes it
+        back when they end.
         """
-        if not self._interactive:  # the usual case: no lock taken
-            return
-        left = self._step_started + self.pause_seconds - time.monotonic()
-        if left > 0:
-            with self._cv:
-                self._cv.wait_for(lambda: not self._interactive or self._closed, timeout=left)
+        if self._decoding and not (self._moves or self._moves_waiting):
+            return  # the usual case: no lock taken (a move arriving now waits for the next boundary)
+        with self._cv:
+            if self._decoding and (not (self._moves or self._moves_waiting)
+                                   or time.monotonic() - self._turn_started < self.turn_seconds):
+                return
+            self._decoding = False
+            self._cv.notify_all()
+            deadline = time.monotonic() + self.pause_seconds
+            # the moves waiting now start; those that come later wait for the decode's next turn
+            self._cv.wait_for(lambda: not self._moves_waiting or self._closed, timeout=self.pause_seconds)
+            self._decode_wants = True
+            self._cv.wait_for(lambda: not self._moves or self._closed,
+                              timeout=max(0.0, deadline - time.monotonic()))
+            self._decode_wants = False
+            self._decoding = True
+            self._turn_started = time.monotonic()
+            self._cv.notify_all()  # moves that arrived meanwhile re-check: they wait for this turn
+
+    def _release_turn(self) -> None:
+        """The engine thread stops computing (idle or sleeping): moves need not wait for it."""
+        with self._cv:
+            self._decoding = False
+            self._cv.notify_all()
 
     def _wake(self) -> None:
         with self._cv:
@@ -238,10 +272,15 @@ class Engine:
         batch = DecodeBatch(self.handle, pause=self._give_way)
         while True:
             with self._cv:
+                if not self._waiting and not len(batch) and not self._closed:
+                    self._decoding = False  # idle: slider moves need not wait for a turn
+                    self._cv.notify_all()
                 while not self._waiting and not len(batch) and not self._closed:
                     self._cv.wait()
                 if self._closed and not self._waiting and not len(batch):
                     self._thread = None
+                    self._decoding = False
+                    self._cv.notify_all()
                     return
             try:
                 self._iteration(batch)
@@ -251,10 +290,10 @@ class Engine:
 
     def _iteration(self, batch: DecodeBatch) -> None:
         """Admit, sample, hand out events, retire, and run one decode step."""
-        self._step_started = time.monotonic()
-        self._give_way()  # let interactive passes in flight finish first (bounded)
         if not len(batch) and self.gather_seconds:
+            self._release_turn()
             time.sleep(self.gather_seconds)  # an idle engine waits a moment, so a burst shares one prefill
+        self._give_way()  # take the turn (moves in flight finish first, bounded)
         new = self._take(batch)
         if new:
             self._admit(batch, new)

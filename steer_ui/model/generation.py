@@ -407,9 +407,11 @@ class DecodeBatch:
     """
 
     def __init__(self, handle, pause=None):
-        """``pause``: called before each decoder block of this batch's passes (where a step may give way)."""
+        """``pause``: called before each decoder block of this batch's passes, and between the
+        stages of :meth:`sample` (the points where a step may give way to a slider move)."""
         self.handle = handle
         self.pause = pause
+        self._between = pause or (lambda: None)
         self.requests: list[Request] = []
         self.cache = None
         self.columns = 0  # KV columns every row has consumed (real tokens at the right, padding at the left)
@@ -536,12 +538,14 @@ class DecodeBatch:
         n = len(self.requests)
         device = self.hidden.device
         sampled = torch.tensor([3 * i + row for i in range(n) for row in (UNSTEERED, STEERED)], device=device)
-        logits = arch.logits(self.hidden.index_select(0, sampled))  # (2n, vocab)
+        logits = arch.logits(self.hidden.index_select(0, sampled), pause=self.pause)  # (2n, vocab)
         picked = []
         for i, r in enumerate(self.requests):
+            self._between()  # each request's sampling is a few passes over the vocabulary
             noise = gumbel_noise(r.rng, logits.shape[-1], device) if r.sampling.temperature > 0 else None
             processed = process_logits(logits[2 * i:2 * i + 2], r.history, r.sampling)
             picked.append(choose(processed, r.sampling, noise))
+        self._between()
         picked = torch.cat(picked)  # (2n,): unsteered, steered, unsteered, steered, ...
         steered_ids = picked[STEERED::2]
         counterfactual = arch.logits_at(self.hidden[COUNTERFACTUAL::3], steered_ids)
@@ -555,6 +559,7 @@ class DecodeBatch:
             floats.append(direct_delta_logit(arch, self.final[COUNTERFACTUAL::3].index_select(0, idx.to(self.final.device)),
                                              adds, steered_ids.index_select(0, idx), counterfactual.index_select(0, idx)))
         k = min(max(int(r.sampling.alternatives) for r in self.requests), arch.vocab_size)
+        self._between()
         if k:
             top_values, top_indices = topk_last(logits, k)
             floats.append((top_values - lse.unsqueeze(1)).exp().reshape(-1))

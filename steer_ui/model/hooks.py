@@ -379,10 +379,12 @@ def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = Non
 
 @contextmanager
 def between_blocks(handle, pause: Callable[[], None] | None) -> Iterator[None]:
-    """Call ``pause()`` before each decoder block of the passes this thread runs inside the block.
+    """Call ``pause()`` before each decoder block, and before the final norm, of this thread's passes.
 
     The decode engine uses it to give way to a slider move in the middle of
-    a step, at block granularity, rather than only between steps.
+    a step, at block granularity, rather than only between steps; the final
+    norm's pause splits the unembedding (a large product on a big
+    vocabulary) from the last block.
     """
     if pause is None:
         yield
@@ -391,6 +393,8 @@ def between_blocks(handle, pause: Callable[[], None] | None) -> Iterator[None]:
     try:
         for block in handle.arch.layers:
             hooks.before(block, lambda _module, _args: pause())
+        if handle.arch.final_norm is not None:
+            hooks.before(handle.arch.final_norm, lambda _module, _args: pause())
         yield
     finally:
         hooks.remove_all()

@@ -259,3 +259,53 @@ def test_the_decode_gives_way_to_a_slider_move_within_a_step(tiny):
     time.sleep(0.3)
     assert engine.stats.steps > before  # and decoding resumes right after
     ticket.cancel()
+
+
+def test_slider_moves_and_decode_blocks_take_turns_and_the_decode_still_progresses(tiny):
+    # Back-to-back moves (no pause between them, the hardest case): no decoder block of the
+    # engine starts while a move is in flight, and the decode is not starved.
+    handle = tiny("llama")
+    engine = Engine(handle, gather_seconds=0, pause_seconds=30.0, turn_seconds=0.002)
+    in_move = threading.Event()
+    overlaps, blocks = [], []
+
+    in_block = threading.Event()
+
+    def enter(_module, _args):  # plain hooks: they see every thread's passes
+        if threading.current_thread().name == "steer_ui-engine":
+            in_block.set()
+            blocks.append(1)
+            if in_move.is_set():
+                overlaps.append("a block started during a move")
+
+    def leave(_module, _args, _out):
+        if threading.current_thread().name == "steer_ui-engine":
+            in_block.clear()
+
+    # a block's computing starts at its first norm, after its pre-hooks (where the engine gives way)
+    removers = [block.input_layernorm.register_forward_pre_hook(enter) for block in handle.arch.layers]
+    removers += [block.register_forward_hook(leave) for block in handle.arch.layers]
+    ticket = engine.submit(Request.make(handle, "busy", [], Sampling(max_new_tokens=240, stop_at_eos=False)))
+    try:
+        events = iter(ticket)
+        next(events)
+        ids = handle.tokenizer("a slider move", return_tensors="pt").input_ids
+        steps_before = engine.stats.steps
+        moves = 0
+        while moves < 200 and not ticket.request.done:
+            with engine.interactive():
+                if in_block.is_set():
+                    overlaps.append("a move started during a block")
+                in_move.set()
+                with torch.inference_mode():
+                    handle.model(ids)
+                in_move.clear()
+            moves += 1
+        steps_during = engine.stats.steps - steps_before
+    finally:
+        ticket.cancel()
+        for r in removers:
+            r.remove()
+    assert moves > 10 and blocks
+    assert overlaps == []  # a move never shared the machine with a decoder block
+    assert steps_during >= 2  # the decode kept its turns between the moves
