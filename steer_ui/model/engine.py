@@ -126,7 +126,8 @@ class Engine:
     """Continuous batching of side-by-side generations on one model (see the module docstring)."""
 
     def __init__(self, handle, max_requests: int = 8, max_waiting: int = 32, gather_seconds: float = 0.005,
-                 timeout_seconds: float = 300.0, pause_seconds: float = 0.25, turn_seconds: float = 0.005):
+                 timeout_seconds: float = 300.0, pause_seconds: float = 0.25, turn_seconds: float = 0.005,
+                 turn_share: float = 0.5):
         self.handle = handle
         self.max_requests = max(1, int(max_requests))
         self.max_waiting = max(0, int(max_waiting))
@@ -134,6 +135,8 @@ class Engine:
         self.timeout_seconds = float(timeout_seconds)
         self.pause_seconds = max(0.0, float(pause_seconds))
         self.turn_seconds = max(0.0, float(turn_seconds))
+        self.turn_share = max(0.0, float(turn_share))
+        self._move_seconds = 0.0  # running mean of an interactive pass's duration
         # Turn-taking between the decode and interactive passes (slider moves); see `interactive`.
         self._moves = 0  # interactive passes running
         self._moves_waiting = 0  # interactive passes waiting for the decode's turn to end
@@ -192,15 +195,19 @@ class Engine:
 
         On a few CPU cores a slider move and a decode step running at once
         each take about twice as long, and the move is what a user watches.
-        So the two take turns at decoder-block granularity: a move waits for
-        the decode's turn to end (at most ``turn_seconds`` plus one block, or
-        the final norm and unembedding), then runs with the machine to itself;
-        the decode waits for the moves in flight to end (at most
-        ``pause_seconds`` per turn, after which it runs beside them) and then
-        holds a turn of ``turn_seconds`` during which new moves wait.  A user
-        dragging a slider non-stop therefore slows generation to about
-        ``turn_seconds`` per move but never stops it, and moves never share
-        the cores with a decode block (unless one outlasts ``pause_seconds``).
+        So the two take turns at decoder-block granularity:
+
+        * a move waits for the decode's turn to end, then runs with the
+          machine to itself;
+        * the decode, at its next block boundary, waits for the moves in
+          flight to end (at most ``pause_seconds``, after which it runs beside
+          them), then holds a turn during which new moves wait.  The turn lasts
+          ``turn_share`` of a move's mean duration, at least ``turn_seconds``,
+          plus the block (or slice of the unembedding) under way.
+
+        With a share of 0.5 a move waits at most about half a move and one
+        block, and a user dragging a slider non-stop leaves the decode about a
+        third of the machine: generation slows but never stops.
         """
         with self._cv:
             self._moves_waiting += 1
@@ -209,11 +216,13 @@ class Engine:
             finally:
                 self._moves_waiting -= 1
             self._moves += 1
+        start = time.monotonic()
         try:
             yield
         finally:
             with self._cv:
                 self._moves -= 1
+                self._move_seconds += 0.2 * (time.monotonic() - start - self._move_seconds)
                 self._cv.notify_all()
 
     def _give_way(self) -> None:
@@ -226,8 +235,9 @@ class Engine:
         if self._decoding and not (self._moves or self._moves_waiting):
             return  # the usual case: no lock taken (a move arriving now waits for the next boundary)
         with self._cv:
+            turn = max(self.turn_seconds, self.turn_share * self._move_seconds)
             if self._decoding and (not (self._moves or self._moves_waiting)
-                                   or time.monotonic() - self._turn_started < self.turn_seconds):
+                                   or time.monotonic() - self._turn_started < turn):
                 return
             self._decoding = False
             self._cv.notify_all()

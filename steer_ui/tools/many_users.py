@@ -97,6 +97,33 @@ def _slider_latencies(engine, handle, layer: int, moves: int) -> list[float]:
     return out
 
 
+def bench_slider_under_load(engine: Engine, handle, layer: int, specs, moves: int, log) -> dict:
+    """Slider moves sent back to back, idle and then while 4 of ``specs`` generate, and the decode's pace meanwhile."""
+    log("bench: slider moves idle, then while 4 sessions generate")
+    _slider_latencies(engine, handle, layer, 3)  # warm the prefix cache
+    idle = _slider_latencies(engine, handle, layer, moves)
+    longest = min(4096, (max_positions(handle) or 4096) - 128)  # as long as the positions allow (prompts < 128)
+    load = [(p, s, Sampling(max_new_tokens=longest, stop_at_eos=False)) for p, s, _ in specs[:4]]
+    tickets = [engine.submit(Request.make(handle, *spec)) for spec in load]
+    time.sleep(0.5)  # the four are decoding
+    steps_before, start = engine.stats.steps, time.perf_counter()
+    loaded = _slider_latencies(engine, handle, layer, moves)
+    during = (engine.stats.steps - steps_before) / (time.perf_counter() - start)
+    steps_before, start = engine.stats.steps, time.perf_counter()
+    time.sleep(1.0)
+    after = (engine.stats.steps - steps_before) / (time.perf_counter() - start)
+    for t in tickets:
+        t.cancel()
+    return {
+        "slider_p50_idle_ms": ms(median(idle)), "slider_p95_idle_ms": ms(percentile(idle, 0.95)),
+        "slider_p50_under_load_ms": ms(median(loaded)), "slider_p95_under_load_ms": ms(percentile(loaded, 0.95)),
+        "slider_p95_load_over_idle_p50": ratio(percentile(loaded, 0.95), median(idle)),
+        # what the turn-taking costs the four generations while the moves come back to back
+        "decode_steps_per_s_during_moves": round(during, 2),
+        "decode_steps_per_s_after_moves": round(after, 2),
+    }
+
+
 def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: int = 20) -> dict:
     engine = Engine(handle, max_requests=8)
     specs = _requests(handle, layer, n_tokens)
@@ -109,19 +136,7 @@ def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: i
         seq.append(t_seq)
         conc.append(t_conc)
         exact.append(sum(_equal(a, b) for a, b in zip(together, solo)))
-    log("bench: slider moves idle, then while 4 sessions generate")
-    _slider_latencies(engine, handle, layer, 3)  # warm the prefix cache
-    idle = _slider_latencies(engine, handle, layer, moves)
-    longest = min(4096, (max_positions(handle) or 4096) - 128)  # as long as the positions allow (prompts < 128)
-    load = [(p, s, Sampling(max_new_tokens=longest, stop_at_eos=False)) for p, s, _ in specs[:4]]
-    tickets = [engine.submit(Request.make(handle, *spec)) for spec in load]
-    time.sleep(0.5)  # the four are decoding
-    loaded = _slider_latencies(engine, handle, layer, moves)
-    steps_before = engine.stats.steps
-    time.sleep(1.0)
-    steps_per_s_loaded = engine.stats.steps - steps_before
-    for t in tickets:
-        t.cancel()
+    slider = bench_slider_under_load(engine, handle, layer, specs, moves, log)
     engine.close(wait=60)  # the thread ends once the cancelled rows are dropped
     return {
         "requests": 8, "new_tokens": n_tokens, "prompts": len(PROMPTS), "vectors": 2, "reps": reps,
@@ -129,9 +144,37 @@ def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: i
         "sequential_ms_all": [ms(x) for x in seq], "concurrent_ms_all": [ms(x) for x in conc],
         "many_users_speedup": ratio(median(seq), median(conc)),
         "many_users_exact": min(exact), "exact_per_rep": exact,
-        "slider_p50_idle_ms": ms(median(idle)), "slider_p95_idle_ms": ms(percentile(idle, 0.95)),
-        "slider_p50_under_load_ms": ms(median(loaded)), "slider_p95_under_load_ms": ms(percentile(loaded, 0.95)),
-        "slider_p95_load_over_idle_p50": ratio(percentile(loaded, 0.95), median(idle)),
-        "decode_steps_per_s_while_idle_slider": steps_per_s_loaded,
+        **slider,
         "engine": {"peak_requests": engine.stats.peak_requests, "mean_rows_per_step": engine.stats.rows_per_step},
     }
+
+
+def main(argv=None) -> None:
+    """``python -m steer_ui.tools.many_users --slider-only --reps 3``: this section alone, one JSON line per repetition."""
+    import argparse
+    import json
+
+    from ..model.loading import EMBEDDED, load_model
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=EMBEDDED)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--slider-only", action="store_true", help="only the slider under load")
+    args = parser.parse_args(argv)
+    handle = load_model(args.model)
+    layer = handle.arch.num_layers // 2
+    for _ in range(args.reps):
+        if args.slider_only:
+            engine = Engine(handle, max_requests=8)
+            specs = _requests(handle, layer, 32)
+            # as in the full section, the engine has decoded these row counts before the timed moves
+            _concurrent(engine, handle, [(p, s, Sampling(max_new_tokens=4, stop_at_eos=False)) for p, s, _ in specs[:4]])
+            out = bench_slider_under_load(engine, handle, layer, specs, 20, lambda _m: None)
+            engine.close(wait=60)
+        else:
+            out = bench_many_users(handle, layer, 32, 3, lambda _m: None)
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
