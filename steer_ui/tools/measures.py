@@ -26,7 +26,7 @@ from ..data import load_dataset
 from ..data.activations import extract
 from ..model.analysis import AlphaGrid, compare_logits, naive_logits, next_token, prefix_state, sweep
 from ..model.prefix import for_prompt
-from ..model.generation import Sampling, encode_prompt, stream_side_by_side
+from ..model.generation import DecodeBatch, Sampling, encode_prompt, stream_side_by_side
 from ..model.hooks import Steer, steering
 from ..model.loading import from_model
 from ..model.units import relative_scale, to_raw_alpha
@@ -117,20 +117,24 @@ def _hf_generate(handle, ids: torch.Tensor, n: int, steer=None) -> tuple[float, 
     return seconds, out[0, ids.shape[1]:].tolist()
 
 
-def _ours(handle, prompt: str, steers, n: int) -> tuple[float, list[float], object]:
-    """(total seconds, per-step seconds for steps 1.., result) of one side-by-side decode."""
+def _ours(handle, prompt: str, steers, n: int, decode: str | None = None) -> tuple[float, list[float], object, dict]:
+    """(total seconds, per-step seconds for steps 1.., result, decode path) of one side-by-side decode.
+
+    ``decode``: the decode path setting (``auto``/``static``/``dynamic``; default ``STEER_UI_DECODE`` or auto).
+    """
     sampling = Sampling(max_new_tokens=n, temperature=0.0, stop_at_eos=False)
     device = handle.input_device
+    batch = DecodeBatch(handle, decode=decode)
     stamps = []
     result = None
     sync(device)
     start = time.perf_counter()
-    for event in stream_side_by_side(handle, prompt, steers, sampling):
+    for event in stream_side_by_side(handle, prompt, steers, sampling, batch=batch):
         sync(device)
         stamps.append(time.perf_counter())
         result = event.result
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return stamps[-1] - start, steps, result
+    return stamps[-1] - start, steps, result, batch.decode_path
 
 
 def _read_seconds(handle) -> float:
@@ -169,7 +173,7 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
         hf_pairs.append((t_unsteered, t_steered))
         hf_tokens = (unsteered_tokens, steered_tokens)
         reads.append(_read_seconds(handle))
-        total, steps, ours_result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
+        total, steps, ours_result, decode_path = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
         reads.append(_read_seconds(handle))
         ours_total.append(total)
         ours_steps.extend(steps)
@@ -191,6 +195,7 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
     return {
         "new_tokens": n_tokens,
         "reps": reps,
+        "decode_path": decode_path,  # which decode step ran ours (static_decode.choose) and why
         "hf_two_generate_calls_ms": ms(hf_two),
         "hf_unsteered_ms": ms(median([a for a, _ in hf_pairs])),
         "hf_steered_ms": ms(median([b for _, b in hf_pairs])),
@@ -218,7 +223,7 @@ def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
     for rep in range(reps):
         order = ((False, True) if rep % 2 == 0 else (True, False))
         for with_hook in order:
-            _, steps, _ = _ours(handle, GENERATION_PROMPT, [steer] if with_hook else [], n_tokens)
+            _, steps, _, _ = _ours(handle, GENERATION_PROMPT, [steer] if with_hook else [], n_tokens)
             (steered if with_hook else plain).extend(steps)
     return {
         "new_tokens": n_tokens,
@@ -230,6 +235,39 @@ def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
 
 
 # ------------------------------------------------------------------ slider
+
+def bench_decode_paths(handle, steer, n_tokens: int, reps: int, log) -> dict:
+    """The static decode step (static_decode) against the dynamic one: per-step ms, runs interleaved A B B A.
+
+    ``static`` is what ``decode="static"`` runs here: captured as a CUDA graph
+    on a CUDA model, eager elsewhere.  ``static_over_dynamic`` < 1 means the
+    static step is faster; the per-pair ratios' spread is reported beside
+    the median, and whether the two paths' tokens agreed.
+    """
+    log(f"bench: static vs dynamic decode step ({reps} x 2 runs of {n_tokens} tokens)")
+    _ours(handle, GENERATION_PROMPT, [steer], 2, decode="static")  # warm-up (and, on CUDA, the first capture)
+    per = {"static": [], "dynamic": []}
+    pairs, tokens, paths = [], {}, {}
+    for rep in range(reps):
+        medians = {}
+        for decode in (("static", "dynamic") if rep % 2 == 0 else ("dynamic", "static")):
+            _, steps, result, paths[decode] = _ours(handle, GENERATION_PROMPT, [steer], n_tokens, decode=decode)
+            per[decode].extend(steps)
+            medians[decode] = median(steps)
+            tokens[decode] = [t.token_id for side in (result.unsteered, result.steered) for t in side.tokens]
+        pairs.append(ratio(medians["static"], medians["dynamic"]))
+    return {
+        "new_tokens": n_tokens,
+        "reps": reps,
+        "static_path": paths["static"],
+        "dynamic_path": paths["dynamic"],
+        "static_ms_per_step": ms(median(per["static"])),
+        "dynamic_ms_per_step": ms(median(per["dynamic"])),
+        "static_over_dynamic": ratio(median(per["static"]), median(per["dynamic"])),
+        "static_over_dynamic_per_pair": [round(x, 3) for x in pairs],
+        "tokens_equal": tokens["static"] == tokens["dynamic"],
+    }
+
 def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float | None = None) -> dict:
     """Naive full forward (hook, full logits) vs the prefix fast path, for the same α values, interleaved."""
     prompt, n_tok = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
@@ -507,7 +545,7 @@ def bench_bf16_model(handle, steer, n_tokens: int, bandwidth: float, log) -> dic
                 max_dp = max(max_dp, float((p32 - p16).abs().max()))
                 agree += int(p32.argmax() == p16.argmax())
         _ours(h16, GENERATION_PROMPT, [steer], 2)
-        _, steps16, _ = _ours(h16, GENERATION_PROMPT, [steer], n_tokens)
+        _, steps16, _, _ = _ours(h16, GENERATION_PROMPT, [steer], n_tokens)
         _, steps32, _ = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
         floor16 = parameter_bytes(model16) / bandwidth
         return {
