@@ -37,6 +37,11 @@ replayed:
   same treatment at the attention output projections' inputs, allocated the
   first time a request carries one (one re-build).
 * **Inputs** (token ids, position ids) are buffers written before each step.
+* **Position masks** have nothing left to do while decoding: every decoded
+  position is a generated one, so a prompt-only steer has dropped out and
+  every other one adds at every step (``Request._after_prefill`` sums them
+  into one row per block).  Prompt positions are steered at prefill, which
+  stays on the dynamic path (one pass per join, not worth a graph).
 
 A re-build (a new store shape, and on CUDA a new capture) happens only when
 the batch needs more slots or more columns than it has; both grow
@@ -66,7 +71,8 @@ from contextlib import ExitStack
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .capture import out_projection
+from . import kv_rows
+from .capture import out_projection, site_width
 from .hooks import HeadSteer, Installed, Steer, between_blocks
 
 DECODE_SETTINGS = ("auto", "static", "dynamic")
@@ -114,6 +120,8 @@ def unsupported(handle) -> str | None:
         return "bidirectional attention"
     if getattr(config, "add_cross_attention", False):
         return "cross-attention"
+    if getattr(config, "num_kv_shared_layers", 0):
+        return "layers that share another layer's keys and values"
     devices = {p.device for p in handle.model.parameters()}
     if len(devices) > 1:
         return f"parameters on {len(devices)} devices (a device map)"
@@ -286,8 +294,6 @@ class StaticDecode:
         self.builds += 1
 
     def _head_buffer(self, slots: int, dtype, dev) -> torch.Tensor:
-        from .capture import site_width
-
         return torch.zeros((self.handle.arch.num_layers, slots, site_width(self.handle, "heads")), dtype=dtype,
                            device=dev)
 
@@ -332,6 +338,8 @@ class StaticDecode:
         longer than the batch's columns moves the running rows right first.
         """
         n = mask.shape[0]
+        if not kv_rows.joinable(cache) or len(cache.layers) != len(self._kinds):
+            raise StaticDecodeError(f"the prefill made a cache the static store cannot take: {cache!r}")
         # the longer of the running rows and the new prompt, then one column per step
         if self.cache is not None and max(self.columns, columns) + reserve + 1 > self.max_len:
             self._compact()

@@ -117,14 +117,15 @@ def _hf_generate(handle, ids: torch.Tensor, n: int, steer=None) -> tuple[float, 
     return seconds, out[0, ids.shape[1]:].tolist()
 
 
-def _ours(handle, prompt: str, steers, n: int, decode: str | None = None) -> tuple[float, list[float], object, dict]:
-    """(total seconds, per-step seconds for steps 1.., result, decode path) of one side-by-side decode.
+def _ours(handle, prompt: str, steers, n: int, batch: DecodeBatch | None = None) -> tuple[float, list[float], object]:
+    """(total seconds, per-step seconds for steps 1.., result) of one side-by-side decode.
 
-    ``decode``: the decode path setting (``auto``/``static``/``dynamic``; default ``STEER_UI_DECODE`` or auto).
+    ``batch``: an empty :class:`DecodeBatch` to decode in, kept across runs as
+    the engine keeps its own (a static one then captures its step once, not
+    per run); default a new one.
     """
     sampling = Sampling(max_new_tokens=n, temperature=0.0, stop_at_eos=False)
     device = handle.input_device
-    batch = DecodeBatch(handle, decode=decode)
     stamps = []
     result = None
     sync(device)
@@ -133,8 +134,10 @@ def _ours(handle, prompt: str, steers, n: int, decode: str | None = None) -> tup
         sync(device)
         stamps.append(time.perf_counter())
         result = event.result
+    if batch is not None:
+        batch.advance()  # drops the finished request (the stream returns before that step), so the batch is empty
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return stamps[-1] - start, steps, result, batch.decode_path
+    return stamps[-1] - start, steps, result
 
 
 def _read_seconds(handle) -> float:
@@ -161,9 +164,10 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
     unembed_bytes = handle.arch.unembedding.numel() * handle.arch.unembedding.element_size()
 
     ids = encode_prompt(handle, GENERATION_PROMPT)
-    # warm-up: first calls pay one-off allocation and kernel selection
+    batch = DecodeBatch(handle)  # the default decode path (STEER_UI_DECODE, else auto), reported below
+    # warm-up: first calls pay one-off allocation and kernel selection (and a static step's capture)
     _hf_generate(handle, ids, 2)
-    _ours(handle, GENERATION_PROMPT, [steer], 2)
+    _ours(handle, GENERATION_PROMPT, [steer], 2, batch)
     hf_pairs, ours_total, ours_steps, reads = [], [], [], []
     hf_tokens = ours_result = None
     for rep in range(reps):
@@ -173,7 +177,7 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
         hf_pairs.append((t_unsteered, t_steered))
         hf_tokens = (unsteered_tokens, steered_tokens)
         reads.append(_read_seconds(handle))
-        total, steps, ours_result, decode_path = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
+        total, steps, ours_result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens, batch)
         reads.append(_read_seconds(handle))
         ours_total.append(total)
         ours_steps.extend(steps)
@@ -195,7 +199,7 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
     return {
         "new_tokens": n_tokens,
         "reps": reps,
-        "decode_path": decode_path,  # which decode step ran ours (static_decode.choose) and why
+        "decode_path": batch.decode_path,  # which decode step ran ours (static_decode.choose) and why
         "hf_two_generate_calls_ms": ms(hf_two),
         "hf_unsteered_ms": ms(median([a for a, _ in hf_pairs])),
         "hf_steered_ms": ms(median([b for _, b in hf_pairs])),
@@ -223,7 +227,7 @@ def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
     for rep in range(reps):
         order = ((False, True) if rep % 2 == 0 else (True, False))
         for with_hook in order:
-            _, steps, _, _ = _ours(handle, GENERATION_PROMPT, [steer] if with_hook else [], n_tokens)
+            _, steps, _ = _ours(handle, GENERATION_PROMPT, [steer] if with_hook else [], n_tokens)
             (steered if with_hook else plain).extend(steps)
     return {
         "new_tokens": n_tokens,
@@ -245,13 +249,15 @@ def bench_decode_paths(handle, steer, n_tokens: int, reps: int, log) -> dict:
     the median, and whether the two paths' tokens agreed.
     """
     log(f"bench: static vs dynamic decode step ({reps} x 2 runs of {n_tokens} tokens)")
-    _ours(handle, GENERATION_PROMPT, [steer], 2, decode="static")  # warm-up (and, on CUDA, the first capture)
+    batches = {decode: DecodeBatch(handle, decode=decode) for decode in ("static", "dynamic")}
+    for batch in batches.values():  # warm-up (and the static step's capture, on CUDA)
+        _ours(handle, GENERATION_PROMPT, [steer], 2, batch)
     per = {"static": [], "dynamic": []}
-    pairs, tokens, paths = [], {}, {}
+    pairs, tokens = [], {}
     for rep in range(reps):
         medians = {}
         for decode in (("static", "dynamic") if rep % 2 == 0 else ("dynamic", "static")):
-            _, steps, result, paths[decode] = _ours(handle, GENERATION_PROMPT, [steer], n_tokens, decode=decode)
+            _, steps, result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens, batches[decode])
             per[decode].extend(steps)
             medians[decode] = median(steps)
             tokens[decode] = [t.token_id for side in (result.unsteered, result.steered) for t in side.tokens]
@@ -259,8 +265,8 @@ def bench_decode_paths(handle, steer, n_tokens: int, reps: int, log) -> dict:
     return {
         "new_tokens": n_tokens,
         "reps": reps,
-        "static_path": paths["static"],
-        "dynamic_path": paths["dynamic"],
+        "static_path": batches["static"].decode_path,
+        "dynamic_path": batches["dynamic"].decode_path,
         "static_ms_per_step": ms(median(per["static"])),
         "dynamic_ms_per_step": ms(median(per["dynamic"])),
         "static_over_dynamic": ratio(median(per["static"]), median(per["dynamic"])),
@@ -545,7 +551,7 @@ def bench_bf16_model(handle, steer, n_tokens: int, bandwidth: float, log) -> dic
                 max_dp = max(max_dp, float((p32 - p16).abs().max()))
                 agree += int(p32.argmax() == p16.argmax())
         _ours(h16, GENERATION_PROMPT, [steer], 2)
-        _, steps16, _, _ = _ours(h16, GENERATION_PROMPT, [steer], n_tokens)
+        _, steps16, _ = _ours(h16, GENERATION_PROMPT, [steer], n_tokens)
         _, steps32, _ = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
         floor16 = parameter_bytes(model16) / bandwidth
         return {

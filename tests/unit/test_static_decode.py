@@ -227,3 +227,15 @@ def test_cuda_graph_takes_new_steering_without_recapture():
     _, dynamic = _run(handle, "dynamic", {0: [0, 1]}, specs, change_dynamic)
     _same(graph, dynamic)
     assert graph_batch.static.captures == 1
+
+
+def test_bench_reports_both_paths_and_their_agreement(handles):
+    from steer_ui.tools.measures import bench_decode_paths, seeded_steer
+
+    handle = handles("llama")
+    steer, _ = seeded_steer(handle, 1)
+    out = bench_decode_paths(handle, steer, 4, 2, lambda _message: None)
+    assert out["static_path"]["path"] == "static (eager)" and out["dynamic_path"]["path"] == "dynamic"
+    assert out["tokens_equal"] is True
+    assert len(out["static_over_dynamic_per_pair"]) == 2 and out["static_over_dynamic"] > 0
+    assert out["static_path"]["builds"] == 1  # one batch per path, kept across runs: built once
