@@ -229,6 +229,9 @@ class StaticDecode:
         self.builds = 0  # store shapes allocated (each needs a new capture on CUDA)
         self.captures = 0  # CUDA graphs captured
         self.capture_error: str | None = None  # why capture failed, if it did (the step then runs eagerly)
+        # the eager step adds steering at the steered blocks only; True: at every block, from the buffers, as the
+        # captured step does (so tests check on CPU the hooks a graph records)
+        self.every_block = False
         config = _text_config(handle)
         self._kinds = layer_types(handle)
         self._window = int(getattr(config, "sliding_window", 0) or 0)
@@ -511,7 +514,7 @@ class StaticDecode:
                 self._graph.replay()
                 hidden, final = self._out
         else:
-            hidden, final = self._forward(every_block=False, pause=pause)
+            hidden, final = self._forward(every_block=self.every_block, pause=pause)
         hidden = hidden.index_select(0, self._slot_index)
         final = final.index_select(0, self._slot_index)
         self.columns += 1

@@ -52,9 +52,12 @@ def _specs(handle):
     ]
 
 
-def _run(handle, decode, schedule, specs, change=None):
-    """Drive a batch: ``schedule`` {step: [spec indices to admit]}; ``change(batch, step)`` may resteer."""
+def _run(handle, decode, schedule, specs, change=None, every_block=False):
+    """Drive a batch: ``schedule`` {step: [spec indices to admit]}; ``change(batch, step)`` may resteer;
+    ``every_block``: the static step reads the steering buffer at every block, as the captured step does."""
     batch = DecodeBatch(handle, decode=decode)
+    if batch.static is not None:
+        batch.static.every_block = every_block
     requests = [Request.make(handle, *spec) for spec in specs]
     step = 0
     while step == 0 or len(batch) or any(step <= s for s in schedule):
@@ -105,6 +108,16 @@ def test_static_step_equals_dynamic_step_across_joins_and_leaves(handles, family
     assert hook_count(handle) == 0
     # the steered rows really were steered (the comparison is not between two unsteered decodes)
     assert [t.token_id for t in static[0].steered.tokens] != [t.token_id for t in static[0].unsteered.tokens]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_captured_steps_hooks_run_eagerly_give_the_same(handles, family):
+    """What a CUDA graph records: the steering buffer added at every block (zero rows where nothing steers)."""
+    handle = handles(family)
+    specs = _specs(handle)
+    static_batch, static = _run(handle, "static", SCHEDULE, specs, every_block=True)
+    _, dynamic = _run(handle, "dynamic", SCHEDULE, specs)
+    _same(static, dynamic)
 
 
 def test_sliding_window_is_exercised(handles):
