@@ -17,6 +17,7 @@ from steer_ui.model import static_decode
 from steer_ui.model.generation import DecodeBatch, Request, Sampling
 from steer_ui.model.hooks import HeadSteer, Steer, hook_count
 from steer_ui.tiny import tiny_handle
+from test_decode_batch import _requests
 
 PROB_TOL = 1e-5
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -36,20 +37,9 @@ def handles():
 
 
 def _specs(handle):
-    """Four requests differing in prompt length, vector, block, α, positions and sampling (greedy and seeded)."""
-    g = torch.Generator().manual_seed(0)
-    hidden = handle.arch.hidden_size
-    v1, v2 = torch.randn(hidden, generator=g), torch.randn(hidden, generator=g)
-    last = handle.arch.num_layers - 1
-    return [
-        ("Hello there, how are", [Steer(layer=1, vector=v1, alpha=6.0)], Sampling(max_new_tokens=12)),
-        ("x", [Steer(layer=2, vector=v2, alpha=-8.0, positions="generated")],
-         Sampling(max_new_tokens=20, temperature=1.0, top_k=20, seed=3)),
-        ("A much longer prompt that pads the others on the left", [],
-         Sampling(max_new_tokens=9, temperature=0.8, top_p=0.9, seed=11, repetition_penalty=1.3)),
-        ("abc def", [Steer(layer=0, vector=v1, alpha=3.0, positions="prompt"),
-                     Steer(layer=last, vector=v2, alpha=5.0)], Sampling(max_new_tokens=14, alternatives=3)),
-    ]
+    """Four requests differing in prompt length, vector, block, α, positions and sampling (greedy and seeded):
+    the ones the dynamic batch's own tests use."""
+    return _requests(handle)
 
 
 def _run(handle, decode, schedule, specs, change=None, every_block=False):
