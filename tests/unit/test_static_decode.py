@@ -132,15 +132,50 @@ def test_compaction_and_growth_keep_results(handles, family, monkeypatch):
     assert static_batch.static.builds > 2  # it did grow (each growth a re-build)
 
 
-def test_per_head_shifts_on_the_static_path(handles):
+def test_per_head_shifts_and_input_dependent_vectors_on_the_static_path(handles):
     handle = handles("llama")
-    shift = torch.randn(64, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)
+    shift, w = torch.randn(64, generator=g), torch.randn(64, 64, generator=g) / 8
     specs = [("heads here", [HeadSteer({1: shift}, alpha=4.0, positions="last")], Sampling(max_new_tokens=6)),
-             ("other prompt", [Steer(layer=3, vector=shift, alpha=2.0)], Sampling(max_new_tokens=8))]
-    static_batch, static = _run(handle, "static", {0: [1], 2: [0]}, specs)
-    _, dynamic = _run(handle, "dynamic", {0: [1], 2: [0]}, specs)
+             ("other prompt", [Steer(layer=3, vector=shift, alpha=2.0)], Sampling(max_new_tokens=8)),
+             ("its own vector", [Steer(layer=2, fn=lambda h: torch.tanh(h @ w) * 6.0, context_layer=1)],
+              Sampling(max_new_tokens=7, temperature=0.7, seed=2))]
+    schedule = {0: [1], 2: [0], 3: [2]}
+    static_batch, static = _run(handle, "static", schedule, specs)
+    _, dynamic = _run(handle, "dynamic", schedule, specs)
     _same(static, dynamic)
     assert static_batch.static.heads is not None
+
+
+def test_the_engine_on_the_static_path_gives_solo_results(handles, monkeypatch):
+    """Concurrent requests through the request batcher (its pauses between blocks included) on the static path."""
+    import threading
+
+    from steer_ui.model.engine import Engine
+
+    handle = handles("gemma3")
+    specs = _specs(handle)
+    _, solo = _run(handle, "dynamic", {0: [0], 1: [1], 2: [2], 3: [3]}, specs)
+    monkeypatch.setenv(static_decode.ENV, "static")
+    steps = []
+    real_step = static_decode.StaticDecode.step
+    monkeypatch.setattr(static_decode.StaticDecode, "step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
+    engine = Engine(handle, gather_seconds=0.05)
+    results = [None] * len(specs)
+
+    def client(i):
+        for event in engine.submit(Request.make(handle, *specs[i])):
+            results[i] = event.result
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(specs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    engine.close(wait=5)
+    _same(results, solo)
+    assert engine.stats.peak_requests > 1  # they did share the batch ...
+    assert 0 < len(steps) < engine.stats.steps  # ... and decoded on the static step (a batch's last sample has none)
 
 
 def _resteer(vector, layer):
