@@ -31,7 +31,11 @@ replayed:
   slots), added by a hook that reads the buffer.  Under a CUDA graph the hook
   runs only while the step is captured; afterwards moving a slider or
   setting a new vector is an in-place write of those rows and takes effect
-  at the next replay, with no re-capture.  Every block has its matrix on a
+  at the next replay, with no re-capture.  α is folded into the row rather
+  than kept as a separate (slots,) buffer: a slider move rewrites the row of
+  each block it steers (hidden values, the same in-place write as one
+  number, off the replay), and several vectors with their own α on one block
+  stay one addition.  Every block has its matrix on a
   captured path (so a vector at a new layer needs no new graph); the eager
   path adds only the blocks some row steers.  Per-head (ITI) shifts get the
   same treatment at the attention output projections' inputs, allocated the
