@@ -92,7 +92,7 @@ class StaticDecodeError(ValueError):
 
 # ------------------------------------------------------------------ choice
 def layer_types(handle) -> list[str]:
-    """The attention kind of each decoder block, as transformers names them (``full_attention`` / ``sliding_attention``).
+    """Each decoder block's attention kind, as transformers names them (``full_attention``, ``sliding_attention``).
 
     Models without ``layer_types`` in their config apply one kind to every
     block: sliding where the config sets a window (Mistral, Phi-3), else full.
@@ -158,7 +158,7 @@ def choose(handle, decode: str | None = None) -> tuple["StaticDecode | None", st
     if device.type == "cuda":
         return StaticDecode(handle, graph=True), f"{wanted}: a CUDA model, the step is captured as a CUDA graph"
     if wanted == "static":
-        return StaticDecode(handle, graph=False), f"asked for; no CUDA graphs on {device.type}, so the step runs eagerly"
+        return StaticDecode(handle, graph=False), f"asked for; no CUDA graphs on {device.type}: the step runs eagerly"
     return None, (f"{device.type}: no CUDA graphs to capture, and eagerly the dynamic step is the faster one "
                   "(it attends to real columns only and adds only the steered blocks)")
 

@@ -149,9 +149,8 @@ def test_per_head_shifts_and_input_dependent_vectors_on_the_static_path(handles)
 
 def test_the_engine_on_the_static_path_gives_solo_results(handles, monkeypatch):
     """Concurrent requests through the request batcher (its pauses between blocks included) on the static path."""
-    import threading
-
     from steer_ui.model.engine import Engine
+    from test_engine import _run_concurrently
 
     handle = handles("gemma3")
     specs = _specs(handle)
@@ -159,19 +158,10 @@ def test_the_engine_on_the_static_path_gives_solo_results(handles, monkeypatch):
     monkeypatch.setenv(static_decode.ENV, "static")
     steps = []
     real_step = static_decode.StaticDecode.step
-    monkeypatch.setattr(static_decode.StaticDecode, "step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
+    monkeypatch.setattr(static_decode.StaticDecode, "step",
+                        lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))  # counts, then steps
     engine = Engine(handle, gather_seconds=0.05)
-    results = [None] * len(specs)
-
-    def client(i):
-        for event in engine.submit(Request.make(handle, *specs[i])):
-            results[i] = event.result
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(specs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = _run_concurrently(engine, handle, specs)
     engine.close(wait=5)
     _same(results, solo)
     assert engine.stats.peak_requests > 1  # they did share the batch ...
