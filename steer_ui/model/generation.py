@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from . import kv_rows
+from . import kv_rows, static_decode
 from .architecture import argmax_last, topk_last
 from .capture import left_pad, recording
 from .hooks import HeadSteer, Steer, StepState, between_blocks, input_vector, steering, validate
@@ -406,10 +406,14 @@ class DecodeBatch:
     steering hooks it installs act in that thread only.
     """
 
-    def __init__(self, handle, pause=None):
+    def __init__(self, handle, pause=None, decode: str | None = None):
         """``pause``: called before each decoder block of this batch's passes, and between the
-        stages of :meth:`sample` (the points where a step may give way to a slider move)."""
+        stages of :meth:`sample` (the points where a step may give way to a slider move).
+        ``decode``: ``auto``, ``static`` or ``dynamic`` (default: ``STEER_UI_DECODE``, else ``auto``);
+        see :func:`.static_decode.choose`.  :attr:`decode_path` says which path runs."""
         self.handle = handle
+        # the static KV store and capturable step (static_decode), or None: Hugging Face's dynamic cache
+        self.static, self._decode_reason = static_decode.choose(handle, decode)
         self.pause = pause
         self._between = pause or (lambda: None)
         self.requests: list[Request] = []
@@ -426,7 +430,20 @@ class DecodeBatch:
     @property
     def can_join(self) -> bool:
         """Whether new rows can join now (always when empty; else when the cache layout allows it)."""
-        return self.cache is None or kv_rows.joinable(self.cache)
+        return self.static is not None or self.cache is None or kv_rows.joinable(self.cache)
+
+    @property
+    def decode_path(self) -> dict:
+        """``{"path": "dynamic" | "static (eager)" | "static+cuda-graph", "reason": ...}`` (and the static path's
+        re-build and capture counts)."""
+        return static_decode.report(self.static, self._decode_reason)
+
+    def steering_changed(self) -> None:
+        """Take up changed steering of running requests (their ``decode_resid`` / ``decode_heads``) from the
+        next step on; on the static path an in-place write of their rows (no re-build, no re-capture)."""
+        self._steers = self._steers_for(self.requests)
+        if self.static is not None:
+            self.static.set_steering(self._steers)
 
     # ------------------------------------------------------------ prefill
     def admit(self, requests: Sequence[Request]) -> None:
@@ -488,25 +505,31 @@ class DecodeBatch:
     def _join(self, requests, cache, columns, mask, positions, hidden, final_residual) -> None:
         """Add the prefilled rows; all or nothing (what can fail runs before the batch changes)."""
         steers = self._steers_for(self.requests + list(requests))
-        if self.cache is None:
+        if self.static is not None:  # the KV rows go into free slots of the static store; it keeps their mask
+            self.static.join(cache, columns, mask, positions, reserve=max(r.sampling.max_new_tokens for r in requests))
+            cache = mask = None
+        if self.hidden is None:
             self.cache, self.columns, self.mask = cache, columns, mask
             self.positions, self.hidden, self.final = positions, hidden, final_residual
         else:
-            total = kv_rows.join(self.cache, self.columns, cache, columns)
+            if self.static is None:
+                total = kv_rows.join(self.cache, self.columns, cache, columns)
 
-            def widen(m):
-                return torch.cat([m.new_zeros((m.shape[0], total - m.shape[1])), m], dim=1)
+                def widen(m):
+                    return torch.cat([m.new_zeros((m.shape[0], total - m.shape[1])), m], dim=1)
 
-            self.mask = torch.cat([widen(self.mask), widen(mask)])
-            self.columns = total
+                self.mask = torch.cat([widen(self.mask), widen(mask)])
+                self.columns = total
             self.positions = torch.cat([self.positions, positions])
             self.hidden = torch.cat([self.hidden, hidden])
             self.final = torch.cat([self.final, final_residual.to(self.final.device)])
             if self.next_ids is not None:  # new rows have not sampled yet; sample() sets it for everyone
                 self.next_ids = None
         self.requests += list(requests)
-        self._padded = bool((self.mask == 0).any())
+        self._padded = self.mask is not None and bool((self.mask == 0).any())
         self._steers = steers
+        if self.static is not None:
+            self.static.set_steering(steers)
 
     def _steers_for(self, requests: list[Request]) -> list:
         """One (rows, hidden) matrix per steered block, one (rows, width) per steered head site; zero rows elsewhere."""
@@ -618,6 +641,10 @@ class DecodeBatch:
             self._keep(keep)
         if not self.requests:
             return
+        if self.static is not None:
+            self.hidden, self.final = self.static.step(self.next_ids, pause=self.pause)
+            self.next_ids = None
+            return
         handle = self.handle
         ones = self.mask.new_ones((self.mask.shape[0], 1))
         self.mask = torch.cat([self.mask, ones], dim=1)
@@ -639,19 +666,26 @@ class DecodeBatch:
 
     def _keep(self, keep: list[int]) -> None:
         self.requests = [self.requests[i] for i in keep]
+        kept_rows = [3 * i + row for i in keep for row in range(3)]
+        if self.static is not None:  # the leaving rows' slots are freed; the rest stay where they are
+            self.static.keep(kept_rows)
         if not self.requests:
             self.cache = self.mask = self.positions = self.hidden = self.final = self.next_ids = None
             self.columns = 0
             self._steers = []
             return
-        rows = torch.tensor([3 * i + row for i in keep for row in range(3)], device=self.hidden.device)
-        kv_rows.keep_rows(self.cache, rows)
-        self.mask = self.mask.index_select(0, rows)
+        rows = torch.tensor(kept_rows, device=self.hidden.device)
+        if self.static is None:
+            kv_rows.keep_rows(self.cache, rows)
+            self.mask = self.mask.index_select(0, rows)
         self.positions = self.positions.index_select(0, rows)
         self.hidden = self.hidden.index_select(0, rows)
         self.final = self.final.index_select(0, rows.to(self.final.device))
         if self.next_ids is not None:
             self.next_ids = self.next_ids.index_select(0, rows)
+        if self.static is not None:
+            self.steering_changed()
+            return
         # columns that are padding in every remaining row (the longest prompt left) need not be attended to
         used = self.mask.any(dim=0)
         lead = int(used.int().argmax()) if bool(used.any()) else 0
@@ -667,15 +701,18 @@ def stream_side_by_side(
     prompt: str,
     steers: Sequence[Steer],
     sampling: Sampling | None = None,
+    batch: DecodeBatch | None = None,
 ) -> Iterator[StepEvent]:
     """Decode one request alone (unsteered, steered and counterfactual rows); yield each step.
 
     ``steers`` carry the *steered* α (scalar).  The last event's ``result``
     is complete.  The same :class:`DecodeBatch` code serves many requests at
     once (:mod:`.engine`); alone, a request gets exactly what it gets there.
+    ``batch``: an empty batch to decode in (the benchmark passes one made with
+    a decode path, to report it); default a new one.
     """
     request = Request.make(handle, prompt, steers, sampling)
-    batch = DecodeBatch(handle)
+    batch = batch if batch is not None else DecodeBatch(handle)
     batch.admit([request])
     while True:
         ((_, event),) = batch.sample()

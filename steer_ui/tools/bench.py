@@ -17,6 +17,10 @@ Headline ratios (targets from the performance issue):
 * ``slider_speedup``: one full forward of a 32-token prompt with the hook and
   full logits ÷ the slider's fast path (:class:`~steer_ui.model.prefix.Prefix`).
 * ``hook_overhead``: steered ÷ unsteered decode time per step.
+* ``static_over_dynamic`` (no target): the static decode step (a CUDA graph
+  on CUDA, eager elsewhere) ÷ the dynamic one, per step; the side-by-side
+  section's ``decode_path`` says which of them the default (``auto``, or
+  ``STEER_UI_DECODE``) ran.
 * ``sweep_speedup``: 21 separate fast-path calls ÷ one batched 21-α sweep.
 * ``extract_speedup``: one-at-a-time ÷ batched activation extraction over the
   bundled statements.
@@ -53,10 +57,9 @@ import torch
 
 from ..methods.common import clean
 from ..model.loading import BUILT_PREFIXES, EMBEDDED, embedded_gguf_path, gguf_cache_dir, load_model
-from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_dtype_accuracy,
-                       bench_extract,
-                       bench_hook_overhead, bench_side_by_side, bench_slider, bench_sweep, bench_training,
-                       measure_bandwidth, seeded_steer)
+from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_decode_paths,
+                       bench_dtype_accuracy, bench_extract, bench_hook_overhead, bench_side_by_side, bench_slider,
+                       bench_sweep, bench_training, measure_bandwidth, seeded_steer)
 from .many_users import bench_many_users
 from .timing import loadavg, parameter_bytes, peak_rss_bytes, rss_bytes
 
@@ -154,6 +157,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     timed("side_by_side", lambda: bench_side_by_side(handle, steer, n_tokens, decode_reps, weight_bytes,
                                                       bw["read_gb_s"], log))
     timed("hook", lambda: bench_hook_overhead(handle, steer, 8 if quick else 16, 1 if quick else 8, log))
+    timed("decode_paths", lambda: bench_decode_paths(handle, steer, 8 if quick else 32, 1 if quick else 4, log))
     timed("slider", lambda: bench_slider(handle, steer, layer, 5 if quick else 25, log, bw["read_gb_s"] * 1e9))
     timed("sweep", lambda: bench_sweep(handle, steer, steer.vector, layer, reps, log))
     timed("alpha_grid", lambda: bench_alpha_grid(handle, steer, layer, log, points=5 if quick else 41))
@@ -183,6 +187,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "decode_floor_fraction": result["side_by_side"]["decode_floor_fraction"],
         "slider_speedup": result["slider"]["slider_speedup"],
         "hook_overhead": result["hook"]["hook_overhead"],
+        "static_over_dynamic": result["decode_paths"]["static_over_dynamic"],
         "sweep_speedup": result["sweep"]["sweep_speedup"],
         "extract_speedup": result["extract"].get("extract_speedup"),
         "warm_load_s": load["warm_load_s"] if load["cache_hit"] is not False else None,
@@ -225,6 +230,11 @@ def markdown_table(result: dict) -> str:
          f"({slider['next_token_view_speedup']:.1f}×)"),
         ("hook_overhead", result["ratios"]["hook_overhead"],
          f"{hook['steered_ms_per_step']:.1f} vs {hook['unsteered_ms_per_step']:.1f} ms per step"),
+        ("static_over_dynamic", result["ratios"].get("static_over_dynamic"),
+         f"static step ({result['decode_paths']['static_path']['path']}) "
+         f"{result['decode_paths']['static_ms_per_step']:.1f} ms vs dynamic "
+         f"{result['decode_paths']['dynamic_ms_per_step']:.1f} ms; per pair "
+         f"{', '.join(f'{x:.2f}' for x in result['decode_paths']['static_over_dynamic_per_pair'])}"),
         ("sweep_speedup", result["ratios"]["sweep_speedup"],
          f"21 calls {sweep_['separate_ms']:.0f} ms vs one sweep {sweep_['batched_ms']:.0f} ms"),
         ("extract_speedup", result["ratios"].get("extract_speedup"),

@@ -26,7 +26,7 @@ from ..data import load_dataset
 from ..data.activations import extract
 from ..model.analysis import AlphaGrid, compare_logits, naive_logits, next_token, prefix_state, sweep
 from ..model.prefix import for_prompt
-from ..model.generation import Sampling, encode_prompt, stream_side_by_side
+from ..model.generation import DecodeBatch, Sampling, encode_prompt, stream_side_by_side
 from ..model.hooks import Steer, steering
 from ..model.loading import from_model
 from ..model.units import relative_scale, to_raw_alpha
@@ -117,18 +117,25 @@ def _hf_generate(handle, ids: torch.Tensor, n: int, steer=None) -> tuple[float, 
     return seconds, out[0, ids.shape[1]:].tolist()
 
 
-def _ours(handle, prompt: str, steers, n: int) -> tuple[float, list[float], object]:
-    """(total seconds, per-step seconds for steps 1.., result) of one side-by-side decode."""
+def _ours(handle, prompt: str, steers, n: int, batch: DecodeBatch | None = None) -> tuple[float, list[float], object]:
+    """(total seconds, per-step seconds for steps 1.., result) of one side-by-side decode.
+
+    ``batch``: an empty :class:`DecodeBatch` to decode in, kept across runs as
+    the engine keeps its own (a static one then captures its step once, not
+    per run); default a new one.
+    """
     sampling = Sampling(max_new_tokens=n, temperature=0.0, stop_at_eos=False)
     device = handle.input_device
     stamps = []
     result = None
     sync(device)
     start = time.perf_counter()
-    for event in stream_side_by_side(handle, prompt, steers, sampling):
+    for event in stream_side_by_side(handle, prompt, steers, sampling, batch=batch):
         sync(device)
         stamps.append(time.perf_counter())
         result = event.result
+    if batch is not None:
+        batch.advance()  # drops the finished request (the stream returns before that step), so the batch is empty
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
     return stamps[-1] - start, steps, result
 
@@ -157,9 +164,10 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
     unembed_bytes = handle.arch.unembedding.numel() * handle.arch.unembedding.element_size()
 
     ids = encode_prompt(handle, GENERATION_PROMPT)
-    # warm-up: first calls pay one-off allocation and kernel selection
+    batch = DecodeBatch(handle)  # the default decode path (STEER_UI_DECODE, else auto), reported below
+    # warm-up: first calls pay one-off allocation and kernel selection (and a static step's capture)
     _hf_generate(handle, ids, 2)
-    _ours(handle, GENERATION_PROMPT, [steer], 2)
+    _ours(handle, GENERATION_PROMPT, [steer], 2, batch)
     hf_pairs, ours_total, ours_steps, reads = [], [], [], []
     hf_tokens = ours_result = None
     for rep in range(reps):
@@ -169,7 +177,7 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
         hf_pairs.append((t_unsteered, t_steered))
         hf_tokens = (unsteered_tokens, steered_tokens)
         reads.append(_read_seconds(handle))
-        total, steps, ours_result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens)
+        total, steps, ours_result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens, batch)
         reads.append(_read_seconds(handle))
         ours_total.append(total)
         ours_steps.extend(steps)
@@ -191,6 +199,7 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
     return {
         "new_tokens": n_tokens,
         "reps": reps,
+        "decode_path": batch.decode_path,  # which decode step ran ours (static_decode.choose) and why
         "hf_two_generate_calls_ms": ms(hf_two),
         "hf_unsteered_ms": ms(median([a for a, _ in hf_pairs])),
         "hf_steered_ms": ms(median([b for _, b in hf_pairs])),
@@ -230,6 +239,41 @@ def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
 
 
 # ------------------------------------------------------------------ slider
+
+def bench_decode_paths(handle, steer, n_tokens: int, reps: int, log) -> dict:
+    """The static decode step (static_decode) against the dynamic one: per-step ms, runs interleaved A B B A.
+
+    ``static`` is what ``decode="static"`` runs here: captured as a CUDA graph
+    on a CUDA model, eager elsewhere.  ``static_over_dynamic`` < 1 means the
+    static step is faster; the per-pair ratios' spread is reported beside
+    the median, and whether the two paths' tokens agreed.
+    """
+    log(f"bench: static vs dynamic decode step ({reps} x 2 runs of {n_tokens} tokens)")
+    batches = {decode: DecodeBatch(handle, decode=decode) for decode in ("static", "dynamic")}
+    for batch in batches.values():  # warm-up (and the static step's capture, on CUDA)
+        _ours(handle, GENERATION_PROMPT, [steer], 2, batch)
+    per = {"static": [], "dynamic": []}
+    pairs, tokens = [], {}
+    for rep in range(reps):
+        medians = {}
+        for decode in (("static", "dynamic") if rep % 2 == 0 else ("dynamic", "static")):
+            _, steps, result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens, batches[decode])
+            per[decode].extend(steps)
+            medians[decode] = median(steps)
+            tokens[decode] = [t.token_id for side in (result.unsteered, result.steered) for t in side.tokens]
+        pairs.append(ratio(medians["static"], medians["dynamic"]))
+    return {
+        "new_tokens": n_tokens,
+        "reps": reps,
+        "static_path": batches["static"].decode_path,
+        "dynamic_path": batches["dynamic"].decode_path,
+        "static_ms_per_step": ms(median(per["static"])),
+        "dynamic_ms_per_step": ms(median(per["dynamic"])),
+        "static_over_dynamic": ratio(median(per["static"]), median(per["dynamic"])),
+        "static_over_dynamic_per_pair": [round(x, 3) for x in pairs],
+        "tokens_equal": tokens["static"] == tokens["dynamic"],
+    }
+
 def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float | None = None) -> dict:
     """Naive full forward (hook, full logits) vs the prefix fast path, for the same α values, interleaved."""
     prompt, n_tok = _prompt_of_tokens(handle, SLIDER_TEXT, 32)

@@ -1,0 +1,270 @@
+"""The static decode step (steer_ui/model/static_decode.py) against today's dynamic one.
+
+On CPU the static step runs eagerly (``decode="static"``); it must give the
+dynamic path's tokens exactly and its probabilities to float noise, across
+joins and leaves, per-row vectors, α, layers, positions and sampling, on
+families with full, sliding-window and eager-attention layers.  Steering
+changed between steps must take effect with no re-build of the store.  The
+CUDA-graph path runs the same checks where a GPU is present and is skipped
+elsewhere.
+"""
+import math
+
+import pytest
+import torch
+
+from steer_ui.model import static_decode
+from steer_ui.model.generation import DecodeBatch, Request, Sampling
+from steer_ui.model.hooks import HeadSteer, Steer, hook_count
+from steer_ui.tiny import tiny_handle
+from test_decode_batch import _requests
+
+PROB_TOL = 1e-5
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.fixture(scope="module")
+def handles():
+    """Tiny models per family; gemma3 with 6 blocks, so its sliding-window blocks sit beside a full one."""
+    made = {}
+
+    def make(family: str):
+        if family not in made:
+            made[family] = tiny_handle(family, layers=6) if family == "gemma3" else tiny_handle(family)
+        return made[family]
+
+    return make
+
+
+def _specs(handle):
+    """Four requests differing in prompt length, vector, block, α, positions and sampling (greedy and seeded):
+    the ones the dynamic batch's own tests use."""
+    return _requests(handle)
+
+
+def _run(handle, decode, schedule, specs, change=None, every_block=False):
+    """Drive a batch: ``schedule`` {step: [spec indices to admit]}; ``change(batch, step)`` may resteer;
+    ``every_block``: the static step reads the steering buffer at every block, as the captured step does."""
+    batch = DecodeBatch(handle, decode=decode)
+    if batch.static is not None:
+        batch.static.every_block = every_block
+    requests = [Request.make(handle, *spec) for spec in specs]
+    step = 0
+    while step == 0 or len(batch) or any(step <= s for s in schedule):
+        for i in schedule.get(step, []):
+            batch.admit([requests[i]])
+        if len(batch):
+            batch.sample()
+            if change is not None:
+                change(batch, step)
+            batch.advance()
+        step += 1
+    assert all(r.done for r in requests)
+    return batch, [r.result for r in requests]
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=PROB_TOL)
+
+
+def _same(static_results, dynamic_results):
+    for s_result, d_result in zip(static_results, dynamic_results):
+        for side in ("unsteered", "steered"):
+            s, d = getattr(s_result, side), getattr(d_result, side)
+            assert [t.token_id for t in s.tokens] == [t.token_id for t in d.tokens], side
+            assert s.text == d.text and s.finished == d.finished
+            for x, y in zip(s.tokens, d.tokens):
+                assert abs(math.exp(x.logprob) - math.exp(y.logprob)) < PROB_TOL
+                assert all(abs(p - q) < PROB_TOL for (_, p), (_, q) in zip(x.alternatives, y.alternatives))
+                if side == "steered":  # logit differences: large ones to 1e-6 of their size
+                    assert _close(x.delta_logit, y.delta_logit) and _close(x.direct_delta_logit, y.direct_delta_logit)
+
+
+# joins at steps 0, 2 (a longer prompt than the running columns: the running rows move right) and 5;
+# requests leave at their own lengths, so rows leave from the middle of the slot range too
+SCHEDULE = {0: [0, 1], 2: [2], 5: [3]}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gemma2", "qwen2", "mistral", "gpt2", "phi3", "gpt_neox",
+                                    "opt"])
+def test_static_step_equals_dynamic_step_across_joins_and_leaves(handles, family):
+    handle = handles(family)
+    specs = _specs(handle)
+    static_batch, static = _run(handle, "static", SCHEDULE, specs)
+    dynamic_batch, dynamic = _run(handle, "dynamic", SCHEDULE, specs)
+    assert static_batch.decode_path["path"] == "static (eager)"
+    assert dynamic_batch.decode_path["path"] == "dynamic"
+    _same(static, dynamic)
+    assert hook_count(handle) == 0
+    # the steered rows really were steered (the comparison is not between two unsteered decodes)
+    assert [t.token_id for t in static[0].steered.tokens] != [t.token_id for t in static[0].unsteered.tokens]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_captured_steps_hooks_run_eagerly_give_the_same(handles, family):
+    """What a CUDA graph records: the steering buffer added at every block (zero rows where nothing steers)."""
+    handle = handles(family)
+    specs = _specs(handle)
+    static_batch, static = _run(handle, "static", SCHEDULE, specs, every_block=True)
+    _, dynamic = _run(handle, "dynamic", SCHEDULE, specs)
+    _same(static, dynamic)
+
+
+def test_sliding_window_is_exercised(handles):
+    """gemma3's window is 16 columns: the longest request runs well past it, and the test above covers it."""
+    handle = handles("gemma3")
+    kinds = static_decode.layer_types(handle)
+    assert "sliding_attention" in kinds and "full_attention" in kinds
+    longest = max(len(Request.make(handle, *spec).ids) + spec[2].max_new_tokens for spec in _specs(handle))
+    assert longest > 2 * handle.model.config.sliding_window
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_compaction_and_growth_keep_results(handles, family, monkeypatch):
+    """With 8-column growth steps the store compacts and grows several times; results do not change."""
+    monkeypatch.setattr(static_decode, "_COLUMN_BUCKET", 8)
+    handle = handles(family)
+    specs = _specs(handle)
+    schedule = {0: [0], 3: [1], 9: [2], 16: [3]}
+    static_batch, static = _run(handle, "static", schedule, specs)
+    _, dynamic = _run(handle, "dynamic", schedule, specs)
+    _same(static, dynamic)
+    assert static_batch.static.builds > 2  # it did grow (each growth a re-build)
+
+
+def test_per_head_shifts_and_input_dependent_vectors_on_the_static_path(handles):
+    handle = handles("llama")
+    g = torch.Generator().manual_seed(1)
+    shift, w = torch.randn(64, generator=g), torch.randn(64, 64, generator=g) / 8
+    specs = [("heads here", [HeadSteer({1: shift}, alpha=4.0, positions="last")], Sampling(max_new_tokens=6)),
+             ("other prompt", [Steer(layer=3, vector=shift, alpha=2.0)], Sampling(max_new_tokens=8)),
+             ("its own vector", [Steer(layer=2, fn=lambda h: torch.tanh(h @ w) * 6.0, context_layer=1)],
+              Sampling(max_new_tokens=7, temperature=0.7, seed=2))]
+    schedule = {0: [1], 2: [0], 3: [2]}
+    static_batch, static = _run(handle, "static", schedule, specs)
+    _, dynamic = _run(handle, "dynamic", schedule, specs)
+    _same(static, dynamic)
+    assert static_batch.static.heads is not None
+
+
+def test_the_engine_on_the_static_path_gives_solo_results(handles, monkeypatch):
+    """Concurrent requests through the request batcher (its pauses between blocks included) on the static path."""
+    from steer_ui.model.engine import Engine
+    from test_engine import _run_concurrently
+
+    handle = handles("gemma3")
+    specs = _specs(handle)
+    _, solo = _run(handle, "dynamic", {0: [0], 1: [1], 2: [2], 3: [3]}, specs)
+    monkeypatch.setenv(static_decode.ENV, "static")
+    steps = []
+    real_step = static_decode.StaticDecode.step
+    monkeypatch.setattr(static_decode.StaticDecode, "step",
+                        lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))  # counts, then steps
+    engine = Engine(handle, gather_seconds=0.05)
+    results = _run_concurrently(engine, handle, specs)
+    engine.close(wait=5)
+    _same(results, solo)
+    assert engine.stats.peak_requests > 1  # they did share the batch ...
+    assert 0 < len(steps) < engine.stats.steps  # ... and decoded on the static step (a batch's last sample has none)
+
+
+def _resteer(vector, layer):
+    """At step 3: request 0's steered row gets a new vector at another block with a new α."""
+    def change(batch, step):
+        if step == 3:
+            request = batch.requests[0]
+            request.decode_resid = {layer: -7.0 * vector}
+            if batch.static is not None:
+                change.builds = batch.static.builds
+            batch.steering_changed()
+    change.builds = None
+    return change
+
+
+def test_changing_steering_between_steps_needs_no_rebuild(handles):
+    handle = handles("gemma3")
+    specs = _specs(handle)[:2]
+    vector = torch.randn(handle.arch.hidden_size, generator=torch.Generator().manual_seed(5))
+    change_static, change_dynamic = _resteer(vector, 4), _resteer(vector, 4)
+    static_batch, static = _run(handle, "static", {0: [0, 1]}, specs, change_static)
+    _, dynamic = _run(handle, "dynamic", {0: [0, 1]}, specs, change_dynamic)
+    _, unchanged = _run(handle, "static", {0: [0, 1]}, specs)
+    _same(static, dynamic)
+    steered = [t.token_id for t in static[0].steered.tokens]
+    before = [t.token_id for t in unchanged[0].steered.tokens]
+    assert steered[:4] == before[:4] and steered != before  # the change took effect after step 3, not before
+    assert change_static.builds == static_batch.static.builds  # no re-build since the change
+
+
+def test_cpu_default_is_the_dynamic_path_and_says_why(handles, monkeypatch):
+    monkeypatch.delenv(static_decode.ENV, raising=False)
+    handle = handles("llama")
+    path = DecodeBatch(handle).decode_path
+    assert path["path"] == "dynamic" and path["reason"].startswith("cpu")
+    monkeypatch.setenv(static_decode.ENV, "static")
+    assert DecodeBatch(handle).decode_path["path"] == "static (eager)"
+    monkeypatch.setenv(static_decode.ENV, "dynamic")
+    assert DecodeBatch(handle, decode="auto").decode_path["path"] == "dynamic"
+    with pytest.raises(static_decode.StaticDecodeError):
+        DecodeBatch(handle, decode="fastest")
+
+
+def test_unsupported_model_falls_back_even_when_static_is_asked_for():
+    import transformers as tf
+
+    from steer_ui.model.handle import from_model
+    from steer_ui.tiny import byte_tokenizer, tiny_config
+
+    config = tiny_config("gemma3")
+    config.use_bidirectional_attention = True  # not a causal decoder: a static causal mask would be wrong
+    model = tf.AutoModelForCausalLM.from_config(config)
+    handle = from_model(model, byte_tokenizer())
+    path = DecodeBatch(handle, decode="static").decode_path
+    assert path["path"] == "dynamic" and "bidirectional" in path["reason"]
+
+
+# ------------------------------------------------------------------ CUDA only
+def _cuda(family: str):
+    from steer_ui.model.handle import from_model
+    from steer_ui.tiny import tiny_model
+
+    model, tok = tiny_model(family, layers=6 if family == "gemma3" else 4)
+    return from_model(model.to("cuda"), tok)
+
+
+@CUDA
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_cuda_graph_step_equals_dynamic_step_and_captures_once(family):
+    handle = _cuda(family)
+    specs = _specs(handle)
+    graph_batch, graph = _run(handle, "auto", SCHEDULE, specs)
+    _, dynamic = _run(handle, "dynamic", SCHEDULE, specs)
+    path = graph_batch.decode_path
+    assert path["path"] == "static+cuda-graph", path
+    _same(graph, dynamic)
+    # at most one capture per store shape (two admits before the first step make two shapes and one capture)
+    assert 1 <= graph_batch.static.captures <= graph_batch.static.builds
+
+
+@CUDA
+def test_cuda_graph_takes_new_steering_without_recapture():
+    handle = _cuda("gemma3")
+    specs = _specs(handle)[:2]
+    vector = torch.randn(handle.arch.hidden_size, generator=torch.Generator().manual_seed(5)).cuda()
+    change_graph, change_dynamic = _resteer(vector, 4), _resteer(vector, 4)
+    graph_batch, graph = _run(handle, "auto", {0: [0, 1]}, specs, change_graph)
+    _, dynamic = _run(handle, "dynamic", {0: [0, 1]}, specs, change_dynamic)
+    _same(graph, dynamic)
+    assert graph_batch.static.captures == 1
+
+
+def test_bench_reports_both_paths_and_their_agreement(handles):
+    from steer_ui.tools.measures import bench_decode_paths, seeded_steer
+
+    handle = handles("llama")
+    steer, _ = seeded_steer(handle, 1)
+    out = bench_decode_paths(handle, steer, 4, 2, lambda _message: None)
+    assert out["static_path"]["path"] == "static (eager)" and out["dynamic_path"]["path"] == "dynamic"
+    assert out["tokens_equal"] is True
+    assert len(out["static_over_dynamic_per_pair"]) == 2 and out["static_over_dynamic"] > 0
+    assert out["static_path"]["builds"] == 1  # one batch per path, kept across runs: built once
