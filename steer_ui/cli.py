@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -155,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--decode", choices=("auto", "static", "dynamic"), default=None,
+                   help="the decode path of the side-by-side and many-users sections (default: "
+                        "$STEER_UI_DECODE or auto: a captured static step on CUDA, the dynamic one elsewhere)")
     return parser
 
 
@@ -312,8 +316,11 @@ def cmd_import(args) -> dict:
 
 @command("bench")
 def cmd_bench(args) -> dict:
+    from .model import static_decode
     from .tools.bench import run_bench
 
+    if args.decode:  # every batch the run makes reads the setting
+        os.environ[static_decode.ENV] = args.decode
     result = run_bench(model=args.model, device=args.device, dtype=args.dtype, quick=args.quick,
                        log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.out:

@@ -309,6 +309,10 @@ class Service:
     def model_facts(self) -> dict:
         facts = dict(self.handle.facts())
         facts["source"] = self.handle.source
+        from .model import static_decode
+
+        path, reason = static_decode.decide(self.handle)
+        facts["decode"] = {"path": path, "reason": reason}  # issue #20: say which decode path generation takes
         return facts
 
     def layer_norm_frame(self) -> pd.DataFrame:

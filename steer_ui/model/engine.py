@@ -149,6 +149,7 @@ class Engine:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._batch: DecodeBatch | None = None  # the scheduler's batch, for its decode path (see `load`)
 
     # ------------------------------------------------------------ clients
     def submit(self, request: Request, timeout_seconds: float | None = None) -> Ticket:
@@ -186,8 +187,13 @@ class Engine:
 
     @property
     def load(self) -> dict:
+        """Generations running and waiting, and the decode path the batch took (once it has run)."""
         with self._cv:
-            return {"running": len(self._running), "waiting": len(self._waiting)}
+            out = {"running": len(self._running), "waiting": len(self._waiting)}
+        batch = self._batch
+        if batch is not None:
+            out["decode"] = batch.decode_path
+        return out
 
     @contextmanager
     def interactive(self):
@@ -278,8 +284,12 @@ class Engine:
                     taken.append(ticket)
         return taken
 
+    def _new_batch(self) -> DecodeBatch:
+        self._batch = DecodeBatch(self.handle, pause=self._give_way)
+        return self._batch
+
     def _loop(self) -> None:
-        batch = DecodeBatch(self.handle, pause=self._give_way)
+        batch = self._new_batch()
         while True:
             with self._cv:
                 if not self._waiting and not len(batch) and not self._closed:
@@ -296,7 +306,7 @@ class Engine:
                 self._iteration(batch)
             except BaseException as exc:  # noqa: BLE001 - the thread must not die: everyone running is told
                 self._fail(exc)
-                batch = DecodeBatch(self.handle, pause=self._give_way)
+                batch = self._new_batch()
 
     def _iteration(self, batch: DecodeBatch) -> None:
         """Admit, sample, hand out events, retire, and run one decode step."""

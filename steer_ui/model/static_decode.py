@@ -141,26 +141,35 @@ def setting(decode: str | None) -> str:
     return value
 
 
-def choose(handle, decode: str | None = None) -> tuple["StaticDecode | None", str]:
-    """(a :class:`StaticDecode`, or None for the dynamic path; why that path).
+def decide(handle, decode: str | None = None) -> tuple[str, str]:
+    """(the decode path a batch on ``handle`` takes: ``dynamic``, ``static (eager)`` or ``static+cuda-graph``; why).
 
     ``auto``: the static step captured as a CUDA graph on a CUDA model this
     module supports, the dynamic path elsewhere.  ``static``: this module's
     step wherever it is supported (eager off CUDA).  ``dynamic``: never.
+    Builds nothing, so the app can show the path before anyone generates.
     """
     wanted = setting(decode)
     device = handle.input_device
     if wanted == "dynamic":
-        return None, f"{ENV} or the decode setting asks for the dynamic path"
+        return "dynamic", f"{ENV} or the decode setting asks for the dynamic path"
     why = unsupported(handle)
     if why:
-        return None, f"the static step does not support this model: {why}"
+        return "dynamic", f"the static step does not support this model: {why}"
     if device.type == "cuda":
-        return StaticDecode(handle, graph=True), f"{wanted}: a CUDA model, the step is captured as a CUDA graph"
+        return "static+cuda-graph", f"{wanted}: a CUDA model, the step is captured as a CUDA graph"
     if wanted == "static":
-        return StaticDecode(handle, graph=False), f"asked for; no CUDA graphs on {device.type}: the step runs eagerly"
-    return None, (f"{device.type}: no CUDA graphs to capture, and eagerly the dynamic step is the faster one "
-                  "(it attends to real columns only and adds only the steered blocks)")
+        return "static (eager)", f"asked for; no CUDA graphs on {device.type}: the step runs eagerly"
+    return "dynamic", (f"{device.type}: no CUDA graphs to capture, and eagerly the dynamic step is the faster one "
+                       "(it attends to real columns only and adds only the steered blocks)")
+
+
+def choose(handle, decode: str | None = None) -> tuple["StaticDecode | None", str]:
+    """(a :class:`StaticDecode`, or None for the dynamic path; why that path), as :func:`decide` says."""
+    path, reason = decide(handle, decode)
+    if path == "dynamic":
+        return None, reason
+    return StaticDecode(handle, graph=path == "static+cuda-graph"), reason
 
 
 def report(static: "StaticDecode | None", reason: str) -> dict:

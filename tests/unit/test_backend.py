@@ -75,7 +75,11 @@ def test_abandoned_stream_frees_its_rows_and_hooks(backend):
     deadline = time.monotonic() + 20
     while backend.engine().load["running"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert backend.engine().load == {"running": 0, "waiting": 0}
+    load = backend.engine().load
+    assert (load["running"], load["waiting"]) == (0, 0)
+    # the path the batch took, and why, as the app's /load and Model facts say (#20): dynamic on a CPU
+    assert load["decode"]["path"] == "dynamic" and "cpu" in load["decode"]["reason"]
+    assert backend.model_facts()["decode"] == {"path": "dynamic", "reason": load["decode"]["reason"]}
     time.sleep(0.2)  # the engine finishes the step it was in, then sleeps with no hooks installed
     assert hook_count(backend.handle) == 0
     assert backend.engine().stats.steps < 100  # it stopped long before its 200 tokens

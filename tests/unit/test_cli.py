@@ -75,3 +75,15 @@ def test_sweep_refuses_input_dependent_vectors_in_one_line(capsys, tmp_path, tin
     path = vector.save(tmp_path / "l2s.safetensors")
     code, out, _ = run(capsys, "sweep", "--model", "tiny:llama", "--prompt", "hi", "--vector", str(path), "--json")
     assert code == 2 and "per input" in json.loads(out)["error"]
+
+
+def test_bench_decode_flag_picks_the_decode_path(capsys, monkeypatch):
+    from steer_ui.model import static_decode
+
+    # the flag sets the variable for the process; setting it here first makes monkeypatch remove it afterwards
+    monkeypatch.setenv(static_decode.ENV, "auto")
+    code, out, _ = run(capsys, "bench", "--model", "tiny:llama", "--device", "cpu", "--quick", "--decode", "static",
+                       "--json")
+    assert code == 0
+    path = json.loads(out)["side_by_side"]["decode_path"]
+    assert path["path"] == "static (eager)" and "eagerly" in path["reason"]
