@@ -116,7 +116,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
 
         gr.api(train_api, api_name="train", **MODEL)
         def load_api() -> dict:
-            """How busy the shared decode batch is: generations running and waiting (counts only)."""
+            """How busy the shared decode batch is (generations running and waiting) and its decode path."""
             return backend.engine_load()
 
         gr.api(methods_api, api_name="methods", queue=False)
