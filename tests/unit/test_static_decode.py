@@ -9,6 +9,7 @@ CUDA-graph path runs the same checks where a GPU is present and is skipped
 elsewhere.
 """
 import math
+import threading
 
 import pytest
 import torch
@@ -42,12 +43,15 @@ def _specs(handle):
     return _requests(handle)
 
 
-def _run(handle, decode, schedule, specs, change=None, every_block=False):
+def _run(handle, decode, schedule, specs, change=None, every_block=False, graph=None):
     """Drive a batch: ``schedule`` {step: [spec indices to admit]}; ``change(batch, step)`` may resteer;
-    ``every_block``: the static step reads the steering buffer at every block, as the captured step does."""
+    ``every_block``: the static step reads the steering buffer at every block, as the captured step does;
+    ``graph=False``: the static step runs eagerly even on CUDA."""
     batch = DecodeBatch(handle, decode=decode)
     if batch.static is not None:
         batch.static.every_block = every_block
+        if graph is not None:
+            batch.static.graph = graph
     requests = [Request.make(handle, *spec) for spec in specs]
     step = 0
     while step == 0 or len(batch) or any(step <= s for s in schedule):
@@ -365,6 +369,63 @@ def test_cuda_graph_takes_new_steering_without_recapture():
     _, dynamic = _run(handle, "dynamic", {0: [0, 1]}, specs, change_dynamic)
     _same(graph, dynamic)
     assert graph_batch.static.captures == 1
+
+
+@CUDA
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_cuda_graph_replays_what_the_eager_static_step_computes(family):
+    """The same kernels on the same shapes, recorded or not: a difference here is the capture's, not the store's."""
+    handle = _cuda(family)
+    specs = _specs(handle)
+    graph_batch, graph = _run(handle, "auto", SCHEDULE, specs)
+    eager_batch, eager = _run(handle, "auto", SCHEDULE, specs, every_block=True, graph=False)
+    assert graph_batch.decode_path["path"] == "static+cuda-graph"
+    assert eager_batch.decode_path["path"] == "static (eager)" and eager_batch.static.captures == 0
+    _same(graph, eager)
+
+
+@CUDA
+def test_cuda_graphs_captured_in_two_threads_beside_an_eager_pass_give_solo_results():
+    """Two batches capturing at once (the engine's and a side_by_side call's) while a third thread runs the
+    model eagerly with its own hook and reads its result on the host (a slider move)."""
+    from steer_ui.model.capture import recording
+
+    handle = _cuda("llama")
+    specs = _specs(handle)[:2]
+    _, solo = _run(handle, "dynamic", {0: [0, 1]}, specs)
+    ids = torch.arange(1, 9, device="cuda").reshape(1, -1)
+    with torch.inference_mode():
+        expected = handle.model.base_model(input_ids=ids).last_hidden_state.cpu()
+    results, errors, decoding = {}, [], threading.Event()
+
+    def decode(name):
+        try:
+            results[name] = _run(handle, "auto", {0: [0, 1]}, specs)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def slider():
+        try:
+            while not decoding.is_set():
+                with torch.inference_mode(), recording(handle, [1]) as seen:
+                    out = handle.model.base_model(input_ids=ids).last_hidden_state.cpu()
+                assert torch.allclose(out, expected, atol=1e-5) and 1 in seen  # untouched by the captures
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=decode, args=(i,)) for i in range(2)]
+    beside = threading.Thread(target=slider)
+    beside.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    decoding.set()
+    beside.join(timeout=60)
+    assert not errors, errors
+    for batch, result in results.values():
+        assert batch.decode_path["path"] == "static+cuda-graph", batch.decode_path
+        _same(result, solo)
 
 
 def test_bench_reports_both_paths_and_their_agreement(handles):
