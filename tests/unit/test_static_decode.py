@@ -348,12 +348,17 @@ def _cuda(family: str):
 @CUDA
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_cuda_graph_step_equals_dynamic_step_and_captures_once(family):
+    """First against the eager static step on the same device (the same kernels on the same shapes, recorded or
+    not: a difference there is the capture's), then against the dynamic step (whose attention spans differ)."""
     handle = _cuda(family)
     specs = _specs(handle)
     graph_batch, graph = _run(handle, "auto", SCHEDULE, specs)
+    eager_batch, eager = _run(handle, "auto", SCHEDULE, specs, every_block=True, graph=False)
     _, dynamic = _run(handle, "dynamic", SCHEDULE, specs)
     path = graph_batch.decode_path
     assert path["path"] == "static+cuda-graph", path
+    assert eager_batch.decode_path["path"] == "static (eager)" and eager_batch.static.captures == 0
+    _same(graph, eager)
     _same(graph, dynamic)
     # at most one capture per store shape (two admits before the first step make two shapes and one capture)
     assert 1 <= graph_batch.static.captures <= graph_batch.static.builds
@@ -369,19 +374,6 @@ def test_cuda_graph_takes_new_steering_without_recapture():
     _, dynamic = _run(handle, "dynamic", {0: [0, 1]}, specs, change_dynamic)
     _same(graph, dynamic)
     assert graph_batch.static.captures == 1
-
-
-@CUDA
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_cuda_graph_replays_what_the_eager_static_step_computes(family):
-    """The same kernels on the same shapes, recorded or not: a difference here is the capture's, not the store's."""
-    handle = _cuda(family)
-    specs = _specs(handle)
-    graph_batch, graph = _run(handle, "auto", SCHEDULE, specs)
-    eager_batch, eager = _run(handle, "auto", SCHEDULE, specs, every_block=True, graph=False)
-    assert graph_batch.decode_path["path"] == "static+cuda-graph"
-    assert eager_batch.decode_path["path"] == "static (eager)" and eager_batch.static.captures == 0
-    _same(graph, eager)
 
 
 @CUDA
