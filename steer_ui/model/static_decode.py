@@ -48,11 +48,13 @@ replayed:
   stays on the dynamic path (one pass per join, not worth a graph).
 
 A re-build (a new store shape, and on CUDA a new capture) happens only when
-the batch needs more slots or more columns than it has; both grow
-geometrically and the store is compacted (leading columns that are padding
-in every live row are dropped, as :func:`.kv_rows.drop_leading` does) before
-it grows.  :attr:`StaticDecode.builds` and :attr:`StaticDecode.captures`
-count them.
+the batch needs more slots or more columns than it has; slots double, columns
+grow to the next multiple of ``_COLUMN_BUCKET`` that holds the joining rows'
+prompts and token budgets (a running row moved right by a longer prompt can
+still outgrow them: then the step grows the store one bucket), and the store
+is compacted (leading columns that are padding in every live row are dropped,
+as :func:`.kv_rows.drop_leading` does) before it grows.
+:attr:`StaticDecode.builds` and :attr:`StaticDecode.captures` count them.
 
 Why explicit CUDA graphs rather than ``torch.compile(mode="reduce-overhead")``:
 the steering and recording hooks are per-thread Python closures (the model is
