@@ -134,10 +134,25 @@ def unsupported(handle) -> str | None:
         return "cross-attention"
     if getattr(config, "num_kv_shared_layers", 0):
         return "layers that share another layer's keys and values"
+    dynamic_rope = sorted(kind for kind in _rope_types(handle) if "dynamic" in kind)
+    if dynamic_rope:  # transformers compares the longest position with its cache on the host: a sync per step
+        return f"rotary embeddings that re-compute their frequencies from the positions ({', '.join(dynamic_rope)})"
     devices = {p.device for p in handle.model.parameters()}
     if len(devices) > 1:
         return f"parameters on {len(devices)} devices (a device map)"
     return None
+
+
+def _rope_types(handle) -> set[str]:
+    """The rotary embedding kinds of the model's rotary modules (one per layer type where they differ)."""
+    kinds: set[str] = set()
+    for module in handle.model.modules():
+        kind = getattr(module, "rope_type", None)
+        if isinstance(kind, str):
+            kinds.add(kind)
+        elif isinstance(kind, dict):  # by layer type (Gemma 3)
+            kinds |= {str(k) for k in kind.values()}
+    return kinds
 
 
 def setting(decode: str | None) -> str:

@@ -294,6 +294,25 @@ def test_the_captured_step_makes_no_host_read(handles, family, monkeypatch):
     assert batch.static.builds >= 2  # a join that needed more slots re-built the store
 
 
+def test_dynamic_rotary_embeddings_take_the_dynamic_path(monkeypatch):
+    """transformers' "dynamic" RoPE compares the longest position with its cache on the host every pass: the step
+    reads a device value (the guard sees it), so a capture would fail; such a model decodes on the dynamic path."""
+    import transformers as tf
+
+    from steer_ui.model.handle import from_model
+    from steer_ui.tiny import byte_tokenizer, tiny_config
+
+    config = tiny_config("llama")
+    config.rope_parameters = dict(config.rope_parameters, rope_type="dynamic", factor=2.0)
+    handle = from_model(tf.AutoModelForCausalLM.from_config(config), byte_tokenizer())
+    path = DecodeBatch(handle, decode="static").decode_path
+    assert path["path"] == "dynamic" and "rotary" in path["reason"] and "dynamic" in path["reason"]
+    monkeypatch.setattr(static_decode, "unsupported", lambda _handle: None)  # forced onto the static step anyway
+    _guarded_forward(monkeypatch)
+    with pytest.raises(AssertionError, match="host read"):
+        _run(handle, "static", {0: [0]}, _specs(handle), every_block=True)
+
+
 def test_the_steps_buffers_keep_their_addresses_until_a_rebuild(handles, monkeypatch):
     """A graph reads its inputs where they were at capture: joins, leaves, compaction, steering changes and the
     per-head buffers must write in place, and anything that moves a buffer must count a re-build (a new capture)."""
