@@ -48,11 +48,13 @@ replayed:
   stays on the dynamic path (one pass per join, not worth a graph).
 
 A re-build (a new store shape, and on CUDA a new capture) happens only when
-the batch needs more slots or more columns than it has; both grow
-geometrically and the store is compacted (leading columns that are padding
-in every live row are dropped, as :func:`.kv_rows.drop_leading` does) before
-it grows.  :attr:`StaticDecode.builds` and :attr:`StaticDecode.captures`
-count them.
+the batch needs more slots or more columns than it has; slots double, columns
+grow to the next multiple of ``_COLUMN_BUCKET`` that holds the joining rows'
+prompts and token budgets (a running row moved right by a longer prompt can
+still outgrow them: then the step grows the store one bucket), and the store
+is compacted (leading columns that are padding in every live row are dropped,
+as :func:`.kv_rows.drop_leading` does) before it grows.
+:attr:`StaticDecode.builds` and :attr:`StaticDecode.captures` count them.
 
 Why explicit CUDA graphs rather than ``torch.compile(mode="reduce-overhead")``:
 the steering and recording hooks are per-thread Python closures (the model is
@@ -71,6 +73,7 @@ default: it attends to the real columns only and adds only the steered blocks.
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import ExitStack
 
 import torch
@@ -84,6 +87,10 @@ DECODE_SETTINGS = ("auto", "static", "dynamic")
 ENV = "STEER_UI_DECODE"
 _FULL, _SLIDING = "full_attention", "sliding_attention"
 _COLUMN_BUCKET = 128  # the store's columns grow in these steps (each growth is a re-build)
+# One CUDA graph capture at a time in the process (torch's documented rule): the engine's batch and a
+# ``side_by_side`` call in a UI thread each capture their own step, and torch.cuda.graph's __enter__ syncs the
+# whole device, which is invalid while another thread's capture is under way.
+_CAPTURE_LOCK = threading.Lock()
 
 
 class StaticDecodeError(ValueError):
@@ -127,10 +134,25 @@ def unsupported(handle) -> str | None:
         return "cross-attention"
     if getattr(config, "num_kv_shared_layers", 0):
         return "layers that share another layer's keys and values"
+    dynamic_rope = sorted(kind for kind in _rope_types(handle) if "dynamic" in kind)
+    if dynamic_rope:  # transformers compares the longest position with its cache on the host: a sync per step
+        return f"rotary embeddings that re-compute their frequencies from the positions ({', '.join(dynamic_rope)})"
     devices = {p.device for p in handle.model.parameters()}
     if len(devices) > 1:
         return f"parameters on {len(devices)} devices (a device map)"
     return None
+
+
+def _rope_types(handle) -> set[str]:
+    """The rotary embedding kinds of the model's rotary modules (one per layer type where they differ)."""
+    kinds: set[str] = set()
+    for module in handle.model.modules():
+        kind = getattr(module, "rope_type", None)
+        if isinstance(kind, str):
+            kinds.add(kind)
+        elif isinstance(kind, dict):  # by layer type (Gemma 3)
+            kinds |= {str(k) for k in kind.values()}
+    return kinds
 
 
 def setting(decode: str | None) -> str:
@@ -261,6 +283,7 @@ class StaticDecode:
         self._heads = False  # per-head steering buffers allocated
         self._graph = None
         self._out = None
+        self._stream = None  # this store's warm-up and capture stream (CUDA), made at the first capture
         self.cache: SlotCache | None = None
         self.heads: torch.Tensor | None = None  # (layers, slots, heads · head_dim), once a row has per-head shifts
 
@@ -488,19 +511,31 @@ class StaticDecode:
         return out.last_hidden_state[:, -1, :], final["resid"]
 
     def _capture(self) -> None:
-        """Warm up (the step itself, eagerly, on a side stream), then record the step as a CUDA graph."""
-        stream = torch.cuda.Stream(device=self._device)
-        stream.wait_stream(torch.cuda.current_stream(self._device))
-        with torch.cuda.stream(stream):
-            warm = self._forward(every_block=True)
-        torch.cuda.current_stream(self._device).wait_stream(stream)
+        """Warm up (the step itself, eagerly), then record the step as a CUDA graph; both on this store's stream.
+
+        The caller replays the graph for the step's results, so no tensor made on
+        the capture stream is handed to the batch's stream (their memory could be
+        reused on that stream while the batch's stream still reads it), and a
+        broken capture shows at the first step, not the second.
+        """
+        device = self._device
+        if self._stream is None:  # its own stream, as torch.cuda.graph's shared default one may be capturing
+            self._stream = torch.cuda.Stream(device=device)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: the slider's and training's passes in other threads may run while this one records
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            out = self._forward(every_block=True)
+        # the device: kernels of a model on cuda:1 launched while cuda:0 is current would run on cuda:1's
+        # stream, outside the capture (an empty graph, stale results).  The outer stream context puts this
+        # thread's stream back even when torch.cuda.graph's exit raises before restoring it (a failed capture).
+        with _CAPTURE_LOCK, torch.cuda.device(device), torch.cuda.stream(self._stream):
+            self._stream.wait_stream(torch.cuda.current_stream(device))  # the store's writes on the batch's stream
+            self._forward(every_block=True)
+            # thread_local: the slider's and training's passes in other threads may run (and allocate) while
+            # this one records; their kernels go to their own streams, not this one.  (A device-wide
+            # synchronize in another thread would still break the capture: the serving path makes none.)
+            with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
+                out = self._forward(every_block=True)
+        torch.cuda.current_stream(device).wait_stream(self._stream)
         self._graph, self._out = graph, out
         self.captures += 1
-        return warm
 
     @torch.inference_mode()
     def step(self, next_ids: torch.Tensor, pause=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -519,14 +554,16 @@ class StaticDecode:
                 pause()
             if self._graph is None:
                 try:
-                    hidden, final = self._capture()
+                    self._capture()
                 except RuntimeError as exc:  # a model whose step cannot be recorded: run it eagerly from now on
                     self.capture_error = f"{type(exc).__name__}: {exc}"
                     self._graph = self._out = None
-                    hidden, final = self._forward(every_block=False)
+            if self._graph is not None:
+                with torch.cuda.device(self._device):
+                    self._graph.replay()
+                hidden, final = self._out  # the captured outputs, overwritten in place by each replay
             else:
-                self._graph.replay()
-                hidden, final = self._out
+                hidden, final = self._forward(every_block=False)
         else:
             hidden, final = self._forward(every_block=self.every_block, pause=pause)
         hidden = hidden.index_select(0, self._slot_index)

@@ -9,6 +9,7 @@ CUDA-graph path runs the same checks where a GPU is present and is skipped
 elsewhere.
 """
 import math
+import threading
 
 import pytest
 import torch
@@ -42,12 +43,15 @@ def _specs(handle):
     return _requests(handle)
 
 
-def _run(handle, decode, schedule, specs, change=None, every_block=False):
+def _run(handle, decode, schedule, specs, change=None, every_block=False, graph=None):
     """Drive a batch: ``schedule`` {step: [spec indices to admit]}; ``change(batch, step)`` may resteer;
-    ``every_block``: the static step reads the steering buffer at every block, as the captured step does."""
+    ``every_block``: the static step reads the steering buffer at every block, as the captured step does;
+    ``graph=False``: the static step runs eagerly even on CUDA."""
     batch = DecodeBatch(handle, decode=decode)
     if batch.static is not None:
         batch.static.every_block = every_block
+        if graph is not None:
+            batch.static.graph = graph
     requests = [Request.make(handle, *spec) for spec in specs]
     step = 0
     while step == 0 or len(batch) or any(step <= s for s in schedule):
@@ -223,6 +227,134 @@ def test_unsupported_model_falls_back_even_when_static_is_asked_for():
     assert path["path"] == "dynamic" and "bidirectional" in path["reason"]
 
 
+# ------------------------------------------------------------------ what a CUDA graph needs, checked on CPU
+# Calls that read a device value on the host (a sync, invalid while a CUDA graph records), make data-dependent
+# shapes, or build a tensor from Python values (a host-to-device copy, its value baked into the graph).
+_HOST_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "argwhere",
+               "masked_select", "unique", "unique_consecutive", "repeat_interleave", "bincount", "cpu", "numpy",
+               "tensor", "as_tensor", "from_numpy"}
+
+
+class _NoHostReads(torch.overrides.TorchFunctionMode):
+    """Raises on any call that a captured CUDA step cannot contain (see ``_HOST_READS``), boolean indexing and
+    one-argument ``torch.where`` included."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else ()
+        bool_index = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                         for i in (index if isinstance(index, tuple) else (index,)))
+        if name in _HOST_READS or bool_index or (name == "where" and len(args) + len(kwargs or {}) == 1):
+            raise AssertionError(f"the step to be captured calls {name}: a host read or copy inside a CUDA graph")
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_host_read_guard_catches_what_a_capture_refuses():
+    x = torch.ones(3)
+    for read in (lambda: x[0].item(), lambda: bool(x.sum()), lambda: x[x > 0], lambda: torch.tensor([1.0]),
+                 lambda: x.nonzero(), lambda: int(x[0]), lambda: torch.where(x > 0)):
+        with pytest.raises(AssertionError, match="host read"), _NoHostReads():
+            read()
+    with _NoHostReads():  # what a step may do: device arithmetic, index ops with device indices, views
+        torch.where(x > 0, x, -x).index_select(0, torch.zeros(1, dtype=torch.long)).add_(1)[None]
+
+
+def _guarded_forward(monkeypatch, seen=None):
+    """Every static step runs under :class:`_NoHostReads`; ``seen`` collects (builds, buffer addresses) per step."""
+    real = static_decode.StaticDecode._forward
+
+    def forward(self, every_block, pause=None):
+        if seen is not None:
+            seen.append((self.builds, _addresses(self)))
+        with _NoHostReads():
+            return real(self, every_block, pause)
+
+    monkeypatch.setattr(static_decode.StaticDecode, "_forward", forward)
+
+
+def _addresses(static) -> tuple:
+    """The storage of every tensor the captured step reads or writes (a graph replays on these addresses)."""
+    tensors = [static.valid, static.ids, static.positions, static._column, static._columns_index, static.resid]
+    tensors += [static.heads] if static.heads is not None else []
+    for layer in static.cache.layers:
+        assert layer.column is static._column  # one write index, moved in place
+        tensors += [layer.keys, layer.values]
+    return tuple(t.data_ptr() for t in tensors)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gemma2", "qwen2", "mistral", "gpt2", "phi3", "gpt_neox",
+                                    "opt"])
+def test_the_captured_step_makes_no_host_read(handles, family, monkeypatch):
+    """The step as a graph records it (every block's hook) across joins, leaves and a running row moved right:
+    no sync, no data-dependent shape, no tensor from Python values, in our code or in transformers' forward."""
+    handle = handles(family)
+    specs = _specs(handle)
+    _guarded_forward(monkeypatch)
+    batch, _ = _run(handle, "static", SCHEDULE, specs, every_block=True)  # the guard raises on a host read
+    assert batch.static.builds >= 2  # a join that needed more slots re-built the store
+
+
+def test_dynamic_rotary_embeddings_take_the_dynamic_path(monkeypatch):
+    """transformers' "dynamic" RoPE compares the longest position with its cache on the host every pass: the step
+    reads a device value (the guard sees it), so a capture would fail; such a model decodes on the dynamic path."""
+    import transformers as tf
+
+    from steer_ui.model.handle import from_model
+    from steer_ui.tiny import byte_tokenizer, tiny_config
+
+    config = tiny_config("llama")
+    config.rope_parameters = dict(config.rope_parameters, rope_type="dynamic", factor=2.0)
+    handle = from_model(tf.AutoModelForCausalLM.from_config(config), byte_tokenizer())
+    path = DecodeBatch(handle, decode="static").decode_path
+    assert path["path"] == "dynamic" and "rotary" in path["reason"] and "dynamic" in path["reason"]
+    monkeypatch.setattr(static_decode, "unsupported", lambda _handle: None)  # forced onto the static step anyway
+    _guarded_forward(monkeypatch)
+    with pytest.raises(AssertionError, match="host read"):
+        _run(handle, "static", {0: [0]}, _specs(handle), every_block=True)
+
+
+def test_the_steps_buffers_keep_their_addresses_until_a_rebuild(handles, monkeypatch):
+    """A graph reads its inputs where they were at capture: joins, leaves, compaction, steering changes and the
+    per-head buffers must write in place, and anything that moves a buffer must count a re-build (a new capture)."""
+    monkeypatch.setattr(static_decode, "_COLUMN_BUCKET", 8)  # compaction and growth several times
+    handle = handles("llama")
+    g = torch.Generator().manual_seed(1)
+    shift = torch.randn(64, generator=g)
+    specs = _specs(handle) + [("heads", [HeadSteer({1: shift}, alpha=4.0)], Sampling(max_new_tokens=5))]
+    seen: list = []
+    _guarded_forward(monkeypatch, seen)
+    vector = torch.randn(handle.arch.hidden_size, generator=g)
+    batch, _ = _run(handle, "static", {0: [0], 3: [1], 6: [4], 9: [2], 16: [3]}, specs, _resteer(vector, 2),
+                    every_block=True)
+    by_build: dict = {}
+    for builds, addresses in seen:
+        by_build.setdefault(builds, set()).add(addresses)
+    assert all(len(addresses) == 1 for addresses in by_build.values()), by_build
+    assert len(by_build) >= 3 and batch.static.heads is not None  # it grew, and took per-head buffers
+
+
+def test_bfloat16_static_step_equals_dynamic_step():
+    """The model's dtype in the buffers: bool and additive (eager) masks, α·v rows cast to bfloat16."""
+    from steer_ui.model.handle import from_model
+    from steer_ui.tiny import tiny_model
+
+    for family, attention in (("llama", "sdpa"), ("gemma3", "eager")):
+        model, tok = tiny_model(family, layers=6 if family == "gemma3" else 4)
+        model.config.get_text_config()._attn_implementation = attention
+        handle = from_model(model.to(torch.bfloat16), tok)
+        assert handle.dtype == torch.bfloat16
+        specs = _specs(handle)
+        static_batch, static = _run(handle, "static", SCHEDULE, specs, every_block=True)
+        _, dynamic = _run(handle, "dynamic", SCHEDULE, specs)
+        assert static_batch.static.resid.dtype == torch.bfloat16
+        for s_result, d_result in zip(static, dynamic):
+            for side in ("unsteered", "steered"):
+                s, d = getattr(s_result, side), getattr(d_result, side)
+                assert [t.token_id for t in s.tokens] == [t.token_id for t in d.tokens], (family, side)
+                # bfloat16 noise: the static step attends over more (masked) columns
+                assert all(abs(math.exp(x.logprob) - math.exp(y.logprob)) < 1e-2 for x, y in zip(s.tokens, d.tokens))
+
+
 # ------------------------------------------------------------------ CUDA only
 def _cuda(family: str):
     from steer_ui.model.handle import from_model
@@ -235,12 +367,17 @@ def _cuda(family: str):
 @CUDA
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_cuda_graph_step_equals_dynamic_step_and_captures_once(family):
+    """First against the eager static step on the same device (the same kernels on the same shapes, recorded or
+    not: a difference there is the capture's), then against the dynamic step (whose attention spans differ)."""
     handle = _cuda(family)
     specs = _specs(handle)
     graph_batch, graph = _run(handle, "auto", SCHEDULE, specs)
+    eager_batch, eager = _run(handle, "auto", SCHEDULE, specs, every_block=True, graph=False)
     _, dynamic = _run(handle, "dynamic", SCHEDULE, specs)
     path = graph_batch.decode_path
     assert path["path"] == "static+cuda-graph", path
+    assert eager_batch.decode_path["path"] == "static (eager)" and eager_batch.static.captures == 0
+    _same(graph, eager)
     _same(graph, dynamic)
     # at most one capture per store shape (two admits before the first step make two shapes and one capture)
     assert 1 <= graph_batch.static.captures <= graph_batch.static.builds
@@ -256,6 +393,50 @@ def test_cuda_graph_takes_new_steering_without_recapture():
     _, dynamic = _run(handle, "dynamic", {0: [0, 1]}, specs, change_dynamic)
     _same(graph, dynamic)
     assert graph_batch.static.captures == 1
+
+
+@CUDA
+def test_cuda_graphs_captured_in_two_threads_beside_an_eager_pass_give_solo_results():
+    """Two batches capturing at once (the engine's and a side_by_side call's) while a third thread runs the
+    model eagerly with its own hook and reads its result on the host (a slider move)."""
+    from steer_ui.model.capture import recording
+
+    handle = _cuda("llama")
+    specs = _specs(handle)[:2]
+    _, solo = _run(handle, "dynamic", {0: [0, 1]}, specs)
+    ids = torch.arange(1, 9, device="cuda").reshape(1, -1)
+    with torch.inference_mode():
+        expected = handle.model.base_model(input_ids=ids).last_hidden_state.cpu()
+    results, errors, decoding = {}, [], threading.Event()
+
+    def decode(name):
+        try:
+            results[name] = _run(handle, "auto", {0: [0, 1]}, specs)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def slider():
+        try:
+            while not decoding.is_set():
+                with torch.inference_mode(), recording(handle, [1]) as seen:
+                    out = handle.model.base_model(input_ids=ids).last_hidden_state.cpu()
+                assert torch.allclose(out, expected, atol=1e-5) and 1 in seen  # untouched by the captures
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=decode, args=(i,)) for i in range(2)]
+    beside = threading.Thread(target=slider)
+    beside.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    decoding.set()
+    beside.join(timeout=60)
+    assert not errors, errors
+    for batch, result in results.values():
+        assert batch.decode_path["path"] == "static+cuda-graph", batch.decode_path
+        _same(result, solo)
 
 
 def test_bench_reports_both_paths_and_their_agreement(handles):
