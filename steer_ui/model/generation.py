@@ -709,10 +709,11 @@ def stream_side_by_side(
     is complete.  The same :class:`DecodeBatch` code serves many requests at
     once (:mod:`.engine`); alone, a request gets exactly what it gets there.
     ``batch``: an empty batch to decode in (the benchmark passes one made with
-    a decode path, to report it); default a new one.
+    a decode path, to report it); default a new one on the one-off path
+    (:func:`.static_decode.one_off_setting`: dynamic unless asked otherwise).
     """
     request = Request.make(handle, prompt, steers, sampling)
-    batch = batch if batch is not None else DecodeBatch(handle)
+    batch = batch if batch is not None else DecodeBatch(handle, decode=static_decode.one_off_setting())
     batch.admit([request])
     while True:
         ((_, event),) = batch.sample()

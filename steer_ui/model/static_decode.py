@@ -186,6 +186,17 @@ def decide(handle, decode: str | None = None) -> tuple[str, str]:
                        "(it attends to real columns only and adds only the steered blocks)")
 
 
+def one_off_setting() -> str:
+    """The decode setting for a batch made for one request and dropped (CLI generate, the Concepts tab).
+
+    ``auto`` means dynamic there: a capture synchronises the whole device and
+    holds graph memory, which pays off only for a batch that lives across
+    many steps and requests (the engine's); an explicit setting is obeyed.
+    """
+    wanted = setting(None)
+    return "dynamic" if wanted == "auto" else wanted
+
+
 def choose(handle, decode: str | None = None) -> tuple["StaticDecode | None", str]:
     """(a :class:`StaticDecode`, or None for the dynamic path; why that path), as :func:`decide` says."""
     path, reason = decide(handle, decode)

@@ -449,3 +449,15 @@ def test_bench_reports_both_paths_and_their_agreement(handles):
     assert out["tokens_equal"] is True
     assert len(out["static_over_dynamic_per_pair"]) == 2 and out["static_over_dynamic"] > 0
     assert out["static_path"]["builds"] == 1  # one batch per path, kept across runs: built once
+
+
+def test_one_off_generations_take_the_dynamic_path_unless_asked(tiny, monkeypatch):
+    # a batch made for one request and dropped should not capture a graph per call on CUDA
+    from steer_ui.model import static_decode
+
+    monkeypatch.delenv(static_decode.ENV, raising=False)
+    assert static_decode.one_off_setting() == "dynamic"
+    monkeypatch.setenv(static_decode.ENV, "static")
+    assert static_decode.one_off_setting() == "static"
+    monkeypatch.setenv(static_decode.ENV, "auto")
+    assert static_decode.one_off_setting() == "dynamic"
