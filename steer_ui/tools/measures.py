@@ -274,6 +274,7 @@ def bench_decode_paths(handle, steer, n_tokens: int, reps: int, log) -> dict:
         "tokens_equal": tokens["static"] == tokens["dynamic"],
     }
 
+
 def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float | None = None) -> dict:
     """Naive full forward (hook, full logits) vs the prefix fast path, for the same α values, interleaved."""
     prompt, n_tok = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
