@@ -161,6 +161,7 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                 opt.zero_grad()
                 n_rows = sum(len(b) for b, _ in step)
                 budget = min(st.penalty_rows, n_rows)
+                step_worst = 0.0
                 step_reps, step_targets = [], []
                 for b, t in step:
                     added = lam_raw * v
@@ -191,7 +192,7 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                                                 st.logit_reduction, use_logit, use_kl)
                         share = k / min(st.penalty_rows, n_rows)
                         loss = loss + share * (st.logit_weight * lt + st.kl_weight * kt).to(loss.device)
-                        worst = max(worst, w)
+                        step_worst = max(step_worst, w)
                     loss.backward()
                     loss_sum += float(loss.detach()) * n_rows
                     rows_seen += len(b)
@@ -203,6 +204,7 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                             ex_seen += 1
                             correct += int(pred[p] == int(labels[i]))
                 opt.step()
+                worst = max(worst, step_worst)
                 prototypes = ema_prototypes(prototypes, torch.cat(step_reps), torch.cat(step_targets), st.ema)
             epoch_no += 1
             curves.append({"epoch": epoch_no, "stage": stage, "loss": loss_sum / max(rows_seen, 1),
@@ -244,31 +246,41 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                 constrained=constrained)
 
 
-def _evaluate(handle, batches, added: torch.Tensor, prototypes: torch.Tensor, kappa: float,
+def _evaluate(handle, batches, runs: Sequence[tuple[torch.Tensor, torch.Tensor]], kappa: float,
               labels: Sequence[int], n_answer: dict[int, int], top_k: int = 10,
-              progress: Progress | None = None) -> dict:
-    """Held-out p(truthful) scores, AUROC, and the Δlogit report at the training strength.
+              progress: Progress | None = None) -> list[dict]:
+    """Held-out p(truthful) scores, AUROC, and the Δlogit report at the training strength, per run.
 
-    The score reads the last position of the steered pass over the whole text,
-    as training does.  Δlogit is measured at the generation positions
+    ``runs``: (added vector, prototypes) pairs, evaluated on the same rows in
+    one pass over them (the unsteered logits are computed once for all).  The
+    score reads the last position of the steered pass over the whole text, as
+    training does.  Δlogit is measured at the generation positions
     (:func:`generation_positions`, ``answer``) and, apart, at the last
     position (the detector's, which decides what follows the answer).
     """
-    scores, rows, at_answer, at_last = [], [], [], []
+    scores = [[] for _ in runs]
+    rows, at_answer, at_last = [], [[] for _ in runs], [[] for _ in runs]
     with torch.no_grad():
         for k, b in enumerate(batches):
             if progress is not None:  # also how a job's cancel and time limit reach this loop
                 progress(0.93, f"scoring the held-out split: batch {k + 1}/{len(batches)}")
-            steered_all = C.run_suffix_all(handle, b, added)
-            final = steered_all[:, -1, :]
-            scores += class_probs(_reps_of(handle, final), prototypes, kappa)[:, 1].tolist()
-            rows += b.index
             r, pos = generation_positions(b, n_answer, where="answer")
-            at_answer.append(C.delta_stats(handle, at_positions(b.final_all, r, pos),
-                                           at_positions(steered_all, r, pos), added))
-            at_last.append(C.delta_stats(handle, b.final_last, final, added))
-    return {"auroc": auroc(scores, [labels[i] for i in rows]), "scores": dict(zip(rows, scores)),
-            "delta": C.summarise_delta(handle, at_answer, top_k), "delta_last": C.summarise_delta(handle, at_last, top_k)}
+            steered_at, finals = [], []
+            for n, (added, prototypes) in enumerate(runs):
+                steered_all = C.run_suffix_all(handle, b, added)
+                finals.append(steered_all[:, -1, :])
+                steered_at.append(at_positions(steered_all, r, pos))
+                scores[n] += class_probs(_reps_of(handle, finals[-1]), prototypes, kappa)[:, 1].tolist()
+            rows += b.index
+            added_all = [added for added, _ in runs]
+            for n, stats in enumerate(C.delta_stats(handle, at_positions(b.final_all, r, pos), steered_at, added_all)):
+                at_answer[n].append(stats)
+            for n, stats in enumerate(C.delta_stats(handle, b.final_last, finals, added_all)):
+                at_last[n].append(stats)
+    y = [labels[i] for i in rows]
+    return [{"auroc": auroc(scores[n], y), "scores": dict(zip(rows, scores[n])),
+             "delta": C.summarise_delta(handle, at_answer[n], top_k),
+             "delta_last": C.summarise_delta(handle, at_last[n], top_k)} for n in range(len(runs))]
 
 
 def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, float]:
@@ -276,13 +288,15 @@ def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, floa
     out = {}
     with torch.no_grad():
         for b in batches:
-            seq = b.input_ids.shape[1]
+            r, pos = generation_positions(b, n_answer, where="answer")
+            hidden = at_positions(b.final_all, r, pos)
+            targets = at_positions(b.input_ids.unsqueeze(-1), r, [j + 1 for j in pos])[:, 0].long()
+            logp = torch.cat([C.logits_of(handle, hidden[s:e]).log_softmax(-1)
+                              .gather(1, targets[s:e, None].to(hidden.device))[:, 0].cpu()
+                              for s, e in C.chunk_bounds(len(r))]).tolist()
             for p, i in enumerate(b.index):
-                n = max(1, min(n_answer[i], int(b.attention_mask[p].sum()) - 1))
-                hidden = b.final_all[p, seq - n - 1:seq - 1]
-                logp = C.logits_of(handle, hidden).log_softmax(-1)
-                targets = b.input_ids[p, seq - n:].to(logp.device)
-                out[i] = float(logp.gather(1, targets.unsqueeze(1)).mean())
+                mine = [x for row, x in zip(r, logp) if row == p]
+                out[i] = sum(mine) / len(mine)
     return out
 
 
@@ -385,7 +399,7 @@ def _layer_sweep(handle, st: TSVSettings, frame, texts, labels, exemplar_rows, u
             b.index = [validation[p] for p in b.index]
         run = _train_run(handle, replace(brief, layer=block), lam_raw, targets, ex_b, [], labels, n_answer,
                          st.constrained, sub_progress(progress, lo, hi), (0.0, 1.0))
-        e = _evaluate(handle, val_b, lam_raw * run.v, run.prototypes, st.kappa, labels, n_answer)
+        (e,) = _evaluate(handle, val_b, [(lam_raw * run.v, run.prototypes)], st.kappa, labels, n_answer)
         results.append({"layer": block, "validation_auroc": e["auroc"],
                         "max_abs_delta_logit": e["delta"]["max_abs_centred_delta_logit"]})
     scored = [r for r in results if r["validation_auroc"] == r["validation_auroc"]]  # NaN: one-class validation
@@ -462,10 +476,11 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
                                   unlabelled_batches, labels, n_answer, True, progress,
                                   (0.27 + n * span, 0.27 + (n + 1) * span))
     progress(0.93, "scoring the held-out split")
-    evals = {c: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels, n_answer,
-                          progress=progress) for c, r in runs.items()}
-    swept_evals = {b: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels, n_answer,
-                                progress=progress) for b, r in swept.items()}
+    everything = [*runs.values(), *swept.values()]  # one pass over the held-out rows for every run
+    scored = _evaluate(handle, test_batches, [(lam_raw * r.v, r.prototypes) for r in everything], st.kappa,
+                       labels, n_answer, progress=progress)
+    evals = dict(zip(runs, scored[:len(runs)]))
+    swept_evals = dict(zip(swept, scored[len(runs):]))
     baselines = _baselines(handle, st, exemplar_batches + unlabelled_batches, test_batches, exemplar_rows, labels,
                            n_answer)
     main = runs[st.constrained]
