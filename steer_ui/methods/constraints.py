@@ -342,6 +342,16 @@ def penalty_terms(handle, batch: SuffixBatch, added: torch.Tensor, steered_final
                      use_logit, use_kl)
 
 
+def max_centred_delta(handle, base_final: torch.Tensor, steered_final: torch.Tensor) -> float:
+    """max |centred Δlogit| over positions given as final residuals (n, hidden), without gradients; 0 for none."""
+    worst = 0.0
+    with torch.no_grad():
+        for start, end in chunk_bounds(base_final.shape[0]):
+            delta = logits_of(handle, steered_final[start:end]) - logits_of(handle, base_final[start:end])
+            worst = max(worst, float(_worst_centred(delta)[0].max()))
+    return worst
+
+
 def delta_stats(handle, base_final: torch.Tensor, steered_final: torch.Tensor | Sequence[torch.Tensor],
                 added: torch.Tensor | Sequence[torch.Tensor]) -> dict | list[dict]:
     """Per-position Δlogit statistics of final residuals (n, hidden), without gradients.
