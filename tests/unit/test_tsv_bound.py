@@ -24,7 +24,7 @@ STRONG = dict(layer=1, init_epochs=3, aug_epochs=3, exemplars=8, selected=8, lam
 @pytest.fixture(scope="module")
 def bounded(tiny):
     h = tiny("llama")
-    vector, report = tsv.train(h, _rows(), **STRONG)
+    vector, report = tsv.train(h, _rows(), bound_mode="steering_scale", **STRONG)
     return h, vector, report
 
 
@@ -32,6 +32,7 @@ def test_the_bound_holds_at_held_out_generation_positions_after_training(bounded
     _h, _vector, report = bounded
     constrained, free = report["runs"]["constrained"], report["runs"]["unconstrained"]
     assert report["bound_mode"] == "steering_scale"
+    assert any(c["max_abs_delta_logit_seen"] for c in constrained["curves"])  # the penalties acted in training
     assert constrained["max_abs_delta_logit"] <= BOUND  # held out, centred, at the steering strength
     assert report["max_abs_delta_logit"]["with_constraints"] == constrained["max_abs_delta_logit"]
     assert free["max_abs_delta_logit"] > 4 * BOUND  # without the constraints the vector breaks the bound
@@ -89,3 +90,15 @@ def test_calibration_finds_a_scale_within_the_target_on_the_rows_it_measures(tin
             steered = C.run_suffix_all(h, b, scale * direction)
         worst = max(worst, C.max_centred_delta(h, at_positions(b.final_all, r, pos), at_positions(steered, r, pos)))
     assert worst <= 0.1
+
+
+def test_calibrated_mode_trains_without_penalties_and_bounds_the_steering_strength(tiny):
+    h = tiny("llama")
+    _v, report = tsv.train(h, _rows(), **STRONG)  # the default
+    assert report["bound_mode"] == "calibrated"
+    constrained, free = report["runs"]["constrained"], report["runs"]["unconstrained"]
+    # one training serves both: the detector is the unconstrained one, by construction
+    assert constrained["auroc"] == free["auroc"] and constrained["curves"] == free["curves"]
+    assert all(c["max_abs_delta_logit_seen"] is None for c in constrained["curves"])  # no penalty in training
+    assert constrained["max_abs_delta_logit"] <= BOUND < constrained["detector_strength"]["max_abs_delta_logit"]
+    assert 0 < constrained["steering_scale"] < 1 and free["steering_scale"] == 1.0

@@ -136,8 +136,9 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
     rng = random.Random(st.seed)
     v = torch.zeros(hidden, device=device, requires_grad=True)
     opt = torch.optim.AdamW([v], lr=st.lr)
-    use_logit = constrained and st.logit_penalty
-    use_kl = constrained and st.kl_penalty
+    # "calibrated": the penalties train nothing; the steering strength alone is fitted to the bound afterwards
+    use_logit = constrained and st.logit_penalty and st.bound_mode != "calibrated"
+    use_kl = constrained and st.kl_penalty and st.bound_mode != "calibrated"
     penalised = use_logit or use_kl
     all_positions = penalised and st.penalty_positions != "last"
     # steering_scale: the penalties act at the steering strength scale·λ·v, in a pass of their own
@@ -298,9 +299,9 @@ def calibrate_steering_scale(handle, batches, n_answer: dict[int, int], directio
         tried.append({"scale": s, "max_abs_delta_logit": w})
         if w <= target and (s >= 1.0 or w >= 0.9 * target):
             break
-        s = min(1.0, s * target / max(w, 1e-12))
+        s = min(1.0, s * 0.97 * target / max(w, 1e-12))  # aim a little below: the change is not quite linear
     while not any(t["max_abs_delta_logit"] <= target for t in tried) and s > 1e-6:
-        s = min(t["scale"] for t in tried) / 2
+        s = min(t["scale"] for t in tried) * 0.8
         tried.append({"scale": s, "max_abs_delta_logit": worst_at(s)})
     feasible = [t["scale"] for t in tried if t["max_abs_delta_logit"] <= target]
     return (max(feasible) if feasible else s), tried
@@ -525,18 +526,25 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     # validate() allows a sweep only with the logit penalty on, so the main run is constrained and has its bound
     bounds = [b for b in dict.fromkeys(float(b) for b in st.bound_sweep) if b != st.max_logit_change]
     runs: dict[bool, _Run] = {}
+    swept: dict[float, _Run] = {}
+    if st.bound_mode == "calibrated":
+        # the penalties train nothing: every run is the same training (same seed, same draws), done once; the
+        # constrained ones differ only in the steering strength calibrated below
+        once = _train_run(handle, st, lam_raw, targets, exemplar_batches, unlabelled_batches, labels, n_answer,
+                          False, progress, (0.27, 0.92))
+        runs = {c: replace(once, constrained=c) for c in settings_to_run}
+        swept = {b: replace(once, constrained=True) for b in bounds}
     span = 0.65 / (len(settings_to_run) + len(bounds))
-    for n, constrained in enumerate(settings_to_run):
+    for n, constrained in enumerate(settings_to_run if not runs else []):
         runs[constrained] = _train_run(handle, st, lam_raw, targets, exemplar_batches, unlabelled_batches, labels,
                                        n_answer, constrained, progress, (0.27 + n * span, 0.27 + (n + 1) * span))
-    swept: dict[float, _Run] = {}
-    for n, bound in enumerate(bounds, start=len(settings_to_run)):
+    for n, bound in enumerate(bounds if not swept else [], start=len(settings_to_run)):
         progress(0.27 + n * span, f"bound sweep: |Δlogit| bound {bound:g}")
         swept[bound] = _train_run(handle, replace(st, max_logit_change=bound), lam_raw, targets, exemplar_batches,
                                   unlabelled_batches, labels, n_answer, True, progress,
                                   (0.27 + n * span, 0.27 + (n + 1) * span))
     calibration: dict[int, list[dict]] = {}
-    if st.bound_mode == "steering_scale" and st.constrained:
+    if st.bound_mode in ("steering_scale", "calibrated") and st.constrained:
         # the steering strength, calibrated on training rows' generation positions (never the held-out ones)
         pool = sorted(train_rows)
         random.Random(st.seed + 7).shuffle(pool)
