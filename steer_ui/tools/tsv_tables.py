@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                         "initialisation), reported as mean ± sd")
     p.add_argument("--max-logit-change", type=float, default=None, help="the |Δlogit| bound (default 2.0)")
     p.add_argument("--penalty-positions", default=None, choices=("answer", "answer_and_end", "last"))
+    p.add_argument("--bound-mode", default=None, choices=("calibrated", "steering_scale", "projection", "hinge"),
+                   help="how the |Δlogit| bound is enforced (default: calibrated; see docs/tsv.md)")
     p.add_argument("--generate", default=None, choices=("auto", "yes", "no"),
                    help="label the model's own answers (auto: for TruthfulQA-shaped data)")
     p.add_argument("--bound-sweep", default=None,
@@ -195,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars, "layer": args.layer,
               "layer_sweep": args.layer_sweep, "max_logit_change": args.max_logit_change,
               "penalty_positions": args.penalty_positions, "generate": args.generate,
+              "bound_mode": args.bound_mode,
               "bound_sweep": parse_bounds(args.bound_sweep)}
         if args.epochs is not None:
             hp["epochs"] = args.epochs

@@ -102,3 +102,13 @@ def test_calibrated_mode_trains_without_penalties_and_bounds_the_steering_streng
     assert all(c["max_abs_delta_logit_seen"] is None for c in constrained["curves"])  # no penalty in training
     assert constrained["max_abs_delta_logit"] <= BOUND < constrained["detector_strength"]["max_abs_delta_logit"]
     assert 0 < constrained["steering_scale"] < 1 and free["steering_scale"] == 1.0
+
+
+def test_the_train_tab_says_which_strength_each_number_is_at(bounded):
+    from steer_ui.ui.train_tab import find_results
+
+    _h, _vector, report = bounded
+    table = find_results(report).set_index("row")
+    note = table.loc["TSV (constrained)", "note"]
+    assert "two strengths" in note and "detector" in note and "steering" in note
+    assert "no constraints" in table.loc["TSV (unconstrained)", "note"]

@@ -307,6 +307,18 @@ def calibrate_steering_scale(handle, batches, n_answer: dict[int, int], directio
     return (max(feasible) if feasible else s), tried
 
 
+def _strengths_note(scale: float, bound_mode: str | None, detector_delta: float | None) -> str:
+    """What a run's AUROC and max |Δlogit| are measured at, in words (the Train tab shows it beside them)."""
+    if bound_mode is None:
+        return "no constraints: detector and steering at the training strength"
+    if scale == 1.0:
+        return f"one strength for detecting and steering (bound enforced by {bound_mode})"
+    trained = "trained without the penalties; " if bound_mode == "calibrated" else ""
+    return (f"{trained}two strengths: the AUROC is the detector's, at the training strength λ·v (max |Δlogit| "
+            f"{detector_delta:.3g} there; nothing is generated while scoring); max |Δlogit| is at the saved steering "
+            f"strength, {scale:.3g} × λ·v, calibrated on training rows to the bound")
+
+
 def _evaluate(handle, batches, runs: Sequence[tuple[torch.Tensor, torch.Tensor]], kappa: float,
               labels: Sequence[int], n_answer: dict[int, int], top_k: int = 10,
               progress: Progress | None = None) -> list[dict]:
@@ -579,6 +591,8 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
         steer = steer_eval[id(run)]
         d, last = steer["delta"], steer["delta_last"]
         return {"auroc": e["auroc"],
+                "note": _strengths_note(run.steering_scale, st.bound_mode if run.constrained else None,
+                                        e["delta"]["max_abs_centred_delta_logit"]),
                 # the steering strength (scale·λ·v) and the detector's (λ·v, the training strength)
                 "steering_scale": run.steering_scale,
                 "steering": {"scale": run.steering_scale, "calibration": calibration.get(id(run), []),
