@@ -365,7 +365,7 @@ def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, floa
             hidden = at_positions(b.final_all, r, pos)
             targets = at_positions(b.input_ids.unsqueeze(-1), r, [j + 1 for j in pos])[:, 0].long()
             logp = torch.cat([C.logits_of(handle, hidden[s:e]).log_softmax(-1)
-                              .gather(1, targets[s:e, None].to(hidden.device))[:, 0].cpu()
+                              .gather(1, targets[s:e, None].to(hidden.device))[:, 0]
                               for s, e in C.chunk_bounds(len(r))]).tolist()
             for p, i in enumerate(b.index):
                 mine = [x for row, x in zip(r, logp) if row == p]
