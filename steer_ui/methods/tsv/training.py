@@ -6,8 +6,11 @@ Our additions: the lm_head constraints of :mod:`steer_ui.methods.constraints`
 (a hinge on the centred |Δlogit| above ``max_logit_change``, real and
 direct-path, and a KL term) at the positions where a steered model generates
 the answer (:func:`generation_positions`; the detector's last position is
-left free), so the vector does not wreck generation at the strength it was
-trained at; and like-for-like baselines on the same held-out split.
+left free), so the vector does not wreck generation; how the bound is made to
+hold is ``bound_mode`` (default ``calibrated``: the detector is trained and
+read at λ·v, and the saved steering strength s·λ·v is calibrated to the
+bound on training rows); and like-for-like baselines on the same held-out
+split.
 
 Speed on a CPU: blocks 0..L never see ``v``, so every text is run through the
 frozen model once (:func:`~steer_ui.methods.constraints.cache_prefix`); each
@@ -276,8 +279,9 @@ def calibrate_steering_scale(handle, batches, n_answer: dict[int, int], directio
     steering with s·``direction``, is at most ``target``; and every (scale, max) tried.
 
     Starts from ``scale`` (training's running estimate) and rescales by
-    target / measured, as the Δlogit grows about linearly with the strength;
-    halves when a few such tries stay above the target.
+    target / measured (aiming 3 % below), as the Δlogit grows about
+    linearly with the strength; backs off by 0.8 when a few such tries stay
+    above the target.
     """
     def worst_at(s: float) -> float:
         worst = 0.0
