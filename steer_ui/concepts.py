@@ -346,6 +346,9 @@ class SteeredRun:
     direct: float  # Δlogit of t from adding α·v to the final residual (through the final norm)
     delta_logit: float  # actual Δlogit of t (full model)
     max_abs_delta_logit: float  # actual, over the vocabulary
+    # actual, of Δlogit minus its vocabulary mean: what the constraint's bound is on (a shift shared by every
+    # logit moves no probability, so the raw maximum can be large while nothing changes)
+    max_abs_centred_delta_logit: float
     max_delta_token: str
     prob_unsteered: float  # p(t)
     prob_steered: float
@@ -386,6 +389,8 @@ class ExplosionDemo:
                 "cosine_to_original": rep.get("cosine_to_original"),
                 "before_max_abs_delta_logit": rep.get("before", {}).get("max_abs_delta_logit"),
                 "after_max_abs_delta_logit": rep.get("after", {}).get("max_abs_delta_logit"),
+                "before_max_abs_centred_delta_logit": rep.get("before", {}).get("max_abs_centred_delta_logit"),
+                "after_max_abs_centred_delta_logit": rep.get("after", {}).get("max_abs_centred_delta_logit"),
                 "prompts": rep.get("settings", {}).get("prompts"),
                 "steps": rep.get("settings", {}).get("steps"),
             }
@@ -403,7 +408,7 @@ def default_layer(handle) -> int:
 
 def _run_vector(handle, prompt: str, token_id: int, layer: int, vector: torch.Tensor, alpha_raw: float,
                 max_new_tokens: int) -> SteeredRun:
-    from .methods.constraints import direct_delta_logits
+    from .methods.constraints import centred, direct_delta_logits
     from .model.analysis import compare_logits, prefix_state
 
     w = handle.arch.unembedding
@@ -423,6 +428,7 @@ def _run_vector(handle, prompt: str, token_id: int, layer: int, vector: torch.Te
         naive_direct=naive, direct=direct,
         delta_logit=float(steered_logits[token_id] - base[token_id]),
         max_abs_delta_logit=view.max_abs_delta_logit, max_delta_token=view.max_delta_token,
+        max_abs_centred_delta_logit=float(centred(steered_logits - base).abs().max()),
         prob_unsteered=float(base.softmax(-1)[token_id]), prob_steered=float(steered_logits.softmax(-1)[token_id]),
         kl=view.kl, top=view.steered, unsteered_top=view.unsteered,
         unsteered_text=gen.unsteered.text, steered_text=gen.steered.text,

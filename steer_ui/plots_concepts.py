@@ -89,11 +89,12 @@ def explosion_bars(exploded: Mapping[str, float], fixed: Mapping[str, float] | N
     """|Δlogit| measures for the aligned vector and its constrained version, log scale, bound marked.
 
     ``exploded`` / ``fixed``: ``SteeredRun.as_dict()`` (keys ``naive_direct``,
-    ``direct``, ``delta_logit``, ``max_abs_delta_logit``).
+    ``direct``, ``delta_logit``, ``max_abs_centred_delta_logit``).  The last bar is the centred change (Δlogit
+    minus its vocabulary mean), the quantity the bound limits.
     """
-    keys = ["naive_direct", "direct", "delta_logit", "max_abs_delta_logit"]
+    keys = ["naive_direct", "direct", "delta_logit", "max_abs_centred_delta_logit"]
     defaults = {"naive_direct": "α·v·W_U[t]", "direct": "direct path Δlogit(t)", "delta_logit": "Δlogit(t)",
-                "max_abs_delta_logit": "max |Δlogit|"}
+                "max_abs_centred_delta_logit": "max |centred Δlogit|"}
     x = [_label(labels, k, defaults[k]) for k in keys]
     floor = 1e-3  # a log axis cannot show 0
 
@@ -116,7 +117,7 @@ def explosion_bars(exploded: Mapping[str, float], fixed: Mapping[str, float] | N
 
 def constraint_curve(curve: pd.DataFrame, bound: float | None = None,
                      labels: Mapping[str, str] | None = None) -> go.Figure:
-    """max |Δlogit| (left, log) and cosine to the original vector (right) per optimisation step."""
+    """max |centred Δlogit| (left, log; what the bound is on) and cosine to the original vector (right) per step."""
     fig = go.Figure()
     if len(curve):
         fig.add_trace(go.Scatter(x=curve["step"], y=curve["max_abs_delta_logit"].clip(lower=1e-3), mode="lines",

@@ -154,15 +154,21 @@ def run_suffix_all(handle, batch: SuffixBatch, added: torch.Tensor | None) -> to
     """Like :func:`run_suffix` but the final residual at every position: (rows, seq, hidden), float.
 
     What a penalty at the positions where a steered model generates needs
-    (the answer tokens, not only the last one the detector reads).
+    (the answer tokens, not only the last one the detector reads).  Every
+    block runs on every position: :meth:`Prefix.final` feeds the final
+    block's MLP the last position alone (all it reads), which leaves the
+    other positions wrong by that MLP's output; here they must be right.
     """
     h = batch.hidden
     if added is not None:
         add = added.to(h.device, h.dtype)
         h = h + (add.unsqueeze(1) if add.ndim == 2 else add)
+    layers = handle.arch.layers
     with handle.lock:
-        # Prefix.final keeps only the last position; the blocks above are the same call
-        h = batch._blocks_above(h)
+        for i in range(batch.layer + 1, len(layers)):
+            args, kwargs = batch.calls[i]
+            out = layers[i](h, *args, **kwargs)
+            h = out[0] if isinstance(out, tuple) else out
     return h.float()
 
 
@@ -172,56 +178,159 @@ def logits_of(handle, final_residual: torch.Tensor) -> torch.Tensor:
     return arch.logits(arch.final_hidden(final_residual.to(handle.dtype)))
 
 
-# Full-vocabulary logits of this many positions at a time: 64 × 262,144 floats is 64 MB on Gemma 3.
+# Full-vocabulary logits of 64 to 128 positions at a time (chunk_bounds): 128 × 262,144 floats is 128 MB on Gemma 3.
 PENALTY_CHUNK = 64
 
 
+def chunk_bounds(n: int, size: int = PENALTY_CHUNK) -> list[tuple[int, int]]:
+    """``n`` positions as (start, end) chunks of at most ``2 · size``, equal in size, each above ``size`` when n is.
+
+    Why not plain ``size``-row chunks: the CPU unembedding times its kernels
+    once per new row count up to 64 (:func:`steer_ui.model.architecture.unembed`),
+    and a ragged last chunk of every batch would pay that timing over and
+    over; chunks above 64 rows use one kernel without timing.
+    """
+    if n <= 0:
+        return []
+    k = max(1, -(-n // (2 * size)))
+    edges = [round(i * n / k) for i in range(k + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _unembedding_mean(handle) -> torch.Tensor:
+    """mean_t W_U[t] (hidden,) float, computed once per model: the gradient of the mean logit without a soft-cap."""
+    cached = handle.__dict__.get("_unembedding_mean")
+    if cached is None:
+        with torch.no_grad():
+            cached = handle.arch.unembedding.float().mean(0)
+        handle.__dict__["_unembedding_mean"] = cached
+    return cached
+
+
+def _logit_grad(handle, coeff: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """∂/∂normed of Σ coeff ⊙ logits(normed), (n, hidden), from the logits already computed (no autograd).
+
+    Through the unembedding and, where the model has one, the soft-cap
+    (``cap·tanh(u/cap)``, whose derivative is ``1 − (z/cap)²`` at output ``z``).
+    """
+    arch = handle.arch
+    if arch.logit_softcap:
+        coeff = coeff * (1 - (logits / arch.logit_softcap) ** 2)
+    w = arch.unembedding
+    return (coeff.to(w.dtype) @ w).float()
+
+
+def _hinge_value_and_grad(handle, delta: torch.Tensor, logits: torch.Tensor, max_change: float,
+                          reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`logit_penalty` of a (n, vocab) Δlogit and its gradient w.r.t. the steered normed state (n, hidden).
+
+    Δlogit = logits(steered) − logits(unsteered); ``logits``: the steered ones.
+    The centring's adjoint subtracts each row's mean coefficient.  For
+    ``max`` without a soft-cap the coefficient is one token per row, so the
+    gradient is W_U[t*] − mean(W_U), with no pass over the vocabulary.
+    """
+    n = delta.shape[0]
+    if reduction == "max":
+        # the worst centred change from the row's max, min and mean: no (n, vocab) temporaries
+        worst, t, sign = _worst_centred(delta)
+        excess = F.relu(worst - float(max_change))
+        value = excess.mean()
+        sign = sign * (excess > 0).float() / n
+        if not handle.arch.logit_softcap:
+            w = handle.arch.unembedding
+            rows = w.index_select(0, t.to(w.device)).float() - _unembedding_mean(handle).to(w.device)
+            return value, (sign.to(w.device).unsqueeze(1) * rows).to(delta.device)
+        coeff = torch.zeros_like(delta).scatter_(1, t.unsqueeze(1), sign.unsqueeze(1))
+    else:
+        c = centred(delta)
+        excess = F.relu(c.abs() - float(max_change))
+        coeff = (excess > 0).float() * c.sign()
+        value = (excess.mean(-1) if reduction == "mean" else excess.sum(-1)).mean()
+        coeff = coeff / (n * (c.shape[-1] if reduction == "mean" else 1))
+    coeff = coeff - coeff.mean(-1, keepdim=True)  # the centring's adjoint
+    return value, _logit_grad(handle, coeff, logits)
+
+
+def _worst_centred(delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of a (n, vocab) Δlogit: max |centred Δlogit|, the token where it is, and its sign (±1)."""
+    mean = delta.mean(-1)
+    hi, lo = delta.max(-1), delta.min(-1)
+    up, down = hi.values - mean, mean - lo.values
+    above = up >= down
+    return torch.where(above, up, down), torch.where(above, hi.indices, lo.indices), above.float() * 2 - 1
+
+
+def _with_grad(value: torch.Tensor, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``value`` as a number whose gradient w.r.t. ``x`` is ``grad`` (a first-order surrogate: exact value and gradient)."""
+    return value.detach() + (grad.to(x.device, x.dtype) * (x - x.detach())).sum()
+
+
 def _chunk_penalty(handle, base_final: torch.Tensor, steered_final: torch.Tensor, added: torch.Tensor,
-                   max_change: float, reduction: str, use_logit: bool, use_kl: bool) -> torch.Tensor:
-    """(logit term, KL term, max |centred real Δlogit|) of one chunk, stacked in one tensor (for checkpointing)."""
+                   max_change: float, reduction: str, use_logit: bool, use_kl: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(logit term, KL term, max |centred real Δlogit|) of one chunk of positions.
+
+    Every pass over the vocabulary runs without autograd: the values and
+    their exact gradients w.r.t. the normed states are computed here, and
+    autograd carries them back through the final norm only
+    (:func:`_with_grad`).  Costs three logit passes (unsteered, steered,
+    direct path) and one for the KL gradient; the old autograd version paid
+    seven (with checkpointing) plus the elementwise work of backward.
+    """
+    arch = handle.arch
     zero = steered_final.new_zeros(())
+    normed_s = arch.final_hidden(steered_final.to(handle.dtype))
     with torch.no_grad():
         base_logits = logits_of(handle, base_final)
-    steered_logits = logits_of(handle, steered_final)
-    delta = steered_logits - base_logits
+        steered_logits = arch.logits(normed_s.detach())
+        delta = steered_logits - base_logits
+        worst = float(_worst_centred(delta)[0].max())
     logit_term, kl_term = zero, zero
     if use_logit:
-        # the direct path (direct_delta_logits), sharing the unsteered logits computed above
-        direct = logits_of(handle, base_final + added.to(base_final.device, base_final.dtype)) - base_logits
-        logit_term = logit_penalty(delta, max_change, reduction) + logit_penalty(direct, max_change, reduction)
+        with torch.no_grad():
+            real, real_grad = _hinge_value_and_grad(handle, delta, steered_logits, max_change, reduction)
+        logit_term = _with_grad(real, real_grad, normed_s)
+        # the direct path (direct_delta_logits): the vector added straight to the unsteered final residual
+        normed_d = arch.final_hidden(base_final.to(handle.dtype) + added.to(base_final.device, handle.dtype))
+        with torch.no_grad():
+            direct_logits = arch.logits(normed_d.detach())
+            direct, direct_grad = _hinge_value_and_grad(handle, direct_logits - base_logits, direct_logits,
+                                                        max_change, reduction)
+        logit_term = logit_term + _with_grad(direct, direct_grad, normed_d)
     if use_kl:
-        kl_term = kl_penalty(base_logits.log_softmax(-1), steered_logits.log_softmax(-1))
-    worst = centred(delta.detach()).abs().max()
-    return torch.stack([logit_term.float(), kl_term.float(), worst.float().to(logit_term.device)])
+        with torch.no_grad():
+            # KL(p_b ‖ p_s) = logZ_s − logZ_b − Σ p_b Δz, with fewer (n, vocab) temporaries than kl_penalty
+            lse_b, lse_s = base_logits.logsumexp(-1, keepdim=True), steered_logits.logsumexp(-1, keepdim=True)
+            p_b = (base_logits - lse_b).exp_()
+            kl = (lse_s - lse_b)[:, 0].sub_((p_b * delta).sum(-1)).mean()
+            # ∂ KL / ∂ steered logits = (p_s − p_b), averaged over the rows
+            coeff = (steered_logits - lse_s).exp_().sub_(p_b).div_(delta.shape[0])
+            kl_grad = _logit_grad(handle, coeff, steered_logits)
+        kl_term = _with_grad(kl, kl_grad, normed_s)
+    return logit_term.float(), kl_term.float(), worst
 
 
 def penalties(handle, base_final: torch.Tensor, steered_final: torch.Tensor, added: torch.Tensor,
               max_change: float, reduction: str, use_logit: bool, use_kl: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(logit penalty, KL penalty, max |centred real Δlogit|) over positions given as final residuals (n, hidden).
 
-    Both penalties are means over the ``n`` positions.  The full-vocabulary
-    logits are computed :data:`PENALTY_CHUNK` positions at a time and, when
-    gradients flow, recomputed in the backward pass (checkpointing), so memory
-    stays that of one chunk however many positions are penalised.
+    Both penalties are means over the ``n`` positions, with exact values and
+    gradients (w.r.t. ``steered_final`` and ``added``).  The full-vocabulary
+    logits are computed a chunk of positions at a time (:func:`chunk_bounds`) without
+    autograd (:func:`_chunk_penalty`), so memory stays that of one chunk.
     """
     zero = steered_final.new_zeros(())
     n = steered_final.shape[0]
     if not (use_logit or use_kl) or n == 0:
         return zero, zero, float("nan")
     logit_term, kl_term, worst = zero, zero, 0.0
-    for start in range(0, n, PENALTY_CHUNK):
-        base, steered = base_final[start:start + PENALTY_CHUNK], steered_final[start:start + PENALTY_CHUNK]
-        args = (handle, base, steered, added, max_change, reduction, use_logit, use_kl)
-        if torch.is_grad_enabled() and (steered.requires_grad or added.requires_grad):
-            from torch.utils.checkpoint import checkpoint
-
-            out = checkpoint(_chunk_penalty, *args, use_reentrant=False)
-        else:
-            out = _chunk_penalty(*args)
+    for start, end in chunk_bounds(n):
+        base, steered = base_final[start:end], steered_final[start:end]
+        lt, kt, w = _chunk_penalty(handle, base, steered, added, max_change, reduction, use_logit, use_kl)
         share = len(steered) / n
-        logit_term = logit_term + share * out[0]
-        kl_term = kl_term + share * out[1]
-        worst = max(worst, float(out[2].detach()))
+        logit_term = logit_term + share * lt.to(logit_term.device)
+        kl_term = kl_term + share * kt.to(kl_term.device)
+        worst = max(worst, w)
     return logit_term, kl_term, worst
 
 
@@ -233,32 +342,55 @@ def penalty_terms(handle, batch: SuffixBatch, added: torch.Tensor, steered_final
                      use_logit, use_kl)
 
 
-def delta_stats(handle, base_final: torch.Tensor, steered_final: torch.Tensor, added: torch.Tensor) -> dict:
+def max_centred_delta(handle, base_final: torch.Tensor, steered_final: torch.Tensor) -> float:
+    """max |centred Δlogit| over positions given as final residuals (n, hidden), without gradients; 0 for none."""
+    worst = 0.0
+    with torch.no_grad():
+        for start, end in chunk_bounds(base_final.shape[0]):
+            delta = logits_of(handle, steered_final[start:end]) - logits_of(handle, base_final[start:end])
+            worst = max(worst, float(_worst_centred(delta)[0].max()))
+    return worst
+
+
+def delta_stats(handle, base_final: torch.Tensor, steered_final: torch.Tensor | Sequence[torch.Tensor],
+                added: torch.Tensor | Sequence[torch.Tensor]) -> dict | list[dict]:
     """Per-position Δlogit statistics of final residuals (n, hidden), without gradients.
 
     ``max_abs`` and ``max_abs_centred`` (n,): the worst token's raw and
     centred |Δlogit|; ``kl`` (n,); ``signed`` (vocab,): each token's change at
     the position where it moved most (for :func:`top_offenders`);
-    ``direct_max``: the worst direct-path |Δlogit|.
+    ``direct_max``: the worst direct-path |Δlogit|.  Several steered versions
+    of the same positions (lists of ``steered_final`` and ``added``) share one
+    unsteered pass and give a list of dicts.
     """
-    out = {"max_abs": [], "max_abs_centred": [], "kl": [], "signed": None, "direct_max": 0.0}
+    many = isinstance(steered_final, (list, tuple))
+    steered_list = list(steered_final) if many else [steered_final]
+    added_list = list(added) if many else [added]
+    outs = [{"max_abs": [], "max_abs_centred": [], "kl": [], "signed": None, "direct_max": 0.0}
+            for _ in steered_list]
+    arch = handle.arch
     with torch.no_grad():
-        for start in range(0, base_final.shape[0], PENALTY_CHUNK):
-            base = logits_of(handle, base_final[start:start + PENALTY_CHUNK])
-            steered = logits_of(handle, steered_final[start:start + PENALTY_CHUNK])
-            delta = steered - base
-            out["max_abs"].append(delta.abs().max(-1).values.cpu())
-            out["max_abs_centred"].append(centred(delta).abs().max(-1).values.cpu())
-            lb, ls = base.log_softmax(-1), steered.log_softmax(-1)
-            out["kl"].append((lb.exp() * (lb - ls)).sum(-1).cpu())
-            signed = delta.gather(0, delta.abs().argmax(0, keepdim=True))[0]
-            prev = out["signed"]
-            out["signed"] = signed if prev is None else torch.where(signed.abs() > prev.abs(), signed, prev)
-            direct = direct_delta_logits(handle, added, base_final[start:start + PENALTY_CHUNK])
-            out["direct_max"] = max(out["direct_max"], float(direct.abs().max()))
-    for key in ("max_abs", "max_abs_centred", "kl"):
-        out[key] = torch.cat(out[key]) if out[key] else torch.zeros(0)
-    return out
+        for start, end in chunk_bounds(base_final.shape[0]):
+            base_h = base_final[start:end].to(handle.dtype)
+            base = arch.logits(arch.final_hidden(base_h))
+            lb = base.log_softmax(-1)
+            pb = lb.exp()
+            for out, steered_h, add in zip(outs, steered_list, added_list):
+                steered = logits_of(handle, steered_h[start:end])
+                delta = steered - base
+                out["max_abs"].append(delta.abs().max(-1).values.cpu())
+                out["max_abs_centred"].append(centred(delta).abs().max(-1).values.cpu())
+                out["kl"].append((pb * (lb - steered.log_softmax(-1))).sum(-1).cpu())
+                signed = delta.gather(0, delta.abs().argmax(0, keepdim=True))[0]
+                prev = out["signed"]
+                out["signed"] = signed if prev is None else torch.where(signed.abs() > prev.abs(), signed, prev)
+                # the direct path (direct_delta_logits), sharing the unsteered logits
+                direct = arch.logits(arch.final_hidden(base_h + add.to(base_h.device, base_h.dtype))) - base
+                out["direct_max"] = max(out["direct_max"], float(direct.abs().max()))
+    for out in outs:
+        for key in ("max_abs", "max_abs_centred", "kl"):
+            out[key] = torch.cat(out[key]) if out[key] else torch.zeros(0)
+    return outs if many else outs[0]
 
 
 def summarise_delta(handle, stats: Sequence[dict], top_k: int = 10) -> dict:

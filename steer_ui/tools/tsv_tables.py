@@ -48,12 +48,14 @@ def table_markdown(report: dict) -> str:
         lines.append(f"| TSV ({key}) | {_fmt(run['auroc'])} |")
     for name, b in report["baselines"].items():
         lines.append(f"| {_name(name)} | {_fmt(b['auroc'])} |")
-    lines += ["", "| run | max abs centred Δlogit, generation positions | raw | last position (centred) | mean KL |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| run | steering scale | max abs centred Δlogit, generation positions, steering strength | raw | "
+                  "last position (centred) | mean KL | centred, detector strength |",
+              "|---|---|---|---|---|---|---|"]
     for key, r in runs.items():
         last = r.get("last_position", {})
-        lines.append(f"| {key} | {_fmt(r['max_abs_delta_logit'])} | {_fmt(r.get('max_abs_raw_delta_logit'))} | "
-                     f"{_fmt(last.get('max_abs_delta_logit'))} | {_fmt(r['mean_kl'])} |")
+        lines.append(f"| {key} | {_fmt(r.get('steering_scale'))} | {_fmt(r['max_abs_delta_logit'])} | "
+                     f"{_fmt(r.get('max_abs_raw_delta_logit'))} | {_fmt(last.get('max_abs_delta_logit'))} | "
+                     f"{_fmt(r['mean_kl'])} | {_fmt(r.get('detector_strength', {}).get('max_abs_delta_logit'))} |")
     return "\n".join(lines)
 
 
@@ -92,13 +94,16 @@ def seeds_markdown(reports: Sequence[dict]) -> str:
     lines = [f"| detector | held-out AUROC, mean ± sd | per seed ({seeds}) |", "|---|---|---|"]
     lines += [f"| {name} | {' | '.join(cell(vals))} |" for name, vals in rows]
     bound = reports[0]["settings"]["max_logit_change"]
-    lines += ["", f"| run | max abs Δlogit at generation positions, centred (bound {bound:g}) | raw | "
-                  f"at the last position, centred | per seed, centred ({seeds}) |", "|---|---|---|---|---|"]
+    lines += ["", f"| run | steering scale | max abs Δlogit at generation positions, centred, steering strength "
+                  f"(bound {bound:g}) | raw | at the last position, centred | per seed, centred ({seeds}) | "
+                  f"centred, detector strength |", "|---|---|---|---|---|---|---|"]
     for key in reports[0]["runs"]:
         centred = run_values(key, "max_abs_delta_logit")
         raw = run_values(key, "max_abs_raw_delta_logit")
         last = [r["runs"][key].get("last_position", {}).get("max_abs_delta_logit") for r in reports]
-        lines.append(f"| {key} | {_mean_sd(centred)} | {_mean_sd(raw)} | {_mean_sd(last)} | {cell(centred)[1]} |")
+        detector = [r["runs"][key].get("detector_strength", {}).get("max_abs_delta_logit") for r in reports]
+        lines.append(f"| {key} | {_mean_sd(run_values(key, 'steering_scale'))} | {_mean_sd(centred)} | "
+                     f"{_mean_sd(raw)} | {_mean_sd(last)} | {cell(centred)[1]} | {_mean_sd(detector)} |")
     if both:
         lines += ["", verdict(reports)]
     return "\n".join(lines)
@@ -115,7 +120,8 @@ def verdict(reports: Sequence[dict]) -> str:
     checks = [(free - con <= 0.02, f"constrained {con:.3f} vs unconstrained {free:.3f} (drop {free - con:+.3f}, "
                                    f"target ≤ 0.02)"),
               (con > probe, f"constrained {con:.3f} vs exemplar probe {probe:.3f}"),
-              (worst <= bound, f"worst constrained max |Δlogit| {worst:.3f} vs bound {bound:g}")]
+              (worst <= bound, f"worst constrained max centred |Δlogit| at held-out generation positions, at the "
+                               f"steering strength, over the seeds {worst:.3f} vs bound {bound:g}")]
     return "Target: " + "; ".join(f"{'met' if ok else 'MISSED'}: {text}" for ok, text in checks)
 
 
@@ -172,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                         "initialisation), reported as mean ± sd")
     p.add_argument("--max-logit-change", type=float, default=None, help="the |Δlogit| bound (default 2.0)")
     p.add_argument("--penalty-positions", default=None, choices=("answer", "answer_and_end", "last"))
+    p.add_argument("--bound-mode", default=None, choices=("calibrated", "steering_scale", "projection", "hinge"),
+                   help="how the |Δlogit| bound is enforced (default: calibrated; see docs/tsv.md)")
     p.add_argument("--generate", default=None, choices=("auto", "yes", "no"),
                    help="label the model's own answers (auto: for TruthfulQA-shaped data)")
     p.add_argument("--bound-sweep", default=None,
@@ -189,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars, "layer": args.layer,
               "layer_sweep": args.layer_sweep, "max_logit_change": args.max_logit_change,
               "penalty_positions": args.penalty_positions, "generate": args.generate,
+              "bound_mode": args.bound_mode,
               "bound_sweep": parse_bounds(args.bound_sweep)}
         if args.epochs is not None:
             hp["epochs"] = args.epochs

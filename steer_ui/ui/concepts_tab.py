@@ -131,16 +131,18 @@ def explosion_markdown(lang: str, demo: concepts.ExplosionDemo, max_new_tokens: 
         e_naive=pair(e, "naive_direct"), f_naive=pair(f, "naive_direct"),
         e_direct=pair(e, "direct"), f_direct=pair(f, "direct"),
         e_delta=pair(e, "delta_logit"), f_delta=pair(f, "delta_logit"),
-        e_max=pair(e, "max_abs_delta_logit"), f_max=pair(f, "max_abs_delta_logit"),
+        e_max=pair(e, "max_abs_centred_delta_logit"), f_max=pair(f, "max_abs_centred_delta_logit"),
+        e_raw=pair(e, "max_abs_delta_logit"), f_raw=pair(f, "max_abs_delta_logit"),
         e_prob=prob(e), f_prob=prob(f), e_kl=pair(e, "kl"), f_kl=pair(f, "kl"), e_rep=rep(e), f_rep=rep(f))
     if f is None:
         return text + "\n\n" + i18n.message(lang, "concepts_fixing")
     rep_ = demo.report
-    after = rep_["after"]["max_abs_delta_logit"]
+    # centred: the bound is on Δlogit minus its vocabulary mean (a shift of every logit moves no probability)
+    after = rep_["after"]["max_abs_centred_delta_logit"]
     verdict = i18n.message(lang, "concepts_within" if after <= rep_["max_change"] else "concepts_over")
     return text + "\n\n" + i18n.message(
         lang, "concepts_constraint", bound=_num(rep_["max_change"]), prompts=rep_["settings"]["prompts"],
-        steps=rep_["settings"]["steps"], before=_num(rep_["before"]["max_abs_delta_logit"]), after=_num(after),
+        steps=rep_["settings"]["steps"], before=_num(rep_["before"]["max_abs_centred_delta_logit"]), after=_num(after),
         verdict=verdict, cosine=_num(rep_["cosine_to_original"], 3))
 
 

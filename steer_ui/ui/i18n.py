@@ -505,7 +505,7 @@ extend(
             "concepts.explosion.alpha_info": "a fraction of the layer's mean residual norm",
             "concepts.explosion.token": "Token t",
             "concepts.explosion.token_info": "one token, e.g. ' zebra'; empty = the word the model least expects here",
-            "concepts.explosion.bound": "Bound on |Δlogit|",
+            "concepts.explosion.bound": "Bound on the centred |Δlogit| (Δlogit minus its vocabulary mean)",
             "concepts.explosion.steps": "Optimisation steps",
             "concepts.explosion.run": "Explode, then fix",
             "concepts.explosion.chart": "|Δlogit| before and after the constraint",
@@ -580,7 +580,7 @@ extend(
             "concepts.explosion.alpha_info": "该层平均残差范数的倍数",
             "concepts.explosion.token": "词元 t",
             "concepts.explosion.token_info": "单个词元，例如 ' zebra'；留空 = 模型在此处最不可能预测的单词",
-            "concepts.explosion.bound": "|Δlogit| 上限",
+            "concepts.explosion.bound": "中心化 |Δlogit|（Δlogit 减去其词表均值）的上限",
             "concepts.explosion.steps": "优化步数",
             "concepts.explosion.run": "先引爆，再修复",
             "concepts.explosion.chart": "约束前后的 |Δlogit|",
@@ -628,12 +628,14 @@ extend(
                                   "| Δlogit(t) added at the final residual (through the final norm) | {e_direct} | "
                                   "{f_direct} |\n"
                                   "| Δlogit(t), whole model | {e_delta} | {f_delta} |\n"
-                                  "| max \\|Δlogit\\| over the vocabulary | {e_max} | {f_max} |\n"
+                                  "| max \\|Δlogit − mean Δlogit\\| over the vocabulary (centred: what the bound "
+                                  "limits, since a shift of every logit moves no probability) | {e_max} | {f_max} |\n"
+                                  "| max \\|Δlogit\\|, raw | {e_raw} | {f_raw} |\n"
                                   "| p(t): unsteered → steered | {e_prob} | {f_prob} |\n"
                                   "| KL(unsteered‖steered), nats | {e_kl} | {f_kl} |\n"
                                   "| t among the generated tokens | {e_rep} | {f_rep} |",
             "concepts_fixing": "Now optimising the direction under the bound…",
-            "concepts_constraint": "Constraint: bound {bound} on {prompts} prompt(s), {steps} steps: max |Δlogit| "
+            "concepts_constraint": "Constraint: bound {bound} on {prompts} prompt(s), {steps} steps: max centred |Δlogit| "
                                    "{before} → **{after}** ({verdict}); cosine to the original direction {cosine}.",
             "concepts_within": "within the bound",
             "concepts_over": "still above the bound: try more steps or a smaller α",
@@ -666,12 +668,14 @@ extend(
                                   "| α·v·W_U[t]（不含最终归一化） | {e_naive} | {f_naive} |\n"
                                   "| 加在最终残差上时的 Δlogit(t)（经过最终归一化） | {e_direct} | {f_direct} |\n"
                                   "| Δlogit(t)，完整模型 | {e_delta} | {f_delta} |\n"
-                                  "| 词表上的最大 \\|Δlogit\\| | {e_max} | {f_max} |\n"
+                                  "| 词表上的最大 \\|Δlogit − 平均 Δlogit\\|（中心化：上限约束的正是它，因为所有 logit "
+                                  "同时平移不改变任何概率） | {e_max} | {f_max} |\n"
+                                  "| 最大 \\|Δlogit\\|，原始值 | {e_raw} | {f_raw} |\n"
                                   "| p(t)：未引导 → 已引导 | {e_prob} | {f_prob} |\n"
                                   "| KL(未引导‖已引导)，nats | {e_kl} | {f_kl} |\n"
                                   "| 生成的词元中 t 出现的次数 | {e_rep} | {f_rep} |",
             "concepts_fixing": "正在在上限约束下优化方向……",
-            "concepts_constraint": "约束：在 {prompts} 个提示词上以 {bound} 为上限，优化 {steps} 步：最大 |Δlogit| "
+            "concepts_constraint": "约束：在 {prompts} 个提示词上以 {bound} 为上限，优化 {steps} 步：最大中心化 |Δlogit| "
                                    "{before} → **{after}**（{verdict}）；与原方向的余弦相似度 {cosine}。",
             "concepts_within": "在上限之内",
             "concepts_over": "仍高于上限：请增加步数或减小 α",
@@ -697,10 +701,10 @@ extend(
                                 "frequency": "frequency", "share": "share"},
             "concepts_explosion": {"title": "The logit explosion and its fix", "naive_direct": "α·v·W_U[t]",
                                    "direct": "Δlogit(t) at the final residual", "delta_logit": "Δlogit(t)",
-                                   "max_abs_delta_logit": "max |Δlogit|", "exploded": "aligned vector",
+                                   "max_abs_centred_delta_logit": "max |centred Δlogit|", "exploded": "aligned vector",
                                    "fixed": "constrained vector", "bound": "bound",
                                    "abs_logit": "|value| (log scale)"},
-            "concepts_curve": {"title": "Constrained optimisation", "max_delta": "max |Δlogit|",
+            "concepts_curve": {"title": "Constrained optimisation", "max_delta": "max |centred Δlogit|",
                                "cosine": "cosine to the original", "step": "step"},
             "concepts_kv": {"title": "KV cache size vs sequence length", "this": "this model ({kv} KV heads)",
                             "mha": "full multi-head ({h} KV heads)", "sliding": "with sliding-window layers",
@@ -717,9 +721,9 @@ extend(
                                 "share": "占比"},
             "concepts_explosion": {"title": "Logit 爆炸及其修复", "naive_direct": "α·v·W_U[t]",
                                    "direct": "最终残差处的 Δlogit(t)", "delta_logit": "Δlogit(t)",
-                                   "max_abs_delta_logit": "最大 |Δlogit|", "exploded": "对齐向量",
+                                   "max_abs_centred_delta_logit": "最大 |中心化 Δlogit|", "exploded": "对齐向量",
                                    "fixed": "约束后向量", "bound": "上限", "abs_logit": "|数值|（对数刻度）"},
-            "concepts_curve": {"title": "带约束的优化过程", "max_delta": "最大 |Δlogit|", "cosine": "与原方向的余弦",
+            "concepts_curve": {"title": "带约束的优化过程", "max_delta": "最大 |中心化 Δlogit|", "cosine": "与原方向的余弦",
                                "step": "步"},
             "concepts_kv": {"title": "KV 缓存大小随序列长度的变化", "this": "本模型（{kv} 个 KV 头）",
                             "mha": "完整多头注意力（{h} 个 KV 头）", "sliding": "含滑动窗口层",

@@ -63,7 +63,7 @@ def find_results(report: dict) -> pd.DataFrame | None:
     for name, run in (report.get("runs") or {}).items():
         if isinstance(run, dict):
             rows.append({"row": f"TSV ({name})", "auroc": run.get("auroc"),
-                         "max_abs_delta_logit": run.get("max_abs_delta_logit"), "note": ""})
+                         "max_abs_delta_logit": run.get("max_abs_delta_logit"), "note": run.get("note", "")})
     for name, base in (report.get("baselines") or {}).items():
         if isinstance(base, dict):
             rows.append({"row": name, "auroc": base.get("auroc"), "max_abs_delta_logit": None,

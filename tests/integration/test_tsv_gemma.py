@@ -35,6 +35,12 @@ def test_short_run_reports_everything_on_a_group_split(gemma, short_run):
     assert len(held_groups) == rows["test"]
     assert set(report["runs"]) == {"constrained", "unconstrained"}
     assert report["max_abs_delta_logit"]["with_constraints"] >= 0
+    # the bound holds at the held-out generation positions at the saved (steering) strength; the detector keeps
+    # the training strength, 1 / scale times it
+    constrained = report["runs"]["constrained"]
+    assert constrained["max_abs_delta_logit"] <= report["max_abs_delta_logit"]["limit"] == 2.0
+    assert 0 < constrained["steering_scale"] <= 1
+    assert vector.hyperparameters["detector_alpha"] == pytest.approx(1 / constrained["steering_scale"])
     assert report["penalty_positions"] == "answer" and report["labelling"]["answers"].startswith("the dataset")
     # The full-label probe at the steered block sees the activations TSV steers; far above chance on capitals.
     assert report["baselines"]["probe_at_block"]["auroc"] > 0.8

@@ -268,6 +268,9 @@ def test_explosion_aligns_with_the_token_row(tiny):
         hook.remove()
     assert run.delta_logit == pytest.approx(steered[token_id] - logits[token_id], abs=1e-3)
     assert run.max_abs_delta_logit == pytest.approx(np.abs(steered - logits).max(), abs=1e-3)
+    # the lesson shows the centred change, the one the constraint's bound is on
+    delta = steered - logits
+    assert run.max_abs_centred_delta_logit == pytest.approx(np.abs(delta - delta.mean()).max(), abs=1e-3)
 
 
 def test_fix_rotates_the_vector_and_shrinks_the_logits(tiny):
@@ -277,6 +280,8 @@ def test_fix_rotates_the_vector_and_shrinks_the_logits(tiny):
     assert demo.fixed_vector.norm() == pytest.approx(1.0, abs=1e-5)  # same strength, new direction
     rep = demo.as_dict()["constraint"]
     assert rep["after_max_abs_delta_logit"] < rep["before_max_abs_delta_logit"]
+    assert rep["after_max_abs_centred_delta_logit"] < rep["before_max_abs_centred_delta_logit"]
+    assert demo.fixed.max_abs_centred_delta_logit < demo.exploded.max_abs_centred_delta_logit / 2
     assert demo.fixed.max_abs_delta_logit < demo.exploded.max_abs_delta_logit / 2
     assert demo.fixed.repeats < demo.exploded.repeats
     assert len(demo.curve()) == 40
@@ -315,8 +320,8 @@ def test_plots_show_the_frames_numbers(tiny):
     assert len(fig.data) == 3 and list(fig.data[2].y) == table.bytes_sliding.tolist()
     _, steps = concepts.time_cache(handle, 2, PROMPT)
     assert len(plots_concepts.cache_timing_chart(steps).data) == 2
-    run = {"naive_direct": 500.0, "direct": 300.0, "delta_logit": 250.0, "max_abs_delta_logit": 250.0}
-    fixed = {"naive_direct": 20.0, "direct": 1.0, "delta_logit": 0.0, "max_abs_delta_logit": 1.5}
+    run = {"naive_direct": 500.0, "direct": 300.0, "delta_logit": 250.0, "max_abs_centred_delta_logit": 250.0}
+    fixed = {"naive_direct": 20.0, "direct": 1.0, "delta_logit": 0.0, "max_abs_centred_delta_logit": 1.5}
     fig = plots_concepts.explosion_bars(run, fixed, bound=2.0)
     assert list(fig.data[0].y) == [500.0, 300.0, 250.0, 250.0] and min(fig.data[1].y) > 0  # log axis floor
     curve = pd.DataFrame({"step": [0, 1], "max_abs_delta_logit": [9.0, 1.0], "cosine": [1.0, 0.9]})

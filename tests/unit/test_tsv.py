@@ -398,6 +398,9 @@ def _tampered(vector, **changes):
     ({"hyperparameters": {"template": "Q: {question:>999999999}"}}, "stored template may use only"),
     ({"hyperparameters": {"template": 42}}, "template must be text"),
     ({"extras": {"prototypes": torch.zeros(3, 64)}}, r"shape \(3, 64\), expected \(2, 64\)"),
+    ({"hyperparameters": {"detector_alpha": 0.5}}, "detector_alpha must be a number in"),
+    ({"hyperparameters": {"detector_alpha": float("nan")}}, "detector_alpha must be a number in"),
+    ({"hyperparameters": {"detector_alpha": "2"}}, "detector_alpha must be a number in"),
 ])
 def test_score_refuses_a_tampered_vector_before_running_the_model(trained, changes, message):
     from steer_ui.model.capture import recording

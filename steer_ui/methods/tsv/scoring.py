@@ -20,6 +20,9 @@ from .data import PROMPT_TEMPLATE, TSVError, format_text, has_labels, rows_of, t
 from .maths import class_probs
 
 MAX_KAPPA = 1000.0  # the settings' bound: softmax(κ·cos) saturates long before
+# the detector's strength over the saved (steering) direction: 1 / the calibrated steering scale (training's
+# calibration stops at 1e-6)
+MAX_DETECTOR_ALPHA = 1e6
 
 
 def check_vector(handle, vector: SteeringVector) -> None:
@@ -41,6 +44,11 @@ def check_vector(handle, vector: SteeringVector) -> None:
         raise VectorError("TSV prototypes hold NaN or infinite values")
     if not torch.isfinite(vector.direction(vector.layer)).all():
         raise VectorError("the TSV direction holds NaN or infinite values")
+    detector_alpha = vector.hyperparameters.get("detector_alpha", 1.0)
+    if isinstance(detector_alpha, bool) or not isinstance(detector_alpha, (int, float)) \
+            or not math.isfinite(detector_alpha) or not 1.0 <= detector_alpha <= MAX_DETECTOR_ALPHA:
+        raise VectorError(f"the vector's detector_alpha must be a number in [1, {MAX_DETECTOR_ALPHA:g}], "
+                          f"got {str(detector_alpha)[:40]!r}")
     kappa = vector.hyperparameters.get("kappa", 10.0)
     if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not math.isfinite(kappa) \
             or not 0 < kappa <= MAX_KAPPA:
@@ -54,9 +62,10 @@ def check_vector(handle, vector: SteeringVector) -> None:
 def score(handle, vector: SteeringVector, pairs: Sequence[tuple[str, str]], batch_size: int = 16) -> list[float]:
     """p(truthful) for each (prompt, answer) under the trained vector and prototypes (prompt may be '')."""
     check_vector(handle, vector)
-    # the stored direction is λ·v, the exact vector added in training: raw α = 1 at every position
-    steers = static_steers(handle, vector, 1.0, positions="all")
+    # The stored direction is the steering vector s·λ·v; the detector reads λ·v, the training strength, at every
+    # position: raw α = detector_alpha = 1 / s (1 for vectors trained before the two strengths).
     hp = vector.hyperparameters
+    steers = static_steers(handle, vector, float(hp.get("detector_alpha", 1.0)), positions="all")
     template = hp.get("template", PROMPT_TEMPLATE)
     kappa = float(hp.get("kappa", 10.0))
     texts = []

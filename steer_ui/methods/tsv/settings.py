@@ -78,6 +78,29 @@ class TSVSettings:
     kl_weight: float = setting(0.1, "weight of the KL penalty in the loss", minimum=0, maximum=100, ui=False)
     # With 8, the bound held on the rows each step saw but a held-out tail reached 3.01 on TruthfulQA
     # (limit 1.5 × 2.0); 32 covers every exemplar.
+    # How the bound is made to hold (docs/tsv.md has the measurements).  The hinge is soft: alone ("hinge") it let
+    # the held-out centred |Δlogit| reach 3 × the bound.  "projection" scales the vector down after each step whose
+    # penalised positions went over; the detector then loses most of its strength (AUROC 0.97 -> 0.78 at 5 + 5
+    # epochs).  "steering_scale" keeps one vector with two strengths: the detector reads the training
+    # strength λ·v (where the constraints do not bite: no token is generated while scoring), and steering uses
+    # s·λ·v, with s ≤ 1 tracked during training so the step's penalised positions sit at bound_target × the
+    # bound, the penalties acting at s·λ·v (so they shape the direction, not the detector's strength), and s
+    # calibrated at the end on the training rows' generation positions.  The saved vector is the steering one.
+    # "calibrated" (default): the same two strengths, but the penalties train nothing (the vector is the
+    # unconstrained one, trained once); only the calibration of the steering strength enforces the bound.  At 5 + 5
+    # epochs it was the one mode that kept the detector's AUROC (penalties at the steering strength cost 0.06)
+    # and it also gave the larger steering strength under the bound (docs/tsv.md).
+    bound_mode: str = setting("calibrated", "how the |Δlogit| bound is enforced: steering_scale (a separate, "
+                                                "calibrated steering strength, the penalties acting at it; the "
+                                                "detector keeps the training strength), calibrated (the same, "
+                                                "without the penalties in training), projection (one strength, "
+                                                "scaled down to the bound) or hinge (the soft penalty alone)",
+                              choices=("steering_scale", "calibrated", "projection", "hinge"), ui=False)
+    bound_target: float = setting(0.8, "the share of max_logit_change that the projection or the steering scale "
+                                       "aims at: below 1, so positions training never saw stay within the bound",
+                                  minimum=0.05, maximum=1, ui=False)
+    calibration_rows: int = setting(96, "training rows whose generation positions calibrate the steering scale "
+                                        "after training", minimum=1, maximum=MAX_ROWS, ui=False)
     # "answer": the penalties act where a steered model generates (the last prompt token and the answer tokens but
     # the last), and the detector's last position stays free; "answer_and_end" adds it; "last" is it alone (before).
     penalty_positions: str = setting("answer", "positions whose next-token logits the penalties bound",

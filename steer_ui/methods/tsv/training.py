@@ -6,8 +6,11 @@ Our additions: the lm_head constraints of :mod:`steer_ui.methods.constraints`
 (a hinge on the centred |Δlogit| above ``max_logit_change``, real and
 direct-path, and a KL term) at the positions where a steered model generates
 the answer (:func:`generation_positions`; the detector's last position is
-left free), so the vector does not wreck generation at the strength it was
-trained at; and like-for-like baselines on the same held-out split.
+left free), so the vector does not wreck generation; how the bound is made to
+hold is ``bound_mode`` (default ``calibrated``: the detector is trained and
+read at λ·v, and the saved steering strength s·λ·v is calibrated to the
+bound on training rows); and like-for-like baselines on the same held-out
+split.
 
 Speed on a CPU: blocks 0..L never see ``v``, so every text is run through the
 frozen model once (:func:`~steer_ui.methods.constraints.cache_prefix`); each
@@ -120,6 +123,7 @@ class _Run:
     curves: list[dict]
     pseudo: dict
     constrained: bool
+    steering_scale: float = 1.0  # the steering strength is steering_scale·λ·v; the detector reads λ·v
 
 
 def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch.Tensor],
@@ -135,10 +139,15 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
     rng = random.Random(st.seed)
     v = torch.zeros(hidden, device=device, requires_grad=True)
     opt = torch.optim.AdamW([v], lr=st.lr)
-    use_logit = constrained and st.logit_penalty
-    use_kl = constrained and st.kl_penalty
+    # "calibrated": the penalties train nothing; the steering strength alone is fitted to the bound afterwards
+    use_logit = constrained and st.logit_penalty and st.bound_mode != "calibrated"
+    use_kl = constrained and st.kl_penalty and st.bound_mode != "calibrated"
     penalised = use_logit or use_kl
     all_positions = penalised and st.penalty_positions != "last"
+    # steering_scale: the penalties act at the steering strength scale·λ·v, in a pass of their own
+    separate = penalised and st.bound_mode == "steering_scale"
+    scale = 1.0
+    target = st.bound_target * st.max_logit_change
     exemplar_rows = [i for b in exemplar_batches for i in b.index]
     if st.prototype_init == "class_means":
         reps = torch.cat([_reps_of(handle, b.final_last) for b in exemplar_batches])
@@ -152,19 +161,20 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
     epoch_no = 0
 
     def run_epochs(parts_all: list[tuple[C.SuffixBatch, torch.Tensor]], epochs: int, stage: int) -> None:
-        nonlocal prototypes, epoch_no
+        nonlocal prototypes, epoch_no, scale
         for _ in range(epochs):
             parts = parts_all[:]
             rng.shuffle(parts)
-            loss_sum, rows_seen, correct, ex_seen, worst = 0.0, 0, 0, 0, 0.0
+            loss_sum, rows_seen, correct, ex_seen, worst, projections = 0.0, 0, 0, 0, 0.0, 0
             for step in _chunks(parts, st.batch_size):
                 opt.zero_grad()
                 n_rows = sum(len(b) for b, _ in step)
                 budget = min(st.penalty_rows, n_rows)
+                step_worst = 0.0
                 step_reps, step_targets = [], []
                 for b, t in step:
                     added = lam_raw * v
-                    if all_positions:
+                    if all_positions and not separate:
                         steered_all = C.run_suffix_all(handle, b, added)
                         final = steered_all[:, -1, :]
                     else:
@@ -177,6 +187,13 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                     if penalised and budget > 0:
                         k = min(budget, len(b))
                         budget -= k
+                        if separate:  # the penalised rows again, at the steering strength
+                            added = scale * lam_raw * v
+                            pen = b if k == len(b) else b.select(range(k))
+                            if all_positions:
+                                steered_all = C.run_suffix_all(handle, pen, added)
+                            else:
+                                final = C.run_suffix(handle, pen, added)
                         if all_positions:
                             r, pos = generation_positions(b, n_answer, k, st.penalty_positions)
                             # this sub-batch's share of the step's position budget, drawn afresh each step
@@ -191,7 +208,7 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                                                 st.logit_reduction, use_logit, use_kl)
                         share = k / min(st.penalty_rows, n_rows)
                         loss = loss + share * (st.logit_weight * lt + st.kl_weight * kt).to(loss.device)
-                        worst = max(worst, w)
+                        step_worst = max(step_worst, w)
                     loss.backward()
                     loss_sum += float(loss.detach()) * n_rows
                     rows_seen += len(b)
@@ -203,11 +220,23 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                             ex_seen += 1
                             correct += int(pred[p] == int(labels[i]))
                 opt.step()
+                worst = max(worst, step_worst)
+                if separate and step_worst > 0:
+                    # the steering scale that, to first order, puts these positions at the target (at most 1)
+                    scale = min(1.0, scale * target / step_worst)
+                elif penalised and st.bound_mode == "projection" and step_worst > target:
+                    # Projection: the hinge alone lets the vector's norm (its strength) outgrow the bound.  The
+                    # step's worst centred |Δlogit| was measured at the vector before this step; scale the vector
+                    # so that, to first order, it sits at the target on these positions.
+                    with torch.no_grad():
+                        v.mul_(target / step_worst)
+                    projections += 1
                 prototypes = ema_prototypes(prototypes, torch.cat(step_reps), torch.cat(step_targets), st.ema)
             epoch_no += 1
             curves.append({"epoch": epoch_no, "stage": stage, "loss": loss_sum / max(rows_seen, 1),
                            "exemplar_accuracy": correct / max(ex_seen, 1), "vector_norm": float(v.detach().norm()),
-                           "max_abs_delta_logit_seen": worst if penalised else None})
+                           "max_abs_delta_logit_seen": worst if penalised else None,
+                           "projections": projections, "steering_scale": scale if separate else None})
             lo, hi = span
             progress(lo + (hi - lo) * epoch_no / total_epochs,
                      f"TSV {'constrained' if constrained else 'unconstrained'}: epoch {epoch_no}/{total_epochs}, "
@@ -241,34 +270,94 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                  for b in _restrict(exemplar_batches + unlabelled_batches, set(aug))]
         run_epochs(parts, st.aug_epochs, 2)
     return _Run(v=v.detach().clone(), prototypes=prototypes.detach().clone(), curves=curves, pseudo=pseudo,
-                constrained=constrained)
+                constrained=constrained, steering_scale=scale)
 
 
-def _evaluate(handle, batches, added: torch.Tensor, prototypes: torch.Tensor, kappa: float,
+def calibrate_steering_scale(handle, batches, n_answer: dict[int, int], direction: torch.Tensor, scale: float,
+                             target: float, where: str = "answer", tries: int = 4) -> tuple[float, list[dict]]:
+    """The largest steering scale s ≤ 1 found whose max centred |Δlogit| at the batches' generation positions,
+    steering with s·``direction``, is at most ``target``; and every (scale, max) tried.
+
+    Starts from ``scale`` (training's running estimate) and rescales by
+    target / measured (aiming 3 % below), as the Δlogit grows about
+    linearly with the strength; backs off by 0.8 when a few such tries stay
+    above the target.
+    """
+    def worst_at(s: float) -> float:
+        worst = 0.0
+        with torch.no_grad():
+            for b in batches:
+                if where == "last" or b.final_all is None:
+                    base, steered = b.final_last, C.run_suffix(handle, b, s * direction)
+                else:
+                    r, pos = generation_positions(b, n_answer, where=where)
+                    base = at_positions(b.final_all, r, pos)
+                    steered = at_positions(C.run_suffix_all(handle, b, s * direction), r, pos)
+                worst = max(worst, C.max_centred_delta(handle, base, steered))
+        return worst
+
+    tried: list[dict] = []
+    s = min(1.0, scale)
+    for _ in range(tries):
+        w = worst_at(s)
+        tried.append({"scale": s, "max_abs_delta_logit": w})
+        if w <= target and (s >= 1.0 or w >= 0.9 * target):
+            break
+        s = min(1.0, s * 0.97 * target / max(w, 1e-12))  # aim a little below: the change is not quite linear
+    while not any(t["max_abs_delta_logit"] <= target for t in tried) and s > 1e-6:
+        s = min(t["scale"] for t in tried) * 0.8
+        tried.append({"scale": s, "max_abs_delta_logit": worst_at(s)})
+    feasible = [t["scale"] for t in tried if t["max_abs_delta_logit"] <= target]
+    return (max(feasible) if feasible else s), tried
+
+
+def _strengths_note(scale: float, bound_mode: str | None, detector_delta: float | None) -> str:
+    """What a run's AUROC and max |Δlogit| are measured at, in words (the Train tab shows it beside them)."""
+    if bound_mode is None:
+        return "no constraints: detector and steering at the training strength"
+    if scale == 1.0:
+        return f"one strength for detecting and steering (bound enforced by {bound_mode})"
+    trained = "trained without the penalties; " if bound_mode == "calibrated" else ""
+    return (f"{trained}two strengths: the AUROC is the detector's, at the training strength λ·v (max |Δlogit| "
+            f"{detector_delta:.3g} there; nothing is generated while scoring); max |Δlogit| is at the saved steering "
+            f"strength, {scale:.3g} × λ·v, calibrated on training rows to the bound")
+
+
+def _evaluate(handle, batches, runs: Sequence[tuple[torch.Tensor, torch.Tensor]], kappa: float,
               labels: Sequence[int], n_answer: dict[int, int], top_k: int = 10,
-              progress: Progress | None = None) -> dict:
-    """Held-out p(truthful) scores, AUROC, and the Δlogit report at the training strength.
+              progress: Progress | None = None) -> list[dict]:
+    """Held-out p(truthful) scores, AUROC, and the Δlogit report at the training strength, per run.
 
-    The score reads the last position of the steered pass over the whole text,
-    as training does.  Δlogit is measured at the generation positions
+    ``runs``: (added vector, prototypes) pairs, evaluated on the same rows in
+    one pass over them (the unsteered logits are computed once for all).  The
+    score reads the last position of the steered pass over the whole text, as
+    training does.  Δlogit is measured at the generation positions
     (:func:`generation_positions`, ``answer``) and, apart, at the last
     position (the detector's, which decides what follows the answer).
     """
-    scores, rows, at_answer, at_last = [], [], [], []
+    scores = [[] for _ in runs]
+    rows, at_answer, at_last = [], [[] for _ in runs], [[] for _ in runs]
     with torch.no_grad():
         for k, b in enumerate(batches):
             if progress is not None:  # also how a job's cancel and time limit reach this loop
                 progress(0.93, f"scoring the held-out split: batch {k + 1}/{len(batches)}")
-            steered_all = C.run_suffix_all(handle, b, added)
-            final = steered_all[:, -1, :]
-            scores += class_probs(_reps_of(handle, final), prototypes, kappa)[:, 1].tolist()
-            rows += b.index
             r, pos = generation_positions(b, n_answer, where="answer")
-            at_answer.append(C.delta_stats(handle, at_positions(b.final_all, r, pos),
-                                           at_positions(steered_all, r, pos), added))
-            at_last.append(C.delta_stats(handle, b.final_last, final, added))
-    return {"auroc": auroc(scores, [labels[i] for i in rows]), "scores": dict(zip(rows, scores)),
-            "delta": C.summarise_delta(handle, at_answer, top_k), "delta_last": C.summarise_delta(handle, at_last, top_k)}
+            steered_at, finals = [], []
+            for n, (added, prototypes) in enumerate(runs):
+                steered_all = C.run_suffix_all(handle, b, added)
+                finals.append(steered_all[:, -1, :])
+                steered_at.append(at_positions(steered_all, r, pos))
+                scores[n] += class_probs(_reps_of(handle, finals[-1]), prototypes, kappa)[:, 1].tolist()
+            rows += b.index
+            added_all = [added for added, _ in runs]
+            for n, stats in enumerate(C.delta_stats(handle, at_positions(b.final_all, r, pos), steered_at, added_all)):
+                at_answer[n].append(stats)
+            for n, stats in enumerate(C.delta_stats(handle, b.final_last, finals, added_all)):
+                at_last[n].append(stats)
+    y = [labels[i] for i in rows]
+    return [{"auroc": auroc(scores[n], y), "scores": dict(zip(rows, scores[n])),
+             "delta": C.summarise_delta(handle, at_answer[n], top_k),
+             "delta_last": C.summarise_delta(handle, at_last[n], top_k)} for n in range(len(runs))]
 
 
 def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, float]:
@@ -276,13 +365,15 @@ def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, floa
     out = {}
     with torch.no_grad():
         for b in batches:
-            seq = b.input_ids.shape[1]
+            r, pos = generation_positions(b, n_answer, where="answer")
+            hidden = at_positions(b.final_all, r, pos)
+            targets = at_positions(b.input_ids.unsqueeze(-1), r, [j + 1 for j in pos])[:, 0].long()
+            logp = torch.cat([C.logits_of(handle, hidden[s:e]).log_softmax(-1)
+                              .gather(1, targets[s:e, None].to(hidden.device))[:, 0]
+                              for s, e in C.chunk_bounds(len(r))]).tolist()
             for p, i in enumerate(b.index):
-                n = max(1, min(n_answer[i], int(b.attention_mask[p].sum()) - 1))
-                hidden = b.final_all[p, seq - n - 1:seq - 1]
-                logp = C.logits_of(handle, hidden).log_softmax(-1)
-                targets = b.input_ids[p, seq - n:].to(logp.device)
-                out[i] = float(logp.gather(1, targets.unsqueeze(1)).mean())
+                mine = [x for row, x in zip(r, logp) if row == p]
+                out[i] = sum(mine) / len(mine)
     return out
 
 
@@ -385,7 +476,7 @@ def _layer_sweep(handle, st: TSVSettings, frame, texts, labels, exemplar_rows, u
             b.index = [validation[p] for p in b.index]
         run = _train_run(handle, replace(brief, layer=block), lam_raw, targets, ex_b, [], labels, n_answer,
                          st.constrained, sub_progress(progress, lo, hi), (0.0, 1.0))
-        e = _evaluate(handle, val_b, lam_raw * run.v, run.prototypes, st.kappa, labels, n_answer)
+        (e,) = _evaluate(handle, val_b, [(lam_raw * run.v, run.prototypes)], st.kappa, labels, n_answer)
         results.append({"layer": block, "validation_auroc": e["auroc"],
                         "max_abs_delta_logit": e["delta"]["max_abs_centred_delta_logit"]})
     scored = [r for r in results if r["validation_auroc"] == r["validation_auroc"]]  # NaN: one-class validation
@@ -451,30 +542,70 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     # validate() allows a sweep only with the logit penalty on, so the main run is constrained and has its bound
     bounds = [b for b in dict.fromkeys(float(b) for b in st.bound_sweep) if b != st.max_logit_change]
     runs: dict[bool, _Run] = {}
+    swept: dict[float, _Run] = {}
+    if st.bound_mode == "calibrated":
+        # the penalties train nothing: every run is the same training (same seed, same draws), done once; the
+        # constrained ones differ only in the steering strength calibrated below
+        once = _train_run(handle, st, lam_raw, targets, exemplar_batches, unlabelled_batches, labels, n_answer,
+                          False, progress, (0.27, 0.92))
+        runs = {c: replace(once, constrained=c) for c in settings_to_run}
+        swept = {b: replace(once, constrained=True) for b in bounds}
     span = 0.65 / (len(settings_to_run) + len(bounds))
-    for n, constrained in enumerate(settings_to_run):
+    for n, constrained in enumerate(settings_to_run if not runs else []):
         runs[constrained] = _train_run(handle, st, lam_raw, targets, exemplar_batches, unlabelled_batches, labels,
                                        n_answer, constrained, progress, (0.27 + n * span, 0.27 + (n + 1) * span))
-    swept: dict[float, _Run] = {}
-    for n, bound in enumerate(bounds, start=len(settings_to_run)):
+    for n, bound in enumerate(bounds if not swept else [], start=len(settings_to_run)):
         progress(0.27 + n * span, f"bound sweep: |Δlogit| bound {bound:g}")
         swept[bound] = _train_run(handle, replace(st, max_logit_change=bound), lam_raw, targets, exemplar_batches,
                                   unlabelled_batches, labels, n_answer, True, progress,
                                   (0.27 + n * span, 0.27 + (n + 1) * span))
+    calibration: dict[int, list[dict]] = {}
+    if st.bound_mode in ("steering_scale", "calibrated") and st.constrained:
+        # the steering strength, calibrated on training rows' generation positions (never the held-out ones)
+        pool = sorted(train_rows)
+        random.Random(st.seed + 7).shuffle(pool)
+        calib_batches = _restrict(exemplar_batches + unlabelled_batches, set(pool[:st.calibration_rows]))
+        for bound, run in [(st.max_logit_change, runs.get(True)), *swept.items()]:
+            if run is not None:
+                progress(0.9, f"calibrating the steering strength to the |Δlogit| bound {bound:g}")
+                run.steering_scale, calibration[id(run)] = calibrate_steering_scale(
+                    handle, calib_batches, n_answer, lam_raw * run.v, run.steering_scale,
+                    st.bound_target * bound, st.penalty_positions)
     progress(0.93, "scoring the held-out split")
-    evals = {c: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels, n_answer,
-                          progress=progress) for c, r in runs.items()}
-    swept_evals = {b: _evaluate(handle, test_batches, lam_raw * r.v, r.prototypes, st.kappa, labels, n_answer,
-                                progress=progress) for b, r in swept.items()}
+    # one pass over the held-out rows for every run: the detector at λ·v, and steering at scale·λ·v where that differs
+    everything = [*runs.values(), *swept.values()]
+    entries = [(lam_raw * r.v, r.prototypes) for r in everything]
+    steering_entry = {}
+    for r in everything:
+        if r.steering_scale != 1.0:
+            steering_entry[id(r)] = len(entries)
+            entries.append((r.steering_scale * lam_raw * r.v, r.prototypes))
+    scored = _evaluate(handle, test_batches, entries, st.kappa, labels, n_answer, progress=progress)
+    detector_eval = {id(r): scored[n] for n, r in enumerate(everything)}
+    # what the Δlogit reports are about: the strength the vector steers with
+    steer_eval = {id(r): scored[steering_entry.get(id(r), n)] for n, r in enumerate(everything)}
+    evals = {c: detector_eval[id(r)] for c, r in runs.items()}
+    swept_evals = {b: detector_eval[id(r)] for b, r in swept.items()}
     baselines = _baselines(handle, st, exemplar_batches + unlabelled_batches, test_batches, exemplar_rows, labels,
                            n_answer)
     main = runs[st.constrained]
     main_eval = evals[st.constrained]
 
     def run_report(e: dict, run: _Run) -> dict:
-        d, last = e["delta"], e["delta_last"]
+        steer = steer_eval[id(run)]
+        d, last = steer["delta"], steer["delta_last"]
         return {"auroc": e["auroc"],
-                # at the generation positions: centred (what the hinge bounds), then raw
+                "note": _strengths_note(run.steering_scale, st.bound_mode if run.constrained else None,
+                                        e["delta"]["max_abs_centred_delta_logit"]),
+                # the steering strength (scale·λ·v) and the detector's (λ·v, the training strength)
+                "steering_scale": run.steering_scale,
+                "steering": {"scale": run.steering_scale, "calibration": calibration.get(id(run), []),
+                             "auroc_at_steering_strength": steer["auroc"],
+                             "vector_norm": float((run.steering_scale * lam_raw * run.v).norm())},
+                "detector_strength": {"max_abs_delta_logit": e["delta"]["max_abs_centred_delta_logit"],
+                                      "max_abs_raw_delta_logit": e["delta"]["max_abs_delta_logit"],
+                                      "mean_kl": e["delta"]["mean_kl"]},
+                # at the generation positions, at the steering strength: centred (what the bound is on), then raw
                 "max_abs_delta_logit": d["max_abs_centred_delta_logit"],
                 "max_abs_raw_delta_logit": d["max_abs_delta_logit"],
                 "median_max_abs_delta_logit": d["median_max_abs_delta_logit"],
@@ -491,8 +622,10 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     tradeoff = {**swept_evals, st.max_logit_change: evals[True]} if swept else {}
     if swept and False in evals:
         tradeoff[None] = evals[False]
-    bound_sweep = [{"bound": b, "auroc": e["auroc"], "max_abs_delta_logit": e["delta"]["max_abs_centred_delta_logit"],
-                    "mean_kl": e["delta"]["mean_kl"]}
+    run_of = {**{b: r for b, r in swept.items()}, st.max_logit_change: runs.get(True), None: runs.get(False)}
+    bound_sweep = [{"bound": b, "auroc": e["auroc"], "steering_scale": run_of[b].steering_scale,
+                    "max_abs_delta_logit": steer_eval[id(run_of[b])]["delta"]["max_abs_centred_delta_logit"],
+                    "mean_kl": steer_eval[id(run_of[b])]["delta"]["mean_kl"]}
                    for b, e in sorted(tradeoff.items(), key=lambda kv: math.inf if kv[0] is None else kv[0])]
 
     # clean(): AUROC is NaN where the held-out rows have one class; reports and vector metadata are JSON
@@ -508,23 +641,28 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
         "baselines": baselines,
         "layer_sweep": sweep,
         "penalty_positions": st.penalty_positions,
+        "bound_mode": st.bound_mode,
+        "steering_scale": main.steering_scale,
         "max_abs_delta_logit": {
             "where": "held-out generation positions (last prompt token and the answer tokens but the last), "
-                     "centred Δlogit",
+                     "centred Δlogit, at the steering strength",
             "with_constraints": run_reports["constrained"]["max_abs_delta_logit"] if True in evals else None,
             "without_constraints": run_reports["unconstrained"]["max_abs_delta_logit"] if False in evals else None,
             "limit": st.max_logit_change,
         },
-        "top_tokens": main_eval["delta"]["top_tokens"],
+        "top_tokens": steer_eval[id(main)]["delta"]["top_tokens"],
         "held_out": [{"prompt": frame.prompt[i], "answer": frame.completion[i], "label": labels[i],
                       "score": main_eval["scores"][i]} for i in test_rows],
         "runs": run_reports,
         "bound_sweep": bound_sweep,
         "settings": settings_dict(st),
     })
-    direction = lam_raw * main.v
+    # The saved direction is the steering vector (steering at raw α = 1 keeps the bound); the detector reads it
+    # at raw α = detector_alpha, the training strength λ·v (tsv.score does).
+    direction = main.steering_scale * lam_raw * main.v
     rel = to_relative(handle, float(direction.norm()), st.layer)
-    hyper = {**settings_dict(st), "lam_raw": lam_raw, "classes": list(CLASSES), "train_alpha_raw": 1.0}
+    hyper = {**settings_dict(st), "lam_raw": lam_raw, "classes": list(CLASSES), "train_alpha_raw": 1.0,
+             "detector_alpha": 1.0 / main.steering_scale, "steering_scale": main.steering_scale}
     metrics = {"auroc": report["auroc"],
                "baselines": {k: v["auroc"] for k, v in report["baselines"].items()},
                "max_abs_delta_logit": report["max_abs_delta_logit"],
