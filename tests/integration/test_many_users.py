@@ -55,6 +55,11 @@ def _tokens(result: dict) -> tuple:
                  for t in result[side]["tokens"])
 
 
+def _counts(load: dict) -> dict:
+    """Running and waiting generations (``/load`` also names the decode path)."""
+    return {"running": load["running"], "waiting": load["waiting"]}
+
+
 def _wait_idle(c: Client, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     load = c.predict(api_name="/load")
@@ -101,7 +106,10 @@ def test_a_client_that_leaves_mid_stream_frees_its_rows(server):
     assert c.predict(api_name="/load")["running"] == 1
     job.cancel()
     c.close()
-    assert _wait_idle(_client(server)) == {"running": 0, "waiting": 0}
+    load = _wait_idle(_client(server))
+    assert _counts(load) == {"running": 0, "waiting": 0}
+    assert load["decode"]["path"] == "dynamic"  # the path the batch took, and why: no CUDA graphs on a CPU
+    assert "cpu" in load["decode"]["reason"]
 
 
 def test_a_full_queue_answers_busy_instead_of_hanging(server):
@@ -110,9 +118,9 @@ def test_a_full_queue_answers_busy_instead_of_hanging(server):
     jobs = [clients[i].submit(*_args(i, tokens=250), api_name="/generate") for i in range(10)]
     probe = clients[10]
     deadline = time.monotonic() + 180
-    while probe.predict(api_name="/load") != {"running": 8, "waiting": 2} and time.monotonic() < deadline:
+    while _counts(probe.predict(api_name="/load")) != {"running": 8, "waiting": 2} and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert probe.predict(api_name="/load") == {"running": 8, "waiting": 2}
+    assert _counts(probe.predict(api_name="/load")) == {"running": 8, "waiting": 2}
     start = time.monotonic()
     with pytest.raises(Exception, match="busy") as refused:
         _generate(probe, _args(10, tokens=4))
@@ -122,4 +130,4 @@ def test_a_full_queue_answers_busy_instead_of_hanging(server):
         job.cancel()
     for c in clients:
         c.close()
-    assert _wait_idle(_client(server), timeout=120) == {"running": 0, "waiting": 0}
+    assert _counts(_wait_idle(_client(server), timeout=120)) == {"running": 0, "waiting": 0}
