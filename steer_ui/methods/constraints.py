@@ -154,22 +154,11 @@ def run_suffix_all(handle, batch: SuffixBatch, added: torch.Tensor | None) -> to
     """Like :func:`run_suffix` but the final residual at every position: (rows, seq, hidden), float.
 
     What a penalty at the positions where a steered model generates needs
-    (the answer tokens, not only the last one the detector reads).  Every
-    block runs on every position: :meth:`Prefix.final` feeds the final
-    block's MLP the last position alone (all it reads), which leaves the
-    other positions wrong by that MLP's output; here they must be right.
+    (the answer tokens, not only the last one the detector reads), so every
+    block runs on every position (:meth:`Prefix.final_everywhere`).
     """
-    h = batch.hidden
-    if added is not None:
-        add = added.to(h.device, h.dtype)
-        h = h + (add.unsqueeze(1) if add.ndim == 2 else add)
-    layers = handle.arch.layers
     with handle.lock:
-        for i in range(batch.layer + 1, len(layers)):
-            args, kwargs = batch.calls[i]
-            out = layers[i](h, *args, **kwargs)
-            h = out[0] if isinstance(out, tuple) else out
-    return h.float()
+        return batch.final_everywhere(added)
 
 
 def logits_of(handle, final_residual: torch.Tensor) -> torch.Tensor:

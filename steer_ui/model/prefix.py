@@ -68,23 +68,34 @@ class Prefix:
         with torch.inference_mode():
             return self.handle.arch.logits(self.normed_last).cpu()
 
-    def _blocks_above(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _blocks_above(self, hidden: torch.Tensor, every_position: bool = False) -> torch.Tensor:
         """Blocks ``layer + 1``.. on ``hidden`` with the recorded arguments; the final residual.
 
-        Only the last position of the result is meant to be read: the final
-        block's MLP runs on that position alone (see :func:`_last_position_mlp`).
+        Unless ``every_position``, only the last position of the result is
+        meant to be read: the final block's MLP runs on that position alone
+        (see :func:`_last_position_mlp`), which leaves the others wrong by
+        that MLP's output.
         """
         layers = self.handle.arch.layers
         last = len(layers) - 1
         for i in range(self.layer + 1, len(layers)):
             args, kwargs = self.calls[i]
-            if i == last and _final_mlp_sliceable(self.handle, layers[i], hidden, args, kwargs):
+            if i == last and not every_position and _final_mlp_sliceable(self.handle, layers[i], hidden, args,
+                                                                          kwargs):
                 with _last_position_mlp(self.handle):
                     out = layers[i](hidden, *args, **kwargs)
             else:
                 out = layers[i](hidden, *args, **kwargs)
             hidden = out[0] if isinstance(out, tuple) else out
         return hidden
+
+    def _plus(self, added: torch.Tensor | None) -> torch.Tensor:
+        """Block L's output with ``added``: (width,) at every position, (rows, width) per row, or None."""
+        h = self.hidden
+        if added is None:
+            return h
+        add = added.to(h.device, h.dtype)
+        return h + (add.unsqueeze(1) if add.ndim == 2 else add)
 
     def final(self, added: torch.Tensor | None = None) -> torch.Tensor:
         """(rows, width) float: the final residual (before the final norm) at the last position.
@@ -93,12 +104,12 @@ class Prefix:
         (rows, width) per row, or None.  Gradients flow to ``added`` when it
         requires them; the model's weights are frozen.
         """
-        h = self.hidden
-        if added is not None:
-            add = added.to(h.device, h.dtype)
-            h = h + (add.unsqueeze(1) if add.ndim == 2 else add)
-        h = self._blocks_above(h)
-        return h[:, -1, :].float()
+        return self._blocks_above(self._plus(added))[:, -1, :].float()
+
+    def final_everywhere(self, added: torch.Tensor | None = None) -> torch.Tensor:
+        """(rows, seq, width) float: :meth:`final` at every position, every block run on every position
+        (with ``added``; the unsteered one, when kept, is the field ``final_all``)."""
+        return self._blocks_above(self._plus(added), every_position=True).float()
 
     def logits(self, steers: Sequence[Steer], rows: int | None = None) -> torch.Tensor:
         """Last-position logits (rows, vocab) on the CPU with ``steers`` applied.
