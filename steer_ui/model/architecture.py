@@ -158,6 +158,8 @@ def kernel_key(w: torch.Tensor, rows: int) -> tuple:
     unembedding reads (:meth:`Architecture.logits`) share one timing.
     """
     return (tuple(w.shape), w.stride(), w.dtype, rows, torch.get_num_threads())
+
+
 _TUNE_MIN_VOCAB = 16384  # below this every kernel takes microseconds: not worth timing
 _TUNE_MAX_ROWS = 64
 

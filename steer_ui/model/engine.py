@@ -234,7 +234,8 @@ class Engine:
     def _give_way(self) -> None:
         """Called by the engine thread before each decoder block, the final norm, and each step.
 
-        Keeps the turn while no move wants it, or for ``turn_seconds``;
+        Keeps the turn while no move wants it, or until the turn has lasted
+        ``turn_share`` of a move's mean duration (at least ``turn_seconds``);
         otherwise hands it to the moves (see :meth:`interactive`) and takes it
         back when they end.
         """
@@ -259,7 +260,10 @@ class Engine:
             self._cv.notify_all()  # moves that arrived meanwhile re-check: they wait for this turn
 
     def _release_turn(self) -> None:
-        """The engine thread stops computing (idle or sleeping): moves need not wait for it."""
+        """The engine thread stops computing (idle or sleeping): moves need not wait for it.
+
+        Callable with ``_cv`` held (a Condition's lock is re-entrant).
+        """
         with self._cv:
             self._decoding = False
             self._cv.notify_all()
@@ -293,14 +297,12 @@ class Engine:
         while True:
             with self._cv:
                 if not self._waiting and not len(batch) and not self._closed:
-                    self._decoding = False  # idle: slider moves need not wait for a turn
-                    self._cv.notify_all()
+                    self._release_turn()  # idle: slider moves need not wait for a turn
                 while not self._waiting and not len(batch) and not self._closed:
                     self._cv.wait()
                 if self._closed and not self._waiting and not len(batch):
                     self._thread = None
-                    self._decoding = False
-                    self._cv.notify_all()
+                    self._release_turn()
                     return
             try:
                 self._iteration(batch)

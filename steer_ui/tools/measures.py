@@ -238,8 +238,6 @@ def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
     }
 
 
-# ------------------------------------------------------------------ slider
-
 def bench_decode_paths(handle, steer, n_tokens: int, reps: int, log) -> dict:
     """The static decode step (static_decode) against the dynamic one: per-step ms, runs interleaved A B B A.
 
@@ -275,6 +273,7 @@ def bench_decode_paths(handle, steer, n_tokens: int, reps: int, log) -> dict:
     }
 
 
+# ------------------------------------------------------------------ slider
 def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float | None = None) -> dict:
     """Naive full forward (hook, full logits) vs the prefix fast path, for the same α values, interleaved."""
     prompt, n_tok = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
