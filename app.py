@@ -151,8 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"warning: {problem}", file=sys.stderr)
 
+    from steer_ui.model import static_decode
     from steer_ui.service import Service, UserError
     from steer_ui.ui.app import build_demo, launch_kwargs
+
+    try:  # an operator's typo in STEER_UI_DECODE stops the launch here, not every generation later
+        static_decode.setting(None)
+    except static_decode.StaticDecodeError as exc:
+        print(f"error: {static_decode.ENV}: {exc}", file=sys.stderr)
+        return 2
 
     policy = policy_from_args(args)
     backend = Service(max_file_bytes=args.max_file_size, policy=policy, default_view=True)

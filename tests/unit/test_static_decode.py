@@ -461,3 +461,21 @@ def test_one_off_generations_take_the_dynamic_path_unless_asked(tiny, monkeypatc
     assert static_decode.one_off_setting() == "static"
     monkeypatch.setenv(static_decode.ENV, "auto")
     assert static_decode.one_off_setting() == "dynamic"
+
+
+def test_the_app_refuses_to_launch_with_an_unknown_decode_setting():
+    # a typo in STEER_UI_DECODE must stop the launch with one line, not break every generation once serving
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from steer_ui.model import static_decode
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, **{static_decode.ENV: "statik"})
+    proc = subprocess.run([sys.executable, str(root / "app.py"), "--model", "tiny:llama"], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [f"error: {static_decode.ENV}: decode must be one of ('auto', 'static', 'dynamic'), got 'statik'"]
