@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
 from ..data import load_dataset
@@ -158,6 +159,11 @@ def first_questions(dataset, n: int | None):
     return replace(dataset, frame=dataset.frame[dataset.frame.group.isin(keep)].reset_index(drop=True))
 
 
+def _as_list(report) -> list[dict]:
+    """A --json file holds one report (one seed) or a list of them."""
+    return report if isinstance(report, list) else [report]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m steer_ui.tools.tsv_tables --data FILE``: train on the embedded model and print the AUROC tables.
 
@@ -187,8 +193,18 @@ def main(argv: list[str] | None = None) -> int:
                         "reported as AUROC against the bound")
     p.add_argument("--max-questions", type=int, default=None,
                    help="keep the first N questions (groups) of the file, before anything else")
+    p.add_argument("--answer-shots", type=int, default=None,
+                   help="worked examples of TruthfulQA's QA primer before each question the model answers "
+                        "(default 5; 0: the template's zero-shot prompt)")
     p.add_argument("--json", help="also write the full report here")
+    p.add_argument("--combine", nargs="+", metavar="REPORT.json",
+                   help="print the seed table of reports written by earlier runs (--json), e.g. seeds run in "
+                        "parallel processes, and train nothing")
     args = p.parse_args(argv)
+    if args.combine:
+        reports = [r for path in args.combine for r in _as_list(json.loads(Path(path).read_text()))]
+        print(seeds_markdown(reports))
+        return 0
     dataset = first_questions(load_dataset(args.data), args.max_questions)
     handle = load_model(args.model)
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
@@ -197,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars, "layer": args.layer,
               "layer_sweep": args.layer_sweep, "max_logit_change": args.max_logit_change,
               "penalty_positions": args.penalty_positions, "generate": args.generate,
-              "bound_mode": args.bound_mode,
+              "bound_mode": args.bound_mode, "answer_shots": args.answer_shots,
               "bound_sweep": parse_bounds(args.bound_sweep)}
         if args.epochs is not None:
             hp["epochs"] = args.epochs

@@ -181,6 +181,9 @@ def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple
     status = i18n.message(lang, "trained", name=name)
     if isinstance(report.get("recommendation"), str):
         status += "\n\n" + report["recommendation"]
+    labelling = report.get("labelling")
+    if isinstance(labelling, dict) and isinstance(labelling.get("note"), str):  # TSV on the model's own answers
+        status += "\n\n" + labelling["note"]
     return status, curves_fig, table(find_results(report)), _jsonable(report)
 
 

@@ -132,7 +132,7 @@ def test_truthfulqa_shaped_data_trains_on_the_models_own_answers_by_default(tiny
     # A random model's answers are noise; put known ones in its answer cache, the way a rerun would read them:
     # right for even questions, wrong for odd ones, one left empty (dropped).
     cache = tmp_path / "answers"
-    tsv.generate_and_label(h, data, cache_dir=cache)  # the training's own call below hits this file
+    tsv.generate_and_label(h, data, cache_dir=cache, shots=settings.answer_shots)  # the training's call reads this
     (answers_file,) = cache.glob("answers-*.json")
     chosen = [f"It is {i + 1}" if i % 2 == 0 else f"It is {i}" for i in range(16)]
     chosen[3] = ""
@@ -140,6 +140,14 @@ def test_truthfulqa_shaped_data_trains_on_the_models_own_answers_by_default(tiny
     _v, report = tsv.train(h, data, settings, answers_cache=cache)
     lab = report["labelling"]
     assert lab["answers"] == "the model's own greedy answers" and "ROUGE-L" in lab["rule"]
+    assert lab["shots"] == tsv.MAX_SHOTS and lab["answer_prompt"].endswith("Q: {question}\nA:")
+    assert lab["note"].startswith("Labels: the model's own greedy answers to 16 questions, after 5 worked examples "
+                                  "of TruthfulQA's QA primer: 8 truthful / 7 hallucinated, 1 empty answers dropped.")
+    # the Train tab shows that line under its status
+    from steer_ui.ui.train_tab import train_outputs
+
+    status = train_outputs(None, "en", "tsv", report)[0]
+    assert lab["note"] in status and lab["rule"] in status
     assert (lab["truthful"], lab["hallucinated"], lab["empty_answers_dropped"]) == (8, 7, 1)
     assert lab["truthful_share"] == round(8 / 15, 4) and report["rows"]["total"] == 15
     assert [r["completion"] for r in report["generated"]] == [a for a in chosen if a]
@@ -155,3 +163,51 @@ def test_labelled_answers_are_not_regenerated_by_default():
     assert not tsv.is_question_table(rows)
     assert tsv.generates(parse_settings(tsv.TSVSettings, {"generate": "yes"}), rows)
     assert not tsv.generates(parse_settings(tsv.TSVSettings, {}), rows)
+
+
+def test_answer_prompt_is_the_template_or_the_qa_primer_before_the_question():
+    assert tsv.answer_prompt("Why?", shots=0) == tsv.prefix_text("Why?") == "Answer the question concisely. Q: Why? A:"
+    two = tsv.answer_prompt(" Why? ", shots=2)
+    (q1, a1), (q2, a2) = tsv.QA_PRIMER[:2]
+    assert two == f"Q: {q1}\nA: {a1}\n\nQ: {q2}\nA: {a2}\n\nQ: Why?\nA:"
+    assert "no comment" not in tsv.answer_prompt("Why?", shots=tsv.MAX_SHOTS).lower()  # the shortcut pair is left out
+    for bad in (-1, tsv.MAX_SHOTS + 1):
+        with pytest.raises(tsv.TSVError, match="answer shots must be in 0..5"):
+            tsv.answer_prompt("Why?", shots=bad)
+    with pytest.raises(ValueError, match="answer_shots"):
+        parse_settings(tsv.TSVSettings, {"answer_shots": 6})  # bounded on the server, whatever the form allows
+
+
+def test_the_primer_reaches_the_model_and_has_its_own_cache_key(tiny, tmp_path):
+    import hashlib
+    import json
+
+    h = tiny("gemma3")  # the tiny llama answers only whitespace; this one says varied things
+    questions = _questions(4)
+    zero = tsv.generate_and_label(h, questions, max_new_tokens=5, cache_dir=tmp_path)
+    primed = tsv.generate_and_label(h, questions, max_new_tokens=5, cache_dir=tmp_path, shots=3)
+    assert zero.attrs["shots"] == 0 and primed.attrs["shots"] == 3
+    assert primed.attrs["prompt"] == tsv.answer_prompt("{question}", shots=3)
+    # what the model answers after the primer is what it says when given the primed prompt itself
+    by_hand = [tsv.clean_answer(t) for t in _greedy(h, [tsv.answer_prompt(q, shots=3) for q in questions.Question], 5)]
+    assert primed.completion.tolist() == [a for a in by_hand if a]
+    assert primed.completion.tolist() != zero.completion.tolist()
+    files = sorted(tmp_path.glob("answers-*.json"))
+    assert len(files) == 2
+    # zero shots keep the key of the caches written before the primer existed
+    old_key = json.dumps([h.model_id, str(h.dtype), tsv.PROMPT_TEMPLATE, 5, questions.Question.tolist()])
+    assert tmp_path / f"answers-{hashlib.sha256(old_key.encode()).hexdigest()[:24]}.json" in files
+
+
+def _greedy(h, prompts, n):
+    """Greedy continuations, one prompt at a time, by Hugging Face's own generate (no batching, no padding)."""
+    import torch
+
+    out = []
+    for p in prompts:
+        ids = h.tokenizer(p, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            row = h.model.generate(input_ids=ids, max_new_tokens=n, do_sample=False, num_beams=1,
+                                   pad_token_id=h.tokenizer.pad_token_id or 0, eos_token_id=h.tokenizer.eos_token_id)
+        out.append(h.tokenizer.decode(row[0, ids.shape[1]:], skip_special_tokens=True))
+    return out

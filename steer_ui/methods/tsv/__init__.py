@@ -33,8 +33,8 @@ from ..common import clean, sub_progress
 from . import training
 from .data import (CLASSES, PROMPT_TEMPLATE, TSVError, format_text, pick_exemplars, prefix_text, rows_of,
                    split_groups, subsample_groups, template_pieces)
-from .labelling import (LABELLING_RULE, clean_answer, generate_and_label, generate_answers, is_question_table,
-                        label_balance, question_table)
+from .labelling import (LABELLING_RULE, MAX_SHOTS, QA_PRIMER, answer_prompt, clean_answer, generate_and_label,
+                        generate_answers, is_question_table, label_balance, labelling_summary, question_table)
 from .maths import class_probs, ema_prototypes, select_confident, sinkhorn
 from .scoring import check_vector, detect, score
 from .settings import TSVSettings, default_layer
@@ -60,16 +60,15 @@ class TSVMethod(StaticMethod):
         generated = None
         if generates(settings, dataset):
             generated = dataset = generate_and_label(handle, dataset, sub_progress(progress, 0.0, GENERATE_SHARE),
-                                                     template=settings.template, cache_dir=answers_cache)
+                                                     template=settings.template, cache_dir=answers_cache,
+                                                     shots=settings.answer_shots)
             if generated.empty:
                 raise TSVError(f"the model's answers to all {generated.attrs['empty_answers']} questions were empty "
                                f"after cleaning: nothing to label (a model this small may not answer at all)")
             progress = sub_progress(progress, GENERATE_SHARE, 1.0)
         vector, report = training.train(handle, dataset, settings, progress)
         if generated is not None:
-            report["labelling"] = {"answers": "the model's own greedy answers", "rule": generated.attrs["rule"],
-                                   "questions": len(generated) + generated.attrs["empty_answers"],
-                                   **label_balance(generated)}
+            report["labelling"] = labelling_summary(generated)
             report["generated"] = clean(generated[["prompt", "completion", "label", "similarity_correct",
                                                    "similarity_incorrect"]].to_dict("records"))
         else:
@@ -114,7 +113,7 @@ def train(handle, dataset, settings: TSVSettings | None = None, progress: Progre
     return METHOD.train(handle, dataset, settings, progress or noop, answers_cache=answers_cache)
 
 
-__all__ = ["CLASSES", "LABELLING_RULE", "METHOD", "PROMPT_TEMPLATE", "TSVError", "TSVMethod", "TSVSettings", "check_vector",
+__all__ = ["CLASSES", "LABELLING_RULE", "MAX_SHOTS", "METHOD", "PROMPT_TEMPLATE", "QA_PRIMER", "answer_prompt", "TSVError", "TSVMethod", "TSVSettings", "check_vector",
            "class_probs", "clean_answer", "default_layer", "detect", "ema_prototypes", "format_text",
-           "generate_and_label", "generate_answers", "generates", "is_question_table", "label_balance", "pick_exemplars", "prefix_text", "question_table", "rows_of", "score",
+           "generate_and_label", "generate_answers", "generates", "is_question_table", "label_balance", "labelling_summary", "pick_exemplars", "prefix_text", "question_table", "rows_of", "score",
            "select_confident", "sinkhorn", "split_groups", "subsample_groups", "template_pieces", "train"]

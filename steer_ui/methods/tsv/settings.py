@@ -13,6 +13,7 @@ from typing import ClassVar
 from .. import constraints as C
 from ..base import setting
 from .data import MAX_TEMPLATE, PROMPT_TEMPLATE, TSVError, template_pieces
+from .labelling import MAX_SHOTS
 
 MAX_EPOCHS = 200
 MAX_ROWS = 1_000_000
@@ -50,6 +51,11 @@ class TSVSettings:
                 "answer is truthful when its best ROUGE-L (LCS F-measure on word tokens) to a correct reference beats "
                 "its best to an incorrect one. auto: yes for TruthfulQA-shaped data (questions with correct and "
                 "incorrect references), no otherwise", choices=("auto", "yes", "no"))
+    answer_shots: int = setting(
+        MAX_SHOTS, "when the model answers the questions itself: how many worked examples of TruthfulQA's QA primer "
+                   "come before each question (0: the template's zero-shot prompt, the TSV paper's; a small base "
+                   "model rambles without examples, and rambling answers get near-random labels)",
+        minimum=0, maximum=MAX_SHOTS)
     seed: int = setting(0, "seed of the split, the exemplars and the initialisation", minimum=0, maximum=2**31 - 1)
 
     # expert settings: in the settings JSON, not in the form
