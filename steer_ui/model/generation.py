@@ -37,9 +37,11 @@ from typing import Iterator, Sequence
 import torch
 
 from . import kv_rows, static_decode
+from .dynamic_decode import DynamicDecode
 from .architecture import argmax_last, topk_last
 from .capture import left_pad, recording
 from .hooks import HeadSteer, Steer, StepState, between_blocks, input_vector, steering, validate
+from .static_decode import StaticDecode
 
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
 
@@ -412,16 +414,14 @@ class DecodeBatch:
         ``decode``: ``auto``, ``static`` or ``dynamic`` (default: ``STEER_UI_DECODE``, else ``auto``);
         see :func:`.static_decode.choose`.  :attr:`decode_path` says which path runs."""
         self.handle = handle
-        # the static KV store and capturable step (static_decode), or None: Hugging Face's dynamic cache
-        self.static, self._decode_reason = static_decode.choose(handle, decode)
+        # the rows' KV store and decode step: static_decode's (captured on CUDA) or Hugging Face's dynamic cache;
+        # both take the same calls, so nothing below asks which
+        static, self._decode_reason = static_decode.choose(handle, decode)
+        self.kv: StaticDecode | DynamicDecode = static if static is not None else DynamicDecode(handle)
         self.pause = pause
         self._between = pause or (lambda: None)
         self.requests: list[Request] = []
-        self.cache = None
-        self.columns = 0  # KV columns every row has consumed (real tokens at the right, padding at the left)
-        self.mask = self.positions = self.hidden = self.final = self.next_ids = None
-        self._steers: list = []
-        self._padded = False  # some row has padding columns (then every pass needs the attention mask)
+        self.hidden = self.final = self.next_ids = None
         self._final_block = handle.arch.num_layers - 1
 
     def __len__(self) -> int:
@@ -430,20 +430,23 @@ class DecodeBatch:
     @property
     def can_join(self) -> bool:
         """Whether new rows can join now (always when empty; else when the cache layout allows it)."""
-        return self.static is not None or self.cache is None or kv_rows.joinable(self.cache)
+        return self.kv.can_join
+
+    @property
+    def static(self) -> StaticDecode | None:
+        """The static store when this batch runs the static path (its counters: builds, captures), else None."""
+        return self.kv if isinstance(self.kv, StaticDecode) else None
 
     @property
     def decode_path(self) -> dict:
         """``{"path": "dynamic" | "static (eager)" | "static+cuda-graph", "reason": ...}`` (and the static path's
         re-build and capture counts)."""
-        return static_decode.report(self.static, self._decode_reason)
+        return self.kv.report(self._decode_reason)
 
     def steering_changed(self) -> None:
         """Take up changed steering of running requests (their ``decode_resid`` / ``decode_heads``) from the
         next step on; on the static path an in-place write of their rows (no re-build, no re-capture)."""
-        self._steers = self._steers_for(self.requests)
-        if self.static is not None:
-            self.static.set_steering(self._steers)
+        self.kv.set_steering(self._steers_for(self.requests))
 
     # ------------------------------------------------------------ prefill
     def admit(self, requests: Sequence[Request]) -> None:
@@ -505,31 +508,16 @@ class DecodeBatch:
     def _join(self, requests, cache, columns, mask, positions, hidden, final_residual) -> None:
         """Add the prefilled rows; all or nothing (what can fail runs before the batch changes)."""
         steers = self._steers_for(self.requests + list(requests))
-        if self.static is not None:  # the KV rows go into free slots of the static store; it keeps their mask
-            self.static.join(cache, columns, mask, positions, reserve=max(r.sampling.max_new_tokens for r in requests))
-            cache = mask = None
+        self.kv.join(cache, columns, mask, positions, reserve=max(r.sampling.max_new_tokens for r in requests))
         if self.hidden is None:
-            self.cache, self.columns, self.mask = cache, columns, mask
-            self.positions, self.hidden, self.final = positions, hidden, final_residual
+            self.hidden, self.final = hidden, final_residual
         else:
-            if self.static is None:
-                total = kv_rows.join(self.cache, self.columns, cache, columns)
-
-                def widen(m):
-                    return torch.cat([m.new_zeros((m.shape[0], total - m.shape[1])), m], dim=1)
-
-                self.mask = torch.cat([widen(self.mask), widen(mask)])
-                self.columns = total
-            self.positions = torch.cat([self.positions, positions])
             self.hidden = torch.cat([self.hidden, hidden])
             self.final = torch.cat([self.final, final_residual.to(self.final.device)])
             if self.next_ids is not None:  # new rows have not sampled yet; sample() sets it for everyone
                 self.next_ids = None
         self.requests += list(requests)
-        self._padded = self.mask is not None and bool((self.mask == 0).any())
-        self._steers = steers
-        if self.static is not None:
-            self.static.set_steering(steers)
+        self.kv.set_steering(steers)
 
     def _steers_for(self, requests: list[Request]) -> list:
         """One (rows, hidden) matrix per steered block, one (rows, width) per steered head site; zero rows elsewhere."""
@@ -641,59 +629,23 @@ class DecodeBatch:
             self._keep(keep)
         if not self.requests:
             return
-        if self.static is not None:
-            self.hidden, self.final = self.static.step(self.next_ids, pause=self.pause)
-            self.next_ids = None
-            return
-        handle = self.handle
-        ones = self.mask.new_ones((self.mask.shape[0], 1))
-        self.mask = torch.cat([self.mask, ones], dim=1)
-        state = StepState(prompt_len=0, offset=self.columns)  # every position from here on is a generated one
-        with torch.inference_mode(), \
-                recording(handle, [self._final_block], "resid", reduce=lambda h: h[:, -1, :]) as final, \
-                steering(handle, self._steers, state), between_blocks(handle, self.pause):
-            # the mask only where some column is padding: without one, the model takes its plain causal path
-            # (no per-step mask building), as a request alone does
-            out = handle.model.base_model(input_ids=self.next_ids, attention_mask=self.mask if self._padded else None,
-                                          position_ids=self.positions.unsqueeze(1), past_key_values=self.cache,
-                                          use_cache=True)
-        self.cache = out.past_key_values
-        self.columns += 1
-        self.positions = self.positions + 1
-        self.hidden = out.last_hidden_state[:, -1, :]
-        self.final = final[self._final_block]
+        self.hidden, self.final = self.kv.step(self.next_ids, pause=self.pause)
         self.next_ids = None
 
     def _keep(self, keep: list[int]) -> None:
         self.requests = [self.requests[i] for i in keep]
         kept_rows = [3 * i + row for i in keep for row in range(3)]
-        if self.static is not None:  # the leaving rows' slots are freed; the rest stay where they are
-            self.static.keep(kept_rows)
+        self.kv.keep(kept_rows)  # static: the leaving rows' slots are freed; dynamic: their KV rows dropped
         if not self.requests:
-            self.cache = self.mask = self.positions = self.hidden = self.final = self.next_ids = None
-            self.columns = 0
-            self._steers = []
+            self.hidden = self.final = self.next_ids = None
+            self.kv.set_steering([])
             return
         rows = torch.tensor(kept_rows, device=self.hidden.device)
-        if self.static is None:
-            kv_rows.keep_rows(self.cache, rows)
-            self.mask = self.mask.index_select(0, rows)
-        self.positions = self.positions.index_select(0, rows)
         self.hidden = self.hidden.index_select(0, rows)
         self.final = self.final.index_select(0, rows.to(self.final.device))
         if self.next_ids is not None:
             self.next_ids = self.next_ids.index_select(0, rows)
-        if self.static is not None:
-            self.steering_changed()
-            return
-        # columns that are padding in every remaining row (the longest prompt left) need not be attended to
-        used = self.mask.any(dim=0)
-        lead = int(used.int().argmax()) if bool(used.any()) else 0
-        if lead and kv_rows.joinable(self.cache):
-            self.columns = kv_rows.drop_leading(self.cache, self.columns, lead)
-            self.mask = self.mask[:, lead:]
-        self._padded = bool((self.mask == 0).any())
-        self._steers = self._steers_for(self.requests)
+        self.steering_changed()
 
 
 def stream_side_by_side(

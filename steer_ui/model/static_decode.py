@@ -205,16 +205,6 @@ def choose(handle, decode: str | None = None) -> tuple["StaticDecode | None", st
     return StaticDecode(handle, graph=path == "static+cuda-graph"), reason
 
 
-def report(static: "StaticDecode | None", reason: str) -> dict:
-    """The decode path a batch takes, and why: ``{"path", "reason"}`` (plus the counters on the static path)."""
-    if static is None:
-        return {"path": "dynamic", "reason": reason}
-    out = {"path": static.path, "reason": reason, "builds": static.builds, "captures": static.captures}
-    if static.capture_error:
-        out["capture_error"] = static.capture_error
-    return out
-
-
 # ------------------------------------------------------------------ the KV store
 class SlotLayer(CacheLayerMixin):
     """One layer's keys and values, ``(slots, kv_heads, max_len, head_dim)``, written at a device-held column.
@@ -302,6 +292,18 @@ class StaticDecode:
     @property
     def path(self) -> str:
         return "static+cuda-graph" if self.graph and self.capture_error is None else "static (eager)"
+
+    @property
+    def can_join(self) -> bool:
+        """Rows can always join: they take free slots, and the store grows when there are none."""
+        return True
+
+    def report(self, reason: str) -> dict:
+        """The decode path, why it was chosen, and the counters (plus why capture failed, if it did)."""
+        out = {"path": self.path, "reason": reason, "builds": self.builds, "captures": self.captures}
+        if self.capture_error:
+            out["capture_error"] = self.capture_error
+        return out
 
     def _allocate(self, slots: int, max_len: int, like: Cache) -> None:
         """A store of ``slots`` × ``max_len`` holding the old one's contents (same slots, same columns)."""
@@ -574,7 +576,7 @@ class StaticDecode:
                     self._graph.replay()
                 hidden, final = self._out  # the captured outputs, overwritten in place by each replay
             else:
-                hidden, final = self._forward(every_block=False)
+                hidden, final = self._forward(every_block=False, pause=pause)
         else:
             hidden, final = self._forward(every_block=self.every_block, pause=pause)
         hidden = hidden.index_select(0, self._slot_index)

@@ -101,7 +101,7 @@ def test_cancelled_request_frees_its_rows_and_others_continue(tiny):
     batch.advance()
     assert batch.requests == [keep] and batch.hidden.shape[0] == 3
     # the cancelled request had the longer prompt: its padding columns are trimmed from the cache
-    assert batch.columns == len(keep.ids) + 1
+    assert batch.kv.columns == len(keep.ids) + 1
     _drain(batch)
     _same(keep.result, alone)
 
@@ -133,7 +133,7 @@ def test_left_padding_leaves_every_rows_logits_alone(tiny):
     logits_alone = handle.arch.logits(alone.hidden[:1])
     logits_padded = handle.arch.logits(together.hidden[3:4])
     assert (logits_alone - logits_padded).abs().max() < 1e-4
-    assert together.mask[3].sum() == len(short.ids) and together.mask[0].sum() == len(long_.ids)
+    assert together.kv.mask[3].sum() == len(short.ids) and together.kv.mask[0].sum() == len(long_.ids)
 
 
 def test_kv_rows_join_pads_sliding_layers_to_the_window(tiny):
@@ -141,8 +141,8 @@ def test_kv_rows_join_pads_sliding_layers_to_the_window(tiny):
     batch = DecodeBatch(handle)
     batch.admit([Request.make(handle, "y" * 30, [])])
     batch.admit([Request.make(handle, "z", [])])
-    assert kv_rows.joinable(batch.cache)
-    for layer in batch.cache.layers:
+    assert kv_rows.joinable(batch.kv.cache)
+    for layer in batch.kv.cache.layers:
         width = layer.keys.shape[-2]
-        assert width == (15 if layer.is_sliding else batch.columns)
+        assert width == (15 if layer.is_sliding else batch.kv.columns)
         assert layer.keys.shape[0] == 6
