@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     so reruns only label them) and each answer labelled with TruthfulQA's similarity-difference rule.
     """
     p = argparse.ArgumentParser(prog="python -m steer_ui.tools.tsv_tables", description=main.__doc__)
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", help="the dataset to train on (required unless --combine)")
     p.add_argument("--model", default=None)
     p.add_argument("--max-rows", type=int, default=None, help="subsample whole groups (questions) to this many rows")
     p.add_argument("--layer", type=int, default=None, help="default: the paper's relative depth")
@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         reports = [r for path in args.combine for r in _as_list(json.loads(Path(path).read_text()))]
         print(seeds_markdown(reports))
         return 0
+    if not args.data:
+        p.error("--data is required (or --combine REPORT.json ...)")
     dataset = first_questions(load_dataset(args.data), args.max_questions)
     handle = load_model(args.model)
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
