@@ -193,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                         "reported as AUROC against the bound")
     p.add_argument("--max-questions", type=int, default=None,
                    help="keep the first N questions (groups) of the file, before anything else")
+    p.add_argument("--calibration-rows", type=int, default=None,
+                   help="training rows whose generation positions calibrate the steering strength (default 96)")
     p.add_argument("--answer-shots", type=int, default=None,
                    help="worked examples of TruthfulQA's QA primer before each question the model answers "
                         "(default 5; 0: the template's zero-shot prompt)")
@@ -216,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
               "layer_sweep": args.layer_sweep, "max_logit_change": args.max_logit_change,
               "penalty_positions": args.penalty_positions, "generate": args.generate,
               "bound_mode": args.bound_mode, "answer_shots": args.answer_shots,
+              "calibration_rows": args.calibration_rows,
               "bound_sweep": parse_bounds(args.bound_sweep)}
         if args.epochs is not None:
             hp["epochs"] = args.epochs
