@@ -103,7 +103,8 @@ class TSVSettings:
                                                 "scaled down to the bound) or hinge (the soft penalty alone)",
                               choices=("steering_scale", "calibrated", "projection", "hinge"), ui=False)
     bound_target: float = setting(0.8, "the share of max_logit_change that the projection or the steering scale "
-                                       "aims at: below 1, so positions training never saw stay within the bound",
+                                       "aims at: below 1, a margin for positions calibration never saw (a margin, not a "
+                                       "guarantee: docs/tsv.md)",
                                   minimum=0.05, maximum=1, ui=False)
     calibration_rows: int = setting(96, "training rows whose generation positions calibrate the steering scale "
                                         "after training", minimum=1, maximum=MAX_ROWS, ui=False)
