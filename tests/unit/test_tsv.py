@@ -249,10 +249,16 @@ def test_the_methods_settings_take_the_cli_names(tiny):
     assert vector.layer == 1 and "unconstrained" in vector.name
 
 
-def test_seeds_markdown_reports_mean_sd_and_each_seed(trained, tiny):
+def _two_seeds(trained) -> tuple[dict, dict]:
+    """The trained fixture's report (seed 0) and one more run like it with seed 1."""
     h, _vector, first = trained
     _v, second = tsv.train(h, _rows(), layer=2, init_epochs=2, aug_epochs=2, exemplars=8, selected=8,
                            batch_size=16, seed=1)
+    return first, second
+
+
+def test_seeds_markdown_reports_mean_sd_and_each_seed(trained):
+    first, second = _two_seeds(trained)
     assert second["settings"]["seed"] == 1
     table = tsv_tables.seeds_markdown([first, second])
     pairs = [r["runs"]["constrained"]["auroc"] for r in (first, second)]
@@ -270,6 +276,20 @@ def test_seeds_markdown_reports_mean_sd_and_each_seed(trained, tiny):
     probe = sum(r["baselines"]["probe_exemplars"]["auroc"] for r in (first, second)) / 2
     assert verdict.startswith("Target: ") and verdict.count("met: ") + verdict.count("MISSED: ") == 3
     assert ("met: constrained" if mean > probe else "MISSED: constrained") in verdict.split(";")[1]
+
+
+def test_combine_prints_the_seed_table_of_reports_from_separate_runs(trained, tmp_path, capsys):
+    # seeds run in parallel processes, one --json each (one report, or a list), make the table one run would
+    import json
+
+    first, second = _two_seeds(trained)
+    table = tsv_tables.seeds_markdown([first, second])
+    (tmp_path / "a.json").write_text(json.dumps(first, default=str))
+    (tmp_path / "b.json").write_text(json.dumps([second], default=str))
+    assert tsv_tables.main(["--combine", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    assert capsys.readouterr().out.strip() == table.strip()
+    with pytest.raises(SystemExit):  # without --combine, --data is needed
+        tsv_tables.main([])
 
 
 def test_bound_sweep_measures_auroc_against_each_bound_on_the_same_split(tiny):
