@@ -1,6 +1,6 @@
 """A decode step over a static, pre-allocated KV store: capturable once (CUDA graph), replayed every step.
 
-:class:`~.generation.DecodeBatch` decodes with Hugging Face's dynamic cache:
+The dynamic path (:class:`~.dynamic_decode.DynamicDecode`) decodes with Hugging Face's cache:
 every step concatenates one column onto every layer's keys and values, builds
 an attention mask of a new width, and installs Python steering hooks.  Shapes
 change every step, so a step cannot be captured, and on a GPU the launch of a

@@ -159,6 +159,9 @@ def first_questions(dataset, n: int | None):
     return replace(dataset, frame=dataset.frame[dataset.frame.group.isin(keep)].reset_index(drop=True))
 
 
+DEFAULTS = tsv.TSVSettings()  # what a run uses for any setting left unset (the help texts name them)
+
+
 def _as_list(report) -> list[dict]:
     """A --json file holds one report (one seed) or a list of them."""
     return report if isinstance(report, list) else [report]
@@ -194,10 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-questions", type=int, default=None,
                    help="keep the first N questions (groups) of the file, before anything else")
     p.add_argument("--calibration-rows", type=int, default=None,
-                   help="training rows whose generation positions calibrate the steering strength (default 96)")
+                   help="training rows whose generation positions calibrate the steering strength (default "
+                        f"{DEFAULTS.calibration_rows})")
     p.add_argument("--answer-shots", type=int, default=None,
                    help="worked examples of TruthfulQA's QA primer before each question the model answers "
-                        "(default 5; 0: the template's zero-shot prompt)")
+                        f"(default {DEFAULTS.answer_shots}; 0: the template's zero-shot prompt)")
     p.add_argument("--json", help="also write the full report here")
     p.add_argument("--combine", nargs="+", metavar="REPORT.json",
                    help="print the seed table of reports written by earlier runs (--json), e.g. seeds run in "

@@ -42,6 +42,12 @@ QA_PRIMER = (
 MAX_SHOTS = len(QA_PRIMER)
 
 
+def check_shots(shots: int) -> None:
+    """Refuse a number of worked examples the primer does not have."""
+    if not 0 <= shots <= MAX_SHOTS:
+        raise TSVError(f"answer shots must be in 0..{MAX_SHOTS}, got {shots}")
+
+
 def answer_prompt(question: str, template: str = PROMPT_TEMPLATE, shots: int = 0) -> str:
     """What the model reads before answering ``question``.
 
@@ -51,8 +57,7 @@ def answer_prompt(question: str, template: str = PROMPT_TEMPLATE, shots: int = 0
     own generation prompt).  The detector reads the answer through
     ``template`` either way; the examples only shape how the model answers.
     """
-    if not 0 <= shots <= MAX_SHOTS:
-        raise TSVError(f"answer shots must be in 0..{MAX_SHOTS}, got {shots}")
+    check_shots(shots)
     if not shots:
         return prefix_text(question, template)
     examples = "".join(f"Q: {q}\nA: {a}\n\n" for q, a in QA_PRIMER[:shots])
@@ -141,13 +146,15 @@ def _answers_cache(cache_dir, handle, template: str, max_new_tokens: int, questi
     if cache_dir is None:
         return None
     # zero shots keep the key they had before the primer existed, so earlier caches stay valid
-    key = json.dumps([handle.model_id, str(handle.dtype), template, max_new_tokens, questions] + ([shots] if shots else []))
+    fields = [handle.model_id, str(handle.dtype), template, max_new_tokens, questions] + ([shots] if shots else [])
+    key = json.dumps(fields)
     return Path(cache_dir) / f"answers-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 def generate_answers(handle, questions: list[str], template: str = PROMPT_TEMPLATE, max_new_tokens: int = 32,
                      batch_size: int = 16, progress: Progress | None = None, shots: int = 0) -> list[str]:
-    """Greedy answers after :func:`answer_prompt`, batched: prompts sorted by length, left-padded (the model's pad id)."""
+    """Greedy answers after :func:`answer_prompt`, batched: prompts sorted by length, left-padded (the model's
+    pad id)."""
     progress = progress or noop
     tok = handle.tokenizer
     prompts = [answer_prompt(q, template, shots) for q in questions]
@@ -194,7 +201,7 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
     if not any(len(c) for c in table.correct):
         raise TSVError("generate-and-label needs correct reference answers for the questions")
     questions = table.question.tolist()
-    answer_prompt("", template, shots)  # refuse bad shots before any work
+    check_shots(shots)  # before any work
     cached = _answers_cache(cache_dir, handle, template, max_new_tokens, questions, shots)
     if cached is not None and cached.is_file():
         answers = json.loads(cached.read_text())
