@@ -159,6 +159,7 @@ def test_a_parquet_decompression_bomb_is_refused_from_its_footer(server, honest,
 
 @pytest.mark.parametrize("method, settings, words", [
     ("tsv", {"init_epochs": 10**9}, ["init_epochs", "at most"]),
+    ("tsv", {"answer_shots": 99}, ["answer_shots", "at most"]),
     ("l2s", {"hidden": 10**8}, ["hidden", "at most"]),
     ("mean-diff", {"seed": -1}, ["seed", "at least"]),
     ("mean-diff", {"template": "x" * 100_000}, ["template"]),
