@@ -178,10 +178,26 @@ def process_logits(logits: torch.Tensor, history: torch.Tensor | None, s: Sampli
     return logits
 
 
-def gumbel_noise(rng: torch.Generator, vocab: int, device) -> torch.Tensor:
-    """(vocab,) Gumbel noise from ``rng``: one draw of the sampler for one step of one request."""
-    u = torch.rand(vocab, generator=rng, dtype=torch.float64).clamp_(min=1e-300)
-    return (-torch.log(-torch.log(u))).to(device)
+def noise_generator(seed: int, device) -> torch.Generator:
+    """A request's random stream, seeded, on the ``device`` that samples.
+
+    Drawing the noise where the logits are saves a vocabulary-sized float64
+    copy from host to device per sampled request and step (1 MB at a 128k
+    vocabulary).  CUDA and CPU draw float64; other accelerators (MPS has no
+    float64) draw on the CPU.  A seed gives the same tokens on every run on
+    one device type, not the same tokens on CPU and CUDA (their generators
+    differ), as with any PyTorch sampler.
+    """
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        device = torch.device("cpu")
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def gumbel_noise(rng: torch.Generator, vocab: int) -> torch.Tensor:
+    """(vocab,) float64 Gumbel noise from ``rng``, on its device: one draw of the sampler for one step of one request."""
+    u = torch.rand(vocab, generator=rng, dtype=torch.float64, device=rng.device).clamp_(min=1e-300)
+    return -torch.log(-torch.log(u))
 
 
 def choose(processed: torch.Tensor, s: Sampling, noise: torch.Tensor | None) -> torch.Tensor:
@@ -323,7 +339,7 @@ class Request:
     additions: dict[bool, torch.Tensor | None] = field(default_factory=dict, repr=False)  # generated? -> Σ α·v
     decode_resid: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # block -> (hidden,) float
     decode_heads: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # block -> (width,) float
-    rng: torch.Generator | None = field(default=None, repr=False)
+    rng: torch.Generator | None = field(default=None, repr=False)  # made at the first sampled step
     history: torch.Tensor | None = field(default=None, repr=False)
     generated: dict[int, list[int]] = field(default_factory=lambda: {UNSTEERED: [], STEERED: []}, repr=False)
 
@@ -351,8 +367,13 @@ class Request:
         row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
         return cls(prompt=prompt, ids=ids, steers=steers, sampling=sampling,
                    result=SideBySide(prompt=prompt, unsteered=Side(), steered=Side()),
-                   eos=_eos_ids(handle) if sampling.stop_at_eos else set(), row_steers=row_steers,
-                   rng=torch.Generator().manual_seed(int(sampling.seed)))
+                   eos=_eos_ids(handle) if sampling.stop_at_eos else set(), row_steers=row_steers)
+
+    def gumbel(self, vocab: int, device) -> torch.Tensor:
+        """This step's noise from the request's stream, made on first use where the logits are."""
+        if self.rng is None:
+            self.rng = noise_generator(self.sampling.seed, device)
+        return gumbel_noise(self.rng, vocab)
 
     @property
     def sides(self) -> dict[int, Side]:
@@ -553,7 +574,7 @@ class DecodeBatch:
         picked = []
         for i, r in enumerate(self.requests):
             self._between()  # each request's sampling is a few passes over the vocabulary
-            noise = gumbel_noise(r.rng, logits.shape[-1], device) if r.sampling.temperature > 0 else None
+            noise = r.gumbel(logits.shape[-1], logits.device) if r.sampling.temperature > 0 else None
             processed = process_logits(logits[2 * i:2 * i + 2], r.history, r.sampling)
             picked.append(choose(processed, r.sampling, noise))
         self._between()

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from steer_ui.model.generation import GenerationError, Sampling, process_logits, side_by_side, stream_side_by_side
+from steer_ui.model.generation import (GenerationError, Sampling, noise_generator, process_logits, side_by_side,
+                                      stream_side_by_side)
 from steer_ui.model.hooks import Steer, hook_count
 from steer_ui.tiny import FAMILIES
 
@@ -30,6 +31,24 @@ def test_alpha_zero_sides_identical(tiny, temperature):
     assert ids_of(result.unsteered) == ids_of(result.steered)
     assert result.unsteered.text == result.steered.text
     assert all(abs(t.delta_logit) < 1e-4 for t in result.steered.tokens)
+
+
+def test_a_sampled_first_token_is_the_gumbel_max_of_the_seeded_stream_on_the_logits_device(tiny):
+    """The first sampled token is argmax(processed logits + Gumbel noise drawn from the request's seeded stream)."""
+    handle = tiny("llama")
+    s = Sampling(max_new_tokens=1, temperature=1.3, top_k=40, seed=5, stop_at_eos=False)
+    result = side_by_side(handle, "Hello there", [], s)
+    with torch.no_grad():
+        logits = handle.model(**handle.tokenizer("Hello there", return_tensors="pt")).logits[:, -1].float()
+    u = torch.rand(logits.shape[-1], generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    expected = int((process_logits(logits, None, s).double() - torch.log(-torch.log(u))).argmax())
+    assert ids_of(result.unsteered) == [expected] == ids_of(result.steered)
+
+
+@pytest.mark.parametrize("device, drawn_on", [("cpu", "cpu"), ("mps", "cpu"), ("meta", "cpu")] +
+                         ([("cuda", "cuda")] if torch.cuda.is_available() else []))
+def test_the_noise_stream_lives_where_the_logits_are_when_that_device_draws_float64(device, drawn_on):
+    assert noise_generator(3, device).device.type == drawn_on
 
 
 def test_large_alpha_changes_output_and_records_delta(tiny):
