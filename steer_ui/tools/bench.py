@@ -63,10 +63,10 @@ from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, b
 from .many_users import bench_many_users
 from .timing import loadavg, parameter_bytes, peak_rss_bytes, rss_bytes
 
-# name: (comparison, target)
+# name: (comparison, target), on a CPU with the embedded model (float32); issue #20's figures
 TARGETS = {
     "side_by_side_speedup": (">=", 1.8),
-    "decode_floor_fraction": (">=", 0.4),
+    "decode_floor_fraction": (">=", 0.45),
     "slider_speedup": (">=", 4.0),
     "hook_overhead": ("<=", 1.03),
     "sweep_speedup": (">=", 2.0),
@@ -77,6 +77,14 @@ TARGETS = {
     "many_users_exact": (">=", 8),
     "slider_p95_load_over_idle_p50": ("<=", 2.0),
 }
+# On a GPU (issue #20, an 8B-shaped model in bfloat16): a captured decode step should come nearer the weights'
+# read time than a CPU's, and the batched side-by-side should beat two hooked generate() calls by more.
+GPU_TARGETS = {**TARGETS, "decode_floor_fraction": (">=", 0.6), "side_by_side_speedup": (">=", 2.5)}
+
+
+def targets_for(device_type: str) -> dict:
+    """The targets a run on this kind of device is judged against."""
+    return GPU_TARGETS if device_type == "cuda" else TARGETS
 
 
 # ------------------------------------------------------------------ setup
@@ -98,9 +106,9 @@ def _load(model: str | None, device: str, dtype: str, log):
 
 
 # ------------------------------------------------------------------ the run
-def _verdicts(ratios: dict) -> dict:
+def _verdicts(ratios: dict, targets: dict) -> dict:
     out = {}
-    for name, (op, target) in TARGETS.items():
+    for name, (op, target) in targets.items():
         value = ratios.get(name)
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             out[name] = None
@@ -202,8 +210,9 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     }
     result["load"] = load
     result["ratios"] = ratios
-    result["targets"] = {k: f"{op} {v}" for k, (op, v) in TARGETS.items()}
-    result["met"] = _verdicts(ratios)
+    targets = targets_for(handle.device.type)
+    result["targets"] = {k: f"{op} {v}" for k, (op, v) in targets.items()}
+    result["met"] = _verdicts(ratios, targets)
     result["conditions"]["loadavg_end"] = loadavg()
     result["seconds"] = time.perf_counter() - started
     return clean(result)

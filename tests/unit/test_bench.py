@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from steer_ui.tools.bench import TARGETS, run_bench
+from steer_ui.tools.bench import TARGETS, _verdicts, run_bench, targets_for
 from steer_ui.model.architecture import _UNEMBED_KERNEL, kernel_key, unembed
 from steer_ui.model.generation import Sampling, side_by_side
 from steer_ui.model.hooks import Steer
@@ -36,6 +36,14 @@ def test_quick_run_reports_every_ratio_as_a_finite_number(quick_result):
     assert all(v in (True, False, None) for v in quick_result["met"].values())
     # one JSON object, no NaN
     json.dumps(quick_result, allow_nan=False)
+
+
+def test_a_cuda_run_is_judged_against_the_gpu_targets_and_a_cpu_run_against_the_cpu_ones(quick_result):
+    ratios = {"decode_floor_fraction": 0.5, "side_by_side_speedup": 2.0}
+    assert _verdicts(ratios, targets_for("cpu"))["decode_floor_fraction"] is True
+    assert _verdicts(ratios, targets_for("cuda"))["decode_floor_fraction"] is False
+    assert _verdicts(ratios, targets_for("cuda"))["side_by_side_speedup"] is False
+    assert quick_result["targets"]["decode_floor_fraction"] == ">= 0.45"  # the tiny model ran on the CPU
 
 
 def test_quick_run_absolute_numbers_and_conditions(quick_result):
