@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 _DONE = object()
 _GRACE_SECONDS = 30.0  # past its deadline a ticket waits this much longer for the engine's own answer
+# weight of the newest move in the running mean of a move's duration: the mean follows the last few moves (a new
+# prompt or model changes their cost), and one slow move shifts it by a fifth of the difference, not all of it
+_MOVE_MEAN_WEIGHT = 0.2
 
 
 class EngineBusy(RuntimeError):
@@ -228,7 +231,7 @@ class Engine:
         finally:
             with self._cv:
                 self._moves -= 1
-                self._move_seconds += 0.2 * (time.monotonic() - start - self._move_seconds)
+                self._move_seconds += _MOVE_MEAN_WEIGHT * (time.monotonic() - start - self._move_seconds)
                 self._cv.notify_all()
 
     def _give_way(self) -> None:
