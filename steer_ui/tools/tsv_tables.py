@@ -57,7 +57,17 @@ def table_markdown(report: dict) -> str:
         lines.append(f"| {key} | {_fmt(r.get('steering_scale'))} | {_fmt(r['max_abs_delta_logit'])} | "
                      f"{_fmt(r.get('max_abs_raw_delta_logit'))} | {_fmt(last.get('max_abs_delta_logit'))} | "
                      f"{_fmt(r['mean_kl'])} | {_fmt(r.get('detector_strength', {}).get('max_abs_delta_logit'))} |")
+    check = runs.get("constrained", {}).get("bound_check")
+    if check:
+        lines += ["", bound_check_line(check)]
     return "\n".join(lines)
+
+
+def bound_check_line(check: dict) -> str:
+    """The constrained run's bound check: its note, then each worst row at its worst position."""
+    worst = "; ".join(f"{w['max_abs_delta_logit']:.2f} at answer token {w['answer_token']} ({w['token']!r}) of "
+                      f"{w['answer']!r}" for w in check["worst_rows"])
+    return f"{check['note']} Worst rows: {worst}."
 
 
 def _mean_sd(values) -> str:
@@ -105,6 +115,11 @@ def seeds_markdown(reports: Sequence[dict]) -> str:
         detector = [r["runs"][key].get("detector_strength", {}).get("max_abs_delta_logit") for r in reports]
         lines.append(f"| {key} | {_mean_sd(run_values(key, 'steering_scale'))} | {_mean_sd(centred)} | "
                      f"{_mean_sd(raw)} | {_mean_sd(last)} | {cell(centred)[1]} | {_mean_sd(detector)} |")
+    checks = [r["runs"].get("constrained", {}).get("bound_check") for r in reports]
+    if all(checks):
+        per_seed = ", ".join(f"{c['rows_over']} of {c['rows']} rows ({c['positions_over']} of {c['positions']} "
+                             f"positions)" for c in checks)
+        lines += ["", f"Held-out rows where the constrained run broke the bound, per seed ({seeds}): {per_seed}."]
     if both:
         lines += ["", verdict(reports)]
     return "\n".join(lines)

@@ -184,6 +184,9 @@ def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple
     labelling = report.get("labelling")
     if isinstance(labelling, dict) and isinstance(labelling.get("note"), str):  # TSV on the model's own answers
         status += "\n\n" + labelling["note"]
+    check = (report.get("runs") or {}).get("constrained", {}).get("bound_check")
+    if isinstance(check, dict) and isinstance(check.get("note"), str):  # TSV: where the held-out rows kept the bound
+        status += "\n\n" + check["note"]
     return status, curves_fig, table(find_results(report)), _jsonable(report)
 
 

@@ -497,6 +497,34 @@ def test_constraints_at_the_generation_positions_bound_the_logits_there(tiny):
     assert set(constrained["last_position"]) == {"max_abs_delta_logit", "max_abs_raw_delta_logit", "mean_kl"}
 
 
+def test_the_bound_check_names_where_the_held_out_positions_break_the_bound(tiny):
+    h = tiny("llama")
+    _v, report = tsv.train(h, _rows(), layer=1, init_epochs=2, aug_epochs=2, exemplars=8, selected=8, lam=1.0,
+                           max_logit_change=0.05, bound_sweep=(0.01,))
+    constrained = report["runs"]["constrained"]
+    check = constrained["bound_check"]
+    assert check["limit"] == 0.05 and report["runs"]["unconstrained"]["bound_check"] is None
+    assert check["rows"] == report["rows"]["test"]
+    assert check["positions"] >= check["rows"]  # every held-out row has at least one generation position
+    # the worst row's worst position is the run's maximum, and the rows come worst first
+    worst = [w["max_abs_delta_logit"] for w in check["worst_rows"]]
+    assert worst == sorted(worst, reverse=True) and len(worst) == min(3, check["rows"])
+    assert worst[0] == pytest.approx(constrained["max_abs_delta_logit"], rel=1e-5)
+    held_out = {(r["prompt"], r["answer"]) for r in report["held_out"]}
+    assert all((w["prompt"], w["answer"]) in held_out for w in check["worst_rows"])
+    assert (check["positions_over"] > 0) == (constrained["max_abs_delta_logit"] > 0.05)
+    assert check["rows_over"] <= min(check["rows"], check["positions_over"])
+    # a swept run is checked against its own bound, not the main one
+    swept = report["runs"]["constrained, bound 0.01"]["bound_check"]
+    assert swept["limit"] == 0.01
+    held = check["positions"] - check["positions_over"]
+    assert check["note"].startswith(f"The |Δlogit| bound 0.05 held at {held} of {check['positions']} held-out")
+    assert check["note"] in tsv_tables.table_markdown(report)
+    from steer_ui.ui.train_tab import train_outputs  # and the Train tab shows it under the status
+    status, *_ = train_outputs(None, "en", "tsv L1", report)
+    assert status.endswith(check["note"])
+
+
 def test_the_layer_sweep_trains_each_candidate_and_keeps_the_best_on_validation(tiny):
     h = tiny("llama")
     _v, report = tsv.train(h, _rows(), layer_sweep=3, sweep_epochs=1, init_epochs=1, aug_epochs=1, exemplars=8,

@@ -337,6 +337,8 @@ def _evaluate(handle, batches, runs: Sequence[tuple[torch.Tensor, torch.Tensor]]
     """
     scores = [[] for _ in runs]
     rows, at_answer, at_last = [], [[] for _ in runs], [[] for _ in runs]
+    # which (row, answer token) each generation position is, for the positions' report (:func:`bound_check`)
+    places: list[tuple[int, int, int]] = []
     with torch.no_grad():
         for k, b in enumerate(batches):
             if progress is not None:  # also how a job's cancel and time limit reach this loop
@@ -349,6 +351,10 @@ def _evaluate(handle, batches, runs: Sequence[tuple[torch.Tensor, torch.Tensor]]
                 steered_at.append(at_positions(steered_all, r, pos))
                 scores[n] += class_probs(_reps_of(handle, finals[-1]), prototypes, kappa)[:, 1].tolist()
             rows += b.index
+            first = {}
+            for p_row, p in zip(r, pos):
+                first.setdefault(p_row, p)  # positions run in order: a row's first predicts its first answer token
+                places.append((b.index[p_row], p - first[p_row], int(b.input_ids[p_row, p + 1])))
             added_all = [added for added, _ in runs]
             for n, stats in enumerate(C.delta_stats(handle, at_positions(b.final_all, r, pos), steered_at, added_all)):
                 at_answer[n].append(stats)
@@ -357,7 +363,41 @@ def _evaluate(handle, batches, runs: Sequence[tuple[torch.Tensor, torch.Tensor]]
     y = [labels[i] for i in rows]
     return [{"auroc": auroc(scores[n], y), "scores": dict(zip(rows, scores[n])),
              "delta": C.summarise_delta(handle, at_answer[n], top_k),
-             "delta_last": C.summarise_delta(handle, at_last[n], top_k)} for n in range(len(runs))]
+             "delta_last": C.summarise_delta(handle, at_last[n], top_k),
+             "by_position": (places, torch.cat([s["max_abs_centred"] for s in at_answer[n]]).tolist()
+                             if at_answer[n] else [])}
+            for n in range(len(runs))]
+
+
+def bound_check(handle, frame, by_position: tuple[list, list], limit: float, worst: int = 3) -> dict:
+    """Where the held-out generation positions keep the |Δlogit| ``limit`` and where they break it.
+
+    ``by_position``: :func:`_evaluate`'s ((row, answer token, token id) per
+    position, centred max |Δlogit| per position).  The calibrated bound is
+    an empirical margin: a text whose later blocks amplify any push breaks
+    it at many of its positions at once, so the report counts rows as well
+    as positions and names the ``worst`` rows, each at its worst position.
+    """
+    places, values = by_position
+    over = [(v, place) for place, v in zip(places, values) if v > limit]
+    by_row: dict[int, tuple[float, tuple]] = {}
+    for place, v in zip(places, values):
+        if place[0] not in by_row or v > by_row[place[0]][0]:
+            by_row[place[0]] = (v, place)
+    ranked = sorted(by_row.values(), key=lambda x: -x[0])[:worst]
+    worst_rows = [{"prompt": frame.prompt[row], "answer": frame.completion[row], "answer_token": k,
+                   "token": handle.tokenizer.decode([tok]), "max_abs_delta_logit": v} for v, (row, k, tok) in ranked]
+    rows_over = len({place[0] for _, place in over})
+    note = f"The |Δlogit| bound {limit:g} held at {len(values) - len(over)} of {len(values)} held-out generation " \
+           f"positions"
+    if over:
+        w = worst_rows[0]
+        answer = w["answer"] if len(w["answer"]) <= 60 else w["answer"][:59] + "…"
+        note += (f"; {len(over)} positions in {rows_over} of {len(by_row)} rows broke it (worst "
+                 f"{w['max_abs_delta_logit']:.2f}, at answer token {w['answer_token']} of {answer!r}). The steering "
+                 f"strength is calibrated on training rows: a margin measured there, not a guarantee")
+    return {"limit": limit, "positions": len(values), "positions_over": len(over), "rows": len(by_row),
+            "rows_over": rows_over, "worst_rows": worst_rows, "note": note + "."}
 
 
 def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, float]:
@@ -591,7 +631,7 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     main = runs[st.constrained]
     main_eval = evals[st.constrained]
 
-    def run_report(e: dict, run: _Run) -> dict:
+    def run_report(e: dict, run: _Run, limit: float) -> dict:
         steer = steer_eval[id(run)]
         d, last = steer["delta"], steer["delta_last"]
         return {"auroc": e["auroc"],
@@ -614,10 +654,12 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
                 "last_position": {"max_abs_delta_logit": last["max_abs_centred_delta_logit"],
                                   "max_abs_raw_delta_logit": last["max_abs_delta_logit"], "mean_kl": last["mean_kl"]},
                 "vector_norm": float((lam_raw * run.v).norm()), "curves": run.curves,
-                "pseudo_labels": run.pseudo}
+                "pseudo_labels": run.pseudo,
+                "bound_check": bound_check(handle, frame, steer["by_position"], limit) if run.constrained else None}
 
-    run_reports = {("constrained" if c else "unconstrained"): run_report(evals[c], r) for c, r in runs.items()}
-    run_reports.update({f"constrained, bound {b:g}": run_report(swept_evals[b], r) for b, r in swept.items()})
+    run_reports = {("constrained" if c else "unconstrained"): run_report(evals[c], r, st.max_logit_change)
+                   for c, r in runs.items()}
+    run_reports.update({f"constrained, bound {b:g}": run_report(swept_evals[b], r, b) for b, r in swept.items()})
     # AUROC against the bound, loosest last; the unconstrained run is the bound-free end (None)
     tradeoff = {**swept_evals, st.max_logit_change: evals[True]} if swept else {}
     if swept and False in evals:
