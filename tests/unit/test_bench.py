@@ -51,6 +51,11 @@ def test_quick_run_absolute_numbers_and_conditions(quick_result):
     for key in ("hf_two_generate_calls_ms", "ours_side_by_side_ms", "ours_ms_per_step", "floor_ms"):
         assert _finite(sbs[key]) and sbs[key] > 0, key
     assert quick_result["bandwidth"]["read_gb_s"] > 0
+    # the strict floor and the bandwidth the table names beside it are the same number
+    best = sbs["read_gb_s_best"]
+    assert best >= max(quick_result["bandwidth"]["read_gb_s"], sbs["read_gb_s_during_run"]) * (1 - 1e-9)
+    assert sbs["floor_ms_best_bandwidth"] == pytest.approx(quick_result["weights"]["bytes"] / (best * 1e9) * 1e3,
+                                                           rel=1e-3, abs=6e-4)  # ms are rounded to 0.001
     assert quick_result["weights"]["bytes"] > 0
     slider = quick_result["slider"]
     assert slider["fast_ms_p95"] >= slider["fast_ms_p50"] > 0
