@@ -139,15 +139,21 @@ class Frame:
     steps: int
 
     def token_frame(self) -> pd.DataFrame:
-        """Per steered token: position, token, logprob, Δlogit (actual and direct), top alternatives."""
-        return pd.DataFrame({
-            "position": list(range(len(self.steered_tokens))),
-            "token": [t.token for t in self.steered_tokens],
-            "logprob": [t.logprob for t in self.steered_tokens],
-            "delta_logit": [t.delta_logit for t in self.steered_tokens],
-            "direct_delta_logit": [t.direct_delta_logit for t in self.steered_tokens],
-            "alternatives": [", ".join(f"{a!r} {p:.2f}" for a, p in t.alternatives[:5]) for t in self.steered_tokens],
+        """Per steered token: position, token, logprob, Δlogit (actual and direct), top alternatives; with a
+        Δlogit limit also the step's max centred |Δlogit| before it and the share of the change kept."""
+        tokens = self.steered_tokens
+        frame = pd.DataFrame({
+            "position": list(range(len(tokens))),
+            "token": [t.token for t in tokens],
+            "logprob": [t.logprob for t in tokens],
+            "delta_logit": [t.delta_logit for t in tokens],
+            "direct_delta_logit": [t.direct_delta_logit for t in tokens],
+            "alternatives": [", ".join(f"{a!r} {p:.2f}" for a, p in t.alternatives[:5]) for t in tokens],
         })
+        if any(t.max_delta_logit is not None for t in tokens):
+            frame.insert(5, "max_delta_logit_before_limit", [t.max_delta_logit for t in tokens])
+            frame.insert(6, "change_kept", [t.kept for t in tokens])
+        return frame
 
     def as_dict(self) -> dict:
         return {"prompt": self.prompt, "done": self.done, "steps": self.steps,
@@ -547,13 +553,14 @@ class Service:
             raise UserError("prompt_too_long", size=len(prompt), limit=self.policy.max_prompt_chars)
 
     def sampling(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 repetition_penalty: float = 1.0, seed: int = 0, greedy: bool | None = None):
+                 repetition_penalty: float = 1.0, seed: int = 0, greedy: bool | None = None,
+                 max_delta_logit: float = 0.0):
         from .model.generation import GenerationError, Sampling
 
         try:
             s = Sampling(max_new_tokens=int(max_new_tokens), temperature=0.0 if greedy else float(temperature),
                          top_k=int(top_k or 0), top_p=float(top_p), repetition_penalty=float(repetition_penalty),
-                         seed=_check_seed(seed))
+                         seed=_check_seed(seed), max_delta_logit=float(max_delta_logit or 0.0))
             s.validate()
         except (GenerationError, TypeError, ValueError, OverflowError) as exc:
             raise UserError("bad_sampling", detail=_first_line(exc)) from None

@@ -46,6 +46,10 @@ from .static_decode import StaticDecode
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
 
 
+# A limit above this is no limit: logits of 262k-token vocabularies span a few hundred at most.
+MAX_DELTA_LOGIT_LIMIT = 1000.0
+
+
 class GenerationError(ValueError):
     """A generation request that cannot run (empty prompt, bad sampling values)."""
 
@@ -61,6 +65,8 @@ class Sampling:
     stop: Sequence[str] = ()
     stop_at_eos: bool = True
     alternatives: int = 5  # top-k alternatives recorded per token
+    # 0 = off; else the most any token's centred logit may move at a steered step (see DecodeBatch.sample)
+    max_delta_logit: float = 0.0
 
     def validate(self) -> None:
         import math
@@ -74,6 +80,8 @@ class Sampling:
             (math.isfinite(self.top_p) and 0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p!r}"),
             (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
              f"repetition penalty must be > 0, got {self.repetition_penalty!r}"),
+            (math.isfinite(self.max_delta_logit) and 0 <= self.max_delta_logit <= MAX_DELTA_LOGIT_LIMIT,
+             f"the Δlogit limit must be in 0..{MAX_DELTA_LOGIT_LIMIT:g} (0 = off), got {self.max_delta_logit!r}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -88,6 +96,10 @@ class TokenRecord:
     alternatives: list[tuple[str, float]]  # (token, probability) under the row's own model
     delta_logit: float | None = None  # steered row only
     direct_delta_logit: float | None = None  # steered row only; see direct_delta_logit()
+    # steered row, with a Δlogit limit only: the step's max centred |Δlogit| before the limit, and the share of
+    # the change kept (1 = the limit did not bite)
+    max_delta_logit: float | None = None
+    kept: float | None = None
 
     def as_dict(self) -> dict:
         d = {"token": self.token, "token_id": self.token_id, "logprob": self.logprob,
@@ -95,6 +107,9 @@ class TokenRecord:
         if self.delta_logit is not None:
             d["delta_logit"] = self.delta_logit
             d["direct_delta_logit"] = self.direct_delta_logit
+        if self.max_delta_logit is not None:
+            d["max_delta_logit"] = self.max_delta_logit
+            d["kept"] = self.kept
         return d
 
 
@@ -571,6 +586,10 @@ class DecodeBatch:
         device = self.hidden.device
         sampled = torch.tensor([3 * i + row for i in range(n) for row in (UNSTEERED, STEERED)], device=device)
         logits = arch.logits(self.hidden.index_select(0, sampled), pause=self.pause)  # (2n, vocab)
+        limited = [i for i, r in enumerate(self.requests) if r.sampling.max_delta_logit > 0]
+        if limited:
+            self._between()
+            worst, kept = self._limit_delta(logits, limited)
         picked = []
         for i, r in enumerate(self.requests):
             self._between()  # each request's sampling is a few passes over the vocabulary
@@ -595,11 +614,15 @@ class DecodeBatch:
         if k:
             top_values, top_indices = topk_last(logits, k)
             floats.append((top_values - lse.unsqueeze(1)).exp().reshape(-1))
+        if limited:
+            floats += [worst, kept]
         values = torch.cat([f.reshape(-1).float() for f in floats]).tolist()
         id_list = torch.cat([picked, top_indices.reshape(-1)] if k else [picked]).tolist()
         strings = _decode_many(tok, id_list)
         direct = dict(zip(with_direct, values[5 * n:5 * n + len(with_direct)]))
-        probs = values[5 * n + len(with_direct):]
+        end = 5 * n + len(with_direct) + (k * 2 * n if k else 0)
+        probs = values[5 * n + len(with_direct):end]
+        limit = {i: (values[end + m], values[end + len(limited) + m]) for m, i in enumerate(limited)}
         events = []
         for i, r in enumerate(self.requests):
             new = {}
@@ -618,6 +641,8 @@ class DecodeBatch:
                     rec.delta_logit = values[j] - values[4 * n + i]
                     # no steer touched this position: nothing flows straight from the steering to it
                     rec.direct_delta_logit = direct.get(i, 0.0)
+                    if i in limit:
+                        rec.max_delta_logit, rec.kept = limit[i]
                 new[row] = rec
                 if tid in r.eos:
                     side.finished = "eos"
@@ -642,6 +667,35 @@ class DecodeBatch:
         feed = torch.tensor([2 * i + row for i in range(n) for row in (UNSTEERED, STEERED, STEERED)], device=device)
         self.next_ids = picked.index_select(0, feed).unsqueeze(1)
         return events
+
+    def _limit_delta(self, logits: torch.Tensor, limited: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hold each limited request's steered logits within its Δlogit limit; (worst before, share kept) per request.
+
+        The bound a vector is trained or calibrated for (docs/tsv.md) is on
+        the centred change of the next-token logits against the unsteered
+        model on the same text, and on inputs unlike the calibration rows it
+        can break.  The counterfactual row is that unsteered model on the
+        steered row's tokens, so here the change is measured exactly, every
+        step: Δ = steered − counterfactual logits, and where the largest
+        centred |Δ| exceeds the limit B the steered row's logits become
+        counterfactual + (B / max)·Δ, which sits at the limit exactly.  It is
+        the logit change a proportionally weaker push would make to first
+        order; the residual stream keeps the full push (later steps are held
+        again if they go over).  ``logits`` (2n, vocab) is changed in place.
+        """
+        arch = self.handle.arch
+        rows = torch.tensor([3 * i + COUNTERFACTUAL for i in limited], device=self.hidden.device)
+        base = arch.logits(self.hidden.index_select(0, rows), pause=self.pause).to(logits.device)
+        steered_rows = torch.tensor([2 * i + STEERED for i in limited], device=logits.device)
+        delta = logits.index_select(0, steered_rows).float() - base.float()
+        worst = (delta - delta.mean(-1, keepdim=True)).abs().amax(-1)
+        bound = torch.tensor([self.requests[i].sampling.max_delta_logit for i in limited], device=logits.device)
+        kept = torch.clamp(bound / worst.clamp_min(1e-12), max=1.0)  # no host read: the step decides on device
+        held = (base.float() + kept.unsqueeze(1) * delta).to(logits.dtype)
+        # where the limit does not bite, the steered logits stay bit for bit what they were (base + Δ rounds)
+        held = torch.where((kept < 1).unsqueeze(1), held, logits.index_select(0, steered_rows))
+        logits.index_copy_(0, steered_rows, held)
+        return worst, kept
 
     def advance(self) -> None:
         """Drop requests that are done or cancelled, then run one decode step for the rest."""

@@ -117,6 +117,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 with gr.Row():
                     max_tokens = gr.Slider(1, 256, value=32, step=1, label=T("explore.max_tokens"))
                     seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.seed"))
+                delta_limit = gr.Number(value=0, minimum=0, label=T("explore.delta_limit"),
+                                        info=T("explore.delta_limit_info"), elem_id="delta-limit")
             with gr.Row():
                 generate_btn = gr.Button(T("explore.generate"), variant="primary", elem_id="generate-btn")
                 sweep_btn = gr.Button(T("explore.sweep"), elem_id="sweep-btn")
@@ -135,7 +137,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         per_token = gr.Plot(label=T("explore.per_token"), elem_id="per-token-delta")
         dose = gr.Plot(label=T("explore.dose"), elem_id="dose-response")
     with gr.Accordion(T("explore.raw"), open=False):
-        tokens = gr.Dataframe(label=T("explore.tokens"), interactive=False, wrap=True)
+        tokens = gr.Dataframe(label=T("explore.tokens"), interactive=False, wrap=True, elem_id="token-table")
         details = gr.JSON(label=T("explore.details"))
 
     tab = ExploreTab(prompt=prompt, vector=vector, layer=layer, vector_seed=vector_seed, relative=relative,
@@ -158,11 +160,12 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
 
     @handler(backend)
     def generate(prompt, vector, layer, alpha, relative, vector_seed, greedy, temperature, top_k, top_p, repetition,
-                 max_tokens, seed, request: gr.Request):
+                 max_tokens, seed, delta_limit=0, request: gr.Request = None):
         session = sid(request)
         lang = lang_of(backend, request)
         sampling = backend.sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                    repetition_penalty=repetition, seed=seed, greedy=greedy)
+                                    repetition_penalty=repetition, seed=seed, greedy=greedy,
+                                    max_delta_logit=delta_limit)
         for frame in backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling):
             if not frame.done:
                 yield frame.unsteered_text, highlighted(frame), gr.skip(), gr.skip(), gr.skip()
@@ -241,7 +244,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     # ------------------------------------------------------------------ events
     steering_inputs = tab.steering_inputs
     nt_outputs = [bars, delta, readout, details]
-    sampling_inputs = [greedy, temperature, top_k, top_p, repetition, max_tokens, seed]
+    sampling_inputs = [greedy, temperature, top_k, top_p, repetition, max_tokens, seed, delta_limit]
     gen_outputs = [unsteered, steered, per_token, tokens, details]
     sweep_inputs = steering_inputs + [alpha_max, target]
 

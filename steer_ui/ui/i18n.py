@@ -116,6 +116,11 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "explore.repetition": "Repetition penalty",
         "explore.max_tokens": "Max new tokens",
         "explore.seed": "Sampling seed",
+        "explore.delta_limit": "Δlogit limit (0 = off)",
+        "explore.delta_limit_info": "the most any token's logit may move against the unsteered model on the same text, "
+                                    "at each steered step (centred); a step that goes over keeps that share of its "
+                                    "change. A vector's calibrated bound holds on its calibration rows only; this "
+                                    "holds it on every step",
         "explore.generate": "Generate",
         "explore.sweep": "Dose-response sweep",
         "explore.target": "Target token (optional)",
@@ -228,6 +233,9 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "explore.repetition": "重复惩罚",
         "explore.max_tokens": "最多生成词元数",
         "explore.seed": "采样种子",
+        "explore.delta_limit": "Δlogit 上限（0 = 关闭）",
+        "explore.delta_limit_info": "每个引导步中，任一词元的 logit 相对同一文本上未引导模型的变化（中心化后）的最大值；"
+                                    "超过时按比例缩小该步的变化。向量校准的界只在校准数据上成立，此项在每一步都成立",
         "explore.generate": "生成",
         "explore.sweep": "剂量-响应扫描",
         "explore.target": "目标词元（可选）",

@@ -80,6 +80,19 @@ def test_alpha_zero_gives_identical_sides(app):
     assert len(steered["steered"]["tokens"]) == 6 and "delta_logit" in steered["steered"]["tokens"][0]
 
 
+def test_a_delta_logit_limit_over_http_holds_every_steered_step(app):
+    _, url = app
+    c = client(url)
+    # the 13 arguments clients sent before the limit existed still work: it defaults to off
+    assert "kept" not in generate(c, 8.0)[4]["steered"]["tokens"][0]
+    _, _, _, table, out = c.predict(PROMPT, RANDOM, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0.5,
+                                    api_name="/generate")
+    tokens = out["steered"]["tokens"]
+    assert tokens and all(t["kept"] * t["max_delta_logit"] <= 0.5 + 1e-4 for t in tokens)
+    assert any(t["kept"] < 1 for t in tokens)  # α 8 on a random direction goes over 0.5: the limit bit
+    assert "change_kept" in table["headers"]
+
+
 def test_sweep_returns_the_dose_response_table(app):
     _, url = app
     fig, tab = client(url).predict(PROMPT, RANDOM, 1, 0.5, True, 0, 2.0, "", api_name="/sweep")

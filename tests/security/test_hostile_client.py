@@ -197,6 +197,14 @@ def test_generation_length_is_bounded_on_the_server(server, honest):
     honest()
 
 
+@pytest.mark.parametrize("limit", [-2.0, 1e9])
+def test_a_delta_logit_limit_out_of_range_is_refused_in_one_line(server, honest, limit):
+    c = client(server)
+    refused(lambda: c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0, limit,
+                              api_name="/generate"), "Δlogit limit" if limit > 0 else "minimum value")
+    honest()
+
+
 def test_a_crafted_tsv_template_is_never_formatted(server, honest, tmp_path):
     path = save_native(tmp_path / "tsv.safetensors", {9: torch.randn(HIDDEN)},
                        {"prototypes": torch.nn.functional.normalize(torch.randn(2, HIDDEN), dim=-1)},

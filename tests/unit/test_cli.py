@@ -24,6 +24,17 @@ def test_generate_json_is_one_object(capsys):
     assert {"token", "logprob", "delta_logit", "direct_delta_logit"} <= set(tok)
 
 
+def test_generate_with_a_delta_logit_limit(capsys):
+    args = ("generate", "--model", "tiny:llama", "--prompt", "hi", "--random-vector", "3", "--alpha", "8",
+            "--max-new-tokens", "4", "--json")
+    code, out, _ = run(capsys, *args, "--max-delta-logit", "0.2")
+    assert code == 0
+    tokens = json.loads(out)["steered"]["tokens"]
+    assert all(t["kept"] * t["max_delta_logit"] <= 0.2 + 1e-4 for t in tokens) and any(t["kept"] < 1 for t in tokens)
+    code, out, _ = run(capsys, *args, "--max-delta-logit", "-1")
+    assert code == 2 and json.loads(out)["error"].startswith("the Δlogit limit must be in 0..1000")
+
+
 def test_next_token_json(capsys):
     code, out, _ = run(capsys, "next-token", "--model", "tiny:gpt2", "--prompt", "hi", "--random-vector", "1",
                        "--layer", "2", "--alpha", "0.5", "--relative", "--top-k", "4", "--json")

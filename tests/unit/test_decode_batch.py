@@ -28,6 +28,9 @@ def _requests(handle):
          Sampling(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=11, repetition_penalty=1.3)),
         ("abc def", [Steer(layer=0, vector=v1, alpha=3.0, positions="prompt"),
                      Steer(layer=last, vector=v2, alpha=5.0)], Sampling(max_new_tokens=8, alternatives=3)),
+        # a Δlogit limit tight enough to bite: its full-vocabulary counterfactual row joins the others' rows
+        ("Once upon a time", [Steer(layer=1, vector=v2, alpha=10.0)],
+         Sampling(max_new_tokens=7, temperature=0.7, seed=5, max_delta_logit=0.3)),
     ]
 
 
@@ -42,6 +45,10 @@ def _same(batched, alone):
             if side == "steered":
                 assert x.delta_logit == pytest.approx(y.delta_logit, abs=TOL)
                 assert x.direct_delta_logit == pytest.approx(y.direct_delta_logit, abs=TOL)
+                assert (x.max_delta_logit is None) == (y.max_delta_logit is None)
+                if x.max_delta_logit is not None:
+                    assert x.max_delta_logit == pytest.approx(y.max_delta_logit, abs=TOL)
+                    assert x.kept == pytest.approx(y.kept, abs=TOL)
 
 
 def _setup(handle):
@@ -62,7 +69,7 @@ def test_requests_together_equal_requests_alone(tiny, family):
     handle = tiny(family)
     alone, batch, requests = _setup(handle)
     batch.admit(requests)
-    assert len(batch) == 4
+    assert len(batch) == len(requests)
     _drain(batch)
     for r, solo in zip(requests, alone):
         assert r.done
@@ -81,6 +88,8 @@ def test_requests_join_and_leave_between_steps(tiny, family):
             batch.admit([requests[2]])  # longer prompt than the batch's columns: the running rows are padded
         if step == 4:
             batch.admit([requests[3]])
+        if step == 5:
+            batch.admit([requests[4]])  # the Δlogit-limited one
         if len(batch):
             batch.sample()
             batch.advance()

@@ -3,7 +3,7 @@ import torch
 
 from steer_ui.model.generation import (GenerationError, Sampling, noise_generator, process_logits, side_by_side,
                                       stream_side_by_side)
-from steer_ui.model.hooks import Steer, hook_count
+from steer_ui.model.hooks import Steer, hook_count, steering
 from steer_ui.tiny import FAMILIES
 
 
@@ -49,6 +49,42 @@ def test_a_sampled_first_token_is_the_gumbel_max_of_the_seeded_stream_on_the_log
                          ([("cuda", "cuda")] if torch.cuda.is_available() else []))
 def test_the_noise_stream_lives_where_the_logits_are_when_that_device_draws_float64(device, drawn_on):
     assert noise_generator(3, device).device.type == drawn_on
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])  # gemma2: final norm with a gain and a logit soft-cap
+def test_a_delta_logit_limit_holds_at_every_steered_step_as_a_direct_computation_says(tiny, family):
+    """Each steered step: max centred |Δlogit| against the unsteered model on the same tokens, and the token
+    chosen from unsteered + min(1, B / max)·Δ, recomputed here with plain forward passes."""
+    handle = tiny(family)
+    steer = Steer(layer=1, vector=torch.randn(handle.arch.hidden_size, generator=torch.Generator().manual_seed(1)),
+                  alpha=12.0)
+    limit = 0.4
+    result = side_by_side(handle, "Hello there", [steer],
+                          Sampling(max_new_tokens=8, stop_at_eos=False, max_delta_logit=limit))
+    prompt = handle.tokenizer("Hello there", return_tensors="pt").input_ids[0].tolist()
+    tokens = result.steered.tokens
+    bit = 0
+    for t, rec in enumerate(tokens):
+        ids = torch.tensor([prompt + [x.token_id for x in tokens[:t]]])
+        with torch.no_grad():
+            base = handle.model(ids).logits[0, -1].float()
+            with steering(handle, [steer]):
+                steered = handle.model(ids).logits[0, -1].float()
+        delta = steered - base
+        worst = float((delta - delta.mean()).abs().max())
+        kept = min(1.0, limit / worst)
+        assert rec.max_delta_logit == pytest.approx(worst, rel=1e-3)
+        assert rec.kept == pytest.approx(kept, rel=1e-3)
+        assert rec.token_id == int((base + kept * delta).argmax())
+        assert rec.delta_logit == pytest.approx(kept * float(delta[rec.token_id]), abs=1e-3)
+        bit += kept < 1
+    assert bit, "the limit never bit: the test would pass without it"
+    # no limit: the steered tokens carry no such fields, and the limit is refused outside its range
+    free = side_by_side(handle, "Hello there", [steer], Sampling(max_new_tokens=2))
+    assert all(r.max_delta_logit is None and "kept" not in r.as_dict() for r in free.steered.tokens)
+    for bad in (-1.0, float("nan"), float("inf"), 1e6):
+        with pytest.raises(GenerationError, match="Δlogit limit"):
+            Sampling(max_delta_logit=bad).validate()
 
 
 def test_large_alpha_changes_output_and_records_delta(tiny):

@@ -38,8 +38,8 @@ def handles():
 
 
 def _specs(handle):
-    """Four requests differing in prompt length, vector, block, α, positions and sampling (greedy and seeded):
-    the ones the dynamic batch's own tests use."""
+    """Five requests differing in prompt length, vector, block, α, positions and sampling (greedy, seeded, one
+    with a Δlogit limit): the ones the dynamic batch's own tests use."""
     return _requests(handle)
 
 
@@ -63,7 +63,8 @@ def _run(handle, decode, schedule, specs, change=None, every_block=False, graph=
                 change(batch, step)
             batch.advance()
         step += 1
-    assert all(r.done for r in requests)
+    admitted = {i for spec_ids in schedule.values() for i in spec_ids}
+    assert all(requests[i].done for i in admitted)
     return batch, [r.result for r in requests]
 
 
@@ -86,7 +87,7 @@ def _same(static_results, dynamic_results):
 
 # joins at steps 0, 2 (a longer prompt than the running columns: the running rows move right) and 5;
 # requests leave at their own lengths, so rows leave from the middle of the slot range too
-SCHEDULE = {0: [0, 1], 2: [2], 5: [3]}
+SCHEDULE = {0: [0, 1], 2: [2], 5: [3], 6: [4]}  # 4: the Δlogit-limited request
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gemma2", "qwen2", "mistral", "gpt2", "phi3", "gpt_neox",
@@ -158,7 +159,7 @@ def test_the_engine_on_the_static_path_gives_solo_results(handles, monkeypatch):
 
     handle = handles("gemma3")
     specs = _specs(handle)
-    _, solo = _run(handle, "dynamic", {0: [0], 1: [1], 2: [2], 3: [3]}, specs)
+    _, solo = _run(handle, "dynamic", {i: [i] for i in range(len(specs))}, specs)
     monkeypatch.setenv(static_decode.ENV, "static")
     steps = []
     real_step = static_decode.StaticDecode.step
@@ -324,8 +325,9 @@ def test_the_steps_buffers_keep_their_addresses_until_a_rebuild(handles, monkeyp
     seen: list = []
     _guarded_forward(monkeypatch, seen)
     vector = torch.randn(handle.arch.hidden_size, generator=g)
-    batch, _ = _run(handle, "static", {0: [0], 3: [1], 6: [4], 9: [2], 16: [3]}, specs, _resteer(vector, 2),
-                    every_block=True)
+    heads = len(specs) - 1
+    batch, _ = _run(handle, "static", {0: [0], 3: [1], 6: [heads], 9: [2], 12: [4], 16: [3]}, specs,
+                    _resteer(vector, 2), every_block=True)
     by_build: dict = {}
     for builds, addresses in seen:
         by_build.setdefault(builds, set()).add(addresses)
