@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="worked examples of TruthfulQA's QA primer before each question the model answers "
                         f"(default {DEFAULTS.answer_shots}; 0: the template's zero-shot prompt)")
     p.add_argument("--json", help="also write the full report here")
+    p.add_argument("--vector-out", help="also save the trained vector here (with several seeds: the last seed's), "
+                                        "e.g. to generate with it")
     p.add_argument("--combine", nargs="+", metavar="REPORT.json",
                    help="print the seed table of reports written by earlier runs (--json), e.g. seeds run in "
                         "parallel processes, and train nothing")
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.epochs is not None:
             hp["epochs"] = args.epochs
         start = time.perf_counter()
-        _vector, report = tsv.train(handle, dataset, answers_cache=cache_root() / "tsv_answers",
+        vector, report = tsv.train(handle, dataset, answers_cache=cache_root() / "tsv_answers",
                                     progress=lambda f, m: print(f"[{f:4.0%}] {m}", file=sys.stderr, flush=True),
                                     **{k: v for k, v in hp.items() if v is not None})
         report["seconds"] = round(time.perf_counter() - start, 1)
@@ -260,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         print(seeds_markdown(reports))
     if reports[0]["bound_sweep"]:
         print("\n" + bounds_markdown(reports))
+    if args.vector_out:
+        vector.save(args.vector_out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(reports[0] if len(reports) == 1 else reports, f, indent=1, default=str)

@@ -292,6 +292,23 @@ def test_combine_prints_the_seed_table_of_reports_from_separate_runs(trained, tm
         tsv_tables.main([])
 
 
+def test_the_tables_tool_saves_the_vector_it_trained_and_reports_on(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    data = tmp_path / "qa.csv"
+    pd.DataFrame(_rows(), columns=["prompt", "completion", "label", "group"]).to_csv(data, index=False)
+    out, report = tmp_path / "tsv.safetensors", tmp_path / "report.json"
+    assert tsv_tables.main(["--data", str(data), "--model", "tiny:llama", "--layer", "1", "--epochs", "1",
+                            "--exemplars", "8", "--json", str(report), "--vector-out", str(out)]) == 0
+    capsys.readouterr()
+    vector = SteeringVector.load(out)
+    saved = json.loads(report.read_text())
+    assert vector.method == "tsv" and vector.layers == [1]
+    assert vector.hyperparameters["steering_scale"] == pytest.approx(saved["steering_scale"])
+
+
 def test_bound_sweep_measures_auroc_against_each_bound_on_the_same_split(tiny):
     h = tiny("llama")
     # λ and lr large enough that the tiny model's Δlogit (~0.6 unconstrained) crosses the tightest bound
