@@ -15,6 +15,11 @@ outputs along the residual stream to the logits, with the later blocks'
 reaction removed.  At the last block nothing reacts, so there it equals the
 actual Δlogit.
 
+With a Δlogit limit (``Sampling.max_delta_logit``) the counterfactual row is
+unembedded in full as well, and a steered step whose logits move further
+than the limit from the unsteered model's on the same tokens is scaled back
+to it (:meth:`DecodeBatch._limit_delta`).
+
 A request's rows draw from the request's own random stream (one Gumbel
 noise vector per step, shared by its two sampled rows), so with α = 0 the two
 sides are token-for-token identical, greedy or sampled.
@@ -577,9 +582,10 @@ class DecodeBatch:
         """Pick every request's next tokens from its rows' hidden states; one event per request.
 
         The full unembedding runs for the unsteered and steered rows only (the
-        counterfactual row needs one logit, the steered token's); the direct
-        Δlogit costs one final-norm row per request; the host gets one transfer
-        of floats and one of ids for the whole batch.
+        counterfactual row needs one logit, the steered token's, unless the
+        request has a Δlogit limit: :meth:`_limit_delta`); the direct Δlogit
+        costs one final-norm row per request; the host gets one transfer of
+        floats and one of ids for the whole batch.
         """
         arch, tok = self.handle.arch, self.handle.tokenizer
         n = len(self.requests)
@@ -681,7 +687,8 @@ class DecodeBatch:
         counterfactual + (B / max)·Δ, which sits at the limit exactly.  It is
         the logit change a proportionally weaker push would make to first
         order; the residual stream keeps the full push (later steps are held
-        again if they go over).  ``logits`` (2n, vocab) is changed in place.
+        again if they go over), and the token's direct Δlogit stays that of the
+        full push.  ``logits`` (2n, vocab) is changed in place.
         """
         arch = self.handle.arch
         rows = torch.tensor([3 * i + COUNTERFACTUAL for i in limited], device=self.hidden.device)
