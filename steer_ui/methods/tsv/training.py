@@ -394,8 +394,9 @@ def bound_check(handle, frame, by_position: tuple[list, list], limit: float, wor
         w = worst_rows[0]
         answer = w["answer"] if len(w["answer"]) <= 60 else w["answer"][:59] + "…"
         note += (f"; {len(over)} positions in {rows_over} of {len(by_row)} rows broke it (worst "
-                 f"{w['max_abs_delta_logit']:.2f}, at answer token {w['answer_token']} of {answer!r}). The steering "
-                 f"strength is calibrated on training rows: a margin measured there, not a guarantee")
+                 f"{w['max_abs_delta_logit']:.2f}, at answer token {w['answer_token']} of {answer!r}). The bound is "
+                 f"enforced on training rows, a margin there and not a guarantee elsewhere; generation's Δlogit "
+                 f"limit holds it at every step")
     return {"limit": limit, "positions": len(values), "positions_over": len(over), "rows": len(by_row),
             "rows_over": rows_over, "worst_rows": worst_rows, "note": note + "."}
 
