@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..model.architecture import centred  # the bound's measure, shared with generation's Δlogit limit
 from ..model.prefix import Prefix, for_texts
 from ..model.units import NEUTRAL_PROMPTS, relative_scale
 
@@ -45,19 +46,6 @@ REDUCTIONS = ("mean", "sum", "max")
 
 
 # ------------------------------------------------------------------ penalties
-def centred(delta_logits: torch.Tensor) -> torch.Tensor:
-    """Δlogit minus its mean over the vocabulary (last dimension).
-
-    Softmax ignores a shift shared by every logit, so the raw |Δlogit| can be
-    large while no probability moves.  The centred change is shift-invariant:
-    ``centred(d + c) == centred(d)`` for any per-row constant ``c``.  (The
-    change of log-probabilities is the other shift-invariant choice; it
-    subtracts the change of the log-normaliser instead of the mean, which a
-    few dominant tokens set.)
-    """
-    return delta_logits - delta_logits.mean(-1, keepdim=True)
-
-
 def logit_penalty(delta_logits: torch.Tensor, max_change: float = DEFAULT_MAX_CHANGE,
                   reduction: str = "mean") -> torch.Tensor:
     """Hinge on the centred |Δlogit| above ``max_change``: zero when every token moves less than that.

@@ -321,6 +321,19 @@ def topk_last(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return top, index.gather(1, where)
 
 
+def centred(delta_logits: torch.Tensor) -> torch.Tensor:
+    """Δlogit minus its mean over the vocabulary (last dimension).
+
+    Softmax ignores a shift shared by every logit, so the raw |Δlogit| can be
+    large while no probability moves.  The centred change is shift-invariant:
+    ``centred(d + c) == centred(d)`` for any per-row constant ``c``.  (The
+    change of log-probabilities is the other shift-invariant choice; it
+    subtracts the change of the log-normaliser instead of the mean, which a
+    few dominant tokens set.)
+    """
+    return delta_logits - delta_logits.mean(-1, keepdim=True)
+
+
 def argmax_last(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(-1)`` for (rows, vocab) ``x`` (the first maximal index, as torch documents), faster on CPU.
 

@@ -43,7 +43,7 @@ import torch
 
 from . import kv_rows, static_decode
 from .dynamic_decode import DynamicDecode
-from .architecture import argmax_last, topk_last
+from .architecture import argmax_last, centred, topk_last
 from .capture import left_pad, recording
 from .hooks import HeadSteer, Steer, StepState, between_blocks, input_vector, steering, validate
 from .static_decode import StaticDecode
@@ -590,12 +590,15 @@ class DecodeBatch:
         arch, tok = self.handle.arch, self.handle.tokenizer
         n = len(self.requests)
         device = self.hidden.device
-        sampled = torch.tensor([3 * i + row for i in range(n) for row in (UNSTEERED, STEERED)], device=device)
-        logits = arch.logits(self.hidden.index_select(0, sampled), pause=self.pause)  # (2n, vocab)
         limited = [i for i, r in enumerate(self.requests) if r.sampling.max_delta_logit > 0]
+        # a limited request's counterfactual row rides in the same unembedding (one read of W_U for all rows)
+        rows = [3 * i + row for i in range(n) for row in (UNSTEERED, STEERED)] + \
+               [3 * i + COUNTERFACTUAL for i in limited]
+        unembedded = arch.logits(self.hidden.index_select(0, torch.tensor(rows, device=device)), pause=self.pause)
+        logits = unembedded[:2 * n]  # (2n, vocab): unsteered, steered, unsteered, steered, ...
         if limited:
             self._between()
-            worst, kept = self._limit_delta(logits, limited)
+            worst, kept = self._limit_delta(logits, unembedded[2 * n:], limited)
         picked = []
         for i, r in enumerate(self.requests):
             self._between()  # each request's sampling is a few passes over the vocabulary
@@ -626,7 +629,7 @@ class DecodeBatch:
         id_list = torch.cat([picked, top_indices.reshape(-1)] if k else [picked]).tolist()
         strings = _decode_many(tok, id_list)
         direct = dict(zip(with_direct, values[5 * n:5 * n + len(with_direct)]))
-        end = 5 * n + len(with_direct) + (k * 2 * n if k else 0)
+        end = 5 * n + len(with_direct) + 2 * n * k
         probs = values[5 * n + len(with_direct):end]
         limit = {i: (values[end + m], values[end + len(limited) + m]) for m, i in enumerate(limited)}
         events = []
@@ -674,7 +677,8 @@ class DecodeBatch:
         self.next_ids = picked.index_select(0, feed).unsqueeze(1)
         return events
 
-    def _limit_delta(self, logits: torch.Tensor, limited: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _limit_delta(self, logits: torch.Tensor, base: torch.Tensor,
+                     limited: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Hold each limited request's steered logits within its Δlogit limit; (worst before, share kept) per request.
 
         The bound a vector is trained or calibrated for (docs/tsv.md) is on
@@ -688,14 +692,12 @@ class DecodeBatch:
         the logit change a proportionally weaker push would make to first
         order; the residual stream keeps the full push (later steps are held
         again if they go over), and the token's direct Δlogit stays that of the
-        full push.  ``logits`` (2n, vocab) is changed in place.
+        full push.  ``logits`` (2n, vocab) is changed in place; ``base``: the
+        limited requests' counterfactual logits, in ``limited``'s order.
         """
-        arch = self.handle.arch
-        rows = torch.tensor([3 * i + COUNTERFACTUAL for i in limited], device=self.hidden.device)
-        base = arch.logits(self.hidden.index_select(0, rows), pause=self.pause).to(logits.device)
         steered_rows = torch.tensor([2 * i + STEERED for i in limited], device=logits.device)
         delta = logits.index_select(0, steered_rows).float() - base.float()
-        worst = (delta - delta.mean(-1, keepdim=True)).abs().amax(-1)
+        worst = centred(delta).abs().amax(-1)  # the measure a vector's bound is trained and checked on
         bound = torch.tensor([self.requests[i].sampling.max_delta_logit for i in limited], device=logits.device)
         kept = torch.clamp(bound / worst.clamp_min(1e-12), max=1.0)  # no host read: the step decides on device
         held = (base.float() + kept.unsqueeze(1) * delta).to(logits.dtype)
