@@ -107,9 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--max-delta-logit", type=float, default=0.0,
+    p.add_argument("--max-delta-logit", type=float, default=None,
                    help="hold every steered step's centred logit change against the unsteered model on the same "
-                        "text within this (0 = off): where a step goes over, its change is scaled down to the limit")
+                        "text within this (0 = off): where a step goes over, its change is scaled down to the limit; "
+                        "default: the vector's own bound where it states one (a constrained TSV vector does), else off")
 
     p = sub.add_parser("next-token", help="next-token distribution unsteered vs steered")
     _common(p)
@@ -207,12 +208,16 @@ def cmd_generate(args) -> dict:
 
     handle = load_handle(args)
     steers, vector, layer, warnings = steers_from_args(args, handle)
+    limit = args.max_delta_logit
+    if limit is None:
+        limit = vector.max_delta_logit if vector is not None and vector.max_delta_logit is not None else 0.0
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop,
-                        max_delta_logit=args.max_delta_logit)
+                        max_delta_logit=limit)
     result = side_by_side(handle, args.prompt, steers, sampling).as_dict()
     result.update({"model": handle.model_id, "layer": layer, "alpha": args.alpha, "relative": args.relative,
-                   "raw_alpha": [float(s.alpha.reshape(-1)[0]) for s in steers], "warnings": warnings})
+                   "raw_alpha": [float(s.alpha.reshape(-1)[0]) for s in steers], "max_delta_logit": limit,
+                   "warnings": warnings})
     return result
 
 

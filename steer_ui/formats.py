@@ -92,9 +92,15 @@ def export_notes(vector: SteeringVector, fmt: str) -> list[str]:
     native, which keeps everything."""
     from .methods.base import method_of
 
+    if fmt == "native":
+        return []
     note = getattr(method_of(vector), "export_note", None)
-    text = note(vector) if note is not None and fmt != "native" else None
-    return [text] if text else []
+    notes = [note(vector)] if note is not None else []
+    if vector.max_delta_logit is not None:
+        notes.append(f"this vector was made to steer within a centred |Δlogit| of {vector.max_delta_logit:g}; "
+                     f"steer_ui reads that bound back from the file's metadata and holds it at every generated token "
+                     f"with its Δlogit limit, but other tools that read a {fmt} file steer without it")
+    return [n for n in notes if n]
 
 
 def read_vector(path: str | Path, handle=None,

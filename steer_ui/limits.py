@@ -27,6 +27,9 @@ MAX_NAME = 200  # characters in a vector's name
 MAX_TEXT = 1000  # characters in any other text field (model id, type, revision, dates, hashes)
 MAX_IDENTIFIER = 64  # characters in a method or site identifier
 MAX_JSON_BYTES = 64 * 1024  # hyperparameters, and metrics, each as JSON
+# a generation's Δlogit limit, and the one a vector carries: above it is no limit (logits of 262k-token
+# vocabularies span a few hundred at most)
+MAX_DELTA_LOGIT_LIMIT = 1000.0
 
 # ---------------------------------------------------------------- files
 MAX_FILE_BYTES = 512 * 2**20  # any vector file (or CAA directory) as uploaded

@@ -571,6 +571,20 @@ class Service:
             raise UserError("bad_sampling", detail=f"top-k must be at most {MAX_VOCAB_TOP_K}, got {s.top_k}")
         return s
 
+    def delta_limit(self, session: str | None, vector_name: str | None, requested=None) -> float:
+        """The Δlogit limit a generation steers under: ``requested`` where given (0 = off), else the vector's own
+        bound (a constrained TSV vector states the one it was calibrated to), else off.
+
+        ``requested`` is checked with the other sampling values (:meth:`sampling`); ``None`` or ``""`` is "not
+        given" (an empty field, or a client that sends the arguments from before the limit existed).
+        """
+        if requested is not None and requested != "":
+            return requested
+        if not vector_name or vector_name == RANDOM:
+            return 0.0
+        own = self.get_vector(session, vector_name).max_delta_logit
+        return own if own is not None else 0.0
+
     def engine(self):
         """The request batcher on the current model (a new one after a model switch; the old one drains)."""
         from .model.engine import Engine

@@ -65,6 +65,10 @@ class SteeringVector:
     metrics: dict[str, Any] = field(default_factory=dict)
     # Recommended α range in *relative* units (fraction of the layer's mean residual norm).
     alpha_range: tuple[float, float] | None = None
+    # The centred |Δlogit| bound the vector was made to steer within (TSV's max_logit_change). A bound met by
+    # scaling on training text is a margin elsewhere, so generation applies it as its Δlogit limit by default,
+    # which holds it at every step (model.generation); None: the vector states no bound.
+    max_delta_logit: float | None = None
     created: str = field(default_factory=_now)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
@@ -138,6 +142,8 @@ class SteeringVector:
             _check_json_object(getattr(self, field_name), field_name)
         if self.alpha_range is not None:
             self.alpha_range = _alpha_range(self.alpha_range)
+        if self.max_delta_logit is not None:
+            self.max_delta_logit = _delta_limit(self.max_delta_logit)
 
     # ------------------------------------------------------------------ views
     @property
@@ -321,6 +327,14 @@ def _check_json_object(value: Any, what: str) -> None:
         raise VectorError(f"{what} is not JSON-serialisable ({first_line(exc)})") from None
     if size > limits.MAX_JSON_BYTES:
         raise VectorError(f"{what} is {size} bytes as JSON; the limit is {limits.MAX_JSON_BYTES}")
+
+
+def _delta_limit(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= limits.MAX_DELTA_LOGIT_LIMIT:
+        raise VectorError(f"max_delta_logit must be a number in (0, {limits.MAX_DELTA_LOGIT_LIMIT:g}] or null, "
+                          f"got {str(value)[:40]}")
+    return float(value)
 
 
 def _alpha_range(value: Any) -> tuple[float, float]:

@@ -41,6 +41,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from ..limits import MAX_DELTA_LOGIT_LIMIT
 from . import kv_rows, static_decode
 from .dynamic_decode import DynamicDecode
 from .architecture import argmax_last, centred, topk_last
@@ -50,9 +51,6 @@ from .static_decode import StaticDecode
 
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
 
-
-# A limit above this is no limit: logits of 262k-token vocabularies span a few hundred at most.
-MAX_DELTA_LOGIT_LIMIT = 1000.0
 
 
 class GenerationError(ValueError):

@@ -120,9 +120,24 @@ def seeds_markdown(reports: Sequence[dict]) -> str:
         per_seed = ", ".join(f"{c['rows_over']} of {c['rows']} rows ({c['positions_over']} of {c['positions']} "
                              f"positions)" for c in checks)
         lines += ["", f"Held-out rows where the constrained run broke the bound, per seed ({seeds}): {per_seed}."]
+        if all("with_limit" in c for c in checks):
+            lines += ["", with_limit_line(checks)]
     if both:
         lines += ["", verdict(reports)]
     return "\n".join(lines)
+
+
+def with_limit_line(checks: Sequence[dict]) -> str:
+    """The constrained vector steered as steer_ui steers it, with the Δlogit limit the saved vector carries."""
+    limited = sum(c["with_limit"]["positions_limited"] for c in checks)
+    positions = sum(c["positions"] for c in checks)
+    worst = max(c["with_limit"]["max_abs_delta_logit"] for c in checks)
+    line = (f"Steered with the Δlogit limit the saved vector carries (generation's default): max centred |Δlogit| "
+            f"{worst:.3f} over the seeds' held-out generation positions (bound {checks[0]['limit']:g}); the limit "
+            f"scales {limited} of {positions} positions")
+    if limited:
+        line += f", keeping at least {min(c['with_limit']['least_kept'] for c in checks):.2f} of their change"
+    return line + "."
 
 
 def verdict(reports: Sequence[dict]) -> str:

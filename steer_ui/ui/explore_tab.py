@@ -117,7 +117,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 with gr.Row():
                     max_tokens = gr.Slider(1, 256, value=32, step=1, label=T("explore.max_tokens"))
                     seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.seed"))
-                delta_limit = gr.Number(value=0, minimum=0, label=T("explore.delta_limit"),
+                delta_limit = gr.Number(value=None, minimum=0, label=T("explore.delta_limit"),
                                         info=T("explore.delta_limit_info"), elem_id="delta-limit")
             with gr.Row():
                 generate_btn = gr.Button(T("explore.generate"), variant="primary", elem_id="generate-btn")
@@ -160,12 +160,12 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
 
     @handler(backend)
     def generate(prompt, vector, layer, alpha, relative, vector_seed, greedy, temperature, top_k, top_p, repetition,
-                 max_tokens, seed, delta_limit=0, request: gr.Request = None):
+                 max_tokens, seed, delta_limit=None, request: gr.Request = None):
         session = sid(request)
         lang = lang_of(backend, request)
         sampling = backend.sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                     repetition_penalty=repetition, seed=seed, greedy=greedy,
-                                    max_delta_logit=delta_limit)
+                                    max_delta_logit=backend.delta_limit(session, vector, delta_limit))
         for frame in backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling):
             if not frame.done:
                 yield frame.unsteered_text, highlighted(frame), gr.skip(), gr.skip(), gr.skip()

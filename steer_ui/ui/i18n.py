@@ -116,11 +116,12 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "explore.repetition": "Repetition penalty",
         "explore.max_tokens": "Max new tokens",
         "explore.seed": "Sampling seed",
-        "explore.delta_limit": "Δlogit limit (0 = off)",
+        "explore.delta_limit": "Δlogit limit (empty = the vector's own, 0 = off)",
         "explore.delta_limit_info": "the most any token's logit may move against the unsteered model on the same text, "
                                     "at each steered step (centred); a step that goes over keeps that share of its "
-                                    "change. A vector's calibrated bound holds on its calibration rows only; this "
-                                    "holds it on every step",
+                                    "change. Left empty, a vector that states a bound (a constrained TSV vector) "
+                                    "steers within it: its calibration holds it on training text only, this holds "
+                                    "it at every step",
         "explore.generate": "Generate",
         "explore.sweep": "Dose-response sweep",
         "explore.target": "Target token (optional)",
@@ -233,9 +234,10 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "explore.repetition": "重复惩罚",
         "explore.max_tokens": "最多生成词元数",
         "explore.seed": "采样种子",
-        "explore.delta_limit": "Δlogit 上限（0 = 关闭）",
+        "explore.delta_limit": "Δlogit 上限（留空 = 向量自带的界，0 = 关闭）",
         "explore.delta_limit_info": "每个引导步中，任一词元的 logit 相对同一文本上未引导模型的变化（中心化后）的最大值；"
-                                    "超过时按比例缩小该步的变化。向量校准的界只在校准数据上成立，此项在每一步都成立",
+                                    "超过时按比例缩小该步的变化。留空时，自带界的向量（带约束的 TSV 向量）在该界内引导："
+                                    "它的校准只在训练文本上成立，此项在每一步都成立",
         "explore.generate": "生成",
         "explore.sweep": "剂量-响应扫描",
         "explore.target": "目标词元（可选）",

@@ -83,7 +83,8 @@ def test_alpha_zero_gives_identical_sides(app):
 def test_a_delta_logit_limit_over_http_holds_every_steered_step(app):
     _, url = app
     c = client(url)
-    # the 13 arguments clients sent before the limit existed still work: it defaults to off
+    # the 13 arguments clients sent before the limit existed still work: the limit defaults to the vector's own
+    # bound, and the random direction states none
     assert "kept" not in generate(c, 8.0)[4]["steered"]["tokens"][0]
     _, _, _, table, out = c.predict(PROMPT, RANDOM, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0.5,
                                     api_name="/generate")
@@ -91,6 +92,26 @@ def test_a_delta_logit_limit_over_http_holds_every_steered_step(app):
     assert tokens and all(t["kept"] * t["max_delta_logit"] <= 0.5 + 1e-4 for t in tokens)
     assert any(t["kept"] < 1 for t in tokens)  # α 8 on a random direction goes over 0.5: the limit bit
     assert "change_kept" in table["headers"]
+
+
+def test_a_vector_that_states_its_bound_is_steered_within_it_unless_the_client_says_otherwise(app, tmp_path):
+    import dataclasses
+
+    from steer_ui.vector import random_vector
+
+    backend, url = app
+    c = client(url)
+    bounded = dataclasses.replace(random_vector(backend.handle.arch.hidden_size, 1, seed=0), max_delta_logit=0.5)
+    name = c.predict(handle_file(str(bounded.save(tmp_path / "bounded.safetensors"))),
+                     api_name="/import_vector")[2]["value"]
+    # the 13 arguments of clients from before the limit: the vector's own bound applies
+    tokens = generate(c, 8.0, vector=name)[4]["steered"]["tokens"]
+    assert all(t["kept"] * t["max_delta_logit"] <= 0.5 + 1e-4 for t in tokens) and any(t["kept"] < 1 for t in tokens)
+    # 0 turns it off; another limit replaces it
+    off = c.predict(PROMPT, name, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0, api_name="/generate")[4]
+    assert "kept" not in off["steered"]["tokens"][0]
+    tighter = c.predict(PROMPT, name, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0.1, api_name="/generate")[4]
+    assert all(t["kept"] * t["max_delta_logit"] <= 0.1 + 1e-4 for t in tighter["steered"]["tokens"])
 
 
 def test_sweep_returns_the_dose_response_table(app):

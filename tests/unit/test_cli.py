@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -33,6 +34,23 @@ def test_generate_with_a_delta_logit_limit(capsys):
     assert all(t["kept"] * t["max_delta_logit"] <= 0.2 + 1e-4 for t in tokens) and any(t["kept"] < 1 for t in tokens)
     code, out, _ = run(capsys, *args, "--max-delta-logit", "-1")
     assert code == 2 and json.loads(out)["error"].startswith("the Δlogit limit must be in 0..1000")
+
+
+def test_generate_holds_the_bound_a_vector_states_unless_told_otherwise(capsys, tiny, tmp_path):
+    """A vector that states its Δlogit bound (a constrained TSV vector does) is steered within it by default."""
+    bounded = dataclasses.replace(random_vector(tiny("llama").arch.hidden_size, 1, seed=3), max_delta_logit=0.2)
+    path = bounded.save(tmp_path / "bounded.safetensors")
+    args = ("generate", "--model", "tiny:llama", "--prompt", "hi", "--vector", str(path), "--alpha", "8",
+            "--relative", "--max-new-tokens", "4", "--json")
+    code, out, _ = run(capsys, *args)
+    assert code == 0
+    data = json.loads(out)
+    assert data["max_delta_logit"] == 0.2
+    tokens = data["steered"]["tokens"]
+    assert all(t["kept"] * t["max_delta_logit"] <= 0.2 + 1e-4 for t in tokens) and any(t["kept"] < 1 for t in tokens)
+    code, out, _ = run(capsys, *args, "--max-delta-logit", "0")  # 0 turns it off
+    data = json.loads(out)
+    assert code == 0 and data["max_delta_logit"] == 0 and "kept" not in data["steered"]["tokens"][0]
 
 
 def test_next_token_json(capsys):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from steer_ui.formats import FORMATS, detect_format, read_vector, validate_for_model, write_vector
+from steer_ui.formats import FORMATS, detect_format, export_notes, read_vector, validate_for_model, write_vector
 from steer_ui.vector import SteeringVector, VectorError
 
 OUT_NAMES = {"native": "v.safetensors", "gguf": "v.gguf", "steering-vectors": "v.pt", "neuronpedia": "v.json",
@@ -23,7 +23,7 @@ def make_vector(layers=(1, 3), hidden=64, **changes) -> SteeringVector:
         directions={layer: torch.randn(hidden, generator=gen) for layer in layers}, hidden_size=hidden,
         method="mean_diff", model_id="tiny:llama", model_type="llama", model_revision="abc123", positions="prompt",
         name="honesty", hyperparameters={"layer": layers[0], "normalize": True}, dataset_hash="0123456789abcdef",
-        metrics={"val_accuracy": 0.75, "per_layer": [0.5, 0.6]}, alpha_range=(-0.5, 1.25),
+        metrics={"val_accuracy": 0.75, "per_layer": [0.5, 0.6]}, alpha_range=(-0.5, 1.25), max_delta_logit=2.5,
         extras={"prototypes": torch.randn(2, hidden, generator=gen).to(torch.bfloat16),
                 "mlp.weight": torch.randn(8, hidden, generator=gen), "head_index": torch.arange(4)},
     )
@@ -362,3 +362,11 @@ def test_legacy_torch_layout_and_string_layer_keys(tmp_path):
     assert path.read_bytes()[:1] == b"\x80"  # the old pickle layout, still read with weights_only=True
     vector, _ = read_vector(path)
     assert vector.layers == [4] and torch.equal(vector.direction(), torch.full((64,), 0.25))
+
+
+def test_the_export_notes_say_other_tools_steer_without_the_vectors_bound():
+    bounded = make_vector()  # states a Δlogit bound of 2.5
+    notes = export_notes(bounded, "gguf")
+    assert len(notes) == 1 and "|Δlogit| of 2.5" in notes[0] and "gguf" in notes[0]
+    assert export_notes(bounded, "native") == []  # the native file is what steer_ui reads back in full
+    assert export_notes(make_vector(max_delta_logit=None), "gguf") == []

@@ -220,6 +220,9 @@ def test_json_with_too_many_values_is_refused_before_parsing(tmp_path):
     ({"alpha_range": (2.0, 1.0)}, r"low <= high"),
     ({"alpha_range": (float("nan"), 1.0)}, r"two finite numbers"),
     ({"alpha_range": [1, 2, 3]}, r"alpha_range must be two numbers"),
+    ({"max_delta_logit": 0}, r"max_delta_logit must be a number in \(0, 1000\] or null, got 0"),
+    ({"max_delta_logit": float("inf")}, r"max_delta_logit must be a number in \(0, 1000\]"),
+    ({"max_delta_logit": "2"}, r"max_delta_logit must be a number"),
     ({"positions": "everywhere"}, r"positions must be one of"),
     ({"method": "x" * 65}, r"method must be a short identifier"),
     ({"method": {"l2s": 1}}, r"method must be a short identifier"),
@@ -237,6 +240,7 @@ def test_hand_edited_metadata_in_a_file_is_refused_naming_the_field(tmp_path):
     for field, value, match in [("name", "n" * 300, r"name is 300 characters"),
                                 ("alpha_range", [3, "x"], r"alpha_range must be two numbers"),
                                 ("positions", ["all"], r"positions must be one of"),
+                                ("max_delta_logit", -3, r"max_delta_logit must be a number in"),
                                 ("layers", "2", r"'layers' must be a list of layer numbers")]:
         meta = {**good.metadata(), field: value}
         path = tmp_path / f"{field}.safetensors"

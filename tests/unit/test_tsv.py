@@ -247,6 +247,7 @@ def test_the_methods_settings_take_the_cli_names(tiny):
     assert (s["layer"], s["exemplars"], s["init_epochs"], s["aug_epochs"]) == (1, 6, 1, 1)
     assert not s["logit_penalty"] and not s["kl_penalty"]
     assert vector.layer == 1 and "unconstrained" in vector.name
+    assert vector.max_delta_logit is None  # no bound was trained for, so generation applies none by default
 
 
 def _two_seeds(trained) -> tuple[dict, dict]:
@@ -271,6 +272,12 @@ def test_seeds_markdown_reports_mean_sd_and_each_seed(trained):
     assert f"{drops[0]:.3f}, {drops[1]:.3f}" in drop_row
     assert "per seed (0, 1)" in table and "| full-label probe (ceiling) |" in table
     assert "| exemplar probe (TSV's labels) |" in table and "| perplexity (no training) |" in table
+    # steered with the limit the vector carries: the positions over the bound are scaled to it
+    checks = [r["runs"]["constrained"]["bound_check"] for r in (first, second)]
+    held = min(checks[0]["limit"], max(r["runs"]["constrained"]["max_abs_delta_logit"] for r in (first, second)))
+    line = next(x for x in table.splitlines() if x.startswith("Steered with the Δlogit limit the saved vector"))
+    assert f"|Δlogit| {held:.3f} over the seeds'" in line
+    assert f"scales {sum(c['positions_over'] for c in checks)} of {sum(c['positions'] for c in checks)} " in line
     # the verdict line checks the issue's three conditions on these numbers
     verdict = table.splitlines()[-1]
     probe = sum(r["baselines"]["probe_exemplars"]["auroc"] for r in (first, second)) / 2
@@ -536,6 +543,13 @@ def test_the_bound_check_names_where_the_held_out_positions_break_the_bound(tiny
     assert swept["limit"] == 0.01
     held = check["positions"] - check["positions_over"]
     assert check["note"].startswith(f"The |Δlogit| bound 0.05 held at {held} of {check['positions']} held-out")
+    # steered with the limit the vector carries, the same positions keep the bound: those over it are scaled
+    # down to it, keeping limit / their maximum of their change at least
+    limited = check["with_limit"]
+    assert limited["positions_limited"] == check["positions_over"]
+    assert limited["max_abs_delta_logit"] == pytest.approx(min(worst[0], 0.05))
+    assert limited["least_kept"] == pytest.approx(min(1.0, 0.05 / worst[0]))
+    assert _v.max_delta_logit == 0.05  # the saved vector states its bound, for generation to hold
     assert check["note"] in tsv_tables.table_markdown(report)
     from steer_ui.ui.train_tab import train_outputs  # and the Train tab shows it under the status
     status, *_ = train_outputs(None, "en", "tsv L1", report)

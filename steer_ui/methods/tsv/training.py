@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from ...limits import MAX_DELTA_LOGIT_LIMIT
 from ...model.units import relative_scale, to_relative
 from ...vector import SteeringVector, dataset_hash
 from .. import constraints as C
@@ -388,6 +389,7 @@ def bound_check(handle, frame, by_position: tuple[list, list], limit: float, wor
     worst_rows = [{"prompt": frame.prompt[row], "answer": frame.completion[row], "answer_token": k,
                    "token": handle.tokenizer.decode([tok]), "max_abs_delta_logit": v} for v, (row, k, tok) in ranked]
     rows_over = len({place[0] for _, place in over})
+    highest = max(values, default=0.0)
     note = f"The |Δlogit| bound {limit:g} held at {len(values) - len(over)} of {len(values)} held-out generation " \
            f"positions"
     if over:
@@ -395,10 +397,15 @@ def bound_check(handle, frame, by_position: tuple[list, list], limit: float, wor
         answer = w["answer"] if len(w["answer"]) <= 60 else w["answer"][:59] + "…"
         note += (f"; {len(over)} positions in {rows_over} of {len(by_row)} rows broke it (worst "
                  f"{w['max_abs_delta_logit']:.2f}, at answer token {w['answer_token']} of {answer!r}). The bound is "
-                 f"enforced on training rows, a margin there and not a guarantee elsewhere; generation's Δlogit "
-                 f"limit holds it at every step")
+                 f"enforced on training rows, a margin there and not a guarantee elsewhere. The saved vector "
+                 f"carries it as generation's Δlogit limit, which holds it at every step: on these positions it "
+                 f"would scale {len(over)} down, keeping at least {limit / highest:.2f} of their change")
+    # What generation with the vector's limit does at the same positions (the Δlogit at a position depends only
+    # on the tokens, so teacher-forced positions are what the limit sees): a step over the limit is scaled to it.
+    with_limit = {"max_abs_delta_logit": min(highest, limit), "positions_limited": len(over),
+                  "least_kept": min(1.0, limit / highest) if highest > 0 else 1.0}
     return {"limit": limit, "positions": len(values), "positions_over": len(over), "rows": len(by_row),
-            "rows_over": rows_over, "worst_rows": worst_rows, "note": note + "."}
+            "rows_over": rows_over, "worst_rows": worst_rows, "with_limit": with_limit, "note": note + "."}
 
 
 def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, float]:
@@ -715,6 +722,9 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
         model_type=handle.model_type, positions="all",
         name=f"tsv L{st.layer} ({'constrained' if st.constrained else 'unconstrained'})",
         hyperparameters=hyper,
+        # the bound, carried to generation as its Δlogit limit: calibration holds it on the training rows only
+        max_delta_logit=(st.max_logit_change if st.constrained and 0 < st.max_logit_change <= MAX_DELTA_LOGIT_LIMIT
+                         else None),
         dataset_hash=dataset_hash(list(zip(texts, labels))), metrics=metrics,
         alpha_range=(0.0, round(2 * rel, 6) if rel > 0 else 1.0),
         extras={"prototypes": main.prototypes.cpu()},
