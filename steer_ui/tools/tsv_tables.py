@@ -211,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer-sweep", type=int, default=None, help="blocks to sweep around the paper's depth")
     p.add_argument("--epochs", type=int, default=None, help="epochs of each stage (default 20)")
     p.add_argument("--exemplars", type=int, default=None)
+    p.add_argument("--lam", type=float, default=None,
+                   help=f"λ, the vector's training strength as a fraction of the block's mean residual norm "
+                        f"(default {DEFAULTS.lam})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", default=None,
                    help="comma-separated seeds (e.g. 0,1,2): one run per seed (its own split, exemplars and "
@@ -250,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     reports = []
     for seed in seeds:
-        hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars, "layer": args.layer,
+        hp = {"seed": seed, "max_rows": args.max_rows, "exemplars": args.exemplars, "lam": args.lam, "layer": args.layer,
               "layer_sweep": args.layer_sweep, "max_logit_change": args.max_logit_change,
               "penalty_positions": args.penalty_positions, "generate": args.generate,
               "bound_mode": args.bound_mode, "answer_shots": args.answer_shots,

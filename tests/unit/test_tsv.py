@@ -308,11 +308,11 @@ def test_the_tables_tool_saves_the_vector_it_trained_and_reports_on(tmp_path, ca
     pd.DataFrame(_rows(), columns=["prompt", "completion", "label", "group"]).to_csv(data, index=False)
     out, report = tmp_path / "tsv.safetensors", tmp_path / "report.json"
     assert tsv_tables.main(["--data", str(data), "--model", "tiny:llama", "--layer", "1", "--epochs", "1",
-                            "--exemplars", "8", "--json", str(report), "--vector-out", str(out)]) == 0
+                            "--exemplars", "8", "--lam", "0.2", "--json", str(report), "--vector-out", str(out)]) == 0
     capsys.readouterr()
     vector = SteeringVector.load(out)
     saved = json.loads(report.read_text())
-    assert vector.method == "tsv" and vector.layers == [1]
+    assert vector.method == "tsv" and vector.layers == [1] and saved["lam"] == 0.2
     assert vector.hyperparameters["steering_scale"] == pytest.approx(saved["steering_scale"])
 
 
