@@ -87,6 +87,20 @@ def test_a_delta_logit_limit_holds_at_every_steered_step_as_a_direct_computation
             Sampling(max_delta_logit=bad).validate()
 
 
+def test_a_delta_logit_limit_that_does_not_bite_leaves_the_generation_bit_for_bit(tiny):
+    """Where every step stays under the limit, the steered side is the unlimited one exactly: same tokens,
+    same log-probabilities and Δlogits to the last bit (sampled, so the logits' every bit reaches the draw)."""
+    handle = tiny("gemma2")
+    steer = Steer(layer=1, vector=torch.randn(handle.arch.hidden_size, generator=torch.Generator().manual_seed(1)),
+                  alpha=12.0)
+    settings = dict(max_new_tokens=8, stop_at_eos=False, temperature=0.8, seed=3)
+    free = side_by_side(handle, "Hello there", [steer], Sampling(**settings)).steered.tokens
+    loose = side_by_side(handle, "Hello there", [steer], Sampling(**settings, max_delta_logit=1000)).steered.tokens
+    assert all(t.kept == 1.0 and t.max_delta_logit < 1000 for t in loose)
+    assert [(t.token_id, t.logprob, t.delta_logit) for t in loose] == \
+        [(t.token_id, t.logprob, t.delta_logit) for t in free]
+
+
 def test_large_alpha_changes_output_and_records_delta(tiny):
     handle = tiny("llama")
     v = torch.randn(64)
