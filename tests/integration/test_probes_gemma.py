@@ -32,6 +32,18 @@ def test_capitals_probe_auroc_at_recommended_layer(gemma, capitals, fresh_cache)
     assert sorted(late)[len(late) // 2] >= 0.95  # the plateau, not one lucky layer
 
 
+def test_probes_find_truth_in_domains_the_defaults_were_not_set_on(gemma, fresh_cache):
+    # element symbols, animal classes and word opposites, split by item: measured 0.976 at the recommended
+    # layer (seed 0) and a median of 0.943 over layers 5..17, where capitals reach 1.000 and 0.99
+    science = load_dataset(DATASETS / "science_statements.csv")
+    out = probe_layers(gemma, science, position="last", seed=0)
+    assert out["layers"][out["best_layer"]]["auroc"] >= 0.93, out["layers"]
+    assert out["test_groups"] >= 20
+    late = [r["auroc"] for r in out["layers"][5:]]
+    assert sorted(late)[len(late) // 2] >= 0.9
+    assert max(r["auroc"] for r in out["layers"][:3]) < 0.7  # the first blocks do not know: a real signal
+
+
 def test_cache_hit_does_not_run_the_model_again(gemma, capitals, fresh_cache):
     subset = capitals.subset(range(12))
     calls = []

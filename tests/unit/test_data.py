@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from steer_ui.data import Dataset, DatasetError, load_dataset, split_by_group, split_indices
-from conftest import TRUTHFULQA
+from conftest import DATASETS, TRUTHFULQA
 
 STATEMENTS_CSV = "statement,label\nParis is in France.,true\nParis is in Spain.,False\nRome is in Italy.,YES\nRome is in Peru.,no\n"
 
@@ -198,3 +198,15 @@ def test_group_split_has_no_leakage_and_is_stratified_and_seeded():
     assert 0.4 <= test.frame.label.mean() <= 0.6 and 0.4 <= train.frame.label.mean() <= 0.6
     assert split_indices(ds, 0.25, seed=3) == split_indices(ds, 0.25, seed=3)
     assert split_indices(ds, 0.25, seed=3) != split_indices(ds, 0.25, seed=4)
+
+
+@pytest.mark.parametrize("name", ["capitals_statements.csv", "science_statements.csv"])
+def test_bundled_statements_are_balanced_within_every_group(name):
+    # what the cards promise: each group (country, or element / animal / word) has two true and two false
+    # rows, so a split by group keeps both sides balanced and a detector cannot key on the item alone
+    data = load_dataset(DATASETS / name)
+    frame = data.frame
+    assert data.schema == "statements" and len(frame) % 4 == 0
+    per_group = frame.groupby("group")["label"].agg(["sum", "count"])
+    assert (per_group["count"] == 4).all() and (per_group["sum"] == 2).all()
+    assert frame["completion"].is_unique  # a statement's text is its completion (empty prompt)
