@@ -411,6 +411,56 @@ def test_calibration_tries_both_sources_at_the_same_strengths_within_the_budget(
         assert result["alphas"][source] == best["raw_alpha"]
 
 
+def test_calibration_weighs_the_input_dependent_part_and_its_zero_is_mean_steering(tiny):
+    handle = tiny("llama")
+    vector = _tiny_vector(handle, layer=2, context_layer=1)
+    pairs = l2s.as_pairs(_colour_pairs(4))
+    contexts, _ = l2s.extract(handle, pairs, 2, 1)
+    result = l2s.calibrate(handle, vector, pairs, contexts, budget=0.3, steps=3, residual_steps=2)
+    table = result["table"]
+    mean_rows = [r for r in table if r["source"] == "mean"]
+    l2s_rows = [r for r in table if r["source"] == "l2s"]
+    assert sorted({r["residual_weight"] for r in l2s_rows}) == [0.0, 0.5, 1.0]
+    # Weight 0 adds z̄ + 0·(g − z̄) = Mean-S: the same strengths and the same margins as Mean-S's own rows.
+    zero = [r for r in l2s_rows if r["residual_weight"] == 0]
+    assert [(r["raw_alpha"], r["margin_gain"]) for r in zero] == [(r["raw_alpha"], r["margin_gain"]) for r in mean_rows]
+    # Every weight is tried at the same budgeted strengths.
+    for w in (0.5, 1.0):
+        rows = [r for r in l2s_rows if r["residual_weight"] == w]
+        assert [round(r["relative_norm"], 6) for r in rows] == pytest.approx([0.1, 0.2, 0.3], rel=1e-4)
+    best = max(l2s_rows, key=lambda r: r["margin_gain"])  # the first maximum: the smaller weight, then α
+    assert (result["residual_weight"], result["alphas"]["l2s"]) == (best["residual_weight"], best["raw_alpha"])
+    # residual_steps = 0 tries g as trained only (the behaviour before the weight existed).
+    only = l2s.calibrate(handle, vector, pairs, contexts, budget=0.3, steps=3, residual_steps=0)
+    assert {r["residual_weight"] for r in only["table"] if r["source"] == "l2s"} == {1.0}
+    assert only["residual_weight"] == 1.0
+
+
+def test_the_kept_weight_is_what_the_saved_vector_steers_with(tiny, tmp_path):
+    # 40 items at lr 1e-2: g learns something (best epoch 41) and validation keeps 3/4 of it (measured 0.75).
+    handle, pairs = tiny("qwen2"), _colour_pairs(40)
+    common = dict(layer=2, context_layer=2, hidden=8, epochs=60, patience=60, lr=1e-2, norm_budget=0.4,
+                  calibration_steps=2)
+    as_trained, _ = l2s.train(handle, pairs, residual_steps=0, **common)
+    weighed, report = l2s.train(handle, pairs, residual_steps=4, **common)
+    weight = weighed.hyperparameters["residual_weight"]
+    assert as_trained.hyperparameters["residual_weight"] == 1.0
+    assert report["fit"]["best_epoch"] > 0 and weight in (0.25, 0.5, 0.75) and report["residual_weight"] == weight
+    kept = max((r for r in report["calibration"] if r["source"] == "l2s"), key=lambda r: r["margin_gain"])
+    assert kept["residual_weight"] == weight
+    # Same seed, same fit: the weighed vector's g is z̄ + w·(g − z̄), through save and load too.
+    weighed.save(tmp_path / "w.safetensors")
+    loaded = SteeringVector.load(tmp_path / "w.safetensors")
+    prompts = [p.prompt for p in l2s.as_pairs(_colour_pairs(3))]
+    g, mean = l2s.predict(handle, as_trained, prompts), as_trained.directions[2]
+    assert (g - mean).norm() > 0.1 * mean.norm()  # g is not Mean-S, so the weight shows
+    assert torch.allclose(l2s.predict(handle, loaded, prompts), mean + weight * (g - mean), atol=1e-5)
+    # Weight 0 makes the held-out L2S row Mean-S's, and the sentence says why.
+    zero = {**report, "residual_weight": 0.0, "l2s_minus_mean": {"mean": 0.0, "se": 0.0, "n": 4}}
+    beats, text = l2s.recommendation(zero, 0.4)
+    assert not beats and "set its weight to 0" in text
+
+
 def _steered_logp(handle, vector, raw_alpha, prompt, completion):
     """log p(completion | prompt) with the vector's own generation hook (build_steers) at raw α, by hand."""
     tok = handle.tokenizer

@@ -107,20 +107,34 @@ def budget_alphas(vectors: torch.Tensor, budget_norm: float, steps: int) -> list
     return [budget_norm * k / steps / norm for k in range(1, steps + 1)]
 
 
+def residual_weights(steps: int) -> list[float]:
+    """The weights β tried for g's input-dependent part: 0, 1/steps, …, 1 (``steps`` = 0: only 1, g as trained)."""
+    return [1.0] if steps <= 0 else [k / steps for k in range(steps + 1)]
+
+
 def calibrate(handle, vector: SteeringVector, pairs: Sequence[Pair], contexts: torch.Tensor, budget: float,
               steps: int, limit: int | None = None,
-              progress: Callable[[float, str], None] | None = None) -> dict:
+              progress: Callable[[float, str], None] | None = None, residual_steps: int = 0) -> dict:
     """α per source (Mean-S, L2S) that maximises the mean margin gain on ``pairs`` (the validation split) under a
     norm budget: the mean norm of the added vectors stays within ``budget · n_{L*}`` (relative units).
 
     The candidates are ``steps`` evenly spaced mean norms up to the budget, so both sources are tried at the same
-    strengths.  Returns ``{"alphas": {source: raw multiplier}, "table": records}``; ties go to the smaller α.
+    strengths.  For L2S the weight β of g's input-dependent part (steering adds ``z̄ + β·(g − z̄)``) is chosen
+    with α, over :func:`residual_weights` (``residual_steps``): with a few dozen training inputs g's per-input
+    part can be noise that costs behaviour, and β = 0 (Mean-S itself) lets validation say so.  β = 0 shares
+    Mean-S's rows, so it costs no extra pass.  Returns ``{"alphas": {source: raw multiplier},
+    "residual_weight": β, "table": records}``; ties go to the smaller β, then the smaller α.
     """
     layer, context_layer = layers_of(vector)
     scale = relative_scale(handle, layer)
+    net = mlp_of(vector)
     with torch.no_grad():
-        pred = mlp_of(vector)(contexts)
-    per_source = {"mean": vector.directions[layer].unsqueeze(0).expand_as(pred), "l2s": pred}
+        pred = net(contexts)
+    mean = vector.directions[layer].unsqueeze(0).expand_as(pred)
+    weights = residual_weights(residual_steps)
+    # β's candidates as sources of their own; β = 0 is Mean-S (same vectors, so the same α grid and margins).
+    shrunk = {b: net.target_mean + b * (pred - net.target_mean) for b in weights if b > 0}
+    per_source = {"mean": mean, **{f"l2s~{b:g}": v for b, v in shrunk.items()}}
     k = len(pairs) if not limit else min(int(limit), len(pairs))
     grid = {s: budget_alphas(v, budget * scale, steps) for s, v in per_source.items()}
     candidates = {f"{s}@{j}": a * v[:k] for s, v in per_source.items() for j, a in enumerate(grid[s])}
@@ -130,16 +144,22 @@ def calibrate(handle, vector: SteeringVector, pairs: Sequence[Pair], contexts: t
     gains, rates = by_source["margin_gain"].mean(), by_source["greedy_positive"].mean()
     rows, best = [], {}
     l2s_unit = unit_scale(handle, vector, True)
-    for s, v in per_source.items():
-        norm = float(v.norm(dim=-1).mean())
-        for j, a in enumerate(grid[s]):
-            name = f"{s}@{j}"
-            rows.append({"source": s, "raw_alpha": a, "relative_alpha": a / l2s_unit,
+
+    def add(source: str, weight: float | None, candidate: str) -> None:
+        norm = float(per_source[candidate].norm(dim=-1).mean())
+        for j, a in enumerate(grid[candidate]):
+            name = f"{candidate}@{j}"
+            rows.append({"source": source, "residual_weight": weight, "raw_alpha": a, "relative_alpha": a / l2s_unit,
                          "relative_norm": a * norm / scale, "margin_gain": float(gains[name]),
                          "positive_rate": float(rates[name])})
-            if s not in best or rows[-1]["margin_gain"] > best[s]["margin_gain"]:
-                best[s] = rows[-1]
-    return {"alphas": {s: r["raw_alpha"] for s, r in best.items()}, "table": rows, "n_pairs": k}
+            if source not in best or rows[-1]["margin_gain"] > best[source]["margin_gain"]:
+                best[source] = rows[-1]
+
+    add("mean", None, "mean")
+    for b in weights:  # ascending, so a tie keeps the smaller weight
+        add("l2s", b, "mean" if b == 0 else f"l2s~{b:g}")
+    return {"alphas": {s: r["raw_alpha"] for s, r in best.items()},
+            "residual_weight": best["l2s"]["residual_weight"], "table": rows, "n_pairs": k}
 
 
 def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha: float | None = None,
@@ -200,6 +220,7 @@ def compare_heldout(handle, vector: SteeringVector, pairs: Sequence[Pair], alpha
     return {
         "n": len(pairs),
         "n_steered": k,
+        "residual_weight": float(hp.get("residual_weight", 1.0)),
         "alpha": {s: a / l2s_unit for s, a in alphas.items()},  # relative units of this vector
         "raw_alpha": alphas,
         "steered_norm": {s: alphas[s] * float(v[:k].norm(dim=-1).mean()) / scale for s, v in sources.items()},
@@ -241,8 +262,10 @@ def recommendation(result: dict, budget: float) -> tuple[bool, str]:
     if beats:
         return True, (f"L2S beat mean steering: {numbers}. Use L2S at relative α "
                       f"{result['alpha']['l2s']:.3g} (calibrated on the validation split).")
+    why = (" On the validation split g's per-input part only cost margin, so calibration set its weight to 0: "
+           "this L2S vector steers exactly as mean steering does." if result.get("residual_weight", 1.0) == 0 else "")
     return False, (f"L2S did not beat mean steering on this data: {numbers}. Use mean steering instead: this "
-                   f"vector's Mean-S direction (exported formats carry it) or a mean-difference vector.")
+                   f"vector's Mean-S direction (exported formats carry it) or a mean-difference vector.{why}")
 
 
 def table_rows(result: dict) -> list[dict]:

@@ -18,7 +18,7 @@ from .steering import NAME, check_positions
 
 # Settings recorded in the vector's hyperparameters (the rest are described by the vector itself or the report).
 _RECORDED = ("seed", "epochs", "patience", "lr", "weight_decay", "batch_size", "cos_weight", "decoder_init",
-             "test_fraction", "val_fraction", "norm_budget", "calibration_steps")
+             "test_fraction", "val_fraction", "norm_budget", "calibration_steps", "residual_steps")
 
 
 def default_layer(num_layers: int) -> int:
@@ -103,7 +103,15 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
     val_pairs, test_pairs = [pairs[i] for i in val_idx], [pairs[i] for i in test_idx]
     progress(0.5, f"calibrating α on {min(len(val_idx), limit or len(val_idx))} validation pairs")
     calibration = calibrate(handle, vector, val_pairs, contexts[val_idx], st.norm_budget, st.calibration_steps,
-                            limit=limit, progress=lambda f, m: progress(0.5 + 0.25 * f, m))
+                            limit=limit, progress=lambda f, m: progress(0.5 + 0.25 * f, m),
+                            residual_steps=st.residual_steps)
+    # The kept weight of g's input-dependent part lives in the MLP itself (its output scale), so every consumer
+    # of the vector (hooks, export, predict, held-out scoring below) steers with the calibrated g.
+    weight = calibration["residual_weight"]
+    with torch.no_grad():
+        net.target_scale.mul_(weight)
+    vector.extras.update(net.state_tensors())
+    vector.hyperparameters["residual_weight"] = weight
     vector.hyperparameters["calibrated_raw_alpha"] = calibration["alphas"]
     progress(0.75, f"scoring steering on {min(len(test_idx), limit or len(test_idx))} held-out pairs")
     held = compare_heldout(handle, vector, test_pairs, alphas=calibration["alphas"],
