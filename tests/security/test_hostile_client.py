@@ -20,7 +20,7 @@ import torch
 from gradio_client import Client, handle_file
 
 from app_process import Server
-from same_results import same
+from same_results import DECODE_TOL, same
 
 RANDOM = "random direction"
 PROMPT = "The weather today is"
@@ -59,6 +59,12 @@ def honest_view(c: Client) -> tuple:
     # probabilities of the generated tokens: #17's bar is probabilities within float noise
     return (numbers, result["unsteered"]["text"], result["steered"]["text"],
             [math.exp(t["logprob"]) for t in result["steered"]["tokens"]])
+
+
+def same_view(view: tuple, solo: tuple) -> str | None:
+    """None when an honest view matches its solo run: next-token numbers and texts to TOL; the generated tokens'
+    probabilities, decoded beside whatever else is running, to DECODE_TOL."""
+    return same(view[:3], solo[:3]) or same(view[3], solo[3], DECODE_TOL, "[3]")
 
 
 @pytest.fixture(scope="module")
@@ -300,8 +306,8 @@ def test_twenty_hostile_clients_do_not_change_two_honest_sessions(server, honest
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors[:5]
-    assert results and all(same(view, solo[k]) is None for k, view in results), \
-        [same(view, solo[k]) for k, view in results if same(view, solo[k]) is not None][:3]
+    assert results and all(same_view(view, solo[k]) is None for k, view in results), \
+        [same_view(view, solo[k]) for k, view in results if same_view(view, solo[k]) is not None][:3]
     honest()
 
 

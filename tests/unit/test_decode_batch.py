@@ -12,7 +12,7 @@ from steer_ui.model import kv_rows
 from steer_ui.model.generation import DecodeBatch, Request, Sampling, side_by_side
 from steer_ui.model.hooks import HeadSteer, Steer, hook_count
 
-TOL = 1e-4  # float32 noise from padding and batch shapes; a changed token moves logprobs by far more
+from same_results import DECODE_TOL as TOL  # float32 noise from padding and batch shapes
 
 
 def _requests(handle):
