@@ -101,7 +101,8 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
 
     limit = st.eval_limit
     val_pairs, test_pairs = [pairs[i] for i in val_idx], [pairs[i] for i in test_idx]
-    progress(0.5, f"calibrating α and the residual weight on {min(len(val_idx), limit or len(val_idx))} validation pairs")
+    n_val = min(len(val_idx), limit or len(val_idx))
+    progress(0.5, f"calibrating α and the residual weight on {n_val} validation pairs")
     calibration = calibrate(handle, vector, val_pairs, contexts[val_idx], st.norm_budget, st.calibration_steps,
                             limit=limit, progress=lambda f, m: progress(0.5 + 0.25 * f, m),
                             residual_steps=st.residual_steps)
