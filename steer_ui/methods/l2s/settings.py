@@ -46,7 +46,7 @@ class L2SSettings:
     calibration_steps: int = setting(4, "strengths tried up to the norm budget when calibrating α on the "
                                      "validation split (1: the budget itself)", minimum=1, maximum=12, ui=False)
     residual_steps: int = setting(2, "weights tried on the validation split, with α, for g's input-dependent part "
-                                  "(k: 0, 1/k, …, 1; 0 at the weight is mean steering; k = 0: g as trained only)",
+                                  "(k tries 0, 1/k, …, 1, where weight 0 is mean steering; k = 0 keeps g as trained)",
                                   minimum=0, maximum=8, ui=False)
     eval_limit: int | None = setting(None, "score steering on at most this many validation and held-out pairs "
                                      "(empty: all; cosines always use all)", minimum=1, maximum=100000, ui=False)
