@@ -88,6 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generations decoded together in one batch (default 8)")
     p.add_argument("--waiting-generations", type=int, default=None,
                    help="generations waiting for a place in the batch before 'busy, try again' (default 8)")
+    p.add_argument("--store", default=None,
+                   help="the library of what visitors keep: a SQLite file (default ~/.cache/steer_ui/library.db), "
+                        "a postgresql:// URL (several app processes share one library), or 'off' (keep nothing)")
+    p.add_argument("--vectors", default=None, metavar="DIR",
+                   help="publish every vector file in DIR as a listed, read-only vector for every visitor")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="tokens in any one text a visitor sends: prompt, target, answer, dataset cell (default 1024)")
+    p.add_argument("--sessions-per-address", type=int, default=None,
+                   help="sessions kept for one client address (default 64; raise it behind a proxy or tunnel, "
+                        "where every visitor has the proxy's address)")
+    p.add_argument("--new-sessions-per-minute", type=int, default=None,
+                   help="new sessions one client address may open a minute, after a burst of 64 (default 60)")
     return p
 
 
@@ -112,7 +124,9 @@ def policy_from_args(args):
                     device=args.device, dtype=args.dtype)
     for flag, attr in (("max_sessions", "max_sessions"), ("job_seconds", "job_seconds"),
                        ("queue_size", "queue_max_size"), ("batch_requests", "batch_requests"),
-                       ("waiting_generations", "waiting_generations")):
+                       ("waiting_generations", "waiting_generations"), ("max_prompt_tokens", "max_prompt_tokens"),
+                       ("sessions_per_address", "sessions_per_address"),
+                       ("new_sessions_per_minute", "new_sessions_per_minute")):
         value = getattr(args, flag)
         if value is not None:
             if value <= 0:
@@ -140,6 +154,9 @@ def policy_sources(args) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from steer_ui.heap import bound_arenas
+
+    bound_arenas()  # before any thread starts (steer_ui/heap.py says why)
     args = build_parser().parse_args(argv)
     if isinstance(args.max_file_size, str):
         args.max_file_size = parse_size(args.max_file_size)
@@ -162,7 +179,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     policy = policy_from_args(args)
-    backend = Service(max_file_bytes=args.max_file_size, policy=policy, default_view=True)
+    from steer_ui.store import StoreError, open_library
+
+    try:
+        library = open_library(args.store, policy)
+    except StoreError as exc:
+        print(f"error: --store: {exc}", file=sys.stderr)
+        return 2
+    if library is not None and library.db.moved_aside is not None:
+        print(f"warning: the library at {library.db.spec} could not be read; it was moved aside to "
+              f"{library.db.moved_aside} (never deleted) and a new, empty one started", file=sys.stderr)
+    backend = Service(max_file_bytes=args.max_file_size, policy=policy, default_view=True, library=library)
+    if args.vectors:
+        backend.publish_from = Path(args.vectors).expanduser()
     if args.wait or args.model.startswith("tiny:"):
         try:
             backend.load_model(args.model, args.device, args.dtype,
@@ -184,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     # api_open=False: direct POSTs to /gradio_api/run/... would skip the queue and its concurrency slot
     demo.queue(default_concurrency_limit=4, max_size=policy.queue_max_size, api_open=False)
     # quiet: gradio's own banner suggests share=True in launch(); ours names this app's flags instead
-    demo.launch(**launch_kwargs(server_name=args.host, server_port=args.port, share=share, auth=auth,
-                                max_file_size=args.max_file_size, prevent_thread_lock=True, quiet=True))
+    demo.launch(**launch_kwargs(policy.max_body_bytes, server_name=args.host, server_port=args.port, share=share,
+                                auth=auth, max_file_size=args.max_file_size, prevent_thread_lock=True, quiet=True))
     print(startup_message(args, demo.local_url, demo.share_url if share else None, auth is not None), flush=True)
     if share and not demo.share_url:
         print("warning: the public share link could not be created; the app is still served locally.",

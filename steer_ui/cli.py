@@ -57,39 +57,57 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _method_flags(p: argparse.ArgumentParser) -> None:
-    """``--method`` plus one flag per setting of every registered method (generated from the settings dataclasses).
+    """``--method`` plus one flag per setting name of every registered method (generated from the settings).
 
-    Flags default to None ("not given"), so a method sees only what the user
-    typed; a flag that names a setting the chosen method does not have is
-    refused by the method's settings parser.
+    Two methods may share a setting name with different types, choices or bounds (ITI's and L2S's
+    ``steer_positions``), so argparse only collects the text typed: the chosen method's own settings parser
+    converts and checks it, and refuses a flag that method does not have.  Flags default to None ("not given"),
+    so a method sees only what the user typed.  A name that is a switch (true/false) in every method that has
+    it is a switch here too, with a ``--no-`` form.
     """
     from .methods.base import aliases, all_methods, specs
 
     methods = all_methods()
     p.add_argument("--method", required=True, choices=[m.name for m in methods])
-    owners: dict[str, list[str]] = {}
-    first: dict[str, Any] = {}
+    per_name: dict[str, list[tuple[str, Any]]] = {}
     for m in methods:
         for spec in specs(m.Settings):
-            owners.setdefault(spec.name, []).append(m.name)
-            first.setdefault(spec.name, spec)
+            per_name.setdefault(spec.name, []).append((m.name, spec))
         for alias, targets in aliases(m.Settings).items():
-            owners.setdefault(alias, []).append(m.name)
             target = next(s for s in specs(m.Settings) if s.name == targets[0])
-            first.setdefault(alias, dataclasses.replace(target, name=alias, flag=None,
-                                                        help=f"sets {', '.join(targets)}"))
-    for name, spec in first.items():
-        where = f" [{', '.join(owners[name])}]"
-        flag = spec.cli_flag
-        if spec.kind == "bool":
-            p.add_argument(flag, dest=name, action="store_const", const=True, default=None, help=spec.help + where)
+            per_name.setdefault(alias, []).append((m.name, dataclasses.replace(
+                target, name=alias, flag=None, help=f"sets {', '.join(targets)}")))
+    for name, owned in per_name.items():
+        flag = owned[0][1].cli_flag
+        helps = dict.fromkeys(f"{spec.help}{_choices_text(spec)}" for _, spec in owned)
+        text = "; ".join(f"[{', '.join(m for m, s in owned if f'{s.help}{_choices_text(s)}' == h)}] {h}"
+                         for h in helps)
+        if all(spec.kind == "bool" for _, spec in owned):
+            p.add_argument(flag, dest=name, action="store_const", const=True, default=None, help=text)
             p.add_argument("--no-" + flag[2:], dest=name, action="store_const", const=False, default=None,
                            help=argparse.SUPPRESS)
-            continue
-        kind = {"int": int, "float": float}.get(spec.kind, str)
-        p.add_argument(flag, dest=name, type=kind, default=None, choices=list(spec.choices) if spec.choices else None,
-                       help=spec.help + where)
-    p.set_defaults(_settings=list(first))
+        else:
+            p.add_argument(flag, dest=name, default=None, metavar="VALUE", help=text)
+    p.set_defaults(_settings=list(per_name))
+
+
+def _choices_text(spec) -> str:
+    return f" (one of: {', '.join(map(str, spec.choices))})" if spec.choices else ""
+
+
+def _flag_names(message: str) -> str:
+    """A settings error in the CLI's words: the setting names it mentions as their flags.  Names with an
+    underscore are identifiers wherever they appear; one-word names (layer, seed) only where the message uses
+    them as a setting ("seed must be …", "layer=…", a list of names), not in its prose."""
+    import re
+
+    from .methods.base import all_methods, specs
+
+    names = {s.name: s.cli_flag for m in all_methods() for s in specs(m.Settings)}
+    for name in sorted(names, key=len, reverse=True):
+        as_setting = "" if "_" in name else r"(?=\s+must\b|=|,|;|$)"
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-]){as_setting}", names[name], message)
+    return message
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,10 +296,13 @@ def cmd_train(args) -> dict:
 
     method = get(args.method)
     values = {name: getattr(args, name) for name in args._settings if getattr(args, name) is not None}
-    settings = parse_settings(method.Settings, values)  # refuses a flag this method has no setting for
-    dataset = load_dataset(args.data, schema=args.schema)
-    handle = load_handle(args)
-    vector, report = method.train(handle, dataset, settings, _stderr_progress)
+    try:  # converts the typed text with this method's types and bounds; refuses flags it has no setting for
+        settings = parse_settings(method.Settings, values)
+        dataset = load_dataset(args.data, schema=args.schema)
+        handle = load_handle(args)
+        vector, report = method.train(handle, dataset, settings, _stderr_progress)
+    except ValueError as exc:
+        raise CliError(_flag_names(str(exc).splitlines()[0] if str(exc) else "bad settings")) from None
     vector.save(args.out)
     return {"out": args.out, **vector.metadata(), **({"report": report} if report else {})}
 
@@ -376,6 +397,9 @@ def _print_human(command_name: str, result: dict) -> None:
         print(f"{'unsteered':<28}{'steered':<28}")
         for u, s in zip(result["unsteered"], result["steered"]):
             print(f"{u['token']!r:<18}{u['prob']:<10.4f}{s['token']!r:<18}{s['prob']:.4f}")
-        print(f"KL={result['kl']:.4f}  max|Δlogit|={result['max_abs_delta_logit']:.3f} ({result['max_delta_token']!r})")
+        print(f"KL={result['kl']:.4f}  max centred |Δlogit| among likely tokens (p >= 0.1%)="
+              f"{result['likely_max_abs_delta_logit']:.3f} ({result['likely_max_delta_token']!r})"
+              f"{'  logits exploding' if result['exploding'] else ''}  whole vocabulary max |Δlogit|="
+              f"{result['max_abs_delta_logit']:.3f} ({result['max_delta_token']!r})")
     else:
         print(json.dumps(result, indent=2, default=str))

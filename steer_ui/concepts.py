@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from .methods.base import Progress, noop
+from .model.budget import KVLayout, kv_layout  # noqa: F401 - the KV lesson's layout, read where costs are
 from .model.generation import GenerationError, Sampling, choose, encode_prompt, process_logits, side_by_side
 from .model.hooks import Steer
 from .model.units import NEUTRAL_PROMPTS, to_raw_alpha
@@ -500,43 +501,6 @@ def fix_explosion(handle, demo: ExplosionDemo, max_change: float = 2.0, steps: i
 
 
 # ====================================================================== KV cache
-@dataclass(frozen=True)
-class KVLayout:
-    """What sets the size of a decoder's key/value cache."""
-
-    layers: int
-    attention_heads: int
-    kv_heads: int
-    head_dim: int
-    layer_types: tuple[str, ...]
-    sliding_window: int | None
-
-    def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("layers", "attention_heads", "kv_heads", "head_dim", "sliding_window")}
-        d["sliding_layers"] = sum(1 for t in self.layer_types if t == "sliding_attention")
-        d["queries_per_kv_head"] = self.attention_heads // max(self.kv_heads, 1)
-        return d
-
-
-def kv_layout(config) -> KVLayout:
-    """Layers, heads, KV heads, head dim and per-layer attention type from a transformers config."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    try:
-        layers = int(cfg.num_hidden_layers)
-        heads = int(cfg.num_attention_heads)
-        hidden = int(cfg.hidden_size)
-    except (AttributeError, TypeError):
-        raise ConceptsError(f"cannot read layers / heads / hidden size from the {type(cfg).__name__}") from None
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
-    types = tuple(getattr(cfg, "layer_types", None) or ("full_attention",) * layers)
-    window = getattr(cfg, "sliding_window", None)
-    if "sliding_attention" not in types:
-        window = None
-    return KVLayout(layers=layers, attention_heads=heads, kv_heads=kv_heads, head_dim=head_dim, layer_types=types,
-                    sliding_window=int(window) if window else None)
-
-
 def dtype_bytes(dtype) -> int:
     if isinstance(dtype, torch.dtype):
         return torch.empty((), dtype=dtype).element_size()
@@ -623,13 +587,15 @@ def measured_cache(handle, prompt: str, batch: int = 1) -> dict:
             "formula_sliding_bytes": kv_cache_bytes(lay, n, batch, handle.dtype, sliding=True)}
 
 
-def time_cache(handle, n_tokens: int = 32, prompt: str = LONG_PROMPT) -> tuple[dict, pd.DataFrame]:
+def time_cache(handle, n_tokens: int = 32, prompt: str = LONG_PROMPT,
+               progress: Progress | None = None) -> tuple[dict, pd.DataFrame]:
     """Greedy-generate ``n_tokens`` twice: with the KV cache, and re-running the whole sequence each step.
 
     Returns (summary, per-step frame ``step, with_cache_s, without_cache_s``).
     Both runs must pick the same tokens (``same_tokens``): the cache is an
-    optimisation, not an approximation.
+    optimisation, not an approximation.  ``progress`` is told after every step (and may stop the run).
     """
+    progress = progress or noop
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, float)) or n_tokens != int(n_tokens) \
             or not 1 <= n_tokens <= 1024:
         raise ConceptsError(f"the number of tokens to time must be a whole number in 1..1024, got {n_tokens!r}")
@@ -658,6 +624,7 @@ def time_cache(handle, n_tokens: int = 32, prompt: str = LONG_PROMPT) -> tuple[d
             cache = out.past_key_values
             with_ids.append(int(nxt[0]))
             step_input = nxt.reshape(1, 1)
+            progress(len(with_steps) / (2 * n_tokens), "with the cache")
 
         without_steps, without_ids = [], []
         seq = ids
@@ -668,6 +635,7 @@ def time_cache(handle, n_tokens: int = 32, prompt: str = LONG_PROMPT) -> tuple[d
             without_steps.append(time.perf_counter() - t0)
             without_ids.append(int(nxt[0]))
             seq = torch.cat([seq, nxt.reshape(1, 1)], dim=1)
+            progress(0.5 + len(without_steps) / (2 * n_tokens), "without the cache")
     steps = pd.DataFrame({"step": range(n_tokens), "with_cache_s": with_steps, "without_cache_s": without_steps})
     with_s, without_s = sum(with_steps), sum(without_steps)
     summary = {

@@ -10,7 +10,8 @@ from typing import Any
 
 ENGLISH: dict[str, str] = {
     "error_title": "Error",
-    "unexpected": "Something went wrong: {detail}. Your data and vectors are kept; try again or change the input.",
+    "unexpected": "Something went wrong on the server (it is logged there). Your data and vectors are kept; try "
+                  "again or change the input.",
     "no_model": "No model is loaded yet: load one in the Model tab.",
     "model_load_failed": "The model could not be loaded: {detail}",
     "model_loading": "Loading the model… {detail}",
@@ -21,7 +22,6 @@ ENGLISH: dict[str, str] = {
                       "one first.",
     "bad_layer": "Layer {layer} does not exist: this model has layers 0 to {last}.",
     "steering_failed": "This vector cannot steer the loaded model: {detail}",
-    "bad_alpha": "α must be a finite number, got {alpha}.",
     "explore_failed": "Could not compute the steered distribution: {detail}",
     "input_dependent_projection": "This vector is input-dependent (L2S): it has no single direction to project "
                                   "through lm_head.",
@@ -51,8 +51,69 @@ ENGLISH: dict[str, str] = {
     "model_not_allowed": "That model is not on this server's list; choose one of: {known}.",
     "bad_device": "Device '{device}' is not allowed: use auto, cpu, cuda, cuda:N, mps or multi.",
     "bad_dtype": "Data type '{dtype}' is not allowed: use one of {known}.",
-    "session_expired": "This page's session was closed to make room (the server keeps at most {limit} sessions, "
-                       "and forgets idle ones); its data and vectors are gone. Load them again to go on.",
+    "session_expired": "This page's session was idle for over {hours} h, so the server forgot it; its data and "
+                       "vectors are gone. Load them again to go on.",
+    "too_many_new_sessions": "Too many new sessions from your address (at most {limit} a minute); try again in "
+                             "{wait} s. Sessions already open are not affected.",
+    "sessions_full": "The server is busy: it keeps {limit} sessions and every one holds a visitor's work. Try "
+                     "again later.",
+    "address_sessions_full": "The server is busy: your address already has {limit} sessions holding work. Use "
+                             "one of them, or try again later.",
+    "session_busy": "The server is busy: this session already has {count} generations running. Wait for one to "
+                    "finish.",
+    "queue_session_full": "The server is busy: this page already has {count} requests waiting. Wait for them to "
+                          "finish.",
+    "queue_address_full": "The server is busy: your address already has {count} requests waiting. Try again in a "
+                          "moment.",
+    "superseded": "Replaced by a newer request of the same kind from this page.",
+    "memory_busy": "The server is busy: the requests running now use its working memory ({limit} MB in all). "
+                   "Try again in a moment.",
+    "job_running": "A job is already running in this session: wait for it or cancel it first.",
+    "number_not_a_number": "{what} must be a number, got {value}.",
+    "number_not_finite": "{what} must be a finite number, got {value}.",
+    "number_not_whole": "{what} must be a whole number, got {value}.",
+    "number_too_small": "{what} must be at least {low}, got {value}.",
+    "number_too_large": "{what} must be at most {high}, got {value}.",
+    "number_not_positive": "{what} must be above 0, got {value}.",
+    "not_a_flag": "{what} must be true or false.",
+    "not_a_choice": "{what}: '{value}' is not one of the choices.",
+    "bad_input": "{what} could not be read: {detail}.",
+    "wrong_inputs": "This endpoint takes {needed} values; the request sent {got}.",
+    "body_too_large": "The request is {size} MB; this server takes at most {limit} MB per request.",
+    "text_not_text": "{what} must be text.",
+    "text_empty": "{what} is empty.",
+    "text_too_long": "{what} has {size} characters; the limit is {limit}.",
+    "text_not_unicode": "{what} holds a character that is not valid text (at position {position}).",
+    "too_many_tokens": "{what} is {tokens} tokens long; this server takes at most {limit} tokens.",
+    "request_too_large": "This request ({tokens} tokens × {rows} rows) needs about {need} MB of working memory; "
+                         "this server allows {limit} MB per request. Use a shorter text or fewer rows.",
+    "row_too_long": "Row {row}'s {column} is {tokens} tokens long; this server takes at most {limit} tokens per "
+                    "text.",
+    "data_too_large": "The dataset's texts are {tokens} tokens together; a job on this server reads at most "
+                      "{limit}. Upload a subset.",
+    "push_overflows": "α × this vector would push the residual stream to a length of {size}, which overflows "
+                      "the model's {dtype} arithmetic: use a smaller α.",
+    "owner_quota": "You keep the most {kind}s allowed here ({limit}); remove one to keep another.",
+    "owner_bytes": "You keep the most this server allows ({limit} MB); remove something to keep more.",
+    "store_full": "The server's library is full ({limit} MB); try again later, or ask its administrator.",
+    "unknown_id": "There is no shared vector or saved result with that id (or its owner stopped sharing it).",
+    "too_many_misses": "Too many ids that do not exist from your address ({limit} a minute); wait a minute.",
+    "not_own_vector": "'{name}' is not one of your kept vectors: only your own vectors can be shared.",
+    "not_kept": "This session keeps nothing (this server has no library, or the page has no owner): export "
+                "files to keep your work.",
+    "shared": "Shared: anyone with the link can open this vector, read-only, until you stop sharing it.",
+    "unshared": "Stopped sharing '{name}': its link no longer opens it.",
+    "saved_result": "Saved: the link shows this view without running the model.",
+    "result_view": "A saved result (made on {when}). Run it live to check it reproduces.",
+    "result_other_model": "This result was made on another model ({model}); running it live here will differ.",
+    "reproduced": "Run live: reproduced exactly (same tokens{numbers}).",
+    "not_reproduced": "Run live: it differs from the saved result ({detail}).",
+    "work_not_kept": "Your work is not kept on this server: it lives only in this page's session. Export files "
+                     "to keep it.",
+    "concepts_failed": "Could not compute this panel: {detail}",
+    "concepts_no_demo": "Run the explosion first (the button above), then the fix.",
+    "settings_json": "The settings must be a JSON object of at most {limit} characters, with numbers of at most "
+                     "{digits} digits: {detail}.",
     "too_many_vectors": "This session already holds {limit} vectors, the most allowed; start a new session "
                         "(reload the page) to train or import more.",
     "session_full": "This session would hold more than {limit} MB of data and vectors, the most allowed; reload "
@@ -60,7 +121,6 @@ ENGLISH: dict[str, str] = {
     "server_full": "This server holds as much visitors' data and vectors as it allows ({limit} MB in all); "
                    "try again later, or ask its administrator.",
     "prompt_too_long": "The prompt has {size} characters; the limit is {limit}.",
-    "bad_number": "{what} must be a whole number from {low} to {high}, got {value}.",
     "busy": "The server is busy ({detail}). Try again in a moment.",
     "generation_timeout": "Generation stopped: {detail}.",
     "job_queued": "Waiting for another visitor's job to finish…",
@@ -74,14 +134,15 @@ ENGLISH: dict[str, str] = {
     "export_failed": "Could not export to {fmt}: {detail}",
     "import_failed": "{name} could not be imported: {detail}",
     "readout": "**KL**(unsteered‖steered) = {kl:.4f} nats · **entropy** {hu:.3f} → {hs:.3f} nats · "
-               "**max |Δlogit|** = {maxd:.3f} on {token}{warn}",
+               "**max |Δlogit|** = {maxd:.3f} on {token} (centred, among the {likely} tokens with p ≥ 0.1 % before "
+               "or after){warn} · whole vocabulary: {rawd:.3f} on {rawtoken}",
+    "readout_warn": " ⚠ **logits exploding** (above {threshold:g})",
     "no_tokens": "No tokens were generated.",
     "token_detail": "Token {token}: log-probability {logprob:.3f}, Δlogit {delta:+.3f} (direct estimate "
                     "{direct:+.3f}). Alternatives: {alts}",
     "drag_alpha": "Drag α to see the distribution change.",
     "dataset_summary": "**{name}**: {kind}, {rows} rows; columns: {columns}",
     "dataset_warning": "⚠ {detail}",
-    "bad_json": "The extra hyperparameters are not valid JSON: {detail}",
     "no_curves": "This method reports no per-epoch curves.",
     "trained": "Trained **{name}**; it is now in the vector lists of Explore, Detect and Export.",
     "answers_table": "The answers table needs two columns: prompt and answer.",
@@ -95,6 +156,34 @@ ENGLISH: dict[str, str] = {
 }
 
 
+class UserError(Exception):
+    """A failure to show the user as is: ``key`` names the message (the UI translates it), ``params`` fill it."""
+
+    def __init__(self, key: str, **params: Any):
+        self.key, self.params = key, params
+        super().__init__(english(key, **params))
+
+
+# What a message's {what} names: the fields of requests, as a visitor sees them (the UI translates them too).
+FIELDS: dict[str, str] = {
+    "alpha": "α", "alpha_max": "α max", "layer": "The layer", "seed": "The seed", "top_k": "Top-k",
+    "top_p": "Top-p", "temperature": "The temperature", "repetition_penalty": "The repetition penalty",
+    "max_new_tokens": "The number of new tokens", "max_delta_logit": "The Δlogit limit", "points": "The number of "
+    "sweep points", "prompt": "The prompt", "target": "The target token", "answer": "An answer",
+    "relative": "Relative units", "greedy": "Greedy", "bins": "The number of bins", "draws": "The number of draws",
+    "seq_len": "The sequence length", "batch": "The batch size", "tokens": "The number of tokens",
+    "bound": "The bound", "steps": "The number of steps", "token": "The token", "settings": "The settings",
+    "vector": "The vector", "method": "The method", "format": "The format", "schema": "The schema",
+    "dataset": "The dataset", "position": "The position", "language": "The language", "dtype": "The data type",
+    "input": "An input", "auto_layer": "Auto layer",
+}
+
+
+def field_name(what: str, names: dict[str, str] | None = None) -> str:
+    """The name of field ``what`` as a visitor sees it (``names`` in another language, English by default)."""
+    return (names or {}).get(what) or FIELDS.get(what) or str(what)[:40]
+
+
 def normalise_lang(lang: str | None) -> str:
     """Any Chinese locale (zh, zh-CN, zh-Hans-CN, ...) -> 'zh-CN'; everything else -> 'en'."""
     return "zh-CN" if str(lang or "").lower().startswith("zh") else "en"
@@ -105,6 +194,8 @@ def english(key: str, **params: Any) -> str:
     template = ENGLISH.get(key)
     if template is None:
         return key if not params else f"{key}: {params}"
+    if "what" in params:
+        params = {**params, "what": field_name(params["what"])}
     try:
         return template.format(**params)
     except (KeyError, IndexError, ValueError):

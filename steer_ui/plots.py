@@ -18,25 +18,30 @@ STEERED_COLOR = "#e8590c"
 UP_COLOR = "#2f9e44"
 DOWN_COLOR = "#c92a2a"
 DIRECT_COLOR = "#1c7ed6"
-# |Δlogit| above this is flagged: a change of this size swamps any normal next-token distribution.
-EXPLOSION_THRESHOLD = 10.0
 
 
 def _label(labels: Mapping[str, str] | None, key: str, default: str) -> str:
     return (labels or {}).get(key, default)
 
 
+def _text(value) -> str:
+    """A string from a file, a link or the vocabulary as chart text: plotly renders tags in labels and titles
+    (``<b>``, ``<a href>``), so every ``<`` and ``&`` is escaped and shows as itself."""
+    return html.escape(str(value), quote=False)
+
+
 def _show_token(token: str) -> str:
     """Make whitespace and unprintable characters visible: a bar labelled ' ', '\\n' or a box is unreadable.
 
-    Control and other unprintable characters are shown escaped (``\\n``, ``\\u2581``); edge spaces as ``·``.
+    Control and other unprintable characters are shown escaped (``\\n``, ``\\u2581``); edge spaces as ``·``;
+    the result is chart text (:func:`_text`).
     """
     if token.strip() == "":
         text = repr(token)[1:-1]
     else:
         text = "".join(ch if _glyph(ch) else (repr(ch)[1:-1] if not ch.isprintable() else f"\\u{ord(ch):04x}")
                        for ch in token)
-    return text.replace(" ", "·") if text.strip() != text else text
+    return _text(text.replace(" ", "·") if text.strip() != text else text)
 
 
 def _glyph(ch: str) -> bool:
@@ -99,11 +104,12 @@ def next_token_bars(unsteered: pd.DataFrame, steered: pd.DataFrame, labels: Mapp
 
 def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_delta_logit: float | None = None,
                      max_delta_token: str | None = None, labels: Mapping[str, str] | None = None,
-                     threshold: float = EXPLOSION_THRESHOLD) -> go.Figure:
+                     exploding: bool = False, rule: str | None = None) -> go.Figure:
     """Horizontal bars: the tokens steering pushes up most and down most (Δlogit).
 
-    When ``max_abs_delta_logit`` exceeds ``threshold`` the title says so: that
-    is the logit explosion, where one token swamps the whole distribution.
+    ``max_abs_delta_logit`` (on ``max_delta_token``) is shown under the title with ``rule``, the words that
+    say what it was measured over; ``exploding`` (the caller's verdict, analysis.NextTokenView.exploding)
+    flags the title: that is the logit explosion, where one token swamps the distribution.
     """
     frame = pd.concat([promoted.assign(kind="up"), suppressed.assign(kind="down")], ignore_index=True)
     frame = frame.sort_values("delta_logit", kind="stable")
@@ -111,14 +117,20 @@ def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_d
     dup = frame.label.duplicated(keep=False)
     frame.loc[dup, "label"] = frame.loc[dup, "label"] + " #" + frame.loc[dup, "token_id"].astype(str)
     colors = [UP_COLOR if d >= 0 else DOWN_COLOR for d in frame.delta_logit]
-    fig = go.Figure(go.Bar(x=frame.delta_logit, y=frame.label, orientation="h", marker_color=colors,
-                           hovertemplate="%{y}: Δlogit %{x:.3f}<extra></extra>"))
+    if "prob_steered" in frame:  # each bar's probability before → after, in the hover (and for tests, customdata)
+        fig = go.Figure(go.Bar(x=frame.delta_logit, y=frame.label, orientation="h", marker_color=colors,
+                               customdata=frame[["prob_unsteered", "prob_steered"]].to_numpy(),
+                               hovertemplate="%{y}: Δlogit %{x:.3f}, p %{customdata[0]:.2%} → "
+                                             "%{customdata[1]:.2%}<extra></extra>"))
+    else:
+        fig = go.Figure(go.Bar(x=frame.delta_logit, y=frame.label, orientation="h", marker_color=colors,
+                               hovertemplate="%{y}: Δlogit %{x:.3f}<extra></extra>"))
     title = _label(labels, "title", "Δlogit: most promoted and suppressed tokens")
     if max_abs_delta_logit is not None:  # on a second line, so a narrow chart does not cut it off
-        detail = f"max |Δlogit| = {max_abs_delta_logit:.2f}"
+        detail = f"{rule or 'max |Δlogit|'} = {max_abs_delta_logit:.2f}"
         if max_delta_token is not None:  # plotly titles take HTML: '<pad>' must stay text
-            detail += f" on {html.escape(repr(_show_token(max_delta_token)))}"
-        if max_abs_delta_logit > threshold:
+            detail += f" on {repr(_show_token(max_delta_token))}"
+        if exploding:
             title = "⚠ " + title
             detail += " — " + _label(labels, "exploded", "logits exploding")
         title += f"<br><sup>{detail}</sup>"
@@ -271,10 +283,10 @@ def head_heatmap(accuracy: pd.DataFrame, labels: Mapping[str, str] | None = None
 def class_balance(counts: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
     """Bars of ``count`` per ``label``, optionally split by ``split`` (train/test)."""
     if "split" in counts:
-        fig = go.Figure([go.Bar(name=str(split), x=part.label.astype(str), y=part["count"])
+        fig = go.Figure([go.Bar(name=_text(split), x=[_text(v) for v in part.label], y=part["count"])
                          for split, part in counts.groupby("split", sort=False)])
     else:
-        fig = go.Figure(go.Bar(x=counts.label.astype(str), y=counts["count"], marker_color=DIRECT_COLOR))
+        fig = go.Figure(go.Bar(x=[_text(v) for v in counts.label], y=counts["count"], marker_color=DIRECT_COLOR))
     fig.update_xaxes(type="category")
     return _layout(fig, _label(labels, "title", "Class balance"), barmode="group", height=280)
 
@@ -284,7 +296,7 @@ def detection_scores(scores: pd.DataFrame, labels: Mapping[str, str] | None = No
     fig = go.Figure()
     if "label" in scores and scores.label.notna().any():
         for label, part in scores.groupby("label", sort=True):
-            fig.add_trace(go.Histogram(x=part.score, name=str(label), opacity=0.7, xbins=dict(start=0, end=1, size=0.05)))
+            fig.add_trace(go.Histogram(x=part.score, name=_text(label), opacity=0.7, xbins=dict(start=0, end=1, size=0.05)))
         fig.update_layout(barmode="overlay")
     else:
         fig.add_trace(go.Histogram(x=scores.score, xbins=dict(start=0, end=1, size=0.05), marker_color=DIRECT_COLOR))

@@ -27,26 +27,50 @@ class Policy:
     model_sources: tuple[str, ...] = field(default_factory=lambda: ("embedded",))
     device: str = "auto"  # where a switched-to model goes: the administrator's --device, never a visitor's
     dtype: str = "auto"
-    # ---- text and generation
+    # ---- text and generation: a character cap as a cheap first gate, then tokens, which are what costs
     max_prompt_chars: int = 4000
+    max_prompt_tokens: int = 1024  # any one text: a prompt, a target, an answer after its prompt, a dataset cell
+    # working memory one request may need, by model/budget.py's formula (tokens × rows × the model's shape)
+    max_request_bytes: int = 512 << 20
+    # the same, summed over the requests running at once; a request waits for room, then hears "busy"
+    max_inflight_bytes: int = 512 << 20
+    inflight_wait_seconds: float = 30.0
     max_new_tokens: int = 256
     max_top_k: int = 100
     max_sweep_points: int = 101
     max_alpha: float = 1e6  # |α| in either unit; NaN and inf are refused anyway
     max_detect_answers: int = 512
-    # ---- sessions (one per browser tab or gradio_client.Client)
+    # ---- sessions (one per browser tab or gradio_client.Client; see steer_ui/sessions.py)
     max_sessions: int = 256
+    sessions_per_address: int = 64  # kept sessions admitted from one client address
+    new_sessions_burst: int = 64  # new sessions one address may open at once ...
+    new_sessions_per_minute: int = 60  # ... and then this many a minute
+    session_grace_seconds: float = 60.0  # an empty session used this recently is not evicted for a newcomer
     max_vectors_per_session: int = 32
     max_session_bytes: int = 256 << 20  # tensors of the session's vectors plus its dataset
     max_total_session_bytes: int = 1 << 30  # the same, summed over every session: what all visitors may hold
     session_idle_seconds: float = 4 * 3600.0
+    # ---- the library (steer_ui/store): what owners keep across reloads and restarts
+    owner_max_vectors: int = 64
+    owner_max_datasets: int = 8
+    owner_max_results: int = 500
+    owner_max_bytes: int = 256 << 20  # an owner's vectors, datasets and results together
+    owner_settings_chars: int = 4096
+    max_result_chars: int = 2 << 20  # one saved result as JSON (both generations with their per-token numbers)
+    store_max_bytes: int = 4 << 30  # the whole store; the longest-absent owners' unshared work goes first
+    owner_idle_days: float = 90.0  # unshared vectors and datasets of owners not seen for this long are removed
+    id_misses_per_minute: int = 30  # share and result ids that resolve to nothing, per client, before a pause
     # ---- long jobs (training, probing every layer, detection)
     job_seconds: float = 900.0
     # rows a training job may read: TSV keeps every row's cached prefix in memory (~0.1 MB a row on Gemma 3
     # 270M), so this bounds memory as well as time; TruthfulQA's full expansion (~6,000 answers) fits
     max_train_rows: int = 8000
+    max_train_tokens: int = 400_000  # all text cells of a training or detection file together
     # ---- the queue and the decode batch (many sessions' generations decode together, model/engine.py)
     queue_max_size: int = 64
+    queued_per_session: int = 4  # requests one session may have waiting (a newer slider move replaces an older)
+    queued_per_address: int = 32  # requests one client address may have waiting, over all its sessions
+    max_body_bytes: int = 4 << 20  # one request's JSON body (files go through the upload route, --max-file-size)
     batch_requests: int = 8  # generations decoded together (3 rows each); more wait for a free place
     waiting_generations: int = 8  # beyond this a generation is refused with "busy, try again"
     generations_per_session: int = 2  # one visitor's generations at once (a slider release and a button)

@@ -20,26 +20,31 @@ Rules kept here so the UI cannot forget them:
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import json
 import logging
-import math
-import queue
 import re
 import tempfile
+import uuid
 import threading
-import time
 from collections import OrderedDict
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pandas as pd
-import torch
 
-from .messages import english, normalise_lang
-from .model.units import AlphaError, check_alpha
+from .jobs import job
+from .keeping import Keeper
+from .lessons import Lessons
+from .messages import UserError, normalise_lang
 from .paths import cache_root, prune
-from .policy import ANONYMOUS_PREFIX, DTYPES, MAX_ANONYMOUS, Policy, device_allowed
+from . import guards
+from .guards import Guard
+from .limits import MAX_DELTA_LOGIT_LIMIT
+from .policy import DTYPES, Policy, device_allowed
+from .sessions import Session, Sessions, frame_bytes, vector_bytes
 from .steering import steering_kind
 
 log = logging.getLogger(__name__)
@@ -52,45 +57,14 @@ DEFAULT_MAX_FILE_BYTES = 50 * 1024 * 1024
 Progress = Callable[[float, str], None]
 
 
-class UserError(Exception):
-    """A failure to show the user as is: ``key`` names the message (the UI translates it), ``params`` fill it."""
-
-    def __init__(self, key: str, **params: Any):
-        self.key, self.params = key, params
-        super().__init__(english(key, **params))
-
-
 def _noop(_f: float, _m: str = "") -> None:
     pass
 
 
 MAX_VOCAB_TOP_K = 1 << 20  # no vocabulary is larger; a bigger top-k is a mistake or an attack
-
-
-def _bounded_int(value, low: int, high: int, what: str) -> int:
-    try:
-        number = float(value)
-        if not math.isfinite(number) or number != int(number):
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        raise UserError("bad_number", what=what, value=str(value)[:40], low=low, high=high) from None
-    if not low <= int(number) <= high:
-        raise UserError("bad_number", what=what, value=str(value)[:40], low=low, high=high)
-    return int(number)
-
-
-def _check_seed(seed) -> int:
-    return _bounded_int(seed or 0, 0, 2**31 - 1, "seed")
-
-
-def _vector_bytes(vector) -> int:
-    tensors = list(vector.directions.values()) + list(vector.extras.values())
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _frame_bytes(dataset) -> int:
-    frame = getattr(dataset, "frame", None)
-    return int(frame.memory_usage(deep=True).sum()) if frame is not None else 0
+MAX_TARGET_CHARS = 200  # a sweep's target token, typed as text (only its first token counts)
+MAX_TEMPERATURE = 100.0  # far past uniform sampling already
+MAX_REPETITION_PENALTY = 100.0
 
 
 def _first_line(exc: BaseException) -> str:
@@ -106,24 +80,6 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from .model.loading import ModelLoadError
 
     return (ValueError, ModelLoadError, FileNotFoundError)
-
-
-@dataclass
-class Session:
-    """What one browser tab (or one gradio_client) owns."""
-
-    dataset: Any = None
-    dataset_name: str = ""
-    vectors: "OrderedDict[str, Any]" = field(default_factory=OrderedDict)
-    reports: dict[str, dict] = field(default_factory=dict)
-    probe: dict | None = None
-    last_generation: dict | None = None
-    cache: dict = field(default_factory=dict)  # UI-side memo (e.g. the last sweep), safe to drop
-    lang: str = "en"
-    touched: float = field(default_factory=time.monotonic)
-    cancel: threading.Event = field(default_factory=threading.Event, repr=False)
-    running: bool = False  # a long job (training, probing) is under way
-    generating: int = 0  # this session's generations in the decode batch or waiting for it
 
 
 @dataclass
@@ -165,7 +121,7 @@ class Service:
     """The shared model, per-session stores, and one method per app feature."""
 
     def __init__(self, handle=None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, workdir: str | Path | None = None,
-                 policy: Policy | None = None, default_view: bool = False):
+                 policy: Policy | None = None, default_view: bool = False, library=None):
         self.policy = policy or Policy()
         # The view a fresh page opens on (steer_ui.default_view), made at model load when asked for.
         self.want_default_view = default_view
@@ -178,15 +134,17 @@ class Service:
         if handle is not None:
             self._loaded.set()
         self._load_message = "" if handle is None else f"loaded {handle.model_id}"
-        self._sessions: "OrderedDict[str, Session]" = OrderedDict()
-        self._evicted: "OrderedDict[str, None]" = OrderedDict()  # ids whose owner is told once that they are gone
-        self._anonymous: "OrderedDict[str, Session]" = OrderedDict()
-        self._sessions_lock = threading.Lock()
+        self.sessions = Sessions(self.policy)
+        self.guard = Guard(self.policy)
+        self.lessons = Lessons(self)  # the Concepts tab's lessons, bounded and run as jobs
         self._engine = None  # the decode batch every session's generations join (model/engine.py)
         self._slider = None
         self._engine_lock = threading.Lock()
         self.max_file_bytes = int(max_file_bytes)
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="steer_ui-"))
+        self.keeper = Keeper(library, self.max_file_bytes)  # owners' work in the library (off without one)
+        self.published: list = []  # names of the host's listed vectors (app.py --vectors DIR, `library add`)
+        self.publish_from: Path | None = None  # app.py --vectors DIR: read at each model load
 
     # ================================================================ model
     @property
@@ -266,6 +224,7 @@ class Service:
             self.default_view = None
             if self.want_default_view:
                 self._prepare_default_view(handle, progress)
+            self._publish(handle)
             self._handle = handle
             self._load_message = f"loaded {handle.model_id}"
             return self.model_facts()
@@ -292,6 +251,27 @@ class Service:
             return
         self.bundled_vectors[view.name] = vector
         self.default_view = view
+
+    def _publish(self, handle) -> None:
+        """The host's listed vectors (``--vectors DIR`` and the library's listed ones), read and checked like an
+        import; each joins every visitor's list, read-only.  A file that cannot be used is skipped and logged."""
+        from .formats import read_vector
+
+        self.published = []
+        listed = list(self.keeper.listed(handle))
+        folder = self.publish_from
+        for path in sorted(folder.iterdir()) if folder is not None and folder.is_dir() else []:
+            try:
+                vector, _warnings = read_vector(path, handle, max_bytes=self.max_file_bytes)
+            except (ValueError, OSError, KeyError, TypeError) as exc:
+                log.warning("--vectors: %s skipped: %s", path.name, _first_line(exc))
+                continue
+            listed.append((vector.name or path.stem, vector))
+        for name, vector in listed:
+            name = re.sub(r"\s+", " ", str(name)).strip()[:200] or "listed vector"
+            if name not in self.bundled_vectors and name != RANDOM:
+                self.bundled_vectors[name] = vector
+                self.published.append(name)
 
     def load_in_background(self, source: str | None = None, device: str = "auto", dtype: str = "auto") -> threading.Thread:
         """Start loading now and return at once; model calls wait for it (see :attr:`handle`)."""
@@ -326,82 +306,121 @@ class Service:
         return pd.DataFrame({"layer": list(range(len(norms))), "norm": norms})
 
     # ============================================================= sessions
-    def session(self, session: str | None) -> Session:
+    def session(self, session: str | None, client: str | None = None) -> Session:
         """The store of session ``session``; ``None`` gets a fresh one that is not kept (an anonymous call).
 
-        At most ``policy.max_sessions`` are kept: the least recently used one
-        is forgotten, as is one idle for ``policy.session_idle_seconds``; its
-        owner's next call is told so once (:class:`UserError` ``session_expired``).
+        ``client``, the caller's address where known, is what new sessions are admitted by; see
+        :mod:`steer_ui.sessions` for who may get a new one and what is never evicted.
         """
-        if session is None:
-            return Session()
-        now = time.monotonic()
-        with self._sessions_lock:
-            if session.startswith(ANONYMOUS_PREFIX):  # one request's store: never evicts a real session
-                s = self._anonymous.setdefault(session, Session())
-                self._anonymous.move_to_end(session)
-                while len(self._anonymous) > MAX_ANONYMOUS:
-                    self._anonymous.popitem(last=False)
-                return s
-            if session in self._evicted:
-                del self._evicted[session]
-                raise UserError("session_expired", limit=self.policy.max_sessions)
-            s = self._sessions.get(session)
-            if s is not None and not s.running and now - s.touched > self.policy.session_idle_seconds:
-                self._forget(session)
-                raise UserError("session_expired", limit=self.policy.max_sessions)
-            if s is None:
-                s = self._sessions[session] = Session()
-                while len(self._sessions) > self.policy.max_sessions:
-                    victim = self._eviction_victim(keep=session)
-                    if victim is None:  # every other session is running a job: keep them all for now
-                        break
-                    self._forget(victim)
-            else:
-                self._sessions.move_to_end(session)
-            s.touched = now
-            return s
-
-    def _eviction_victim(self, keep: str) -> str | None:
-        """The session to forget when there are too many: never one running a job, and an empty one (no data,
-        no vectors: e.g. made by a flood of cheap calls) before any that holds something, oldest first."""
-        idle = [k for k, v in self._sessions.items() if k != keep and not v.running]
-        empty = [k for k in idle if self._sessions[k].dataset is None and not self._sessions[k].vectors]
-        return (empty or idle or [None])[0]
-
-    def _forget(self, session: str) -> None:
-        self._sessions.pop(session, None)
-        self._evicted[session] = None
-        while len(self._evicted) > 4 * self.policy.max_sessions:
-            self._evicted.popitem(last=False)
+        return self.sessions.get(session, client)
 
     def set_language(self, session: str | None, lang: str) -> str:
         s = self.session(session)
         s.lang = normalise_lang(lang)
+        self.keeper.keep_settings(s)
         return s.lang
 
+    # ================================================================ owners
+    def claim_owner(self, session: str | None, token=None, client: str | None = None, issue: bool = True) -> str:
+        """Bind the session to the owner of ``token`` (a browser's or an API client's), issuing a new owner when
+        the token is not one this server issued (unless ``issue`` is False: an API client's header that names no
+        owner leaves the session unkept); returns the token to keep ("" when nothing is kept)."""
+        return self.keeper.claim(self.session(session, client), token, self._handle, issue)
+
+    @property
+    def browser_secret(self) -> str:
+        """What the page's local storage keys the owner token with: the library's, the same in every process."""
+        if self.keeper.on:
+            return self.keeper.library.browser_secret
+        return self.__dict__.setdefault("_browser_secret", uuid.uuid4().hex)
+
+    def whoami(self, session: str | None) -> str:
+        """The session's owner token, a new owner if it has none (API clients send it back as X-Steer-Owner)."""
+        s = self.session(session)
+        return s.owner_token or self.claim_owner(session, None)
+
+    @property
+    def keeps_work(self) -> bool:
+        return self.keeper.on
+
+    def share_vector(self, session: str | None, name: str) -> str:
+        """Share the session's own kept vector ``name``: its unguessable share id (the same one each time)."""
+        return self.keeper.share(self.session(session), guards.text(name, "vector", 200))
+
+    def unshare_vector(self, session: str | None, name: str) -> bool:
+        return self.keeper.unshare(self.session(session), guards.text(name, "vector", 200))
+
+    def open_shared(self, session: str | None, share_id, client: str | None = None) -> str:
+        """Add the vector shared under ``share_id`` to the session, read-only; its name in the session's list."""
+        return self.keeper.open_shared(self.session(session), share_id, client, self.handle)
+
+    def share_id_of(self, session: str | None, name: str | None) -> str:
+        return self.keeper.share_id_of(self.session(session), name) if name else ""
+
+    def vectors(self, session: str | None) -> list[dict]:
+        """What this session can use, each with where it comes from (own / shared / listed / bundled / random)."""
+        s = self.session(session)
+        own = list(dict.fromkeys([n for n in s.vectors if n not in s.shared] + list(s.stored)))
+        rows = [{"name": RANDOM, "kind": "random"}]
+        rows += [{"name": n, "kind": "listed" if n in self.published else "bundled"} for n in self.bundled_vectors]
+        rows += [{"name": n, "kind": "own", "share_id": self.keeper.share_id_of(s, n) or None} for n in own]
+        rows += [{"name": n, "kind": "shared", "share_id": i} for n, i in s.shared.items()]
+        return rows
+
+    def save_result(self, session: str | None, view: dict) -> str:
+        """Freeze the session's last Explore view (``view``: its settings and next-token numbers) with its last
+        generation; its id opens it for anyone, without running the model."""
+        s = self.session(session)
+        if not s.last_generation:
+            raise UserError("no_generation")
+        payload = {"view": view, "generation": s.last_generation, "model_id": self.handle.model_id,
+                   "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        text = json.dumps(payload)
+        if len(text) > self.policy.max_result_chars:
+            raise UserError("text_too_long", what="result", size=len(text), limit=self.policy.max_result_chars)
+        return self.keeper.save_result(s, payload, view.get("vector"), self.handle)
+
+    def open_result_vector(self, session: str | None, result_id, client: str | None = None) -> str | None:
+        """Put the vector a saved result was made with into the session (read-only, as a shared one is), so the
+        result can run live; its name there, or None when the result used a bundled or random vector."""
+        vector = self.keeper.result_vector(result_id, client, self.handle)
+        if vector is None:
+            return None
+        s = self.session(session)
+        name = f"{vector.name} (saved result)"
+        s.vectors.setdefault(name, vector)
+        return name
+
+    def result(self, result_id, client: str | None = None) -> dict:
+        """A saved result as it was saved, read without running the model."""
+        return self.keeper.result(result_id, client)
+
     def language(self, session: str | None) -> str:
-        return self.session(session).lang
+        """The session's language; asking makes no session (an error for a refused newcomer is told in English)."""
+        s = self.sessions.peek(session)
+        return s.lang if s is not None else "en"
 
     # =============================================================== vectors
     def vector_names(self, session: str | None) -> list[str]:
-        """Every vector this session can use: the random direction, the server's bundled ones, its own."""
-        return [RANDOM] + list(self.bundled_vectors) + list(self.session(session).vectors)
+        """Every vector this session can use: the random direction, the server's bundled and listed ones, its own
+        (kept in the library too), and those opened by a share link."""
+        return [row["name"] for row in self.vectors(session)]
 
     def add_vector(self, session: str | None, vector, name: str | None = None, report: dict | None = None) -> str:
         s = self.session(session)
         if len(s.vectors) >= self.policy.max_vectors_per_session:
             raise UserError("too_many_vectors", limit=self.policy.max_vectors_per_session)
-        self._check_session_bytes(s, _vector_bytes(vector))
+        self.sessions.check_bytes(s, vector_bytes(vector))
         base = name or vector.name or vector.method
         base = re.sub(r"\s+", " ", str(base)).strip() or "vector"
         if base == RANDOM or base in self.bundled_vectors:
             base = f"{base} (saved)"
         unique, n = base, 2
-        while unique in s.vectors or unique in self.bundled_vectors:
+        while unique in s.vectors or unique in s.stored or unique in self.bundled_vectors:
             unique, n = f"{base} ({n})", n + 1
         if not vector.name:
             vector.name = unique
+        self.keeper.keep_vector(s, unique, vector, self._handle)  # first: a refused save changes nothing
         s.vectors[unique] = vector
         if report is not None:
             s.reports[unique] = report
@@ -413,15 +432,19 @@ class Service:
 
         if not name or name == RANDOM:
             handle = self.handle
-            layer = self._check_layer(handle, layer if layer is not None else handle.arch.num_layers // 2)
-            return random_vector(handle.arch.hidden_size, layer, seed=_check_seed(seed), model_id=handle.model_id,
+            layer = self.guard.layer(handle, layer if layer is not None else handle.arch.num_layers // 2)
+            return random_vector(handle.arch.hidden_size, layer, seed=self.guard.seed(seed), model_id=handle.model_id,
                                  model_type=handle.model_type)
         s = self.session(session)
         if name in s.vectors:
             return s.vectors[name]
         if name in self.bundled_vectors:  # shared and read-only: nothing a session does changes them
             return self.bundled_vectors[name]
-        raise UserError("unknown_vector", name=str(name)[:80], known=", ".join(s.vectors) or "none")
+        kept = self.keeper.stored_vector(s, name, self.handle) if isinstance(name, str) else None
+        if kept is not None:
+            return kept
+        raise UserError("unknown_vector", name=str(name)[:80], known=", ".join(self.vector_names(session)[1:]) or
+                        "none")
 
     def vector_info(self, session: str | None, name: str | None) -> dict:
         """Metadata of a vector (layers, method, recommended α range, metrics) for the pickers."""
@@ -434,16 +457,6 @@ class Service:
         meta["input_dependent"] = steering_kind(vector) == "input"
         meta["steering"] = steering_kind(vector)
         return meta
-
-    @staticmethod
-    def _check_layer(handle, layer) -> int:
-        try:
-            layer = int(layer)
-        except (TypeError, ValueError, OverflowError):
-            raise UserError("bad_layer", layer=str(layer)[:20], last=handle.arch.num_layers - 1) from None
-        if not 0 <= layer < handle.arch.num_layers:
-            raise UserError("bad_layer", layer=layer, last=handle.arch.num_layers - 1)
-        return layer
 
     def _vector_layer(self, vector, layer) -> int | None:
         """Single-layer vectors move to the chosen layer; multi-layer and input-dependent ones keep theirs."""
@@ -458,54 +471,30 @@ class Service:
 
         handle = self.handle
         if layer is not None:
-            layer = self._check_layer(handle, layer)
+            layer = self.guard.layer(handle, layer)
         vector = self.get_vector(session, vector_name, layer, seed)
-        alpha = self._check_alpha(alpha)
+        alpha = self.guard.alpha(alpha)
         try:
-            return build_steers(handle, vector, alpha, layer=self._vector_layer(vector, layer), relative=bool(relative),
-                                positions=positions)
+            steers = build_steers(handle, vector, alpha, layer=self._vector_layer(vector, layer),
+                                  relative=guards.flag(relative, "relative"), positions=positions)
         except UserError:
             raise
         except _expected_errors() as exc:
             raise UserError("steering_failed", detail=_first_line(exc)) from None
-
-    def _check_alpha(self, alpha) -> float:
-        try:
-            value = check_alpha(alpha)
-        except AlphaError:
-            raise UserError("bad_alpha", alpha=str(alpha)[:40]) from None
-        if abs(value) > self.policy.max_alpha:
-            raise UserError("bad_alpha", alpha=str(alpha)[:40])
-        return value
-
-    def _check_rows(self, dataset) -> None:
-        """Long jobs read at most ``policy.max_train_rows`` rows (time, and TSV's cached prefixes in memory)."""
-        rows = len(dataset.frame)
-        if rows > self.policy.max_train_rows:
-            raise UserError("too_many_rows", rows=rows, limit=self.policy.max_train_rows)
-
-    def _check_session_bytes(self, s: Session, extra: int) -> None:
-        """Refuse ``extra`` bytes that would take this session, or all sessions together, over their budget."""
-        def held(x: Session) -> int:
-            return sum(_vector_bytes(v) for v in x.vectors.values()) + _frame_bytes(x.dataset)
-
-        if held(s) + extra > self.policy.max_session_bytes:
-            raise UserError("session_full", limit=self.policy.max_session_bytes >> 20)
-        with self._sessions_lock:
-            everyone = sum(held(x) for x in list(self._sessions.values()) + list(self._anonymous.values()))
-        if everyone + extra > self.policy.max_total_session_bytes:
-            raise UserError("server_full", limit=self.policy.max_total_session_bytes >> 20)
+        self.guard.pushes(handle, steers)
+        return steers
 
     # =============================================================== explore
     def next_token(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,
                    relative: bool = True, seed: int = 0, top_k: int = 10):
         """Top-k next tokens unsteered vs steered, KL, entropies, Δlogit extremes (analysis fast path)."""
-        self._check_prompt(prompt)
-        top_k = _bounded_int(top_k, 1, self.policy.max_top_k, "top_k")
+        needed = self.guard.prompt(self.handle, prompt, rows=2)  # the unsteered and the steered row
+        top_k = self.guard.number(top_k, "top_k", integer=True, low=1, high=self.policy.max_top_k)
         steers = self.steers(session, vector_name, layer, alpha, relative, seed)
         try:
             engine, slider = self._explore_workers()
-            with engine.interactive():  # the decode batch pauses between steps for a slider move
+            # the decode batch pauses between steps for a slider move
+            with self.guard.reserve(needed), engine.interactive():
                 return slider.next_token(prompt, steers, top_k=top_k)
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
@@ -521,16 +510,24 @@ class Service:
         from .default_view import GRID, KL_AT_MAX, alpha_at_kl
         from .model.analysis import mean_kl_curve
 
-        self._check_prompt(prompt)
         handle = self.handle
-        layer = self._check_layer(handle, layer if layer is not None else handle.arch.num_layers // 2)
+        layer = self.guard.layer(handle, layer if layer is not None else handle.arch.num_layers // 2)
         vector = self.get_vector(session, vector_name, layer, seed)
-        if steering_kind(vector) != "static" or (len(vector.layers) > 1 and layer not in vector.layers):
+        needed = 0
+        try:  # one row per α of the grid
+            needed = self.guard.prompt(handle, prompt, rows=len(GRID))
+            calibrate = steering_kind(vector) == "static" and (len(vector.layers) == 1 or layer in vector.layers)
+        except UserError as exc:
+            if exc.key != "request_too_large":
+                raise
+            calibrate = False  # a long prompt: the vector's own range, rather than a sweep over budget
+        if not calibrate:
             rng = vector.alpha_range
             return float(max(abs(rng[0]), abs(rng[1]))) if rng else 1.0
         direction = vector.direction(layer if layer in vector.directions else None)
         try:
-            kl = mean_kl_curve(handle, direction, layer, GRID, (prompt,))
+            with self.guard.reserve(needed):
+                kl = mean_kl_curve(handle, direction, layer, GRID, (prompt,))
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
         return round(alpha_at_kl(GRID, kl, KL_AT_MAX), 4)
@@ -546,29 +543,27 @@ class Service:
         direction = vector.direction(layer if layer in vector.directions else None)
         return vocab_projection(handle, direction, top_k=top_k)
 
-    def _check_prompt(self, prompt) -> None:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise UserError("empty_prompt")
-        if len(prompt) > self.policy.max_prompt_chars:
-            raise UserError("prompt_too_long", size=len(prompt), limit=self.policy.max_prompt_chars)
-
     def sampling(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, seed: int = 0, greedy: bool | None = None,
                  max_delta_logit: float = 0.0):
         from .model.generation import GenerationError, Sampling
 
+        number = self.guard.number
+        s = Sampling(max_new_tokens=number(max_new_tokens, "max_new_tokens", integer=True, low=1,
+                                           high=self.policy.max_new_tokens),
+                     temperature=0.0 if guards.flag(greedy or False, "greedy") else
+                     number(temperature, "temperature", low=0, high=MAX_TEMPERATURE),
+                     top_k=number(top_k or 0, "top_k", integer=True, low=0, high=MAX_VOCAB_TOP_K),
+                     top_p=number(top_p, "top_p", low=0, high=1),
+                     repetition_penalty=number(repetition_penalty, "repetition_penalty", low=0,
+                                               high=MAX_REPETITION_PENALTY),
+                     seed=self.guard.seed(seed),
+                     max_delta_logit=number(max_delta_logit or 0.0, "max_delta_logit", low=0,
+                                            high=MAX_DELTA_LOGIT_LIMIT))
         try:
-            s = Sampling(max_new_tokens=int(max_new_tokens), temperature=0.0 if greedy else float(temperature),
-                         top_k=int(top_k or 0), top_p=float(top_p), repetition_penalty=float(repetition_penalty),
-                         seed=_check_seed(seed), max_delta_logit=float(max_delta_logit or 0.0))
-            s.validate()
-        except (GenerationError, TypeError, ValueError, OverflowError) as exc:
+            s.validate()  # the open ends: top-p and the repetition penalty above 0
+        except GenerationError as exc:
             raise UserError("bad_sampling", detail=_first_line(exc)) from None
-        if s.max_new_tokens > self.policy.max_new_tokens:
-            raise UserError("bad_sampling", detail=f"at most {self.policy.max_new_tokens} new tokens per request, "
-                                                   f"got {s.max_new_tokens}")
-        if s.top_k > MAX_VOCAB_TOP_K:
-            raise UserError("bad_sampling", detail=f"top-k must be at most {MAX_VOCAB_TOP_K}, got {s.top_k}")
         return s
 
     def delta_limit(self, session: str | None, vector_name: str | None, requested=None) -> float:
@@ -628,31 +623,29 @@ class Service:
         from .model.engine import EngineBusy
         from .model.generation import Request
 
-        self._check_prompt(prompt)
-        steers = self.steers(session, vector_name, layer, alpha, relative, seed)
         sampling = sampling or self.sampling()
+        # three rows (unsteered, steered, counterfactual) over the prompt and every new token
+        needed = self.guard.prompt(self.handle, prompt, rows=3, new_tokens=sampling.max_new_tokens)
+        steers = self.steers(session, vector_name, layer, alpha, relative, seed)
         engine = self.engine()
         try:
             request = Request.make(engine.handle, prompt, steers, sampling)
         except _expected_errors() as exc:
             raise UserError("generation_failed", detail=_first_line(exc)) from None
         s = self.session(session)
-        with self._sessions_lock:  # one visitor cannot take every place in the batch
-            if s.generating >= self.policy.generations_per_session:
-                raise UserError("busy", detail=f"this session already has {s.generating} generations running")
-            s.generating += 1
-        try:
+        # the KV cache is what a generation keeps while it decodes; its prefill's scratch is bounded per request,
+        # and the decode batch holds at most policy.batch_requests of them
+        with self.sessions.generation_slot(s), self.guard.reserve(needed.kv):
             try:
                 ticket = engine.submit(request)
             except EngineBusy as exc:
                 raise UserError("busy", detail=_first_line(exc)) from None
-            yield from self._frames(s, prompt, ticket)
-        finally:
-            with self._sessions_lock:
-                s.generating -= 1
+            settings = {"prompt": prompt, "vector": vector_name or RANDOM, "layer": layer, "alpha": alpha,
+                        "relative": relative, "seed": seed, "sampling": dataclasses.asdict(sampling)}
+            yield from self._frames(s, prompt, ticket, settings)
 
     @staticmethod
-    def _frames(s: Session, prompt: str, ticket) -> Iterator[Frame]:
+    def _frames(s: Session, prompt: str, ticket, settings: dict | None = None) -> Iterator[Frame]:
         """A ticket's events as frames (the newest each time), then the final one; errors as one line each."""
         from .model.engine import EngineBusy, EngineTimeout
 
@@ -676,7 +669,7 @@ class Service:
             ticket.cancel()
         if last is not None:
             final = frame(last, True)
-            s.last_generation = final.as_dict()
+            s.last_generation = {**final.as_dict(), "settings": settings or {}}  # what Save result keeps
             yield final
 
     def generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,
@@ -693,11 +686,12 @@ class Service:
         from .model.analysis import sweep
         from .model.hooks import Steer
 
-        self._check_prompt(prompt)
-        alpha_max = abs(self._check_alpha(alpha_max))
+        points = self.guard.number(points, "points", integer=True, low=3, high=self.policy.max_sweep_points)
+        alpha_max = abs(self.guard.alpha(alpha_max, "alpha_max"))
         if alpha_max == 0:
-            raise UserError("bad_alpha", alpha=alpha_max)
-        points = max(3, min(int(points), self.policy.max_sweep_points))
+            raise UserError("number_not_positive", what="alpha_max", value="0")
+        needed = self.guard.prompt(self.handle, prompt, rows=points)  # one row per α
+        target = guards.text(target, "target", MAX_TARGET_CHARS, allow_empty=True).strip() or None
         unit = self.steers(session, vector_name, layer, 1.0, relative, seed)
         if len(unit) != 1 or not isinstance(unit[0], Steer) or unit[0].vector is None:
             raise UserError("sweep_unsupported")
@@ -706,8 +700,9 @@ class Service:
         alphas = [alpha_max * (2 * i / (points - 1) - 1) for i in range(points)]
         handle = self.handle
         try:
-            frame = sweep(handle, prompt, steer.vector, steer.layer, [a * scale for a in alphas],
-                          positions=steer.positions, target=(target or None))
+            with self.guard.reserve(needed):
+                frame = sweep(handle, prompt, steer.vector, steer.layer, [a * scale for a in alphas],
+                              positions=steer.positions, target=target)
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
         frame = frame.rename(columns={"alpha": "raw_alpha"})
@@ -743,8 +738,9 @@ class Service:
         except _expected_errors() + (UnicodeDecodeError,) as exc:
             raise UserError("dataset_invalid", name=path.name, detail=_first_line(exc)) from None
         s = self.session(session)
-        held = _frame_bytes(s.dataset)  # the dataset this one replaces does not count
-        self._check_session_bytes(s, _frame_bytes(dataset) - held)
+        held = frame_bytes(s.dataset)  # the dataset this one replaces does not count
+        self.sessions.check_bytes(s, frame_bytes(dataset) - held)
+        self.keeper.keep_dataset(s, path, path.name)  # bundled ones too: stored once, however many keep them
         s.dataset, s.dataset_name, s.probe = dataset, path.name, None
         return self.dataset_summary(session)
 
@@ -798,11 +794,11 @@ class Service:
         if s.dataset is None:
             raise UserError("no_dataset")
         from .methods import probe_layers
-        self._check_rows(s.dataset)
         handle = self.handle
+        self.guard.dataset(handle, s.dataset)
         try:
-            with self._job(s, progress) as report, self._one_job_at_a_time(handle, report):
-                result = probe_layers(handle, s.dataset, position=position, seed=_check_seed(seed), progress=report)
+            with self._job(s, handle, progress) as report:
+                result = probe_layers(handle, s.dataset, position=position, seed=self.guard.seed(seed), progress=report)
         except _expected_errors() as exc:
             raise UserError("training_failed", detail=_first_line(exc)) from None
         prune(cache_root() / "activations", self.policy.activation_cache_max_bytes)
@@ -810,52 +806,13 @@ class Service:
         return result
 
     # ------------------------------------------------------------- jobs
-    @contextmanager
-    def _job(self, s: Session, progress: Progress | None) -> Iterator[Progress]:
-        """A progress callback that also ends the job: on :meth:`cancel` or after ``policy.job_seconds``.
-
-        Long jobs report progress often, so raising from the callback stops
-        them within a step; every hook is removed on the way out (``finally``)
-        and the session keeps what it had, since results are stored only at the end.
-        """
-        progress = progress or _noop
-        s.cancel.clear()
-        deadline = time.monotonic() + self.policy.job_seconds
-
-        def report(fraction: float, message: str = "") -> None:
-            s.touched = time.monotonic()  # a session at work is in use, however long the job
-            if s.cancel.is_set():
-                raise UserError("job_cancelled")
-            if time.monotonic() > deadline:
-                raise UserError("job_too_long", limit=f"{self.policy.job_seconds:g}")
-            progress(fraction, message)
-
-        s.running = True
-        try:
-            yield report
-        finally:
-            s.running = False
-
-    @staticmethod
-    @contextmanager
-    def _one_job_at_a_time(handle, report: Progress) -> Iterator[None]:
-        """Hold the model's job lock for a long job, telling the user while another visitor's job runs.
-
-        Waiting goes through ``report``, so Cancel and the time limit reach a
-        queued job too.  Generation and the slider never take this lock.
-        """
-        if not handle.lock.acquire(blocking=False):
-            report(0.0, english("job_queued"))
-            while not handle.lock.acquire(timeout=0.5):
-                report(0.0, english("job_queued"))
-        try:
-            yield
-        finally:
-            handle.lock.release()
+    def _job(self, s: Session, handle, progress: Progress | None = None):
+        """A long job of session ``s`` (:func:`steer_ui.jobs.job`) within this server's time limit."""
+        return job(s, handle, self.policy.job_seconds, progress)
 
     def cancel(self, session: str | None) -> bool:
         """Ask the session's running job to stop at its next progress report; True if one was running."""
-        s = self._sessions.get(session) if session else None
+        s = self.sessions.peek(session)
         if s is None or not s.running:
             return False
         s.cancel.set()
@@ -882,6 +839,8 @@ class Service:
         from .methods.base import SettingsError, UnknownMethod, get, parse_settings, specs
 
         try:
+            if not isinstance(method, str):
+                raise UnknownMethod(method)
             m = get(method)
         except UnknownMethod:
             raise UserError("unknown_method", method=str(method)[:80], known=", ".join(self.method_names())) from None
@@ -889,7 +848,7 @@ class Service:
             raise UserError("bad_settings", detail="settings must be an object like {\"epochs\": 10}")
         values = dict(values or {})
         if layer is not None:
-            layer = self._check_layer(self.handle, layer)
+            layer = self.guard.layer(self.handle, layer)
             if any(spec.name == "layer" for spec in specs(m.Settings)):
                 values["layer"] = layer
         try:
@@ -908,10 +867,10 @@ class Service:
         if s.dataset is None:
             raise UserError("no_dataset")
         m, parsed = self.parse_method_settings(method, settings, layer)
-        self._check_rows(s.dataset)
         handle = self.handle
+        self.guard.dataset(handle, s.dataset)
         try:
-            with self._job(s, progress) as job_progress, self._one_job_at_a_time(handle, job_progress):
+            with self._job(s, handle, progress) as job_progress:
                 vector, report = m.train(handle, s.dataset, parsed, job_progress)
         except UserError:
             raise
@@ -940,18 +899,21 @@ class Service:
                 dataset = load_dataset(Path(path), max_bytes=self.max_file_bytes)
             except _expected_errors() + (UnicodeDecodeError,) as exc:
                 raise UserError("dataset_invalid", name=Path(path).name, detail=_first_line(exc)) from None
-            self._check_rows(dataset)
+            self.guard.dataset(self.handle, dataset)
         else:
-            pairs = [(str(p or ""), str(a)) for p, a in (answers or []) if str(a or "").strip()]
+            try:
+                pairs = [(str(p or ""), str(a)) for p, a in (answers or []) if str(a or "").strip()]
+            except (TypeError, ValueError):  # not (prompt, answer) pairs
+                raise UserError("answers_table") from None
             if not pairs:
                 raise UserError("no_answers")
             if len(pairs) > self.policy.max_detect_answers:
                 raise UserError("too_many_answers", count=len(pairs), limit=self.policy.max_detect_answers)
-            for p, a in pairs:
-                self._check_prompt(p + a)
+            # each answer is scored after its prompt, unsteered and steered
+            self.guard.texts(self.handle, [p + a for p, a in pairs], "answer", rows=2)
         handle = self.handle
         try:
-            with self._job(s, None) as report, self._one_job_at_a_time(handle, report):  # Cancel reaches it
+            with self._job(s, handle):  # Cancel and the time limit reach it
                 if path:
                     out = method.detect(handle, vector, dataset)
                 else:

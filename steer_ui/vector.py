@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from . import limits
+from .numbers import TOO_LARGE, TOO_SMALL, NumberError, parse_number, shown
 
 FORMAT_VERSION = 1
 SITE = "decoder_block_output"
@@ -294,13 +295,14 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
 
 
 def _bounded_int(value: Any, what: str, low: int, high: int) -> int:
-    if isinstance(value, str) and value.isdigit() and len(value) < 20:
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise VectorError(f"{what} must be a whole number, got {str(value)[:40]!r}")
-    if not low <= value <= high:
-        raise VectorError(f"{what} must be in {low}..{high}, got {value}")
-    return int(value)
+    if isinstance(value, float) or (isinstance(value, str) and not value.isdigit()):  # files write 6, never 6.0
+        raise VectorError(f"{what} must be a whole number, got {shown(value)}")
+    try:
+        return int(parse_number(value, what, integer=True, low=low, high=high))
+    except NumberError as exc:
+        if exc.problem in (TOO_SMALL, TOO_LARGE):
+            raise VectorError(f"{what} must be in {low}..{high}, got {exc.value}") from None
+        raise VectorError(str(exc)) from None
 
 
 def _text(value: Any, what: str, limit: int) -> str:

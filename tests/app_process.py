@@ -10,7 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,26 +25,43 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, args: list[str], log: Path):
-        import psutil
-
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log = log
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args],
-                                     cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
-        self.ps = psutil.Process(self.proc.pid)
+        if "--store" not in args:  # a library of its own beside the log: nothing from other runs, nothing left behind
+            args = [*args, "--store", str(Path(log).with_name("library.db"))]
+        self.args, self.env = list(args), env
+        self._start()
         self.peak_rss = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
 
+    def _start(self) -> None:
+        import psutil
+
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *self.args],
+                                     cwd=ROOT, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=self.env)
+        self.ps = psutil.Process(self.proc.pid)
+
+    def restart(self, kill: bool = False) -> None:
+        """Stop the app (SIGKILL with ``kill``: no chance to finish anything) and start it again, same port, same
+        library; returns when it answers."""
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self._start()
+        self.wait_ready()
+
     def _sample(self) -> None:
         while not self._stop.is_set():
             try:
                 self.peak_rss = max(self.peak_rss, self.ps.memory_info().rss)
-            except Exception:
-                return
+            except Exception:  # noqa: BLE001 - between a stop and a restart there is no process to measure
+                pass
             time.sleep(0.05)
 
     def wait_ready(self, timeout: float = 900.0) -> None:
@@ -72,3 +91,14 @@ class Server:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+@contextmanager
+def running(args: list[str], log: Path) -> Iterator[Server]:
+    """``python app.py *args`` answering on its port for the ``with`` block, then stopped."""
+    srv = Server(args, log)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()

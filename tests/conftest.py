@@ -10,6 +10,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 TRUTHFULQA = SHARED / "data" / "truthfulqa" / "TruthfulQA.csv"
+# TruthfulQA (Apache-2.0) stays outside the project: these tests use it where a checkout has ../shared beside
+# it, and a clone of the project alone skips them (README: where to get the file).
+NEEDS_TRUTHFULQA = pytest.mark.skipif(not TRUTHFULQA.is_file(), reason=f"TruthfulQA.csv is not at {TRUTHFULQA} "
+                                      "(it is not part of this repository; README 'TSV' says where to get it)")
 DATASETS = ROOT / "assets" / "datasets"
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -36,3 +40,24 @@ def gemma():
     from steer_ui.model.loading import load_model
 
     return load_model()
+
+
+# ------------------------------------------------------------------ the app a hostile client meets (tests/security)
+# One app for the hostile-client suites: ``python app.py`` in its own process, on the embedded model, over HTTP,
+# exactly as a lab would start it (default policy, the queue closed to direct POSTs); a sampler records its peak
+# resident memory for the whole run (tests/security/test_peak_memory.py checks it last).  Defined here, not in a
+# conftest of its own: two conftest modules would both be importable as ``conftest``.
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    from app_process import running
+
+    with running(["--model", "embedded", "--wait"], tmp_path_factory.mktemp("server") / "app.log") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def honest(server):
+    """The honest session: call it after an attack to check its numbers and generation are exactly as before."""
+    from hostile_kit import watch
+
+    return watch(server)

@@ -21,7 +21,6 @@ imported on first use, so importing this module stays cheap).
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import types
 import typing
@@ -30,6 +29,7 @@ from importlib import import_module
 from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 from ..model.hooks import Steer, SteeringError
+from ..numbers import NumberError, parse_number
 from ..model.units import scaled_direction
 from ..vector import SteeringVector
 
@@ -138,29 +138,10 @@ def aliases(settings_cls: type) -> dict[str, tuple[str, ...]]:
 
 
 def _number(spec: SettingSpec, value: Any, kind: str) -> int | float:
-    if isinstance(value, bool):
-        raise SettingsError(f"{spec.name} must be a number, got {value!r}")
-    if isinstance(value, str):
-        value = value.strip()
     try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too long for a float
-        raise SettingsError(f"{spec.name} must be a number, got {str(value)[:40]!r}") from None
-    if not math.isfinite(number):
-        raise SettingsError(f"{spec.name} must be a finite number, got {value!r}")
-    if kind == "int":
-        if number != int(number):
-            raise SettingsError(f"{spec.name} must be a whole number, got {value!r}")
-        number = int(number)
-    if spec.minimum is not None and number < spec.minimum:
-        raise SettingsError(f"{spec.name} must be at least {_show(spec.minimum)}, got {value!r}")
-    if spec.maximum is not None and number > spec.maximum:
-        raise SettingsError(f"{spec.name} must be at most {_show(spec.maximum)}, got {value!r}")
-    return number
-
-
-def _show(bound: float) -> str:
-    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+        return parse_number(value, spec.name, integer=kind == "int", low=spec.minimum, high=spec.maximum)
+    except NumberError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def coerce(spec: SettingSpec, value: Any) -> Any:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .architecture import argmax_last, topk_last
+from .architecture import argmax_last, centred, topk_last
 from .generation import encode_prompt
 from .hooks import Steer, StepState, steering
 from .units import relative_scale
@@ -82,26 +82,55 @@ def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     return (logp.exp() * (logp - logq)).sum(-1)
 
 
+# The tokens that matter: those a sampler could pick, before or after steering (the chart's promoted tokens are
+# likely after it, its suppressed ones were likely before it).  A vector that separates
+# classes moves thousands of tail tokens (p ~ 1e-12 before and after) by more than it moves any likely one,
+# so the raw maximum over a 262k vocabulary fires at almost any α and says nothing a reader can see.
+LIKELY_PROB = 1e-3
+# The explosion flag: the largest centred |Δlogit| among likely tokens above this (one likely token's odds
+# against the rest moved by e^10 ≈ 22,000×).  On the embedded model's default view (KL 0.98 nats, fluent) it
+# is 7.6; at twice its α (KL 3.5) 14.9; at the extended range's end far above.
+EXPLOSION_THRESHOLD = 10.0
+# Below this no logit moved beyond float32 rounding (α = 0 leaves ±5e-6 on Gemma): the view then says nothing
+# moved, with empty rankings and maxima of 0, rather than rank rounding noise.
+NO_CHANGE = 1e-4
+
+
 @dataclass
 class NextTokenView:
     unsteered: pd.DataFrame  # rank, token, token_id, prob, logit
     steered: pd.DataFrame
-    promoted: pd.DataFrame  # token, token_id, delta_logit
+    promoted: pd.DataFrame  # token, token_id, delta_logit: the whole vocabulary's most promoted
     suppressed: pd.DataFrame
     kl: float
     entropy_unsteered: float
     entropy_steered: float
-    max_abs_delta_logit: float
+    max_abs_delta_logit: float  # raw, over the whole vocabulary
     max_delta_token: str
+    # among likely tokens (p ≥ LIKELY_PROB before or after): the chart's default, and the explosion flag
+    likely_promoted: pd.DataFrame | None = None
+    likely_suppressed: pd.DataFrame | None = None
+    likely_max_abs_delta_logit: float = 0.0  # centred: Δlogit minus its vocabulary mean
+    likely_max_delta_token: str = ""
+    likely_tokens: int = 0
+
+    @property
+    def exploding(self) -> bool:
+        return self.likely_max_abs_delta_logit > EXPLOSION_THRESHOLD
 
     def as_dict(self) -> dict:
+        records = lambda f: [] if f is None else f.drop(columns="token_id").to_dict("records")  # noqa: E731
         return {
             "unsteered": self.unsteered[["token", "prob"]].to_dict("records"),
             "steered": self.steered[["token", "prob"]].to_dict("records"),
             "kl": self.kl, "entropy_unsteered": self.entropy_unsteered, "entropy_steered": self.entropy_steered,
             "max_abs_delta_logit": self.max_abs_delta_logit, "max_delta_token": self.max_delta_token,
-            "promoted": self.promoted[["token", "delta_logit"]].to_dict("records"),
-            "suppressed": self.suppressed[["token", "delta_logit"]].to_dict("records"),
+            "promoted": records(self.promoted), "suppressed": records(self.suppressed),
+            "likely_prob": LIKELY_PROB, "likely_tokens": self.likely_tokens,
+            "likely_max_abs_delta_logit": self.likely_max_abs_delta_logit,
+            "likely_max_delta_token": self.likely_max_delta_token,
+            "likely_promoted": records(self.likely_promoted), "likely_suppressed": records(self.likely_suppressed),
+            "exploding": self.exploding, "explosion_threshold": EXPLOSION_THRESHOLD,
         }
 
 
@@ -125,25 +154,54 @@ def _top_frame(handle, logits: torch.Tensor, k: int, logp: torch.Tensor | None =
     })
 
 
+def _delta_frame(handle, values: torch.Tensor, ids: torch.Tensor, lu: torch.Tensor | None = None,
+                 ls: torch.Tensor | None = None) -> pd.DataFrame:
+    frame = pd.DataFrame({"token": _decode_ids(handle, ids), "token_id": ids.tolist(), "delta_logit": values.tolist()})
+    if lu is not None:
+        frame["prob_unsteered"] = lu[ids].exp().tolist()
+        frame["prob_steered"] = ls[ids].exp().tolist()
+    return frame
+
+
+def _likely(logp: torch.Tensor) -> torch.Tensor:
+    """Mask of the tokens ``logp`` gives at least LIKELY_PROB (its top token always: a flat distribution has one)."""
+    mask = logp.exp() >= LIKELY_PROB
+    mask[int(logp.argmax())] = True
+    return mask
+
+
 def compare_logits(handle, unsteered: torch.Tensor, steered: torch.Tensor, top_k: int = 10) -> NextTokenView:
     unsteered, steered = unsteered.float(), steered.float()
     lu, ls = unsteered.log_softmax(-1), steered.log_softmax(-1)
     delta = steered - unsteered
-    up_values, up_ids = _topk(delta, top_k)
-    down_values, down_ids = _topk(delta, top_k, largest=False)
     worst = int(argmax_last(delta.abs().unsqueeze(0))[0])
+    moved = float(delta[worst].abs()) > NO_CHANGE
+    ranked = top_k if moved else 0  # nothing moved: no Δlogit ranking and no maxima (see NO_CHANGE)
+    up_values, up_ids = _topk(delta, ranked)
+    down_values, down_ids = _topk(delta, ranked, largest=False)
+    # promoted: what steering makes likely; suppressed: what was likely and is pushed down
+    after, before = _likely(ls), _likely(lu)
+    up_pool, down_pool = torch.nonzero(after).flatten(), torch.nonzero(before).flatten()
+    up_order = up_pool[torch.topk(delta[up_pool], min(ranked, up_pool.numel())).indices]
+    down_order = down_pool[torch.topk(-delta[down_pool], min(ranked, down_pool.numel())).indices]
+    likely_ids = torch.nonzero(after | before).flatten()
+    likely_centred = centred(delta.unsqueeze(0))[0][likely_ids].abs()
+    likely_worst = int(likely_centred.argmax())
     return NextTokenView(
         unsteered=_top_frame(handle, unsteered, top_k, lu),
         steered=_top_frame(handle, steered, top_k, ls),
-        promoted=pd.DataFrame({"token": _decode_ids(handle, up_ids), "token_id": up_ids.tolist(),
-                               "delta_logit": up_values.tolist()}),
-        suppressed=pd.DataFrame({"token": _decode_ids(handle, down_ids), "token_id": down_ids.tolist(),
-                                 "delta_logit": down_values.tolist()}),
+        promoted=_delta_frame(handle, up_values, up_ids),
+        suppressed=_delta_frame(handle, down_values, down_ids),
         kl=float(_kl(lu, ls)),
         entropy_unsteered=float(_entropy(lu)),
         entropy_steered=float(_entropy(ls)),
-        max_abs_delta_logit=float(delta[worst].abs()),
-        max_delta_token=handle.tokenizer.decode([worst]),
+        max_abs_delta_logit=float(delta[worst].abs()) if moved else 0.0,
+        max_delta_token=handle.tokenizer.decode([worst]) if moved else "",
+        likely_promoted=_delta_frame(handle, delta[up_order], up_order, lu, ls),
+        likely_suppressed=_delta_frame(handle, delta[down_order], down_order, lu, ls),
+        likely_max_abs_delta_logit=float(likely_centred[likely_worst]) if moved else 0.0,
+        likely_max_delta_token=handle.tokenizer.decode([int(likely_ids[likely_worst])]) if moved else "",
+        likely_tokens=int(likely_ids.numel()),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import torch
 
+from ..numbers import NumberError, parse_number
 from ..paths import cache_root
 from .capture import capture
 from .generation import encode_prompt
@@ -38,12 +39,9 @@ class AlphaError(ValueError):
 def check_alpha(alpha) -> float:
     """α as a finite float, or a one-line error naming what was given."""
     try:
-        value = float(alpha)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too long for a float
-        raise AlphaError(f"alpha must be a number, got {str(alpha)[:40]!r}") from None
-    if not math.isfinite(value):
-        raise AlphaError(f"alpha must be a finite number, got {str(alpha)[:40]!r}")
-    return value
+        return float(parse_number(alpha, "alpha"))
+    except NumberError as exc:
+        raise AlphaError(str(exc)) from None
 
 
 def relative_scale(handle, layer: int) -> float:
@@ -66,10 +64,10 @@ def scaled_direction(handle, direction: torch.Tensor, alpha: float, layer: int,
     alpha = check_alpha(alpha)
     if not relative:
         return direction, alpha
-    norm = float(direction.norm())
+    norm = float(direction.double().norm())  # in float64: a float32 norm of large entries overflows to inf
     if norm == 0:
         raise AlphaError("the vector is all zeros; relative units are undefined")
-    return direction / norm, alpha * relative_scale(handle, layer)
+    return (direction.double() / norm).to(direction.dtype), alpha * relative_scale(handle, layer)
 
 
 def to_relative(handle, raw_norm: float, layer: int) -> float:

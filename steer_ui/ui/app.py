@@ -8,14 +8,16 @@ import logging
 import gradio as gr
 
 from ..service import RANDOM, Service
-from . import i18n
+from .. import guards
+from ..policy import Policy
+from . import fair_queue, i18n, library_ui, request_guard
 from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
 from .explore_tab import DEFAULT_PROMPT, build_explore_tab
 from .export_tab import build_export_tab
 from .model_tab import build_model_tab, model_view, status_markdown
-from .train_tab import build_train_tab, parse_extra
+from .train_tab import build_train_tab
 from .url_state import ExploreState, from_query
 
 log = logging.getLogger("steer_ui.ui")
@@ -75,6 +77,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             lang = gr.Radio([("English", "en"), ("简体中文", "zh-CN")], value="en", label=T("app.language"), scale=1,
                             elem_id="lang-switch")
         banner = gr.Markdown(elem_id="model-banner")
+        owner = library_ui.owner_state(backend)  # the browser's owner token (local storage)
         tabs: dict[str, gr.Tab] = {}  # i18n key -> tab (their labels are re-sent on a language switch)
         with gr.Tabs(selected="explore"):
             with gr.Tab(T("tab.model"), id="model") as tabs["tab.model"]:
@@ -104,8 +107,9 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                       request: gr.Request) -> dict:
             """Train any registered method: ``settings`` is a JSON object of its settings (see /methods)."""
             try:
-                name, result = backend.train(sid(request), method, None if auto_layer else layer,
-                                             settings=parse_extra(settings))
+                auto = guards.flag(auto_layer, "auto_layer")
+                name, result = backend.train(sid(request), method, None if auto else layer,
+                                             settings=guards.settings_json(settings))
             except Exception as exc:
                 raise as_gr_error(backend, request, exc) from None
             return {"vector": name, "report": result, "vectors": backend.vector_names(sid(request))}
@@ -168,6 +172,12 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
 
         load = demo.load(browser_lang, [lang], [lang], js=JS_BROWSER_LANG, api_name="browser_language",
                          api_visibility="undocumented", queue=False)
+
+        @handler(backend)
+        def claim_owner(token, request: gr.Request):
+            """The page's owner: the one its browser remembers, or a new one (kept in the browser)."""
+            return backend.claim_owner(sid(request), token, request_guard.client_address(request))
+
         @handler(backend)
         def page_view(request: gr.Request):
             """Everything that depends on the loaded model, and the Explore controls from the URL or the default."""
@@ -181,38 +191,72 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                                     alpha=view.alpha if view else 0.0, alpha_max=view.alpha_max if view else 1.0)
             query = dict(getattr(request, "query_params", {}) or {})
             state = from_query(query, defaults, choices, n, backend.policy.max_prompt_chars)
+            linked = library_ui.open_from_link(backend, request, query, state, choices, lang_)
+            choices = backend.vector_names(sid(request))  # a shared vector or a saved result's may have joined
             picker = gr.update(choices=choices)
             banner_text = status_markdown(backend, lang_)
             if state.notices:
-                banner_text += "\n\n" + i18n.message(lang_, "link_notice", detail="; ".join(state.notices))
+                banner_text += "\n\n" + i18n.markdown(lang_, "link_notice", detail="; ".join(state.notices))
+            for notice in linked["notices"]:
+                banner_text += "\n\n" + i18n.plain(notice)
+            if not backend.keeps_work:
+                banner_text += "\n\n" + i18n.message(lang_, "work_not_kept")
             top = state.alpha_max
             return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
                     gr.update(choices=choices, value=state.vector), picker, picker,
                     state.prompt, gr.update(minimum=-top, maximum=top, step=top / 100, value=state.alpha), top,
-                    state.relative, state.seed)
+                    state.relative, state.seed, linked["vector_ref"], gr.update(visible=linked["run_live"]))
 
         page_outputs = [banner, explore.layer, train.layer] + vector_pickers + [
-            explore.prompt, explore.alpha, explore.alpha_max, explore.relative, explore.vector_seed]
+            explore.prompt, explore.alpha, explore.alpha_max, explore.relative, explore.vector_seed,
+            explore.vector_ref, explore.run_live]
         # A fresh page shows steering at work without a click: the view, then next-token bars, both generations
         # (streamed) and the dose-response chart.
-        load.then(page_status, None, [banner, model.status, model.facts, model.norms], api_name="page_status",
+        # A saved result's page (?result=) draws its panels from the saved numbers instead of running the model.
+        saved_or = functools.partial(library_ui.unless_saved, backend)
+        load.then(claim_owner, [owner], [owner], api_name="page_owner", api_visibility="undocumented") \
+            .then(page_status, None, [banner, model.status, model.facts, model.norms], api_name="page_status",
                   api_visibility="undocumented") \
             .then(page_view, None, page_outputs, api_name="page_model", api_visibility="undocumented") \
-            .then(explore.next_token_fn, explore.steering_inputs,
-                  [explore.bars, explore.delta, explore.readout, explore.details], api_name="page_next_token",
-                  api_visibility="undocumented", show_progress="hidden", **SLIDER) \
-            .then(explore.generate_fn, explore.steering_inputs + explore.sampling_inputs, explore.gen_outputs,
+            .then(saved_or(explore.next_token_fn, lambda lang_, saved: library_ui.saved_next_token(explore, lang_,
+                                                                                                   saved)),
+                  explore.next_token_inputs, [explore.bars, explore.delta, explore.readout, explore.details],
+                  api_name="page_next_token", api_visibility="undocumented", show_progress="hidden", **SLIDER) \
+            .then(saved_or(explore.generate_fn, library_ui.saved_generation),
+                  explore.steering_inputs + explore.sampling_inputs, explore.gen_outputs,
                   api_name="page_generate", api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
-            .then(explore.sweep_fn, explore.sweep_inputs, [explore.dose, explore.tokens], api_name="page_sweep",
-                  api_visibility="undocumented", show_progress="hidden", **EXPLORE)
+            .then(saved_or(explore.sweep_fn, library_ui.no_sweep), explore.sweep_inputs, [explore.dose, explore.tokens],
+                  api_name="page_sweep", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
+        library_ui.wire(backend, explore, owner)
         # No unload handler: a missed heartbeat (a laptop lid, a flaky network) must not wipe a session; idle
         # sessions are forgotten by the service after policy.session_idle_seconds instead.
     demo.steer_ui_backend = backend
+    guard_requests(demo, backend)
     return demo
 
 
-def launch_kwargs(**overrides) -> dict:
-    """What every launch of this app passes (translations, css, no SSR: there is no node here)."""
-    kwargs = dict(i18n=i18n.gr_i18n(), css=CSS, ssr_mode=False, footer_links=["api", "settings"], show_error=True)
+def guard_requests(demo: gr.Blocks, backend: Service) -> None:
+    """Every event: its session admitted and its inputs checked (request_guard), and its place in the queue
+    fair (fair_queue), also after a later ``demo.queue(...)`` replaces the queue."""
+    request_guard.install(demo, backend)
+    configure = demo.queue
+
+    def queue(*args, **kwargs):
+        out = configure(*args, **kwargs)
+        fair_queue.install(demo._queue, demo, backend)
+        return out
+
+    demo.queue = queue
+    fair_queue.install(demo._queue, demo, backend)
+
+
+def launch_kwargs(max_body_bytes: int | None = None, **overrides) -> dict:
+    """What every launch of this app passes (translations, css, no SSR: there is no node here, and a cap on
+    request bodies: ``max_body_bytes``, the policy's by default)."""
+    from starlette.middleware import Middleware
+
+    limit = max_body_bytes if max_body_bytes is not None else Policy().max_body_bytes
+    kwargs = dict(i18n=i18n.gr_i18n(), css=CSS, ssr_mode=False, footer_links=["api", "settings"], show_error=True,
+                  app_kwargs={"middleware": [Middleware(request_guard.BodyLimit, limit=limit)]})
     kwargs.update(overrides)
     return kwargs

@@ -55,11 +55,6 @@ def lang_of(backend, request: gr.Request | None) -> str:
     return backend.language(sid(request))
 
 
-def msg(backend, request, key: str, **params) -> str:
-    """A server-side message in the session's language."""
-    return i18n.message(lang_of(backend, request), key, **params)
-
-
 def _find_request(args, kwargs) -> gr.Request | None:
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, gr.Request):
@@ -68,17 +63,21 @@ def _find_request(args, kwargs) -> gr.Request | None:
 
 
 def as_gr_error(backend, request, exc: BaseException) -> gr.Error:
+    """One plain line in the session's language: a refusal as written, anything else as "something went wrong"
+    (its traceback goes to the server log, never to the visitor: it may name files or internals)."""
     lang = lang_of(backend, request)
     title = i18n.message(lang, "error_title")
-    if isinstance(exc, UserError):
-        # the toast renders HTML: user file names and token strings must not become markup
-        return gr.Error(html.escape(i18n.message(lang, exc.key, **exc.params)), title=title, print_exception=False)
     if isinstance(exc, gr.Error):
         return exc
-    log.exception("unexpected error in the app")
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = i18n.message(lang, "unexpected", detail=f"{type(exc).__name__}: {detail}")
-    return gr.Error(html.escape(text), title=title, print_exception=False)
+    if isinstance(exc, UserError):
+        text = i18n.message(lang, exc.key, **exc.params)
+    else:
+        log.error("unexpected error in the app", exc_info=exc)
+        text = i18n.message(lang, "unexpected")
+    # the toast renders HTML: user file names and token strings must not become markup (quotes stay as they
+    # are, so an API client reads plain text)
+    return gr.Error(html.escape(text.splitlines()[0] if text else text, quote=False), title=title,
+                    print_exception=False)
 
 
 def handler(backend):

@@ -1,7 +1,8 @@
 """Concepts: lm_head, sampling, the logit explosion and the KV cache, computed on the loaded model.
 
-Every number comes from :mod:`steer_ui.concepts` (gradio-free); this module
-only wires components to it and formats the results in the session's
+Every number comes from :mod:`steer_ui.concepts` through the service's
+lessons (:mod:`steer_ui.lessons`: bounded inputs, run as jobs); this module
+only wires components to them and formats the results in the session's
 language.  Named endpoints: ``/concepts_lm_head``, ``/concepts_sampling``,
 ``/concepts_sample``, ``/concepts_explode``, ``/concepts_fix``,
 ``/concepts_kv``, ``/concepts_kv_time``.
@@ -13,12 +14,9 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import concepts, plots, plots_concepts
-from ..service import Service, UserError
+from ..service import Service
 from . import i18n
 from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
-
-DEMO_KEY = "concepts_demo"
-
 
 @dataclass
 class ConceptsTab:
@@ -69,21 +67,6 @@ class ConceptsTab:
     kv_timing_chart: gr.Plot
 
 
-def _fail(exc: BaseException) -> UserError:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return UserError("concepts_failed", detail=text)
-
-
-def _call(fn, *args, **kwargs):
-    """Run a core computation; a bad input becomes a one-line message in the session's language."""
-    try:
-        return fn(*args, **kwargs)
-    except UserError:
-        raise
-    except ValueError as exc:  # ConceptsError, GenerationError, SteeringError are ValueErrors
-        raise _fail(exc) from None
-
-
 def _num(x, digits: int = 4) -> str:
     if x is None:
         return "…"
@@ -107,8 +90,8 @@ def lm_head_markdown(lang: str, facts: dict, stats: dict) -> str:
 def sampling_markdown(lang: str, view: concepts.SamplingView) -> str:
     s = view.summary
     if s["greedy"]:
-        return i18n.message(lang, "concepts_greedy_mode", token=repr(s["greedy_token"]))
-    return i18n.message(lang, "concepts_sampling", token=repr(s["greedy_token"]), prob=_num(s["greedy_prob"]),
+        return i18n.markdown(lang, "concepts_greedy_mode", token=repr(s["greedy_token"]))
+    return i18n.markdown(lang, "concepts_sampling", token=repr(s["greedy_token"]), prob=_num(s["greedy_prob"]),
                         k_kept=f"{s['survivors_top_k']:,}", vocab=f"{s['vocab_size']:,}", kept=f"{s['survivors']:,}",
                         h_raw=_num(s["entropy_raw"]), h_final=_num(s["entropy_final"]))
 
@@ -125,7 +108,7 @@ def explosion_markdown(lang: str, demo: concepts.ExplosionDemo, max_new_tokens: 
     def rep(run):
         return f"{run.repeats}/{max_new_tokens}" if run is not None else "…"
 
-    text = i18n.message(
+    text = i18n.markdown(
         lang, "concepts_explosion", token=repr(demo.token), token_id=demo.token_id, layer=demo.layer,
         alpha=_num(demo.alpha), alpha_raw=_num(demo.alpha_raw),
         e_naive=pair(e, "naive_direct"), f_naive=pair(f, "naive_direct"),
@@ -275,9 +258,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
     @handler(backend)
     def lm_head(bins, request: gr.Request):
         lang = lang_of(backend, request)
-        handle = backend.handle
-        facts = _call(concepts.lm_head_facts, handle)
-        norms = _call(concepts.row_norms, handle, bins=int(bins or 60))
+        facts, norms = backend.lessons.lm_head(sid(request), bins)
         fig = plots_concepts.row_norm_histogram(norms.histogram, norms.stats,
                                                 labels=i18n.plot_labels(lang, "concepts_norms"))
         return lm_head_markdown(lang, facts, norms.stats), fig, table(norms.extremes)
@@ -285,17 +266,14 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
     @handler(backend)
     def sampling(prompt, temperature, top_k, top_p, repetition, request: gr.Request):
         lang = lang_of(backend, request)
-        view = _call(concepts.sampling_filters, backend.handle, prompt, temperature, int(top_k or 0), top_p,
-                     repetition)
+        view = backend.lessons.sampling(sid(request), prompt, temperature, top_k, top_p, repetition)
         fig = plots_concepts.sampling_bars(view.frame, labels=i18n.plot_labels(lang, "concepts_sampling"))
         return sampling_markdown(lang, view), fig, table(view.frame)
 
     @handler(backend)
     def sample(prompt, temperature, top_k, top_p, repetition, n, seed, request: gr.Request):
         lang = lang_of(backend, request)
-        frame = _call(concepts.sample_many, backend.handle, prompt, n=n if n is not None else 100,
-                      seed=int(seed or 0), temperature=temperature, top_k=int(top_k or 0), top_p=top_p,
-                      repetition_penalty=repetition)
+        frame = backend.lessons.sample(sid(request), prompt, temperature, top_k, top_p, repetition, n, seed)
         text = i18n.message(lang, "concepts_sampled", n=frame.attrs["n"], seed=frame.attrs["seed"],
                             distinct=frame.attrs["distinct"], tv=_num(frame.attrs["total_variation"], 3))
         return text, plots_concepts.sample_bars(frame, labels=i18n.plot_labels(lang, "concepts_sample"))
@@ -316,40 +294,26 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
 
     @handler(backend)
     def explode(prompt, layer, alpha, token, request: gr.Request):
-        lang = lang_of(backend, request)
-        layer = None if layer in (None, "") else int(layer)
-        demo = _call(concepts.explode, backend.handle, prompt, layer, alpha if alpha is not None else 1.0,
-                     token or None, concepts.DEMO_TOKENS)
-        backend.session(sid(request)).cache[DEMO_KEY] = demo
-        return _explosion_views(lang, demo, concepts.DEMO_TOKENS)
+        demo = backend.lessons.explode(sid(request), prompt, layer, alpha, token)
+        return _explosion_views(lang_of(backend, request), demo, concepts.DEMO_TOKENS)
 
     @handler(backend)
     def fix(bound, steps, request: gr.Request, progress=gr.Progress()):
-        lang = lang_of(backend, request)
-        demo = backend.session(sid(request)).cache.get(DEMO_KEY)
-        if demo is None:
-            raise UserError("concepts_no_demo")
-        _call(concepts.fix_explosion, backend.handle, demo, max_change=float(bound or 2.0),
-              steps=int(steps or concepts.DEFAULT_FIX_STEPS), max_new_tokens=concepts.DEMO_TOKENS,
-              progress=progress_adapter(progress))
-        return _explosion_views(lang, demo, concepts.DEMO_TOKENS)
+        demo = backend.lessons.fix(sid(request), bound, steps, progress=progress_adapter(progress))
+        return _explosion_views(lang_of(backend, request), demo, concepts.DEMO_TOKENS)
 
     @handler(backend)
     def kv(seq_len, batch, dtype, request: gr.Request):
         lang = lang_of(backend, request)
-        handle = backend.handle
-        layout = _call(concepts.kv_layout, handle.model.config)
-        seq_len_, batch_ = _call(concepts._check_sizes, seq_len, batch)
-        _call(concepts.dtype_bytes, dtype)
-        measured = _call(concepts.measured_cache, handle, concepts.DEFAULT_PROMPT)
-        table_ = concepts.kv_cache_table(layout, batch=batch_, dtype=dtype)
-        fig = plots_concepts.kv_cache_chart(table_, current=seq_len_, labels=i18n.plot_labels(lang, "concepts_kv"))
-        return kv_markdown(lang, layout, seq_len_, batch_, dtype, measured), fig
+        out = backend.lessons.kv(sid(request), seq_len, batch, dtype)
+        fig = plots_concepts.kv_cache_chart(out["table"], current=out["seq_len"],
+                                            labels=i18n.plot_labels(lang, "concepts_kv"))
+        return kv_markdown(lang, out["layout"], out["seq_len"], out["batch"], out["dtype"], out["measured"]), fig
 
     @handler(backend)
     def kv_time_fn(n_tokens, request: gr.Request):
         lang = lang_of(backend, request)
-        summary, steps = _call(concepts.time_cache, backend.handle, int(n_tokens or 24))
+        summary, steps = backend.lessons.time_cache(sid(request), n_tokens)
         fig = plots_concepts.cache_timing_chart(steps, labels=i18n.plot_labels(lang, "concepts_timing"))
         return timing_markdown(lang, summary), fig
 

@@ -25,10 +25,10 @@ class DataTab:
 
 
 def summary_markdown(lang: str, info: dict) -> str:
-    text = i18n.message(lang, "dataset_summary", name=info["name"], kind=info.get("kind") or "?", rows=info["rows"],
+    text = i18n.markdown(lang, "dataset_summary", name=info["name"], kind=info.get("kind") or "?", rows=info["rows"],
                         columns=", ".join(info["columns"]))
     for warning in info.get("warnings", []):
-        text += "\n\n" + i18n.message(lang, "dataset_warning", detail=warning)
+        text += "\n\n" + i18n.markdown(lang, "dataset_warning", detail=warning)
     return text
 
 

@@ -9,15 +9,15 @@ Wiring (the reason this tab feels live on a CPU):
 """
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
 import gradio as gr
 
 from .. import plots
+from ..model.analysis import EXPLOSION_THRESHOLD
 from ..service import RANDOM, Service
 from . import i18n
-from .common import EXPLORE, SLIDER, AlphaSlider, T, handler, lang_of, msg, sid, table
+from .common import EXPLORE, SLIDER, AlphaSlider, T, handler, lang_of, sid, table
 from .url_state import JS_COPY_URL, JS_SYNC_URL
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
@@ -46,7 +46,14 @@ class ExploreTab:
     tokens: gr.Dataframe
     dose: gr.Plot
     details: gr.JSON
+    whole_vocabulary: gr.Checkbox | None = None
     link: gr.Textbox | None = None
+    # the library (ui/library_ui.py wires them): share the vector, save the view, run a saved view live
+    vector_ref: gr.Textbox | None = None  # the share id a link carries for the vector, "" for a bundled one
+    share: gr.Button | None = None
+    save: gr.Button | None = None
+    run_live: gr.Button | None = None
+    library_status: gr.Markdown | None = None
     # handlers and their wiring, for the page-load chain in app.py
     next_token_fn: object = None
     generate_fn: object = None
@@ -60,8 +67,14 @@ class ExploreTab:
         return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed]
 
     @property
+    def next_token_inputs(self) -> list:
+        """The steering inputs and the Δlogit chart's scope: what the next-token view is made from."""
+        return self.steering_inputs + [self.whole_vocabulary]
+
+    @property
     def url_inputs(self) -> list:
-        return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed, self.alpha_max]
+        return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed, self.alpha_max,
+                self.vector_ref]
 
 
 def _plot_labels(lang: str, prefix: str) -> dict:
@@ -69,10 +82,24 @@ def _plot_labels(lang: str, prefix: str) -> dict:
 
 
 def readout_markdown(lang: str, view) -> str:
-    """KL / entropy / max |Δlogit| line; numbers and token strings stay as they are."""
-    warn = " ⚠" if view.max_abs_delta_logit > plots.EXPLOSION_THRESHOLD else ""
+    """KL / entropy / max |Δlogit| line, the flag's rule beside its number; token strings shown as text."""
+    warn = i18n.message(lang, "readout_warn", threshold=EXPLOSION_THRESHOLD) if view.exploding else ""
     return i18n.message(lang, "readout", kl=view.kl, hu=view.entropy_unsteered, hs=view.entropy_steered,
-                        maxd=view.max_abs_delta_logit, token=html.escape(repr(view.max_delta_token)), warn=warn)
+                        maxd=view.likely_max_abs_delta_logit, token=i18n.plain(repr(view.likely_max_delta_token)),
+                        likely=view.likely_tokens, warn=warn, rawd=view.max_abs_delta_logit,
+                        rawtoken=i18n.plain(repr(view.max_delta_token)))
+
+
+def delta_figure(lang: str, view, whole_vocabulary: bool):
+    """The Δlogit chart: the likely tokens by default, the whole vocabulary on request."""
+    labels = _plot_labels(lang, "delta")
+    if whole_vocabulary:
+        return plots.delta_logit_bars(view.promoted, view.suppressed, view.max_abs_delta_logit, view.max_delta_token,
+                                      labels={**labels, "title": labels["title_vocabulary"]},
+                                      exploding=view.exploding, rule=labels["rule_vocabulary"])
+    return plots.delta_logit_bars(view.likely_promoted, view.likely_suppressed, view.likely_max_abs_delta_logit,
+                                  view.likely_max_delta_token, labels=labels, exploding=view.exploding,
+                                  rule=labels["rule"])
 
 
 def highlighted(frame) -> list[tuple[str, float | None]]:
@@ -104,6 +131,11 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 extend = gr.Checkbox(value=False, label=T("explore.extend"), info=T("explore.extend_info"),
                                      elem_id="alpha-extend")
                 copy_link = gr.Button(T("explore.copy_link"), size="sm", elem_id="copy-link")
+                share = gr.Button(T("explore.share"), size="sm", elem_id="share-btn")
+                save = gr.Button(T("explore.save_result"), size="sm", elem_id="save-result-btn")
+            run_live = gr.Button(T("explore.run_live"), size="sm", elem_id="run-live-btn", visible=False)
+            library_status = gr.Markdown(elem_id="explore-library-status")
+            vector_ref = gr.Textbox(visible=False, elem_id="explore-vector-ref")
             link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, elem_id="explore-link",
                               visible=False)
             with gr.Accordion(T("explore.sampling"), open=False):
@@ -127,7 +159,10 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             readout = gr.Markdown(T("explore.readout_empty"), elem_id="explore-readout")
             with gr.Row():
                 bars = gr.Plot(label=T("explore.bars"), elem_id="next-token-bars")
-                delta = gr.Plot(label=T("explore.delta"), elem_id="delta-logit")
+                with gr.Column():
+                    delta = gr.Plot(label=T("explore.delta"), elem_id="delta-logit")
+                    whole_vocabulary = gr.Checkbox(value=False, label=T("explore.whole_vocabulary"),
+                                                   elem_id="delta-whole-vocabulary")
     with gr.Row(equal_height=True):
         unsteered = gr.Textbox(label=T("explore.unsteered"), lines=5, interactive=False, elem_id="unsteered-text")
         steered = gr.HighlightedText(label=T("explore.steered"), show_legend=False, combine_adjacent=False,
@@ -142,11 +177,14 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
 
     tab = ExploreTab(prompt=prompt, vector=vector, layer=layer, vector_seed=vector_seed, relative=relative,
                      alpha_max=alpha_max, alpha=alpha, readout=readout, bars=bars, delta=delta, unsteered=unsteered,
-                     steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details, link=link)
+                     steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details, link=link,
+                     whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, share=share, save=save,
+                     run_live=run_live, library_status=library_status)
 
     # ---------------------------------------------------------------- handlers
     @handler(backend)
-    def next_token(prompt, vector, layer, alpha, relative, vector_seed, request: gr.Request):
+    def next_token(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary=False,
+                   request: gr.Request = None):
         session = sid(request)
         lang = lang_of(backend, request)
         view = backend.next_token(session, prompt, vector, layer, alpha, relative, vector_seed)
@@ -154,8 +192,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         if float(alpha or 0) == 0:  # nothing moved: say so rather than rank arbitrary zero-change tokens
             delta_fig = plots.empty_figure(i18n.message(lang, "no_steering"))
         else:
-            delta_fig = plots.delta_logit_bars(view.promoted, view.suppressed, view.max_abs_delta_logit,
-                                               view.max_delta_token, labels=_plot_labels(lang, "delta"))
+            delta_fig = delta_figure(lang, view, bool(whole_vocabulary))
         return bars_fig, delta_fig, readout_markdown(lang, view), view.as_dict()
 
     @handler(backend)
@@ -185,7 +222,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         backend.session(session).cache["sweep"] = (_sweep_key(prompt, vector, layer, relative, vector_seed,
                                                               alpha_max, target), frame)
         labels = _plot_labels(lang_of(backend, request), "dose")
-        return plots.dose_response(frame, current_alpha=float(alpha), labels=labels), table(frame)
+        return plots.dose_response(frame, current_alpha=backend.guard.alpha(alpha), labels=labels), table(frame)
 
     @handler(backend)
     def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, request: gr.Request):
@@ -195,7 +232,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         if cached is None or cached[0] != key:
             return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, request)[0]
         labels = _plot_labels(lang_of(backend, request), "dose")
-        return plots.dose_response(cached[1], current_alpha=float(alpha), labels=labels)
+        return plots.dose_response(cached[1], current_alpha=backend.guard.alpha(alpha), labels=labels)
 
     @handler(backend)
     def alpha_range(alpha, alpha_max, extended):
@@ -217,7 +254,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         layers_ = info.get("layers") or [layer]
         new_layer = layer if vector == RANDOM else layers_[0]
         top = backend.calibrated_alpha_max(sid(request), prompt, vector, new_layer, vector_seed)
-        return gr.update(value=new_layer), top, gr.update(value=True)
+        return gr.update(value=new_layer), top, gr.update(value=True), backend.share_id_of(sid(request), vector)
 
     @handler(backend)
     def recalibrate(prompt, vector, layer, vector_seed, relative, alpha_max, request: gr.Request):
@@ -236,19 +273,20 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         if not 0 <= index < len(steered_tokens):
             return gr.skip()
         t = steered_tokens[index]
-        # token strings go into Markdown: escape them, or '<pad>' would be swallowed as an HTML tag
-        alternatives = html.escape(", ".join(f"{a['token']!r} {a['prob']:.3f}" for a in t["alternatives"]))
-        return msg(backend, request, "token_detail", token=html.escape(repr(t["token"])), logprob=t["logprob"],
+        # token strings go into Markdown: shown as text, or '<pad>' would be swallowed as an HTML tag
+        alternatives = ", ".join(f"{a['token']!r} {a['prob']:.3f}" for a in t["alternatives"])
+        return i18n.markdown(lang_of(backend, request), "token_detail", token=repr(t["token"]), logprob=t["logprob"],
                    delta=t.get("delta_logit") or 0.0, direct=t.get("direct_delta_logit") or 0.0, alts=alternatives)
 
     # ------------------------------------------------------------------ events
     steering_inputs = tab.steering_inputs
     nt_outputs = [bars, delta, readout, details]
+    nt_inputs = tab.next_token_inputs
     sampling_inputs = [greedy, temperature, top_k, top_p, repetition, max_tokens, seed, delta_limit]
     gen_outputs = [unsteered, steered, per_token, tokens, details]
     sweep_inputs = steering_inputs + [alpha_max, target]
 
-    alpha.input(next_token, steering_inputs, nt_outputs, api_name="next_token", trigger_mode="always_last",
+    alpha.input(next_token, nt_inputs, nt_outputs, api_name="next_token", trigger_mode="always_last",
                 show_progress="hidden", **SLIDER)
     alpha.release(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_release",
                   api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **EXPLORE) \
@@ -256,27 +294,28 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
               show_progress="hidden", **EXPLORE)
     generate_btn.click(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate", **EXPLORE)
     sweep_btn.click(sweep, sweep_inputs, [dose, tokens], api_name="sweep", **EXPLORE)
-    prompt.submit(next_token, steering_inputs, nt_outputs, api_name="next_token_on_submit",
+    prompt.submit(next_token, nt_inputs, nt_outputs, api_name="next_token_on_submit",
                   api_visibility="undocumented", **SLIDER) \
         .then(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_submit",
               api_visibility="undocumented", **EXPLORE)
     # layer: on release only (pick_vector moves it programmatically and refreshes by itself)
-    layer.release(next_token, steering_inputs, nt_outputs, api_name="next_token_on_layer",
+    layer.release(next_token, nt_inputs, nt_outputs, api_name="next_token_on_layer",
                   api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **SLIDER)
-    for control in (vector_seed, relative):
-        control.input(next_token, steering_inputs, nt_outputs, api_name=f"next_token_on_{_name(control, tab)}",
+    for control in (vector_seed, relative, whole_vocabulary):
+        control.input(next_token, nt_inputs, nt_outputs, api_name=f"next_token_on_{_name(control, tab)}",
                       api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **SLIDER)
     for control in (alpha_max, extend):
         control.change(alpha_range, [alpha, alpha_max, extend], [alpha], api_name=f"alpha_range_{_name(control, tab)}",
                        api_visibility="undocumented", queue=False)
-    vector.input(pick_vector, [prompt, vector, layer, vector_seed], [layer, alpha_max, relative], api_name="pick_vector",
+    vector.input(pick_vector, [prompt, vector, layer, vector_seed], [layer, alpha_max, relative, vector_ref],
+                 api_name="pick_vector",
                  api_visibility="undocumented", **EXPLORE) \
-        .then(next_token, steering_inputs, nt_outputs, api_name="next_token_on_vector", api_visibility="undocumented",
+        .then(next_token, nt_inputs, nt_outputs, api_name="next_token_on_vector", api_visibility="undocumented",
               show_progress="hidden", **SLIDER)
     layer.release(recalibrate, [prompt, vector, layer, vector_seed, relative, alpha_max], [alpha_max],
                   api_name="recalibrate", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
     # the page URL follows the controls (in the browser only), and "Copy link" copies it
-    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max):
+    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref):
         control.change(None, tab.url_inputs, None, js=JS_SYNC_URL, queue=False)
     copy_link.click(None, tab.url_inputs, [link], js=JS_COPY_URL, queue=False) \
         .then(lambda: gr.update(visible=True), None, [link], queue=False, api_visibility="undocumented")

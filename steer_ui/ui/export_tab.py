@@ -1,6 +1,7 @@
 """Export / Import: the selected vector in every format; vector files validated against the loaded model."""
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 import gradio as gr
@@ -44,11 +45,11 @@ def build_export_tab(backend: Service) -> ExportTab:
     @handler(backend)
     def export_vector(vector, fmt, request: gr.Request):
         written = backend.export_vector(sid(request), vector, fmt)
-        text = i18n.message(lang_of(backend, request), "exported", n=len(written), fmt=fmt,
+        text = i18n.markdown(lang_of(backend, request), "exported", n=len(written), fmt=fmt,
                             names=", ".join(p.name for p in written))
         # E.g. an ITI vector leaving as residual-stream directions: say how approximate that copy is.
         for note in export_notes(backend.get_vector(sid(request), vector), fmt):
-            text += f"\n\n⚠ {note}"
+            text += f"\n\n⚠ {i18n.plain(note)}"
         return [str(p) for p in written], text
 
     @handler(backend)
@@ -63,10 +64,10 @@ def build_export_tab(backend: Service) -> ExportTab:
         session = sid(request)
         name, warnings = backend.import_vector(session, path)
         lang = lang_of(backend, request)
-        text = i18n.message(lang, "imported", name=name)
+        text = i18n.markdown(lang, "imported", name=name)
         for w in warnings:
-            text += "\n\n" + i18n.message(lang, "import_warning", detail=w)
-            gr.Warning(i18n.message(lang, "import_warning", detail=w))
+            text += "\n\n" + i18n.markdown(lang, "import_warning", detail=w)
+            gr.Warning(i18n.message(lang, "import_warning", detail=html.escape(w, quote=False)))
         return text, backend.vector_info(session, name), gr.update(choices=backend.vector_names(session), value=name)
 
     tab.import_fn = import_vector

@@ -26,10 +26,11 @@ language or a message's ``{placeholders}`` differ between them.
 """
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
-from ..messages import ENGLISH, normalise_lang
+from ..messages import ENGLISH, FIELDS, field_name, normalise_lang
 
 LANGS = ("en", "zh-CN")
 
@@ -84,11 +85,7 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "train.top_heads": "Top heads",
         "train.context_layer": "Context layer L′ (empty = L*)",
         "train.hidden": "MLP hidden size (empty = default)",
-        "train.extra": "More hyperparameters (JSON)",
-        "train.extra_info": "passed to the method as keyword arguments, e.g. {\"lr\": 0.001}; TSV's constraint "
-                              "bound and weights: {\"max_logit_change\": 2.0, \"logit_weight\": 0.2, "
-                              "\"kl_weight\": 0.1}; the AUROC each bound costs: {\"bound_sweep\": [6, 20]} "
-                              "(one more run per bound)",
+        "train.advanced": "Advanced settings",
         "train.probe": "Probe every layer",
         "train.train": "Train",
         "train.empty": "Load a dataset in the Data tab, then train.",
@@ -129,6 +126,10 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "explore.readout_empty": "Drag α to see KL, entropy and max |Δlogit|.",
         "explore.bars": "Next-token probabilities",
         "explore.delta": "Δlogit over the vocabulary",
+        "explore.whole_vocabulary": "Whole vocabulary",
+        "explore.share": "Share",
+        "explore.save_result": "Save result",
+        "explore.run_live": "Run live",
         "explore.unsteered": "Unsteered",
         "explore.steered": "Steered (colour = Δlogit of each token)",
         "explore.token_hint": "Click a steered token to see its log-probability, Δlogit and the top alternatives.",
@@ -204,10 +205,7 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "train.top_heads": "选用的注意力头数",
         "train.context_layer": "上下文层 L′（留空 = L*）",
         "train.hidden": "MLP 隐藏层大小（留空 = 默认）",
-        "train.extra": "更多超参数（JSON）",
-        "train.extra_info": "作为关键字参数传给方法，例如 {\"lr\": 0.001}；TSV 约束的上限与权重："
-                              "{\"max_logit_change\": 2.0, \"logit_weight\": 0.2, \"kl_weight\": 0.1}；"
-                              "各上限对应的 AUROC 代价：{\"bound_sweep\": [6, 20]}（每个上限多训练一次）",
+        "train.advanced": "高级设置",
         "train.probe": "逐层探测",
         "train.train": "训练",
         "train.empty": "先在“数据”页加载数据集，然后训练。",
@@ -245,6 +243,10 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "explore.readout_empty": "拖动 α 查看 KL、熵和最大 |Δlogit|。",
         "explore.bars": "下一个词元的概率",
         "explore.delta": "词表上的 Δlogit",
+        "explore.whole_vocabulary": "整个词表",
+        "explore.share": "分享",
+        "explore.save_result": "保存结果",
+        "explore.run_live": "实时重跑",
         "explore.unsteered": "未引导",
         "explore.steered": "已引导（颜色 = 每个词元的 Δlogit）",
         "explore.token_hint": "点击一个已引导的词元，查看它的对数概率、Δlogit 和最可能的替代词元。",
@@ -279,7 +281,7 @@ MESSAGES: dict[str, dict[str, str]] = {
     "en": ENGLISH,
     "zh-CN": {
         "error_title": "错误",
-        "unexpected": "出错了：{detail}。你的数据和向量都已保留；请重试或修改输入。",
+        "unexpected": "服务器出错了（已记录在服务器日志中）。你的数据和向量都已保留；请重试或修改输入。",
         "no_model": "还没有加载模型：请在“模型”页加载。",
         "model_load_failed": "无法加载模型：{detail}",
         "model_loading": "正在加载模型… {detail}",
@@ -289,7 +291,6 @@ MESSAGES: dict[str, dict[str, str]] = {
         "unknown_vector": "本会话中没有名为“{name}”的向量（现有：{known}）。请先训练或导入一个。",
         "bad_layer": "第 {layer} 层不存在：该模型的层编号为 0 到 {last}。",
         "steering_failed": "该向量无法引导当前模型：{detail}",
-        "bad_alpha": "α 必须是有限的数值，收到的是 {alpha}。",
         "explore_failed": "无法计算引导后的分布：{detail}",
         "input_dependent_projection": "该向量依赖输入（L2S）：没有单一方向可以通过 lm_head 投影。",
         "empty_prompt": "提示词为空：请输入一些文字。",
@@ -316,13 +317,59 @@ MESSAGES: dict[str, dict[str, str]] = {
         "model_not_allowed": "该模型不在此服务器的列表中；可选：{known}。",
         "bad_device": "不允许设备“{device}”：请使用 auto、cpu、cuda、cuda:N、mps 或 multi。",
         "bad_dtype": "不允许数据类型“{dtype}”：请使用 {known} 之一。",
-        "session_expired": "此页面的会话已被关闭以腾出空间（服务器最多保留 {limit} 个会话，并会清除闲置会话）；"
-                           "其数据和向量已丢失。请重新加载后继续。",
+        "session_expired": "此页面的会话闲置超过 {hours} 小时，服务器已将其清除；其数据和向量已丢失。请重新加载后继续。",
+        "too_many_new_sessions": "来自你的地址的新会话过多（每分钟最多 {limit} 个）；请在 {wait} 秒后重试。已打开的会话不受影响。",
+        "sessions_full": "服务器正忙：它最多保留 {limit} 个会话，而每个会话都保存着访客的工作。请稍后再试。",
+        "address_sessions_full": "服务器正忙：你的地址已有 {limit} 个保存着工作的会话。请使用其中之一，或稍后再试。",
+        "session_busy": "服务器正忙：此会话已有 {count} 个生成在运行。请等其中一个完成。",
+        "queue_session_full": "服务器正忙：此页面已有 {count} 个请求在等待。请等它们完成。",
+        "queue_address_full": "服务器正忙：你的地址已有 {count} 个请求在等待。请稍后再试。",
+        "superseded": "已被此页面的一个更新的同类请求取代。",
+        "memory_busy": "服务器正忙：正在运行的请求占用了它的工作内存（共 {limit} MB）。请稍后再试。",
+        "job_running": "此会话已有一个任务在运行：请等待它完成或先取消。",
+        "number_not_a_number": "{what}必须是数值，收到 {value}。",
+        "number_not_finite": "{what}必须是有限的数值，收到 {value}。",
+        "number_not_whole": "{what}必须是整数，收到 {value}。",
+        "number_too_small": "{what}至少为 {low}，收到 {value}。",
+        "number_too_large": "{what}至多为 {high}，收到 {value}。",
+        "number_not_positive": "{what}必须大于 0，收到 {value}。",
+        "not_a_flag": "{what}必须是真或假。",
+        "not_a_choice": "{what}：“{value}”不在可选项中。",
+        "bad_input": "无法读取{what}：{detail}。",
+        "wrong_inputs": "此接口接受 {needed} 个值；请求发送了 {got} 个。",
+        "body_too_large": "请求大小为 {size} MB；此服务器每个请求最多接受 {limit} MB。",
+        "text_not_text": "{what}必须是文本。",
+        "text_empty": "{what}为空。",
+        "text_too_long": "{what}有 {size} 个字符；上限为 {limit}。",
+        "text_not_unicode": "{what}含有不是有效文本的字符（位置 {position}）。",
+        "too_many_tokens": "{what}长 {tokens} 个词元；此服务器最多接受 {limit} 个词元。",
+        "request_too_large": "此请求（{tokens} 个词元 × {rows} 行）约需 {need} MB 工作内存；此服务器每个请求最多允许 "
+                             "{limit} MB。请使用更短的文本或更少的行。",
+        "row_too_long": "第 {row} 行的 {column} 长 {tokens} 个词元；此服务器每段文本最多接受 {limit} 个词元。",
+        "data_too_large": "数据集的文本共 {tokens} 个词元；此服务器上的任务最多读取 {limit} 个。请上传一个子集。",
+        "push_overflows": "α × 该向量会把残差流推到长度 {size}，超出模型 {dtype} 运算的数值范围：请使用更小的 α。",
+        "owner_quota": "你保存的{kind}已达此处上限（{limit} 个）；请删除一个再保存。",
+        "owner_bytes": "你保存的内容已达此服务器的上限（{limit} MB）；请删除一些再保存。",
+        "store_full": "服务器的库已满（{limit} MB）；请稍后再试，或联系管理员。",
+        "unknown_id": "没有该 id 的共享向量或已保存结果（或其所有者已停止分享）。",
+        "too_many_misses": "来自你的地址的不存在的 id 过多（每分钟 {limit} 个）；请等一分钟。",
+        "not_own_vector": "“{name}”不是你保存的向量：只能分享你自己的向量。",
+        "not_kept": "此会话不保存任何内容（此服务器没有库，或页面没有所有者）：请导出文件以保留你的工作。",
+        "shared": "已分享：任何拿到链接的人都能以只读方式打开此向量，直到你停止分享。",
+        "unshared": "已停止分享“{name}”：它的链接不再能打开它。",
+        "saved_result": "已保存：链接会直接显示此视图，无需运行模型。",
+        "result_view": "一个已保存的结果（保存于 {when}）。实时重跑以检查它能否复现。",
+        "result_other_model": "此结果是在另一个模型（{model}）上得到的；在这里实时重跑会有所不同。",
+        "reproduced": "实时重跑：完全复现（相同的词元{numbers}）。",
+        "not_reproduced": "实时重跑：与保存的结果不同（{detail}）。",
+        "work_not_kept": "此服务器不保存你的工作：它只存在于本页面的会话中。请导出文件以保留它。",
+        "concepts_failed": "无法计算此面板：{detail}",
+        "concepts_no_demo": "请先运行爆炸演示（上面的按钮），再进行修复。",
+        "settings_json": "设置必须是最多 {limit} 个字符的 JSON 对象，数字最多 {digits} 位：{detail}。",
         "too_many_vectors": "此会话已有 {limit} 个向量，已达上限；请刷新页面开始新会话以训练或导入更多向量。",
         "session_full": "此会话的数据和向量将超过 {limit} MB 的上限；请刷新页面开始新会话。",
         "server_full": "此服务器保存的访客数据和向量已达上限（共 {limit} MB）；请稍后再试，或联系管理员。",
         "prompt_too_long": "提示词有 {size} 个字符；上限为 {limit}。",
-        "bad_number": "{what} 必须是 {low} 到 {high} 之间的整数，收到 {value}。",
         "busy": "服务器正忙（{detail}）。请稍后再试。",
         "generation_timeout": "生成已停止：{detail}。",
         "job_queued": "正在等待另一位访客的任务完成…",
@@ -335,14 +382,15 @@ MESSAGES: dict[str, dict[str, str]] = {
         "export_failed": "无法导出为 {fmt}：{detail}",
         "import_failed": "无法导入 {name}：{detail}",
         "readout": "**KL**(未引导‖已引导) = {kl:.4f} nats · **熵** {hu:.3f} → {hs:.3f} nats · "
-                   "**最大 |Δlogit|** = {maxd:.3f}，出现在 {token}{warn}",
+                   "**最大 |Δlogit|** = {maxd:.3f}，出现在 {token}（中心化，在引导前或后概率 ≥ 0.1% 的 {likely} 个词元中）"
+                   "{warn} · 整个词表：{rawd:.3f}，出现在 {rawtoken}",
+        "readout_warn": " ⚠ **logits 爆炸**（超过 {threshold:g}）",
         "no_tokens": "没有生成任何词元。",
         "token_detail": "词元 {token}：对数概率 {logprob:.3f}，Δlogit {delta:+.3f}（直接效应估计 {direct:+.3f}）。"
                         "替代词元：{alts}",
         "drag_alpha": "拖动 α 查看分布的变化。",
         "dataset_summary": "**{name}**：{kind}，{rows} 行；列：{columns}",
         "dataset_warning": "⚠ {detail}",
-        "bad_json": "额外超参数不是有效的 JSON：{detail}",
         "no_curves": "该方法没有逐轮的训练曲线。",
         "trained": "已训练 **{name}**；它已出现在“探索”“检测”和“导出”页的向量列表中。",
         "answers_table": "回答表需要两列：提示词和回答。",
@@ -360,7 +408,10 @@ PLOTS: dict[str, dict[str, dict[str, str]]] = {
     "en": {
         "bars": {"title": "Next token: unsteered vs steered", "unsteered": "unsteered", "steered": "steered",
                  "probability": "probability"},
-        "delta": {"title": "Δlogit: most promoted and suppressed tokens", "exploded": "logits exploding"},
+        "delta": {"title": "Δlogit: most promoted and suppressed likely tokens (p ≥ 0.1 % before or after)",
+                  "title_vocabulary": "Δlogit: most promoted and suppressed tokens of the whole vocabulary",
+                  "rule": "max centred |Δlogit|, likely tokens", "rule_vocabulary": "max |Δlogit|, whole vocabulary",
+                  "exploded": "logits exploding"},
         "per_token": {"title": "Per-token Δlogit of the steered generation", "actual": "actual Δlogit",
                       "direct": "direct effect (skip path, through the final norm)"},
         "dose": {"title": "Dose-response", "kl": "KL(unsteered‖steered)", "entropy": "entropy (nats)",
@@ -377,7 +428,10 @@ PLOTS: dict[str, dict[str, dict[str, str]]] = {
     "zh-CN": {
         "bars": {"title": "下一个词元：未引导 vs 已引导", "unsteered": "未引导", "steered": "已引导",
                  "probability": "概率"},
-        "delta": {"title": "Δlogit：提升和压低最多的词元", "exploded": "logits 爆炸"},
+        "delta": {"title": "Δlogit：提升和压低最多的可能词元（引导前或后 p ≥ 0.1%）",
+                  "title_vocabulary": "Δlogit：整个词表中提升和压低最多的词元",
+                  "rule": "最大中心化 |Δlogit|，可能词元", "rule_vocabulary": "最大 |Δlogit|，整个词表",
+                  "exploded": "logits 爆炸"},
         "per_token": {"title": "已引导生成的逐词元 Δlogit", "actual": "实际 Δlogit", "direct": "直接效应（跳跃连接路径，经最终归一化）"},
         "dose": {"title": "剂量-响应", "kl": "KL(未引导‖已引导)", "entropy": "熵（nats）", "target": "p(目标)",
                  "max_delta": "最大 |Δlogit|", "readable": "可读区：KL ≤ 5 nats"},
@@ -392,9 +446,26 @@ PLOTS: dict[str, dict[str, dict[str, str]]] = {
 }
 
 
+# Field names in messages ({what}), by language; English ones live with the messages (steer_ui.messages.FIELDS).
+FIELD_NAMES: dict[str, dict[str, str]] = {
+    "en": FIELDS,
+    "zh-CN": {
+        "alpha": "α", "alpha_max": "α 上限", "layer": "层", "seed": "随机种子", "top_k": "Top-k", "top_p": "Top-p",
+        "temperature": "温度", "repetition_penalty": "重复惩罚", "max_new_tokens": "新词元数",
+        "max_delta_logit": "Δlogit 上限", "points": "扫描点数", "prompt": "提示词", "target": "目标词元",
+        "answer": "回答", "relative": "相对单位", "greedy": "贪心解码", "bins": "分箱数", "draws": "抽样次数",
+        "seq_len": "序列长度", "batch": "批大小", "tokens": "词元数", "bound": "上界", "steps": "步数",
+        "token": "词元", "settings": "设置", "vector": "向量", "method": "方法", "format": "格式", "schema": "数据格式",
+        "dataset": "数据集", "position": "位置", "language": "语言", "dtype": "数据类型", "input": "输入", "auto_layer": "自动选层",
+    },
+}
+
+
 def message(lang: str | None, key: str, **params: Any) -> str:
     """A server-side message in ``lang`` (English when the key has no translation)."""
     lang = normalise_lang(lang)
+    if "what" in params:  # a field's name, in the same language as the message around it
+        params = {**params, "what": field_name(params["what"], FIELD_NAMES[lang])}
     template = MESSAGES[lang].get(key) or MESSAGES["en"].get(key)
     if template is None:
         return key if not params else f"{key}: {params}"
@@ -402,6 +473,28 @@ def message(lang: str | None, key: str, **params: Any) -> str:
         return template.format(**params)
     except (KeyError, IndexError, ValueError):
         return MESSAGES["en"].get(key, key).format_map({k: params.get(k, "?") for k in placeholders(template)})
+
+
+# Markdown's specials that make links, images, code, emphasis, tables or quotes (an underscore inside a word
+# makes no emphasis, so file names keep theirs as they are)
+MARKDOWN_SPECIALS = "\\`*{}[]()#+!|~>"
+# where an autolink starts: a scheme's "://", "www." and an e-mail's "@"
+AUTOLINK = re.compile(r"(?<=[A-Za-z0-9]):(?=//)|(?<=\bwww)\.|@", re.IGNORECASE)
+
+
+def plain(text: Any) -> str:
+    """``text`` (from a file, a link, a vector's name or the vocabulary) as Markdown that shows it literally:
+    HTML's ``&`` and ``<`` as entities, Markdown's specials and autolink starts backslash-escaped, so no link,
+    image, autolink or tag."""
+    escaped = str(text).replace("&", "&amp;").replace("<", "&lt;")
+    escaped = "".join("\\" + ch if ch in MARKDOWN_SPECIALS else ch for ch in escaped)
+    escaped = re.sub(r"(?:^|(?<=\s))_|_(?=\s|$)", r"\\_", escaped)  # an underscore at a word's edge
+    return AUTOLINK.sub(lambda m: "\\" + m.group(0), escaped)
+
+
+def markdown(lang: str | None, key: str, **params: Any) -> str:
+    """:func:`message` for a Markdown component: every text parameter is shown as :func:`plain` text."""
+    return message(lang, key, **{k: plain(v) if isinstance(v, str) else v for k, v in params.items()})
 
 
 def label(lang: str | None, key: str) -> str:
@@ -617,8 +710,6 @@ extend(
     },
     messages={
         "en": {
-            "concepts_failed": "Could not compute this panel: {detail}",
-            "concepts_no_demo": "Run the explosion first (the button above), then the fix.",
             "concepts_yes": "yes",
             "concepts_no": "no",
             "concepts_bias": " · with a bias vector",
@@ -660,8 +751,6 @@ extend(
                                "**{without_s} s** without ({speedup}×); same tokens: {same}; cache at the end: {cache}.",
         },
         "zh-CN": {
-            "concepts_failed": "无法计算此面板：{detail}",
-            "concepts_no_demo": "请先运行爆炸演示（上面的按钮），再进行修复。",
             "concepts_yes": "是",
             "concepts_no": "否",
             "concepts_bias": " · 带偏置向量",

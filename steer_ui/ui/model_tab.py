@@ -22,7 +22,7 @@ class ModelTab:
 
 
 def facts_markdown(lang: str, facts: dict) -> str:
-    return i18n.message(lang, "model_facts", **{k: facts.get(k) for k in (
+    return i18n.markdown(lang, "model_facts", **{k: facts.get(k) for k in (
         "model_id", "model_type", "num_layers", "hidden_size", "vocab_size", "tied_lm_head", "parameters", "device",
         "dtype", "load_seconds")})
 
@@ -32,9 +32,9 @@ def status_markdown(backend: Service, lang: str) -> str:
     if status["ready"]:
         return facts_markdown(lang, backend.model_facts())
     if status["error"]:
-        return i18n.message(lang, "model_load_failed", detail=status["error"])
+        return i18n.markdown(lang, "model_load_failed", detail=status["error"])
     if status["loading"]:
-        return i18n.message(lang, "model_loading", detail=status["message"])
+        return i18n.markdown(lang, "model_loading", detail=status["message"])
     return i18n.message(lang, "no_model")
 
 

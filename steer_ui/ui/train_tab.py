@@ -9,7 +9,7 @@ import gradio as gr
 import pandas as pd
 
 from .. import plots
-from ..service import Service, UserError
+from ..service import Service
 from . import i18n
 from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
 
@@ -117,17 +117,23 @@ def _label(name: str):
     return T(key) if key in i18n.TRANSLATIONS["en"] else name.replace("_", " ")
 
 
-def setting_component(spec):
-    """A form component generated from one :class:`~steer_ui.methods.base.SettingSpec`.
+def setting_component(spec, method: str = ""):
+    """A form component generated from one :class:`~steer_ui.methods.base.SettingSpec` (``elem_id``
+    ``train-<method>-<setting>``).
 
     The component's limits mirror the spec's, but they are a convenience: the
     service re-checks every value (the API ignores the page).
     """
-    common = dict(label=_label(spec.name), info=spec.help or None)
+    common = dict(label=_label(spec.name), info=spec.help or None,
+                  elem_id=f"train-{method}-{spec.name}".replace("_", "-") if method else None)
     if spec.kind == "bool":
         return gr.Checkbox(value=bool(spec.default), **common)
     if spec.choices:
         return gr.Dropdown(list(spec.choices), value=spec.default, **common)
+    if spec.kind in ("int", "float") and spec.optional:  # may be left empty ("the method decides"): a number
+        # field cannot be empty in the browser (it sends 0), so a text field that the service reads as a number
+        return gr.Textbox(value="" if spec.default is None else f"{spec.default:g}", max_lines=1,
+                          placeholder="empty: the method's default", **common)
     if spec.kind in ("int", "float"):
         return gr.Number(value=spec.default, precision=0 if spec.kind == "int" else None, minimum=spec.minimum,
                          maximum=spec.maximum, **common)
@@ -144,19 +150,6 @@ def form_values(specs_: list, values: list) -> dict[str, Any]:
             continue
         out[spec.name] = value
     return out
-
-
-def parse_extra(extra: str | None) -> dict[str, Any]:
-    """The free-form JSON box: an object of more settings (validated by the service like every other value)."""
-    if not extra or not extra.strip():
-        return {}
-    try:
-        more = json.loads(extra)
-    except ValueError as exc:
-        raise UserError("bad_json", detail=str(exc)) from None
-    if not isinstance(more, dict):
-        raise UserError("bad_json", detail="expected an object like {\"epochs\": 10}")
-    return more
 
 
 def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple:
@@ -178,7 +171,7 @@ def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple
         curves_fig = plots.training_curves(sweep_frame, x="alpha", labels=i18n.plot_labels(lang, "alpha_sweep"))
     else:
         curves_fig = plots.empty_figure(i18n.message(lang, "no_curves"))
-    status = i18n.message(lang, "trained", name=name)
+    status = i18n.markdown(lang, "trained", name=name)
     if isinstance(report.get("recommendation"), str):
         status += "\n\n" + report["recommendation"]
     labelling = report.get("labelling")
@@ -206,13 +199,18 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
             with gr.Row():
                 auto_layer = gr.Checkbox(value=True, label=T("train.auto_layer"))
                 layer = gr.Slider(0, top, value=(num_layers or 12) // 2, step=1, label=T("train.layer"))
-            for m in methods:
-                shown = [spec for spec in specs(get(m["name"]).Settings) if spec.ui and spec.name != "layer"]
-                with gr.Group(visible=m["name"] == default) as groups[m["name"]]:
-                    for spec in shown:
-                        fields.append((m["name"], spec, setting_component(spec)))
-            extra = gr.Textbox(label=T("train.extra"), info=T("train.extra_info"), max_lines=3, placeholder="{}",
-                               elem_id="train-extra")
+            for m in methods:  # every setting of every method, its own control; the less common ones folded
+                own = [spec for spec in specs(get(m["name"]).Settings) if spec.name != "layer"]
+                with gr.Column(visible=m["name"] == default) as groups[m["name"]]:
+                    with gr.Group():
+                        for spec in (s for s in own if s.ui):
+                            fields.append((m["name"], spec, setting_component(spec, m["name"])))
+                    advanced = [s for s in own if not s.ui]
+                    if advanced:
+                        with gr.Accordion(T("train.advanced"), open=False,
+                                          elem_id=f"train-{m['name']}-advanced".replace("_", "-")):
+                            for spec in advanced:
+                                fields.append((m["name"], spec, setting_component(spec, m["name"])))
             with gr.Row():
                 probe_btn = gr.Button(T("train.probe"))
                 train_btn = gr.Button(T("train.train"), variant="primary", elem_id="train-btn")
@@ -237,7 +235,7 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
 
     @handler(backend)
     def probe_layers(position, seed, request: gr.Request, progress=gr.Progress()):
-        result = backend.probe_layers(sid(request), position=position or "last", seed=int(seed or 0),
+        result = backend.probe_layers(sid(request), position=position or "last", seed=seed,
                                       progress=progress_adapter(progress))
         frame = pd.DataFrame(result.get("layers", []))
         best = result.get("best_layer")
@@ -251,7 +249,7 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
         """The form's Train button; ``data`` maps every input component to its value (a set of inputs)."""
         chosen = data[method]
         mine = [(spec, data[component]) for name, spec, component in fields if name == chosen]
-        settings = {**form_values([s for s, _ in mine], [v for _, v in mine]), **parse_extra(data[extra])}
+        settings = form_values([s for s, _ in mine], [v for _, v in mine])
         name, result = backend.train(sid(request), chosen, None if data[auto_layer] else data[layer],
                                      progress=progress_adapter(progress), settings=settings)
         choices = backend.vector_names(sid(request))
@@ -273,7 +271,7 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
     # Cancel runs outside the model queue (queue=False): it only raises a flag that the running job's next
     # progress report sees, so the job stops within a step and the session keeps what it had.
     cancel_btn.click(cancel, None, [status], api_name="cancel", queue=False)
-    tab.train_inputs = {method, layer, auto_layer, extra} | {c for _n, _s, c in fields}
+    tab.train_inputs = {method, layer, auto_layer} | {c for _n, _s, c in fields}
     tab.train_fn = train
     tab.train_outputs = [status, curves, results, report]
     return tab

@@ -2,7 +2,9 @@
 
 Opening such a link restores those controls and runs the view; the page keeps
 the query string in step as the controls change (``JS_SYNC_URL``) and the
-"Copy link" button copies it.  Values from a URL are hostile input like any
+"Copy link" button copies it.  A vector the page's owner shared (or that the page opened by a share link)
+travels as its share id (``vector_ref``), so the link opens it for anyone; ``?result=<id>`` opens a saved
+result instead (ui/library_ui.py).  Values from a URL are hostile input like any
 other: unknown keys are ignored, bad values fall back to the defaults with a
 notice, and the service checks everything again.
 """
@@ -51,9 +53,8 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
         if vector in vectors:
             state.vector = vector
         else:  # a user's own vector travels as a file (Export), not in a link
-            # the name goes into the page banner (Markdown): shown as code, so a link cannot inject a link or image
-            shown = vector[:60].replace("`", "'")
-            state.notices.append(f"the link's vector `{shown}` is not on this server (import its file to use it)")
+            # the notice goes into the page banner as plain text (i18n.markdown), so a link cannot inject markup
+            state.notices.append(f"the link's vector '{vector[:60]}' is not on this server (import its file to use it)")
     layer = _number(query.get("layer"))
     if layer is not None and layer == int(layer) and 0 <= layer < num_layers:
         state.layer = int(layer)
@@ -79,19 +80,19 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
 
 # Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
 JS_SYNC_URL = """
-(prompt, vector, layer, alpha, relative, seed, alpha_max) => {
-  const q = new URLSearchParams({prompt: prompt ?? "", vector: vector ?? "", layer: String(layer),
+(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref) => {
+  const q = new URLSearchParams({prompt: prompt ?? "", vector: vector_ref || vector || "", layer: String(layer),
                                  alpha: String(alpha), relative: relative ? "1" : "0", seed: String(seed ?? 0),
                                  alpha_max: String(alpha_max)});
   window.history.replaceState(null, "", window.location.pathname + "?" + q.toString());
-  return [prompt, vector, layer, alpha, relative, seed, alpha_max];
+  return [prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref];
 }
 """
 
 # "Copy link": the same URL, to the clipboard (and shown, for browsers that refuse clipboard access).
 JS_COPY_URL = """
-(prompt, vector, layer, alpha, relative, seed, alpha_max) => {
-  const q = new URLSearchParams({prompt: prompt ?? "", vector: vector ?? "", layer: String(layer),
+(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref) => {
+  const q = new URLSearchParams({prompt: prompt ?? "", vector: vector_ref || vector || "", layer: String(layer),
                                  alpha: String(alpha), relative: relative ? "1" : "0", seed: String(seed ?? 0),
                                  alpha_max: String(alpha_max)});
   const url = window.location.origin + window.location.pathname + "?" + q.toString();

@@ -112,7 +112,9 @@ def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_vectors(br
     page.keyboard.press("Escape")
     page.get_by_role("tab", name="Train").click()
     page.locator("#train-method label", has_text="tsv").click()
-    page.locator("#train-extra textarea").fill('{"epochs": 200, "compare": false}')
+    page.locator("#train-tsv-init-epochs input[type=number]").fill("200")  # every setting is its own control
+    page.locator("#train-tsv-advanced").get_by_text("Advanced settings").click()
+    page.locator("#train-tsv-compare input[type=checkbox]").uncheck()
     page.locator("#train-btn").click()
     time.sleep(2.0)  # well into training
     page.locator("#train-cancel").click()
@@ -162,4 +164,17 @@ def test_language_switch_changes_labels_and_tabs(browser, url):
     page.locator("#lang-switch label", has_text="English").click()
     page.wait_for_function("() => [...document.querySelectorAll('button[role=tab]')].map(b => b.innerText)"
                            ".join('|').includes('Export')", timeout=20_000)
+    page.close()
+
+
+def test_markup_in_a_link_is_shown_as_text_in_the_banner(browser, url):
+    """``/?layer=<a href=x>`` once rendered a live link around the notice (issue #34)."""
+    page = browser.new_page(locale="en-US", viewport={"width": 1400, "height": 1000})
+    page.goto(url + "?layer=%3Ca%20href%3Dx%3Eclick%3C%2Fa%3E&vector=%5BLog%20in%5D(http%3A%2F%2Fevil)")
+    page.wait_for_function("() => document.querySelector('#model-banner')?.innerText.includes('does not exist')",
+                           timeout=60_000)
+    banner = page.locator("#model-banner")
+    assert banner.locator("a, img").count() == 0
+    text = banner.inner_text()
+    assert "<a href=x>" in text and "[Log in](http://evil)" in text
     page.close()

@@ -124,6 +124,32 @@ def test_the_default_slider_range_is_strong_but_readable_and_extends_to_the_expl
     assert extended["kl"] > at_max["kl"] and (extended["kl"] > 10 or extended["max_abs_delta_logit"] > 10)
 
 
+def test_the_first_view_raises_no_explosion_flag_and_the_extended_end_does(browser, app):
+    """Issue #32: the flag reads the tokens a sampler could pick; the chart's promoted tokens are likely ones."""
+    url, _ = app
+    page = browser.new_page(locale="en-US", viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    _wait_filled(page, 120)
+    page.wait_for_function("() => document.querySelector('#explore-readout')?.innerText.includes('KL')",
+                           timeout=30_000)
+    readout = _text(page, "#explore-readout")
+    assert "exploding" not in readout and "0.1 %" in readout and "whole vocabulary" in readout, readout
+    bars = page.evaluate("() => { const d = document.querySelector('#delta-logit .js-plotly-plot')._fullData[0];"
+                         " return {x: Array.from(d.x), p: Array.from(d.customdata).map(r => Array.from(r))}; }")
+    promoted = [p for x, p in zip(bars["x"], bars["p"]) if x > 0]
+    assert promoted and all(after >= 1e-3 for _before, after in promoted), bars
+    page.locator("#alpha-extend input").check()
+    page.wait_for_function("() => parseFloat(document.querySelector('#alpha-slider input[type=range]').max) > 1",
+                           timeout=10_000)
+    slider = page.locator("#alpha-slider input[type=range]")
+    slider.focus()
+    page.keyboard.press("End")  # the extended range's end, as a drag to the right would reach it
+    page.wait_for_function("() => document.querySelector('#explore-readout')?.innerText.includes('exploding')",
+                           timeout=60_000)
+    assert "⚠" in page.evaluate("() => document.querySelector('#delta-logit .js-plotly-plot').layout.title.text")
+    page.close()
+
+
 def test_a_link_restores_the_view_and_copy_link_makes_one(browser, app):
     url, _ = app
     page = browser.new_page(locale="en-US", viewport={"width": 1400, "height": 1000})

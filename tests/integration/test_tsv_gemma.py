@@ -11,7 +11,7 @@ from steer_ui.methods import tsv
 from steer_ui.model.units import relative_scale
 from steer_ui.vector import SteeringVector
 
-from conftest import DATASETS, TRUTHFULQA
+from conftest import DATASETS, NEEDS_TRUTHFULQA, TRUTHFULQA
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +56,7 @@ def test_detection_from_the_saved_file_reproduces_the_held_out_scores(gemma, sho
     assert torch.allclose(got, want, atol=2e-3), (got - want).abs().max()
 
 
+@NEEDS_TRUTHFULQA
 def test_generate_and_label_on_truthfulqa_questions(gemma):
     import pandas as pd
 

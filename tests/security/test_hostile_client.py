@@ -7,7 +7,6 @@ next-token numbers and greedy generation are taken once at the start and compare
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import threading
@@ -17,88 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 
-from app_process import Server
-from same_results import DECODE_TOL, same
+from hostile_kit import HIDDEN, LAYER, PROMPT, RANDOM, ROOT, client, honest_view, refused, same_view, save_native
 
-RANDOM = "random direction"
-PROMPT = "The weather today is"
-LAYER = 6
-HIDDEN = 640  # Gemma 3 270M
-ROOT = Path(__file__).resolve().parents[2]
-MEMORY_CAP = 3 * 2**30  # the app's peak resident memory over the whole suite
-
-
-# ------------------------------------------------------------------------------------------ the server
-# The app as a stranger meets it: ``python app.py`` in its own process, on the embedded model, over HTTP,
-# exactly as a lab would start it (default policy, the queue closed to direct POSTs); a sampler records its
-# peak resident memory for the whole suite.
-
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "app.log"
-    srv = Server(["--model", "embedded", "--wait"], log)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
-
-
-def client(server, **kwargs) -> Client:
-    return Client(server.url, verbose=False, download_files=False, **kwargs)
-
-
-def honest_view(c: Client) -> tuple:
-    """The honest session's results: next-token numbers and a greedy side-by-side generation."""
-    *_, numbers = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, api_name="/next_token")
-    *_, result = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0, api_name="/generate")
-    # probabilities of the generated tokens: #17's bar is probabilities within float noise
-    return (numbers, result["unsteered"]["text"], result["steered"]["text"],
-            [math.exp(t["logprob"]) for t in result["steered"]["tokens"]])
-
-
-def same_view(view: tuple, solo: tuple) -> str | None:
-    """None when an honest view matches its solo run: next-token numbers and texts to TOL; the generated tokens'
-    probabilities, decoded beside whatever else is running, to DECODE_TOL."""
-    return same(view[:3], solo[:3]) or same(view[3], solo[3], DECODE_TOL, "[3]")
-
-
-@pytest.fixture(scope="module")
-def honest(server):
-    c = client(server)
-    first = honest_view(c)
-
-    def unchanged() -> None:
-        assert server.alive(), "the server stopped answering"
-        changed = same(honest_view(c), first)
-        assert changed is None, f"another session's output changed: {changed}"
-
-    return unchanged
-
-
-def refused(call, *words: str) -> str:
-    """Run ``call``; it must fail with a one-line message containing every word (case-insensitive)."""
-    with pytest.raises(Exception) as info:
-        call()
-    message = str(info.value)
-    assert "Traceback" not in message and len(message.strip().splitlines()) <= 2, message
-    for word in words:
-        assert word.lower() in message.lower(), f"{word!r} not in {message!r}"
-    return message
-
-
-def save_native(path: Path, directions: dict, extras: dict, meta: dict) -> Path:
-    from safetensors.torch import save_file
-
-    tensors = {f"direction.{k}": v for k, v in directions.items()}
-    tensors.update({f"extra.{k}": v for k, v in extras.items()})
-    base = {"hidden_size": HIDDEN, "method": "unknown", "positions": "all", "name": "crafted"}
-    save_file(tensors, str(path), metadata={"steer_ui": json.dumps({**base, **meta})})
-    return path
 
 
 # ---------------------------------------------------------------------------------------------- critical
@@ -168,7 +89,8 @@ def test_a_parquet_decompression_bomb_is_refused_from_its_footer(server, honest,
     ("tsv", {"answer_shots": 99}, ["answer_shots", "at most"]),
     ("l2s", {"hidden": 10**8}, ["hidden", "at most"]),
     ("mean-diff", {"seed": -1}, ["seed", "at least"]),
-    ("mean-diff", {"template": "x" * 100_000}, ["template"]),
+    ("mean-diff", {"template": "x" * 20_000}, ["template"]),
+    ("mean-diff", {"template": "x" * 100_000}, ["settings", "65536 characters"]),
     ("iti", {"top_heads": "all"}, ["top_heads", "number"]),
     ("no-such-method", {}, ["unknown method"]),
     ("mean-diff", {"__class__": 1}, ["unknown setting"]),
@@ -181,12 +103,12 @@ def test_oversized_or_strange_training_settings_are_refused_before_any_work(serv
 
 
 @pytest.mark.parametrize("args, words", [
-    ((PROMPT, RANDOM, LAYER, "nan", True, 0), ["α must be a finite number"]),
-    ((PROMPT, RANDOM, LAYER, "-inf", True, 0), ["α must be a finite number"]),
-    ((PROMPT, RANDOM, LAYER, 1e300, True, 0), ["α must be a finite number"]),
+    ((PROMPT, RANDOM, LAYER, "nan", True, 0), ["α", "must be a finite number"]),
+    ((PROMPT, RANDOM, LAYER, "-inf", True, 0), ["α", "must be a finite number"]),
+    ((PROMPT, RANDOM, LAYER, 1e300, True, 0), ["α", "must be at most 1000000"]),
     (("", RANDOM, LAYER, 0.5, True, 0), ["prompt"]),
     (("a" * 100_000, RANDOM, LAYER, 0.5, True, 0), ["100000", "limit"]),
-    ((PROMPT, RANDOM, 10**6, 0.5, True, 0), ["maximum value 17"]),
+    ((PROMPT, RANDOM, 10**6, 0.5, True, 0), ["layer", "at most 17"]),
     ((PROMPT, RANDOM, LAYER, 0.5, True, 10**30), ["seed"]),
     ((PROMPT, "someone else's vector", LAYER, 0.5, True, 0), ["no vector named"]),
 ])
@@ -199,7 +121,7 @@ def test_bad_explore_arguments_get_one_line(server, honest, args, words):
 def test_generation_length_is_bounded_on_the_server(server, honest):
     c = client(server)
     refused(lambda: c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 100_000, 0,
-                              api_name="/generate"), "maximum value 256")
+                              api_name="/generate"), "at most 256")
     honest()
 
 
@@ -207,7 +129,7 @@ def test_generation_length_is_bounded_on_the_server(server, honest):
 def test_a_delta_logit_limit_out_of_range_is_refused_in_one_line(server, honest, limit):
     c = client(server)
     refused(lambda: c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0, limit,
-                              api_name="/generate"), "Δlogit limit" if limit > 0 else "minimum value")
+                              api_name="/generate"), "Δlogit limit", "at most 1000" if limit > 0 else "at least 0")
     honest()
 
 
@@ -316,11 +238,3 @@ def test_exposing_the_app_without_a_password_needs_an_explicit_flag():
     done = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", "tiny:llama", "--host", "0.0.0.0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--auth" in done.stderr and "--public" in done.stderr
-
-
-def test_peak_memory_over_the_suite_stays_under_the_cap(server):
-    """Runs last in this module: the sampler has watched every attack above."""
-    assert server.peak_rss > 0
-    assert server.peak_rss < MEMORY_CAP, f"peak RSS {server.peak_rss / 2**30:.2f} GB"
-    print(f"\npeak RSS of the app over the hostile-client suite: {server.peak_rss / 2**30:.2f} GB")
-    assert not math.isnan(server.peak_rss)

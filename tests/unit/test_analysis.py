@@ -87,3 +87,29 @@ def test_relative_alpha_uses_layer_norm(tiny):
     assert len(norms) == 4 and all(n > 0 for n in norms)
     assert to_raw_alpha(handle, 0.5, 2, relative=True) == pytest.approx(0.5 * norms[2])
     assert to_raw_alpha(handle, 0.5, 2, relative=False) == 0.5
+
+
+def test_the_explosion_flag_reads_the_likely_tokens_not_the_vocabulary_tail(tiny):
+    """A push that moves only improbable tokens (p ~ 0 before and after) raises no flag, however far; the same push
+    on a likely token does (issue #32)."""
+    import torch
+
+    from steer_ui.model.analysis import EXPLOSION_THRESHOLD, LIKELY_PROB, compare_logits
+
+    handle = tiny("llama")
+    vocab = handle.arch.vocab_size
+    unsteered = torch.full((vocab,), -30.0)
+    unsteered[:5] = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])  # five likely tokens, the rest ~e-35
+    tail = unsteered.clone()
+    tail[100] += 25.0  # a tail token jumps by 25 and is still improbable
+    view = compare_logits(handle, unsteered, tail)
+    assert view.max_abs_delta_logit == pytest.approx(25.0, abs=1e-4)  # the whole vocabulary's raw maximum
+    assert not view.exploding and view.likely_max_abs_delta_logit < 1.0
+    assert set(view.likely_promoted.token_id) <= set(range(5)) and view.likely_tokens == 5
+    assert (view.likely_promoted.prob_steered >= LIKELY_PROB).all()  # promoted: likely after steering
+    assert (view.likely_suppressed.prob_unsteered >= LIKELY_PROB).all()  # suppressed: likely before it
+    likely = unsteered.clone()
+    likely[3] += EXPLOSION_THRESHOLD + 2  # a likely token's odds move by e^12
+    view = compare_logits(handle, unsteered, likely)
+    assert view.exploding and view.likely_max_delta_token == handle.tokenizer.decode([3])
+    assert view.as_dict()["exploding"] is True

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from steer_ui.data import Dataset, DatasetError, load_dataset, split_by_group, split_indices
-from conftest import DATASETS, TRUTHFULQA
+from conftest import DATASETS, NEEDS_TRUTHFULQA, TRUTHFULQA
 
 STATEMENTS_CSV = "statement,label\nParis is in France.,true\nParis is in Spain.,False\nRome is in Italy.,YES\nRome is in Peru.,no\n"
 
@@ -72,6 +72,7 @@ def test_truthfulqa_expansion_small(tmp_path):
     assert ds.frame.category.unique().tolist() == ["Myths"]
 
 
+@NEEDS_TRUTHFULQA
 def test_truthfulqa_real_file_parses_817_questions():
     ds = load_dataset(TRUTHFULQA)
     assert ds.frame.group.nunique() == 817

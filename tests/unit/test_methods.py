@@ -247,7 +247,7 @@ def test_cli_train_refuses_a_flag_the_method_has_no_setting_for(tmp_path, capsys
     code = main(["train", "--model", "tiny:llama", "--method", "iti", "--layer", "1", "--data", str(data),
                  "--out", str(tmp_path / "v.safetensors"), "--json"])
     captured = capsys.readouterr()
-    assert code == 2 and "unknown setting(s) layer" in json.loads(captured.out)["error"]
+    assert code == 2 and "unknown setting(s) --layer" in json.loads(captured.out)["error"]
     assert "Traceback" not in captured.err and not (tmp_path / "v.safetensors").exists()
 
 

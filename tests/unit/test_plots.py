@@ -34,13 +34,14 @@ def test_next_token_bars_keep_same_text_tokens_apart_and_show_whitespace():
     assert "·" in labels  # a bare space is drawn visibly
 
 
-def test_delta_logit_bars_flag_the_explosion_only_above_threshold():
+def test_delta_logit_bars_flag_the_explosion_when_told_and_state_their_rule():
     promoted = pd.DataFrame({"token": ["up"], "token_id": [1], "delta_logit": [3.0]})
     suppressed = pd.DataFrame({"token": ["down"], "token_id": [2], "delta_logit": [-2.0]})
-    calm = plots.delta_logit_bars(promoted, suppressed, 3.0, "up", labels={"exploded": "BOOM"})
-    assert "BOOM" not in calm.layout.title.text and "3.00" in calm.layout.title.text
+    calm = plots.delta_logit_bars(promoted, suppressed, 3.0, "up", labels={"exploded": "BOOM"},
+                                  rule="max centred |Δlogit|, likely tokens")
+    assert "BOOM" not in calm.layout.title.text and "likely tokens = 3.00" in calm.layout.title.text
     wild = plots.delta_logit_bars(promoted.assign(delta_logit=[250.0]), suppressed, 250.0, "up",
-                                  labels={"exploded": "BOOM"})
+                                  labels={"exploded": "BOOM"}, exploding=True)
     assert "BOOM" in wild.layout.title.text
     bar = wild.data[0]
     assert list(bar.x) == [-2.0, 250.0]  # ascending, so the biggest push is on top

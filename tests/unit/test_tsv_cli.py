@@ -54,8 +54,9 @@ def test_constraint_bound_and_weights_reach_training_and_bad_ones_are_refused(tm
     settings = trained["report"]["settings"]
     assert (settings["max_logit_change"], settings["logit_weight"], settings["kl_weight"]) == (0.5, 0.7, 0.3)
     assert trained["report"]["max_abs_delta_logit"]["limit"] == 0.5
-    for flag, value, message in (("--kl-weight", "-1", "kl_weight must be at least 0"),
-                                 ("--max-logit-change", "nan", "max_logit_change must be a finite number")):
+    # the CLI names each setting by its flag (issue #32: an error names what the interface accepts)
+    for flag, value, message in (("--kl-weight", "-1", "--kl-weight must be at least 0"),
+                                 ("--max-logit-change", "nan", "--max-logit-change must be a finite number")):
         code = cli.main(["train", "--method", "tsv", "--model", "tiny:llama", "--data", str(data), "--layer", "2",
                          "--epochs", "1", flag, value, "--out", str(tmp_path / "bad.safetensors"), "--json"])
         refused = json.loads(capsys.readouterr().out)
@@ -74,5 +75,5 @@ def test_bound_sweep_flag_reaches_the_report_and_a_bad_list_is_refused(tmp_path,
     code = cli.main(["train", "--method", "tsv", "--model", "tiny:llama", "--data", str(data), "--layer", "2",
                      "--epochs", "1", "--bound-sweep", "2,x", "--out", str(tmp_path / "bad.safetensors"), "--json"])
     refused = json.loads(capsys.readouterr().out)
-    assert code == 2 and "bound_sweep must be a number, got 'x'" in refused["error"], refused
+    assert code == 2 and "--bound-sweep must be a number, got 'x'" in refused["error"], refused
     assert not (tmp_path / "bad.safetensors").exists()

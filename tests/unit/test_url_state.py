@@ -1,4 +1,5 @@
 """A view link is hostile input too: valid values restore the controls, the rest fall back with a notice."""
+from steer_ui.ui import i18n
 from steer_ui.ui.url_state import ExploreState, from_query
 
 DEFAULTS = ExploreState(prompt="p", vector="v", layer=8, alpha=0.14, alpha_max=0.31)
@@ -26,8 +27,10 @@ def test_bad_values_fall_back_with_a_notice_and_unknown_keys_are_ignored():
 
 
 def test_a_link_cannot_inject_markdown_or_push_alpha_past_the_field():
-    state = from_query({"vector": "[Log in](https://evil)`x`", "alpha": "2e9", "alpha_max": "1e-9"},
-                       DEFAULTS, VECTORS, 18, 4000)
-    assert "`[Log in](https://evil)'x'`" in state.notices[0]  # shown as code, backticks neutralised
+    state = from_query({"vector": "[Log in](https://evil)`x`", "layer": "<a href=x>", "alpha": "2e9",
+                        "alpha_max": "1e-9"}, DEFAULTS, VECTORS, 18, 4000)
+    banner = i18n.markdown("en", "link_notice", detail="; ".join(state.notices))  # as the page shows it
+    assert r"\[Log in\]\(https\://evil\)\`x\`" in banner  # every Markdown special (and autolink) as itself
+    assert "&lt;a href=x\\>" in banner and "<" not in banner  # and no tag: the layer is text too
     assert state.alpha == 1e6 and state.alpha_max == 1e6
     assert from_query({"alpha_max": "1e-9"}, DEFAULTS, VECTORS, 18, 4000).alpha_max == 0.001

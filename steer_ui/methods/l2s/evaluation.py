@@ -68,8 +68,11 @@ def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tens
             rows_alpha.append(0.0 if s == "none" else float(alpha))
         ids, mask, pos_ids, P, lengths = encode(handle, prompts, comps)
         per_row = torch.stack(rows_vec)
-        steer = Steer(layer=layer, fn=lambda _ctx, t=per_row: t.to(_ctx.device), context_layer=context_layer,
-                      alpha=torch.tensor(rows_alpha), positions=positions)
+        # The rows' vectors are computed already (the fn ignores its context), so the hook reads its context at
+        # the steered block itself: in one teacher-forced pass a later context layer would not exist yet when
+        # the generated positions are steered, while generation reads it at prefill, before them.
+        steer = Steer(layer=layer, fn=lambda _ctx, t=per_row: t.to(_ctx.device),
+                      context_layer=min(context_layer, layer), alpha=torch.tensor(rows_alpha), positions=positions)
         dev = handle.input_device
         state = StepState(prompt_len=P)
         with torch.inference_mode(), one_thread(dev), steering(handle, [steer], state):

@@ -55,11 +55,14 @@ def unit_scale(handle, vector: SteeringVector, relative: bool) -> float:
     return relative_scale(handle, layers_of(vector)[0]) / norm
 
 
-def check_positions(layer: int, context_layer: int, positions: str) -> None:
+def check_positions(layer: int, context_layer: int, positions: str, setting: str = "positions",
+                    context_setting: str = "context layer") -> None:
+    """Prompt positions can be steered only from a context read at or below the steered block; ``setting`` and
+    ``context_setting`` name what the caller calls those choices, so the message names what it accepts."""
     if positions in ("all", "prompt") and context_layer > layer:
         raise SteeringError(
             f"context layer {context_layer} comes after steered layer {layer}: steering prompt positions needs the "
-            f"context first; use positions='generated' or a context layer <= {layer}")
+            f"context first; use {setting}='generated' or a {context_setting} <= {layer}")
 
 
 def _check_fits(handle, vector: SteeringVector) -> tuple[int, int]:

@@ -52,7 +52,8 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
     n_layers, D = handle.arch.num_layers, handle.arch.hidden_size
     layer = check_layer(handle, default_layer(n_layers) if st.layer is None else st.layer, "layer")
     context_layer = check_layer(handle, layer if st.context_layer is None else st.context_layer, "context layer")
-    check_positions(layer, context_layer, st.steer_positions)
+    check_positions(layer, context_layer, st.steer_positions, setting="steer_positions",
+                    context_setting="context_layer")
     hidden = default_hidden(D) if st.hidden is None else int(st.hidden)
 
     pairs = as_pairs(dataset)

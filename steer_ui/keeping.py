@@ -1,0 +1,219 @@
+"""What a session keeps: sessions bound to owners, their work written through to the library, shared vectors
+and saved results read back.
+
+The service owns one :class:`Keeper`; with no library (``--store off``) every call here is a no-op and a
+session's work lives in memory only, as the page then says.  Vectors travel as their native file's bytes and
+are checked on the way in and again on the way out (:func:`steer_ui.formats.read_vector` against the loaded
+model), so a tampered store cannot hand a visitor a malformed tensor.  A vector is read from the store once per
+session and then kept in memory: the slider, the decode batch and the sweep never wait on the database.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from .messages import UserError
+from .sessions import Session
+
+SHARED_SUFFIX = " (shared)"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "unreadable"
+
+
+class Keeper:
+    def __init__(self, library, max_file_bytes: int):
+        self.library = library
+        self.max_file_bytes = max_file_bytes
+        self._tmp = Path(tempfile.mkdtemp(prefix="steer_ui-keep-"))
+        self._lock = threading.Lock()
+
+    @property
+    def on(self) -> bool:
+        return self.library is not None
+
+    # ------------------------------------------------------------------ owners
+    def claim(self, s: Session, token: Any, handle, issue: bool = True) -> str:
+        """Bind ``s`` to the owner of ``token`` (issued by this server), or (``issue``) to a new owner; the token
+        to keep, "" when nothing is kept."""
+        if not self.on:
+            return ""
+        if s.owner is not None and token == s.owner_token:
+            return token
+        owner = self.library.owner_of(token)
+        if owner is None:
+            if not issue:
+                return ""
+            token = self.library.issue_owner()
+            owner = self.library.owner_of(token)
+        self.bind(s, owner, handle)
+        s.owner_token = token
+        return token
+
+    def bind(self, s: Session, owner: str, handle) -> None:
+        """Give ``s`` its owner's kept work: vector names (read on first use), latest dataset, settings."""
+        if s.owner == owner:
+            return
+        if s.owner is not None:  # another owner's session until now: none of its work carries over
+            s.vectors.clear(), s.reports.clear(), s.shared.clear()
+            s.dataset, s.dataset_name, s.probe, s.last_generation = None, "", None, None
+        s.owner = owner
+        settings = self.library.settings(owner)
+        if isinstance(settings.get("lang"), str):
+            s.lang = settings["lang"]
+        model = self._model(handle)
+        s.stored = {i["name"]: i for i in self.library.items(owner, "vector", model)} if model else {}
+        if s.dataset is None:
+            datasets = self.library.items(owner, "dataset")
+            if datasets:
+                self._restore_dataset(s, datasets[-1])
+
+    @staticmethod
+    def _model(handle) -> str | None:
+        from .model.identity import model_fingerprint
+
+        return model_fingerprint(handle) if handle is not None else None
+
+    # ---------------------------------------------------------------- writing
+    def keep_vector(self, s: Session, name: str, vector, handle) -> None:
+        if not (self.on and s.owner):
+            return
+        data = self._native_bytes(vector)
+        item = self.library.save(s.owner, "vector", name, data, {"method": vector.method, "layers": vector.layers},
+                                 self._model(handle))
+        s.stored[name] = item
+
+    def keep_dataset(self, s: Session, path: Path, name: str) -> None:
+        if self.on and s.owner:
+            self.library.save(s.owner, "dataset", name, Path(path).read_bytes(), {"file": name}, "any")
+
+    def keep_settings(self, s: Session) -> None:
+        if self.on and s.owner:
+            self.library.save_settings(s.owner, {"lang": s.lang})
+
+    def _native_bytes(self, vector) -> bytes:
+        with tempfile.TemporaryDirectory(dir=self._tmp) as folder:
+            path = Path(folder) / "vector.safetensors"
+            vector.save(path)
+            return path.read_bytes()
+
+    # ---------------------------------------------------------------- reading
+    def stored_vector(self, s: Session, name: str, handle):
+        """``s``'s kept vector ``name``, read and checked once, then held in the session; None if it has none."""
+        item = s.stored.get(name)
+        if item is None:
+            return None
+        vector = self._read(self.library.data(item), name, handle)
+        s.vectors[name] = vector
+        return vector
+
+    def _read(self, data: bytes, name: str, handle):
+        from .formats import read_vector
+
+        with tempfile.TemporaryDirectory(dir=self._tmp) as folder:
+            path = Path(folder) / "vector.safetensors"
+            path.write_bytes(data)
+            try:
+                vector, _warnings = read_vector(path, handle, max_bytes=self.max_file_bytes)
+            except (ValueError, OSError, KeyError, TypeError) as exc:
+                raise UserError("import_failed", name=name[:80], detail=_first_line(exc)) from None
+        vector.name = name
+        return vector
+
+    def _restore_dataset(self, s: Session, item: dict) -> None:
+        from .data import load_dataset
+
+        with tempfile.TemporaryDirectory(dir=self._tmp) as folder:
+            path = Path(folder) / Path(item["name"]).name
+            path.write_bytes(self.library.data(item))
+            try:
+                s.dataset, s.dataset_name = load_dataset(path, max_bytes=self.max_file_bytes), item["name"]
+            except (ValueError, OSError, UnicodeDecodeError):  # kept under older rules: the session starts without
+                s.dataset, s.dataset_name = None, ""
+
+    # ---------------------------------------------------------------- sharing
+    def share(self, s: Session, name: str) -> str:
+        self._need_owner(s)
+        if name not in s.stored:
+            raise UserError("not_own_vector", name=name[:80])
+        return self.library.share(s.owner, name)
+
+    def unshare(self, s: Session, name: str) -> bool:
+        self._need_owner(s)
+        return self.library.unshare(s.owner, name)
+
+    def share_id_of(self, s: Session, name: str) -> str:
+        """The share id a link should carry for ``name`` in ``s``: its own share, or the one it was opened by."""
+        if name in s.shared:
+            return s.shared[name]
+        item = s.stored.get(name)
+        if item is not None and self.on:
+            fresh = self.library.item(s.owner, "vector", name)
+            return (fresh or {}).get("share_id") or ""
+        return ""
+
+    def open_shared(self, s: Session, share_id: Any, client: str | None, handle) -> str:
+        """Add the vector shared under ``share_id`` to ``s`` (read-only); its name in the session's list."""
+        if not self.on:
+            raise UserError("unknown_id")
+        item = self.library.shared(share_id, client)
+        if item is None or item["model"] != self._model(handle):
+            raise UserError("unknown_id")
+        if s.owner is not None and item["owner"] == s.owner:  # the owner's own link: their own vector
+            return item["name"]
+        display = item["name"] + SHARED_SUFFIX
+        if display not in s.vectors:
+            s.vectors[display] = self._read(self.library.data(item), display, handle)
+        s.shared[display] = item["share_id"]
+        return display
+
+    @staticmethod
+    def _need_owner(s: Session) -> None:
+        if s.owner is None:
+            raise UserError("not_kept")
+
+    # ---------------------------------------------------------------- results
+    def save_result(self, s: Session, payload: dict, vector_name: str | None, handle) -> str:
+        """Keep ``payload``; a kept or shared vector it was made with is kept with it (by content), so the result
+        runs live for anyone even after its owner removes or unshares the vector."""
+        self._need_owner(s)
+        uses = None
+        if vector_name in s.stored:
+            uses = s.stored[vector_name]["content_id"]
+        elif vector_name in s.shared:
+            shared = self.library.shared(s.shared[vector_name], None)
+            uses = shared["content_id"] if shared else None
+        item = self.library.save(s.owner, "result", f"result {len(self.library.items(s.owner, 'result')) + 1}",
+                                 None, payload, self._model(handle), uses=uses)
+        return item["item_id"]
+
+    def result(self, result_id: Any, client: str | None) -> dict:
+        if not self.on:
+            raise UserError("unknown_id")
+        item = self.library.result(result_id, client)
+        if item is None:
+            raise UserError("unknown_id")
+        payload = json.loads(item["meta"])
+        payload["id"], payload["model_fingerprint"] = item["item_id"], item["model"]
+        payload["has_vector"] = bool(item["content_id"])
+        return payload
+
+    def result_vector(self, result_id: Any, client: str | None, handle):
+        """The vector a saved result was made with, when it was a kept or shared one (else None)."""
+        item = self.library.result(result_id, client) if self.on else None
+        if item is None or not item["content_id"]:
+            return None
+        return self._read(self.library.data(item), json.loads(item["meta"])["view"].get("vector", "vector"), handle)
+
+    # ------------------------------------------------------------------ listing
+    def listed(self, handle) -> list[tuple[str, Any]]:
+        """The host's listed vectors for the loaded model, read and checked: (name, vector)."""
+        if not self.on:
+            return []
+        return [(i["name"], self._read(self.library.data(i), i["name"], handle))
+                for i in self.library.items(None, "vector", self._model(handle))]

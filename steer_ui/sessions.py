@@ -1,0 +1,216 @@
+"""Visitors' sessions: what each browser tab or API client holds while it works, and who may get a new one.
+
+A session is keyed by gradio's random per-tab id (``session_hash``; one per ``gradio_client.Client``).
+These rules hold whatever a stranger sends:
+
+* **Admission.** A new session costs a token from its client address's bucket
+  (``policy.new_sessions_burst`` at once, refilled at ``policy.new_sessions_per_minute``), so a flood
+  of fresh ids from one address is refused "busy" after the burst, and honest sessions are untouched.
+* **Eviction never takes work.** When ``policy.max_sessions`` are kept (or ``policy.sessions_per_address``
+  from the newcomer's address), a newcomer takes the place of the least recently used *empty* session
+  (no dataset, no vectors, no job or generation running, no call for ``policy.session_grace_seconds``)
+  of the whole server (of that address); when
+  every such session holds work, the newcomer is refused "busy".  One address therefore never holds
+  more than its share of the server, whatever it loads.  Work is forgotten only after
+  ``policy.session_idle_seconds`` without a call, and its owner is told so once.
+* **Calls without a usable id** (none, or a made-up short one) get a store of their own that lives
+  briefly, apart from the real sessions, so they share nothing with anybody.
+* **Memory.** A session holds at most ``policy.max_session_bytes`` of tensors and data, all sessions
+  together ``policy.max_total_session_bytes``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .messages import UserError
+from .policy import ANONYMOUS_PREFIX, MAX_ANONYMOUS, Policy
+
+MAX_ADDRESSES = 4096  # client addresses whose admission buckets are remembered (the fullest are dropped)
+
+
+def vector_bytes(vector) -> int:
+    tensors = list(vector.directions.values()) + list(vector.extras.values())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def frame_bytes(dataset) -> int:
+    frame = getattr(dataset, "frame", None)
+    return int(frame.memory_usage(deep=True).sum()) if frame is not None else 0
+
+
+@dataclass
+class Session:
+    """What one browser tab (or one gradio_client) owns."""
+
+    dataset: Any = None
+    dataset_name: str = ""
+    vectors: "OrderedDict[str, Any]" = field(default_factory=OrderedDict)
+    reports: dict[str, dict] = field(default_factory=dict)
+    probe: dict | None = None
+    last_generation: dict | None = None
+    cache: dict = field(default_factory=dict)  # UI-side memo (e.g. the last sweep), safe to drop
+    lang: str = "en"
+    touched: float = field(default_factory=time.monotonic)
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    running: bool = False  # a long job (training, probing, a lesson) is under way
+    generating: int = 0  # this session's generations in the decode batch or waiting for it
+    client: str | None = None  # the address it was admitted from (None: a Python or CLI caller)
+    owner: str | None = None  # the library owner it is bound to (steer_ui/keeping.py); None: nothing is kept
+    owner_token: str = field(default="", repr=False)  # that owner's token, as its browser or client holds it
+    stored: dict = field(default_factory=dict)  # the owner's kept vectors by name, read on first use
+    shared: dict = field(default_factory=dict)  # vectors opened by a share link: name in this session -> share id
+
+    @property
+    def holds_work(self) -> bool:
+        """Something its owner would lose: data, vectors, or a job or generation under way."""
+        return self.dataset is not None or bool(self.vectors) or self.running or self.generating > 0
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(vector_bytes(v) for v in self.vectors.values()) + frame_bytes(self.dataset)
+
+
+class _Bucket:
+    """Admission tokens of one client address: ``burst`` at most, refilled at ``rate`` per second."""
+
+    __slots__ = ("tokens", "stamp")
+
+    def __init__(self, burst: float, now: float):
+        self.tokens, self.stamp = float(burst), now
+
+    def take(self, burst: float, rate: float, now: float) -> float:
+        """0 when a token was taken, else the seconds until one is there."""
+        self.tokens = min(float(burst), self.tokens + (now - self.stamp) * rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / rate if rate > 0 else float("inf")
+
+
+class Sessions:
+    """Every kept session, by id; thread-safe."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self._kept: "OrderedDict[str, Session]" = OrderedDict()  # least recently used first
+        self._evicted: "OrderedDict[str, None]" = OrderedDict()  # ids whose owner is told once that work is gone
+        self._anonymous: "OrderedDict[str, Session]" = OrderedDict()
+        self._buckets: "OrderedDict[str, _Bucket]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lookup
+    def get(self, session: str | None, client: str | None = None) -> Session:
+        """The session ``session`` (made if new); ``None`` gets a fresh one that is not kept.
+
+        ``client`` is the caller's address where it is known (the app's HTTP requests): a new session
+        from it is admitted only within its address's rate.  Raises :class:`UserError` ``busy`` (not
+        admitted) or ``session_expired`` (its work was forgotten after the idle lifetime; said once).
+        """
+        if session is None:
+            return Session()
+        now = time.monotonic()
+        with self._lock:
+            if session.startswith(ANONYMOUS_PREFIX):  # one request's store: never evicts a real session
+                s = self._anonymous.setdefault(session, Session())
+                self._anonymous.move_to_end(session)
+                while len(self._anonymous) > MAX_ANONYMOUS:
+                    self._anonymous.popitem(last=False)
+                return s
+            s = self._kept.get(session)
+            if s is not None and not s.running and not s.generating and \
+                    now - s.touched > self.policy.session_idle_seconds:
+                self._forget(session, s)
+                s = None
+            if session in self._evicted:
+                del self._evicted[session]
+                raise UserError("session_expired", hours=f"{self.policy.session_idle_seconds / 3600:g}")
+            if s is None:
+                s = self._admit(session, client, now)
+            else:
+                self._kept.move_to_end(session)
+            s.touched = now
+            return s
+
+    def peek(self, session: str | None) -> Session | None:
+        """The kept session ``session`` if there is one; never makes or admits one."""
+        if session is None:
+            return None
+        with self._lock:
+            return self._anonymous.get(session) if session.startswith(ANONYMOUS_PREFIX) else self._kept.get(session)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    # --------------------------------------------------------------- admission
+    def _admit(self, session: str, client: str | None, now: float) -> Session:
+        p = self.policy
+        if client is not None:
+            bucket = self._buckets.pop(client, None) or _Bucket(p.new_sessions_burst, now)
+            self._buckets[client] = bucket  # most recently seen last
+            while len(self._buckets) > MAX_ADDRESSES:
+                self._buckets.popitem(last=False)
+            wait = bucket.take(p.new_sessions_burst, p.new_sessions_per_minute / 60.0, now)
+            if wait > 0:
+                raise UserError("too_many_new_sessions", limit=p.new_sessions_per_minute, wait=f"{wait:.0f}")
+        self._expire_idle(now)
+        if client is not None:
+            self._make_room(lambda v: v.client == client, p.sessions_per_address, client, "address_sessions_full")
+        self._make_room(lambda v: True, p.max_sessions, client, "sessions_full")
+        s = self._kept[session] = Session(client=client)
+        return s
+
+    def _make_room(self, among, limit: int, client: str | None, refusal: str) -> None:
+        """Keep fewer than ``limit`` of the sessions ``among`` picks by dropping their least recently used
+        empty ones; refuse the newcomer when all of them hold work.  A session used in the last
+        ``policy.session_grace_seconds`` counts as holding work: its request may be about to store some."""
+        quiet_since = time.monotonic() - self.policy.session_grace_seconds
+        while sum(1 for v in self._kept.values() if among(v)) >= limit:
+            victim = next((k for k, v in self._kept.items()
+                           if among(v) and not v.holds_work and v.touched < quiet_since), None)
+            if victim is None:  # every one holds someone's work: the newcomer waits, nobody loses anything
+                if client is not None:
+                    self._buckets[client].tokens += 1.0  # not admitted: the attempt costs no admission token
+                raise UserError(refusal, limit=limit)
+            self._kept.pop(victim)  # empty: nothing of its owner's is lost, so nobody is told
+
+    def _expire_idle(self, now: float) -> None:
+        idle = [k for k, v in self._kept.items() if not v.running and not v.generating
+                and now - v.touched > self.policy.session_idle_seconds]
+        for k in idle:
+            self._forget(k, self._kept[k])
+
+    def _forget(self, session: str, s: Session) -> None:
+        self._kept.pop(session, None)
+        if s.holds_work:
+            self._evicted[session] = None
+            while len(self._evicted) > 4 * self.policy.max_sessions:
+                self._evicted.popitem(last=False)
+
+    # ------------------------------------------------------------------ budgets
+    def check_bytes(self, s: Session, extra: int) -> None:
+        """Refuse ``extra`` bytes that would take ``s``, or all sessions together, over their budget."""
+        if s.held_bytes + extra > self.policy.max_session_bytes:
+            raise UserError("session_full", limit=self.policy.max_session_bytes >> 20)
+        with self._lock:
+            everyone = list(self._kept.values()) + list(self._anonymous.values())
+        if sum(x.held_bytes for x in everyone) + extra > self.policy.max_total_session_bytes:
+            raise UserError("server_full", limit=self.policy.max_total_session_bytes >> 20)
+
+    @contextmanager
+    def generation_slot(self, s: Session) -> Iterator[None]:
+        """One of the session's ``policy.generations_per_session`` places, held for one generation."""
+        with self._lock:  # one visitor cannot take every place in the batch
+            if s.generating >= self.policy.generations_per_session:
+                raise UserError("session_busy", count=s.generating)
+            s.generating += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                s.generating -= 1

@@ -1,0 +1,271 @@
+"""Keeping and sharing on the page: the browser's owner token, Share, Save result, ``?result=`` and Run live, and
+the library's API endpoints (``/whoami``, ``/vectors``, ``/share_vector``, ``/unshare_vector``, ``/save_result``,
+``/result``).
+
+The owner token lives in the browser's local storage (``gr.BrowserState``, under a key every app process of one
+library shares), so a reload, a second tab or a server restart finds the same owner; API clients send it as the
+``X-Steer-Owner`` header (request_guard binds it).  Every endpoint goes through the service, like every other.
+"""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import gradio as gr
+import pandas as pd
+
+from .. import plots
+from ..messages import UserError
+from ..service import Service
+from . import i18n
+from .common import EXPLORE, as_gr_error, handler, lang_of, sid, table
+from .request_guard import client_address
+
+STORAGE_KEY = "steer_ui_owner"
+SHOW_RESULT = "show_result"  # the session's saved result while the page shows it (set by the page load)
+
+
+def owner_state(backend: Service) -> gr.BrowserState:
+    return gr.BrowserState("", storage_key=STORAGE_KEY, secret=backend.browser_secret)
+
+
+def page_url(request) -> str:
+    try:
+        return str(request.base_url)
+    except Exception:  # noqa: BLE001 - a link relative to the page still works
+        return "/"
+
+
+# ------------------------------------------------------------------------------------- a saved result's panels
+def _view(numbers: dict) -> SimpleNamespace:
+    """A next-token view rebuilt from its saved numbers (what the readout and the charts read)."""
+    frame = lambda key: pd.DataFrame(numbers.get(key) or [])  # noqa: E731
+    return SimpleNamespace(
+        unsteered=frame("unsteered"), steered=frame("steered"), promoted=frame("promoted"),
+        suppressed=frame("suppressed"), likely_promoted=frame("likely_promoted"),
+        likely_suppressed=frame("likely_suppressed"), kl=numbers.get("kl", 0.0),
+        entropy_unsteered=numbers.get("entropy_unsteered", 0.0), entropy_steered=numbers.get("entropy_steered", 0.0),
+        max_abs_delta_logit=numbers.get("max_abs_delta_logit", 0.0),
+        max_delta_token=numbers.get("max_delta_token", ""),
+        likely_max_abs_delta_logit=numbers.get("likely_max_abs_delta_logit", 0.0),
+        likely_max_delta_token=numbers.get("likely_max_delta_token", ""),
+        likely_tokens=numbers.get("likely_tokens", 0), exploding=bool(numbers.get("exploding")))
+
+
+def _token_frame(tokens: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame({"position": range(len(tokens)), "token": [t["token"] for t in tokens],
+                         "logprob": [t["logprob"] for t in tokens],
+                         "delta_logit": [t.get("delta_logit") for t in tokens],
+                         "direct_delta_logit": [t.get("direct_delta_logit") for t in tokens]})
+
+
+def saved_next_token(explore_tab, lang: str, saved: dict) -> tuple:
+    """(bars, Δlogit chart, readout, details) of a saved result, drawn from its numbers without the model."""
+    from .explore_tab import delta_figure, readout_markdown
+
+    numbers = saved["view"].get("next_token") or {}
+    if not numbers:
+        empty = plots.empty_figure(i18n.message(lang, "result_view", when=saved.get("when", "?")))
+        return empty, empty, "", saved
+    view = _view(numbers)
+    bars = plots.next_token_bars(view.unsteered.assign(rank=range(1, len(view.unsteered) + 1)),
+                                 view.steered.assign(rank=range(1, len(view.steered) + 1)),
+                                 labels=i18n.plot_labels(lang, "bars"))
+    return bars, delta_figure(lang, view, False), readout_markdown(lang, view), saved
+
+
+def saved_generation(lang: str, saved: dict) -> tuple:
+    """(unsteered text, coloured steered tokens, per-token chart, token table, details) of a saved result."""
+    from .explore_tab import COLOUR_SCALE
+
+    generation = saved["generation"]
+    tokens = generation["steered"]["tokens"]
+    coloured = [(t["token"], None if t.get("delta_logit") is None else
+                 max(-1.0, min(1.0, t["delta_logit"] / COLOUR_SCALE))) for t in tokens]
+    frame = _token_frame(tokens)
+    chart = plots.per_token_delta(frame, labels=i18n.plot_labels(lang, "per_token")) if len(frame) else \
+        plots.empty_figure(i18n.message(lang, "no_tokens"))
+    return generation["unsteered"]["text"], coloured, chart, table(frame), saved
+
+
+def reproduced(saved: dict, frame_dict: dict) -> tuple[bool, str]:
+    """Whether a live run gave the saved tokens; what differs if not."""
+    old, new = saved["generation"]["steered"]["tokens"], frame_dict["steered"]["tokens"]
+    if [t["token"] for t in old] != [t["token"] for t in new]:
+        at = next((i for i, (a, b) in enumerate(zip(old, new)) if a["token"] != b["token"]), min(len(old), len(new)))
+        return False, f"the steered text differs from token {at}"
+    worst = max((abs(a["logprob"] - b["logprob"]) for a, b in zip(old, new)), default=0.0)
+    return True, f"; log-probabilities within {worst:.1e}"
+
+
+# ------------------------------------------------------------------------------------------------- wiring
+def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
+    """Share, Save result and Run live on the Explore tab, and the library's API endpoints."""
+
+    @handler(backend)
+    def share(vector, request: gr.Request):
+        lang = lang_of(backend, request)
+        share_id = backend.share_vector(sid(request), vector)
+        link = f"{page_url(request)}?vector={share_id}"
+        return share_id, i18n.message(lang, "shared"), gr.update(value=link, visible=True)
+
+    @handler(backend)
+    def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, numbers, request: gr.Request):
+        lang = lang_of(backend, request)
+        view = {"prompt": prompt, "vector": vector, "vector_ref": vector_ref or "", "layer": layer,
+                "alpha": alpha, "relative": relative, "seed": seed, "alpha_max": alpha_max,
+                "next_token": numbers if isinstance(numbers, dict) else {}}
+        result_id = backend.save_result(sid(request), view)
+        link = f"{page_url(request)}?result={result_id}"
+        return i18n.message(lang, "saved_result"), gr.update(value=link, visible=True)
+
+    @handler(backend)
+    def run_live(request: gr.Request):
+        """Re-run the saved result's generation with its own settings and say whether it reproduced."""
+        session = sid(request)
+        lang = lang_of(backend, request)
+        saved = backend.session(session).cache.get(SHOW_RESULT)
+        if saved is None:
+            raise UserError("no_generation")
+        settings = saved["generation"].get("settings") or {}
+        sampling = backend.sampling(**{k: v for k, v in (settings.get("sampling") or {}).items()
+                                       if k in ("max_new_tokens", "temperature", "top_k", "top_p",
+                                                "repetition_penalty", "seed", "max_delta_logit")})
+        vector = settings.get("vector")
+        if saved.get("has_vector"):
+            vector = backend.open_result_vector(session, saved["id"], client_address(request)) or vector
+        frame = backend.generate(session, settings.get("prompt") or saved["view"]["prompt"], vector,
+                                 settings.get("layer"), settings.get("alpha", 0.0), settings.get("relative", True),
+                                 settings.get("seed", 0), sampling)
+        same, detail = reproduced(saved, frame.as_dict())
+        if saved.get("model_id") and saved["model_id"] != backend.handle.model_id:
+            status = i18n.message(lang, "result_other_model", model=saved["model_id"])
+        else:
+            status = i18n.message(lang, "reproduced" if same else "not_reproduced", numbers=detail, detail=detail)
+        return (status,) + saved_generation(lang, {**saved, "generation": frame.as_dict()})[:4]
+
+    explore.share.click(share, [explore.vector], [explore.vector_ref, explore.library_status, explore.link],
+                        api_name="share_button", api_visibility="undocumented", queue=False)
+    explore.save.click(save, explore.url_inputs + [explore.details], [explore.library_status, explore.link],
+                       api_name="save_button", api_visibility="undocumented", queue=False)
+    explore.run_live.click(run_live, None, [explore.library_status, explore.unsteered, explore.steered,
+                                            explore.per_token, explore.tokens],
+                           api_name="run_live", api_visibility="undocumented", **EXPLORE)
+
+    # ------------------------------------------------------------------------------------------ the API
+    def whoami(request: gr.Request) -> str:
+        """This session's owner token: send it as the X-Steer-Owner header to be the same owner later."""
+        return backend.whoami(sid(request))
+
+    def vectors(request: gr.Request) -> list:
+        """Every vector this session can use, and where it comes from (own, shared, listed, bundled, random)."""
+        return backend.vectors(sid(request))
+
+    def share_vector(name: str, request: gr.Request) -> dict:
+        """Share one of your kept vectors: {"id", "url"}; anyone with the url opens it, read-only."""
+        share_id = backend.share_vector(sid(request), name)
+        return {"id": share_id, "url": f"{page_url(request)}?vector={share_id}"}
+
+    def unshare_vector(name: str, request: gr.Request) -> bool:
+        """Stop sharing one of your vectors: its links no longer open it."""
+        return backend.unshare_vector(sid(request), name)
+
+    def save_result(request: gr.Request) -> dict:
+        """Save this session's last generation with its settings: {"id", "url"} (the url shows it at once)."""
+        result_id = backend.save_result(sid(request), {})
+        return {"id": result_id, "url": f"{page_url(request)}?result={result_id}"}
+
+    def result(result_id: str, request: gr.Request) -> dict:
+        """A saved result as saved, read without running the model."""
+        return json.loads(json.dumps(backend.result(result_id, client_address(request))))
+
+    for fn in (whoami, vectors, share_vector, unshare_vector, save_result, result):  # quick: not queued
+        gr.api(_plain(backend, fn), api_name=fn.__name__, queue=False)
+
+
+def _plain(backend, fn):
+    """``fn`` with every failure as one plain line in the session's language (gr.api keeps its signature)."""
+    import functools
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        request = kwargs.get("request") or next((a for a in args if isinstance(a, gr.Request)), None)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            raise as_gr_error(backend, request, exc) from None
+
+    return call
+
+
+def unless_saved(backend: Service, fn, render):
+    """``fn`` for the page-load chain, except on a saved result's page (``?result=``), where ``render(lang,
+    saved)`` draws its panels from the saved numbers without running the model."""
+    import functools
+    import inspect
+
+    def saved_of(args, kwargs):
+        request = kwargs.get("request") or next((a for a in args if isinstance(a, gr.Request)), None)
+        session = backend.sessions.peek(sid(request))
+        return request, (session.cache.get(SHOW_RESULT) if session is not None else None)
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args, **kwargs):
+            request, saved = saved_of(args, kwargs)
+            if saved is None:
+                yield from fn(*args, **kwargs)
+            else:
+                yield render(lang_of(backend, request), saved)
+        return stream
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        request, saved = saved_of(args, kwargs)
+        return fn(*args, **kwargs) if saved is None else render(lang_of(backend, request), saved)
+
+    return call
+
+
+def no_sweep(lang: str, saved: dict) -> tuple:
+    """A saved result keeps no dose-response: the chart says so (Run live, then sweep)."""
+    return plots.empty_figure(i18n.message(lang, "result_view", when=saved.get("when", "?"))), gr.skip()
+
+
+def open_from_link(backend: Service, request, query: dict, state, choices: list[str], lang: str) -> dict:
+    """What a link's ``vector=<share id>`` or ``result=<id>`` adds to the page view: the vector (opened into the
+    session, read-only), a saved result's controls, notices for the banner.  Refusals become notices."""
+    from ..store.library import PUBLIC_ID
+
+    session, client = sid(request), client_address(request)
+    out = {"vector_ref": "", "run_live": False, "notices": []}
+    result_id = query.get("result")
+    if result_id:
+        try:
+            saved = backend.result(result_id, client)
+        except UserError as exc:
+            out["notices"].append(i18n.message(lang, exc.key, **exc.params))
+        else:
+            backend.session(session).cache[SHOW_RESULT] = saved
+            settings = saved["generation"].get("settings") or {}
+            vector = settings.get("vector") or state.vector
+            if saved.get("has_vector"):
+                vector = backend.open_result_vector(session, result_id, client) or vector
+            state.prompt = settings.get("prompt") or state.prompt
+            state.vector = vector
+            for key in ("layer", "alpha", "relative", "seed"):
+                if settings.get(key) is not None:
+                    setattr(state, key, settings[key])
+            state.alpha_max = max(abs(float(state.alpha)), float(saved["view"].get("alpha_max") or state.alpha_max))
+            out["run_live"] = True
+            out["notices"].append(i18n.message(lang, "result_view", when=saved.get("when", "?")))
+            return out
+    wanted = query.get("vector")
+    if wanted and wanted not in choices and PUBLIC_ID.match(wanted):
+        try:
+            state.vector = backend.open_shared(session, wanted, client)
+            out["vector_ref"] = wanted
+            state.notices = [n for n in state.notices if "is not on this server" not in n]
+        except UserError as exc:
+            out["notices"].append(i18n.message(lang, exc.key, **exc.params))
+    return out

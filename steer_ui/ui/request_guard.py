@@ -1,0 +1,184 @@
+"""Every event's inputs checked before gradio touches them, its session admitted, and every failure one line.
+
+Gradio's own preprocessing answers a stranger's odd values with multi-line, English, type-named errors
+(``'<' not supported between instances of 'str' and 'int'``), rounds 6.7 to 7 in a whole-number field,
+and passes NaN through.  So the app's ``process_api`` is wrapped once (:func:`install`):
+
+* the caller's session is admitted by the service (per client address: :mod:`steer_ui.sessions`);
+* each input value is checked against its component (numbers finite, whole where the field is, within the
+  field's bounds; a choice among the choices; text as text of bounded length), and a refusal names the
+  field, in the session's language;
+* whatever still fails becomes one plain line: a :class:`~steer_ui.messages.UserError` in the session's
+  language, anything else as "something went wrong" with the traceback in the server log only.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import gradio as gr
+from gradio.exceptions import ComponentProcessingError
+from pydantic import ValidationError
+
+from ..guards import flag, number
+from ..guards import text as checked_text
+from ..messages import UserError
+from . import i18n
+from .common import AlphaSlider, as_gr_error, sid
+
+log = logging.getLogger("steer_ui.ui")
+
+MAX_TEXT_CHARS = 64 * 1024  # any text box (the service holds prompts to much less); JSON settings fit
+MAX_CHOICE_CHARS = 200  # a free-text choice (a vector's name: limits.MAX_NAME)
+UNREADABLE = "it is not in the form its field takes"
+
+
+OWNER_HEADER = "x-steer-owner"
+
+
+def _header(request, name: str) -> str | None:
+    headers = getattr(request, "headers", None)
+    try:
+        value = headers.get(name) if headers is not None else None
+    except Exception:  # noqa: BLE001 - a request without headers names no owner
+        return None
+    return value[:64] if isinstance(value, str) else None
+
+
+def client_address(request) -> str | None:
+    client = getattr(request, "client", None)
+    return getattr(client, "host", None)
+
+
+def field_label(block, lang: str) -> str:
+    """What the page calls ``block``, in ``lang``."""
+    label = getattr(block, "label", None)
+    key = getattr(label, "key", None)  # gr.I18nData made by common.T
+    if key and key in i18n.TRANSLATIONS["en"]:
+        return i18n.label(lang, key)
+    if isinstance(label, str) and label:
+        return label[:60]
+    return getattr(block, "elem_id", None) or "input"
+
+
+def _choices(block) -> list:
+    return [c[1] if isinstance(c, (tuple, list)) else c for c in (getattr(block, "choices", None) or [])]
+
+
+def check_value(block, value: Any, what: str) -> None:
+    """Refuse ``value`` for ``block`` with one line naming ``what``; values the handler reads as given pass."""
+    if isinstance(block, (gr.Number, gr.Slider)):
+        if value is None and isinstance(block, gr.Number):
+            return  # an empty number field: the handler's default
+        whole = getattr(block, "precision", None) == 0 or (isinstance(block, gr.Slider) and
+                                                            not isinstance(block, AlphaSlider) and
+                                                            float(block.step or 0).is_integer() and
+                                                            float(block.minimum or 0).is_integer())
+        low = None if isinstance(block, AlphaSlider) else block.minimum
+        high = None if isinstance(block, AlphaSlider) else block.maximum
+        number(value, what, integer=whole, low=low, high=high)
+    elif isinstance(block, gr.Checkbox):
+        flag(value, what)
+    elif isinstance(block, (gr.Dropdown, gr.Radio)):
+        if value is None or value == []:
+            return
+        if getattr(block, "allow_custom_value", False):
+            checked_text(value, what, MAX_CHOICE_CHARS, allow_empty=True)
+        elif getattr(block, "multiselect", False) or value not in _choices(block):
+            raise UserError("not_a_choice", what=what, value=str(value)[:40])
+    elif isinstance(block, gr.Textbox):
+        checked_text(value, what, MAX_TEXT_CHARS, allow_empty=True)
+
+
+def check_inputs(block_fn, inputs: list, state, lang: str) -> None:
+    blocks = list(getattr(block_fn, "inputs", []) or [])
+    if len(inputs) < len(blocks):
+        raise UserError("wrong_inputs", needed=len(blocks), got=len(inputs))
+    for block, value in zip(blocks, inputs):
+        try:
+            current = state[block._id] if state is not None and block._id in state else block
+        except (KeyError, TypeError):
+            current = block
+        check_value(current, value, field_label(current, lang))
+
+
+def install(demo: gr.Blocks, backend) -> None:
+    """Wrap ``demo.process_api``: admission, input checks, and one plain line for every failure."""
+    original = demo.process_api
+
+    async def process_api(block_fn, inputs, state=None, request=None, iterator=None, *args, **kwargs):
+        first = request[0] if isinstance(request, list) else request
+        try:
+            if iterator is None:  # the event's first call (a streaming generator comes back with its iterator)
+                session = sid(first)
+                if session is not None and first is not None:
+                    backend.session(session, client_address(first))
+                    token = _header(first, OWNER_HEADER)
+                    if token:  # an API client names its owner on every call; a token that is none keeps nothing
+                        backend.claim_owner(session, token, client_address(first), issue=False)
+                lang = backend.language(session) if session is not None else "en"
+                if not isinstance(block_fn, int):
+                    check_inputs(block_fn, list(inputs or []), state, lang)
+            return await original(block_fn, inputs, state, request, iterator, *args, **kwargs)
+        except gr.Error:
+            raise
+        except (ComponentProcessingError, ValidationError):  # a payload gradio's own data model refused
+            raise as_gr_error(backend, first, UserError("bad_input", what="input", detail=UNREADABLE)) from None
+        except Exception as exc:  # noqa: BLE001 - nothing leaves as a traceback or a type name
+            raise as_gr_error(backend, first, exc) from None
+
+    demo.process_api = process_api
+
+
+class BodyLimit:
+    """ASGI middleware: a POST body over ``limit`` bytes is refused (413, one line) before gradio parses it.
+
+    File uploads go through gradio's ``/upload`` route, bounded by ``--max-file-size``; every other body is
+    JSON of a few kilobytes, so a multi-gigabyte one is an attack on the server's memory.
+    """
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, int(limit)
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path", "").endswith("/upload"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(send, int(declared))
+        chunks, size, more = [], 0, True
+        while more:  # read the body here, within the limit, and hand gradio a replay of it
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, _replay([], message), send)
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._refuse(send, size)
+            more = message.get("more_body", False)
+        return await self.app(scope, _replay([b"".join(chunks)], None, receive), send)
+
+    async def _refuse(self, send, size: int) -> None:
+        import json
+
+        text = i18n.message("en", "body_too_large", size=f"{size / 2**20:.1f}", limit=f"{self.limit / 2**20:g}")
+        body = json.dumps({"detail": text}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(bodies: list[bytes], last, receive=None):
+    """A ``receive`` that first returns ``bodies`` as one request body (or ``last``), then the real stream."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            if last is not None:
+                return last
+            return {"type": "http.request", "body": bodies[0] if bodies else b"", "more_body": False}
+        return await receive() if receive is not None else {"type": "http.disconnect"}
+
+    return replayed

@@ -1,0 +1,119 @@
+"""What the hostile-client suites share: the app as a stranger meets it, the honest session's view, and what a
+refusal must look like."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from gradio_client import Client
+
+from same_results import DECODE_TOL, same
+
+RANDOM = "random direction"
+PROMPT = "The weather today is"
+LAYER = 6
+HIDDEN = 640  # Gemma 3 270M
+ROOT = Path(__file__).resolve().parents[2]
+MEMORY_CAP = 3 * 2**30  # the app's peak resident memory over the whole suite
+
+
+def client(server, **kwargs) -> Client:
+    return Client(server.url, verbose=False, download_files=False, **kwargs)
+
+
+def honest_view(c: Client) -> tuple:
+    """The honest session's results: next-token numbers and a greedy side-by-side generation."""
+    *_, numbers = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, api_name="/next_token")
+    *_, result = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0, api_name="/generate")
+    # probabilities of the generated tokens: #17's bar is probabilities within float noise
+    return (numbers, result["unsteered"]["text"], result["steered"]["text"],
+            [math.exp(t["logprob"]) for t in result["steered"]["tokens"]])
+
+
+def same_view(view: tuple, solo: tuple) -> str | None:
+    """None when an honest view matches its solo run: next-token numbers and texts to TOL; the generated tokens'
+    probabilities, decoded beside whatever else is running, to DECODE_TOL."""
+    return same(view[:3], solo[:3]) or same(view[3], solo[3], DECODE_TOL, "[3]")
+
+
+def watch(server):
+    """The honest session: its view now, and a check that it is still exactly that (and the server alive)."""
+    c = client(server)
+    first = honest_view(c)
+
+    def unchanged() -> None:
+        assert server.alive(), "the server stopped answering"
+        changed = same(honest_view(c), first)
+        assert changed is None, f"another session's output changed: {changed}"
+
+    return unchanged
+
+
+def refused(call, *words: str) -> str:
+    """Run ``call``; it must fail with a one-line message containing every word (case-insensitive)."""
+    with pytest.raises(Exception) as info:
+        call()
+    message = str(info.value)
+    assert "Traceback" not in message and len(message.strip().splitlines()) <= 2, message
+    for word in words:
+        assert word.lower() in message.lower(), f"{word!r} not in {message!r}"
+    for leak in LEAKS:
+        assert leak not in message, f"{leak!r} leaks from {message!r}"
+    return message
+
+
+# What no message to a visitor may contain: exception types, Python's advice, tracebacks.
+LEAKS = ("Traceback", "ValueError", "TypeError", "OverflowError", "RecursionError", "KeyError", "AttributeError",
+         "set_int_max_str_digits", "Exception", "File \"")
+
+
+def save_native(path: Path, directions: dict, extras: dict, meta: dict) -> Path:
+    from safetensors.torch import save_file
+
+    tensors = {f"direction.{k}": v for k, v in directions.items()}
+    tensors.update({f"extra.{k}": v for k, v in extras.items()})
+    base = {"hidden_size": HIDDEN, "method": "unknown", "positions": "all", "name": "crafted"}
+    save_file(tensors, str(path), metadata={"steer_ui": json.dumps({**base, **meta})})
+    return path
+
+
+
+
+def raw_call(server, api: str, data: list, session: str | None = None, body_text: str | None = None,
+             address: str = "127.0.0.1") -> tuple:
+    """One event over raw HTTP, as a hand-written client would send it: ``("ok", output)``, ``("error", message)``
+    or ``("refused", status, detail)`` when the queue does not take it.  ``body_text`` replaces the JSON body
+    (to send what ``json.dumps`` cannot, such as a lone surrogate escape); ``address``: the loopback address
+    the call comes from (any of 127.0.0.0/8), so one test can be several clients."""
+    import httpx
+
+    transport = httpx.HTTPTransport(local_address=address)
+    with httpx.Client(transport=transport, timeout=300) as http:
+        return _raw_call(http, server, api, data, session, body_text)
+
+
+def _raw_call(http, server, api, data, session, body_text) -> tuple:
+    import uuid
+
+    config = http.get(server.url + "config", timeout=30).json()
+    fn = next(d["id"] for d in config["dependencies"] if d.get("api_name") == api)
+    session = session or uuid.uuid4().hex[:16]
+    body = body_text or json.dumps({"data": data, "fn_index": fn, "session_hash": session, "event_data": None,
+                                    "trigger_id": None})
+    body = body.replace('"fn_index": null', f'"fn_index": {fn}').replace('"session_hash": null',
+                                                                          f'"session_hash": "{session}"')
+    joined = http.post(server.url + "gradio_api/queue/join", content=body,
+                       headers={"content-type": "application/json"}, timeout=60)
+    if joined.status_code != 200:
+        return "refused", joined.status_code, joined.json().get("detail", joined.text)
+    with http.stream("GET", server.url + f"gradio_api/queue/data?session_hash={session}", timeout=300) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("msg") == "process_completed":
+                    output = message.get("output") or {}
+                    return ("ok", output) if message.get("success") else ("error", str(output.get("error")))
+    return "error", "the stream ended without a result"

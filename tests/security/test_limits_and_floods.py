@@ -1,0 +1,242 @@
+"""Safe to share, round two (issue #34): limits counted in tokens on every endpoint, a queue that one client cannot
+fill, the Concepts endpoints bounded like the rest, every error one plain line naming its field, and overflowing
+vectors refused.  After each case the honest session's next-token numbers and greedy generation are exactly
+what they were."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from gradio_client import handle_file
+
+from hostile_kit import LAYER, LEAKS, PROMPT, RANDOM, client, raw_call, refused
+
+# Characters that Gemma's tokenizer splits into several byte tokens each: 4000 of them pass the character
+# gate (4,000) and are 12,000-16,000 tokens.
+MANY_TOKENS = {"variation selector": "\U000E0100", "private use": "\U0010FFFD", "hieroglyph": "\U00013000",
+               "CJK extension B": "\U00020000", "Cyrillic ꙮ": "\uA66E"}
+
+
+def _rss(server) -> int:
+    return server.ps.memory_info().rss
+
+
+# -------------------------------------------------------------------------------- limits in tokens
+@pytest.mark.parametrize("name", list(MANY_TOKENS))
+def test_a_prompt_of_many_token_characters_is_refused_in_tokens_before_any_work(server, honest, name):
+    prompt = MANY_TOKENS[name] * 4000
+    before = _rss(server)
+    c = client(server)
+    started = time.monotonic()
+    message = refused(lambda: c.predict(prompt, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0,
+                                        api_name="/generate"), "tokens", "1024")
+    assert re.search(r"\d{5} tokens", message.replace(",", "")), message  # the count the model would have read
+    refused(lambda: c.predict(prompt, RANDOM, LAYER, 0.5, True, 0, api_name="/next_token"), "tokens", "1024")
+    refused(lambda: c.predict(prompt, RANDOM, LAYER, 0.5, True, 0, 1.0, "", api_name="/sweep"), "tokens")
+    assert time.monotonic() - started < 60  # counted and refused, not run (it took 187 s to run one)
+    assert _rss(server) - before < 300 * 2**20
+    honest()
+
+
+@pytest.mark.parametrize("api, args", [
+    ("/concepts_sampling", lambda p: (p, 1.0, 0, 0.9, 1.0)),
+    ("/concepts_sample", lambda p: (p, 1.0, 0, 0.9, 1.0, 100, 0)),
+    ("/concepts_explode", lambda p: (p, None, 0.07, "")),
+])
+def test_every_endpoint_that_reads_text_counts_it_in_tokens(server, honest, api, args):
+    c = client(server)
+    refused(lambda: c.predict(*args("x" * 12_000), api_name=api), "12000 characters", "4000")  # the cheap gate
+    refused(lambda: c.predict(*args(MANY_TOKENS["hieroglyph"] * 3000), api_name=api), "tokens", "1024")
+    honest()
+
+
+def test_a_sweep_whose_rows_would_need_gigabytes_is_refused_by_the_memory_formula(server, honest):
+    c = client(server)
+    long_prompt = "The weather today is fine and " * 120  # 722 tokens: within the token limit, 1,309 MB at 21 rows
+    message = refused(lambda: c.predict(long_prompt, RANDOM, LAYER, 0.5, True, 0, 1.0, "", api_name="/sweep"),
+                      "rows", "MB")
+    assert "512 MB" in message
+    honest()
+
+
+def test_a_training_file_with_a_huge_cell_is_refused_in_tokens(server, honest, tmp_path):
+    rows = [{"statement": f"Paris is in France {i}.", "label": i % 2, "group": i // 2} for i in range(40)]
+    rows[7]["statement"] = MANY_TOKENS["private use"] * 3000
+    path = tmp_path / "huge_cell.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
+    c = client(server)
+    c.predict(handle_file(str(path)), "auto", api_name="/upload_dataset")
+    refused(lambda: c.predict("mean-diff", 6, False, "{}", api_name="/train"), "row 8", "tokens", "1024")
+    honest()
+
+
+# -------------------------------------------------------------------------------- fair queueing
+def test_eighty_slider_moves_at_once_from_one_client_coalesce_to_the_newest(server, honest):
+    flood = client(server)
+    jobs = [flood.submit(PROMPT, RANDOM, LAYER, 0.01 * i, True, 0, api_name="/next_token") for i in range(80)]
+    outcomes: Counter = Counter()
+    for job in jobs:
+        try:
+            job.result()
+            outcomes["ran"] += 1
+        except Exception as exc:  # noqa: BLE001 - every refusal must be one of these plain lines
+            text = str(exc)
+            assert not any(leak in text for leak in LEAKS), text
+            outcomes["replaced" if "replaced by a newer" in text.lower() else text[:60]] += 1
+    assert outcomes["replaced"] >= 40, outcomes  # waiting moves gave way to the newest
+    assert set(outcomes) <= {"ran", "replaced"}, outcomes
+    honest()
+
+
+def test_one_session_cannot_fill_the_queue_with_other_events(server, honest):
+    flood = client(server)
+    jobs = [flood.submit(PROMPT, RANDOM, LAYER, 0.5, True, 0, 1.0, "", api_name="/sweep") for _ in range(12)]
+    outcomes: Counter = Counter()
+    for job in jobs:
+        try:
+            job.result()
+            outcomes["ran"] += 1
+        except Exception as exc:  # noqa: BLE001
+            outcomes["busy" if "requests waiting" in str(exc) else str(exc)[:80]] += 1
+    assert outcomes["busy"] >= 1 and set(outcomes) <= {"ran", "busy"}, outcomes
+    honest()
+
+
+def test_an_honest_session_keeps_its_exact_results_while_six_clients_flood_the_queue(server, honest):
+    """Six flooding sessions from one address keep sweeps waiting; the honest session's requests join the line
+    ahead of every flooding request past each address's first, and come back with exactly their own numbers."""
+    floods = [client(server) for _ in range(6)]
+    stop = threading.Event()
+
+    def flood(c):
+        while not stop.is_set():
+            jobs = [c.submit(PROMPT, RANDOM, LAYER, 0.3, True, 0, 1.0, "", api_name="/sweep") for _ in range(3)]
+            for job in jobs:
+                try:
+                    job.result()
+                except Exception:  # noqa: BLE001 - busy is the expected answer to a flood
+                    pass
+
+    threads = [threading.Thread(target=flood, args=(c,)) for c in floods]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(2.0)
+        honest()  # next-token and greedy generation: exactly as alone, while the flood runs
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+
+
+# -------------------------------------------------------------------------------- errors in one line
+@pytest.mark.parametrize("alpha, words", [
+    ("abc", ["α", "must be a number", "'abc'"]),
+    (None, ["α", "must be a number"]),
+    ("nan", ["α", "finite"]),
+    ("inf", ["α", "finite"]),
+    (1e300, ["α", "at most"]),
+])
+def test_sweep_with_a_bad_alpha_names_the_field_in_one_line(server, honest, alpha, words):
+    c = client(server)
+    refused(lambda: c.predict(PROMPT, RANDOM, LAYER, alpha, True, 0, 1.0, "", api_name="/sweep"), *words)
+    honest()
+
+
+@pytest.mark.parametrize("api, args, words", [
+    ("/train", ("mean-diff", None, True, "[" * 100_000), ["settings", "characters"]),
+    ("/train", ("mean-diff", None, True, "[" * 60_000), ["settings", "nested"]),
+    ("/train", ("mean-diff", None, True, '{"epochs": ' + "9" * 5000 + "}"), ["settings", "digits"]),
+    ("/train", ("mean-diff", None, True, '{"epochs": NaN}'), ["settings", "NaN"]),
+    ("/concepts_kv", (10**300, 1, "bfloat16"), ["sequence length", "at most"]),
+    ("/concepts_kv", (4096, 2.5, "bfloat16"), ["batch", "whole number"]),
+    ("/concepts_kv", (4096, 1, "float128"), ["not one of the choices"]),
+    ("/probe_layers", ("last", "abc"), ["seed", "must be a number"]),
+    ("/concepts_explode", (PROMPT, None, 1e300, ""), ["at most", "1e+300"]),
+    ("/concepts_explode", (PROMPT, 6.7, 0.07, ""), ["layer", "whole number"]),
+    ("/concepts_lm_head", (10**9,), ["bins", "at most"]),
+    ("/concepts_kv_time", (100_000,), ["at most 128"]),
+    ("/next_token", (PROMPT, RANDOM, 6.7, 0.5, True, 0), ["layer", "whole number"]),
+    ("/next_token", (PROMPT, RANDOM, LAYER, 0.5, "yes", 0), ["true or false"]),
+    ("/next_token", (PROMPT, RANDOM, LAYER, 0.5, True, 10**400), ["seed"]),
+    ("/generate", (PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8.5, 0), ["whole number"]),
+    ("/generate", (PROMPT, RANDOM, LAYER, 0.5, True, 0, False, "nan", 0, 1.0, 1.0, 8, 0), ["finite"]),
+])
+def test_bad_values_on_every_endpoint_get_one_plain_line_naming_the_field(server, honest, api, args, words):
+    c = client(server)
+    refused(lambda: c.predict(*args, api_name=api), *words)
+    honest()
+
+
+def test_a_fractional_layer_is_refused_not_rounded(server, honest):
+    c = client(server)
+    c.predict("capitals_statements.csv", "auto", api_name="/bundled_dataset")
+    refused(lambda: c.predict("mean-diff", 6.7, False, "{}", api_name="/train"), "layer", "whole number")
+    honest()
+
+
+def test_a_lone_surrogate_is_refused_as_text_and_logs_no_traceback(server, honest):
+    log_before = server.log.read_text(errors="replace")
+    body = ('{"data": ["The weather\\ud800 today", "random direction", 6, 0.5, true, 0, false], "fn_index": null, '
+            '"session_hash": null, "event_data": null, "trigger_id": null}')
+    outcome = raw_call(server, "next_token", [], body_text=body)
+    assert outcome[0] == "error" and "not valid text" in outcome[1], outcome
+    assert not any(leak in outcome[1] for leak in LEAKS)
+    time.sleep(0.5)
+    assert "Traceback" not in server.log.read_text(errors="replace")[len(log_before):]
+    honest()
+
+
+def test_bad_input_leaves_no_traceback_in_the_server_log(server, honest):
+    """Every refusal above is a visitor's mistake, not the server's: the log stays free of tracebacks."""
+    assert "Traceback" not in server.log.read_text(errors="replace")
+    honest()
+
+
+def test_a_request_body_of_many_megabytes_is_refused_before_it_is_parsed(server, honest):
+    import httpx
+
+    before = _rss(server)
+    body = b'{"data": ["' + b"x" * (64 << 20) + b'"], "fn_index": 0, "session_hash": "big-body-client"}'
+    response = httpx.post(server.url + "gradio_api/queue/join", content=body,
+                          headers={"content-type": "application/json"}, timeout=60)
+    assert response.status_code == 413 and "MB" in response.json()["detail"]
+    assert _rss(server) - before < 200 * 2**20
+    honest()
+
+
+# -------------------------------------------------------------------------------- markup and overflow
+def test_an_overflowing_vector_is_refused_before_it_joins(server, honest, tmp_path):
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps({"vector": [3e38] * 640, "layer": 6, "hookType": "hook_resid_post"}))
+    c = client(server)
+    *_, picker, _, _ = c.predict(handle_file(str(path)), api_name="/import_vector")
+    name = picker["value"] if isinstance(picker, dict) else picker
+    refused(lambda: c.predict(PROMPT, name, 6, 1.0, False, 0, api_name="/next_token"), "overflow")
+    refused(lambda: c.predict(PROMPT, name, 6, 1.0, False, 0, True, 0.8, 0, 1.0, 1.0, 4, 0, api_name="/generate"),
+            "overflow")
+    # in relative units only its direction counts (its length, 7.6e39, is computed in float64): it steers
+    *_, numbers = c.predict(PROMPT, name, 6, 0.1, True, 0, api_name="/next_token")
+    assert 0 < numbers["kl"] < 50 and all(math.isfinite(r["prob"]) for r in numbers["steered"])
+    # a push whose values fit float32 but whose length does not (each 1e18, length 2.5e19): refused too
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps({"vector": [1e18] * 640, "layer": 6, "hookType": "hook_resid_post"}))
+    *_, picker, _, _ = c.predict(handle_file(str(path)), api_name="/import_vector")
+    name = picker["value"] if isinstance(picker, dict) else picker
+    refused(lambda: c.predict(PROMPT, name, 6, 1.0, False, 0, api_name="/next_token"), "overflow")
+    honest()
+
+
+def test_a_steered_generation_within_range_still_works_beside_the_refusals(server, honest):
+    c = client(server)
+    *_, result = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 4, 0, api_name="/generate")
+    assert len(result["steered"]["tokens"]) == 4
+    assert torch.isfinite(torch.tensor([t["logprob"] for t in result["steered"]["tokens"]])).all()
+    honest()

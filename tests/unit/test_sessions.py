@@ -1,0 +1,91 @@
+"""Who gets a session, and what eviction may take: a flood of fresh ids never costs an honest visitor their work."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from steer_ui.messages import UserError
+from steer_ui.policy import Policy
+from steer_ui.sessions import Sessions
+
+
+def _with_work(sessions: Sessions, sid: str, client: str | None = None):
+    s = sessions.get(sid, client)
+    s.vectors["v"] = object.__new__(type("V", (), {"directions": {}, "extras": {}}))
+    return s
+
+
+def test_an_address_opens_its_burst_then_waits_while_other_addresses_are_untouched():
+    sessions = Sessions(Policy(new_sessions_burst=5, new_sessions_per_minute=60, session_grace_seconds=0))
+    for k in range(5):
+        sessions.get(f"flood-{k:04d}", "10.0.0.9")
+    with pytest.raises(UserError) as info:
+        sessions.get("flood-0005", "10.0.0.9")
+    assert info.value.key == "too_many_new_sessions" and "60" in str(info.value)
+    sessions.get("honest-000", "10.0.0.1")  # another address has its own bucket
+    sessions.get("flood-0000", "10.0.0.9")  # sessions already open are not affected
+    time.sleep(1.1)  # one token a second comes back
+    sessions.get("flood-0006", "10.0.0.9")
+
+
+def test_one_address_never_holds_more_than_its_share_and_eviction_never_takes_work():
+    policy = Policy(max_sessions=10, sessions_per_address=3, new_sessions_burst=100, session_grace_seconds=0)
+    sessions = Sessions(policy)
+    honest = _with_work(sessions, "honest-work", "10.0.0.1")
+    for k in range(3):
+        _with_work(sessions, f"flood-{k:04d}", "10.0.0.9")
+    with pytest.raises(UserError) as info:
+        sessions.get("flood-0003", "10.0.0.9")
+    assert info.value.key == "address_sessions_full"
+    assert sessions.get("honest-work", "10.0.0.1") is honest and "v" in honest.vectors
+    # empty sessions of an address make room for its newcomers, silently
+    sessions.get("empty-a", "10.0.0.2")
+    sessions.get("empty-b", "10.0.0.2")
+    sessions.get("empty-c", "10.0.0.2")
+    sessions.get("empty-d", "10.0.0.2")
+    assert sessions.peek("empty-a") is None and sessions.peek("empty-d") is not None
+    assert sessions.get("empty-a", "10.0.0.2").vectors == {}  # its owner comes back to a new session, no error
+
+
+def test_a_full_server_refuses_newcomers_rather_than_evict_anybody_s_work():
+    sessions = Sessions(Policy(max_sessions=4, sessions_per_address=4, new_sessions_burst=100,
+                               session_grace_seconds=0))
+    kept = [_with_work(sessions, f"owner-{k:04d}", f"10.0.0.{k}") for k in range(4)]
+    for k in range(20):
+        with pytest.raises(UserError) as info:
+            sessions.get(f"newcomer-{k:04d}", f"10.1.0.{k}")
+        assert info.value.key == "sessions_full"
+    assert all(sessions.get(f"owner-{k:04d}") is kept[k] for k in range(4))
+
+
+def test_a_recently_used_empty_session_is_not_evicted_for_a_newcomer():
+    sessions = Sessions(Policy(max_sessions=2, new_sessions_burst=100, session_grace_seconds=60))
+    first = sessions.get("just-opened-1", "10.0.0.1")
+    sessions.get("just-opened-2", "10.0.0.2")
+    with pytest.raises(UserError):
+        sessions.get("newcomer-0001", "10.0.0.3")
+    assert sessions.peek("just-opened-1") is first
+
+
+def test_work_is_forgotten_only_after_the_idle_lifetime_and_its_owner_is_told_once():
+    sessions = Sessions(Policy(session_idle_seconds=3600))
+    s = _with_work(sessions, "owner-idle")
+    s.touched -= 3601
+    with pytest.raises(UserError) as info:
+        sessions.get("owner-idle")
+    assert info.value.key == "session_expired" and "1 h" in str(info.value)
+    assert sessions.get("owner-idle").vectors == {}  # told once; then a fresh session
+    running = _with_work(sessions, "owner-running")
+    running.running, running.touched = True, running.touched - 7200
+    assert sessions.get("owner-running") is running  # a job under way is never idle
+
+
+def test_a_refused_newcomer_costs_its_address_no_admission_token():
+    sessions = Sessions(Policy(max_sessions=1, new_sessions_burst=2, new_sessions_per_minute=1,
+                               session_grace_seconds=0))
+    _with_work(sessions, "owner-0001", "10.0.0.1")
+    for k in range(5):
+        with pytest.raises(UserError) as info:
+            sessions.get(f"newcomer-{k:04d}", "10.0.0.2")
+        assert info.value.key == "sessions_full"
