@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if library is not None and library.db.moved_aside is not None:
         print(f"warning: the library at {library.db.spec} could not be read; it was moved aside to "
               f"{library.db.moved_aside} (never deleted) and a new, empty one started", file=sys.stderr)
+    if library is not None:
+        library.keep_tidy()  # lifetimes and the disk budget (README: What is kept)
     backend = Service(max_file_bytes=args.max_file_size, policy=policy, default_view=True, library=library)
     if args.vectors:
         backend.publish_from = Path(args.vectors).expanduser()

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from .policy import DTYPES
@@ -143,6 +144,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alphas", default="-1,-0.5,-0.25,0,0.25,0.5,1", help="comma-separated alphas")
     p.add_argument("--target", help="report this token's probability")
 
+    p = sub.add_parser("compare", help="one vector over many prompts: both generations of each, and with a pairs "
+                                       "dataset each held-out prompt's margin over alpha and its steerability")
+    _common(p)
+    _steering_args(p)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", metavar="FILE", help="a text file, one prompt per line")
+    source.add_argument("--data", metavar="FILE", help="a pairs dataset (prompt, positive, negative): its held-out "
+                                                       "prompts, with margins and steerability")
+    p.add_argument("--alpha-max", type=float, default=None,
+                   help="the margin grid spans ±this (default: 2 × |alpha|, or 1 when alpha is 0)")
+    p.add_argument("--alphas", help="comma-separated alphas for the margins instead of the grid")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0, help="the random vector's seed when --random-vector is not given")
+    p.add_argument("--csv", action="store_true", help="print the rows as CSV instead")
+
     p = sub.add_parser("probe-layers", help="per-layer logistic probes on a labelled dataset")
     _common(p)
     p.add_argument("--data", required=True)
@@ -173,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--in", dest="inp", required=True)
     p.add_argument("--out", required=True)
+
+    p = sub.add_parser("library", help="the library of kept vectors: list, add (listed for every visitor), remove, "
+                                       "share, unshare")
+    _common(p)
+    p.add_argument("action", choices=("list", "add", "remove", "share", "unshare"))
+    p.add_argument("target", nargs="?", help="add: a vector file; remove, share, unshare: a vector's name")
+    p.add_argument("--name", help="add: the name visitors see (default: the vector's own)")
+    p.add_argument("--owner", help="an owner's token (from /whoami): act on that owner's vectors, not the listed ones")
+    p.add_argument("--store", default=None, help="the library (default ~/.cache/steer_ui/library.db, or a "
+                                                  "postgresql:// URL), as app.py --store")
 
     p = sub.add_parser("bench", help="the benchmark (ratios measured in one run)")
     _common(p)
@@ -279,6 +305,43 @@ def cmd_sweep(args) -> dict:
             "rows": frame.to_dict("records"), "warnings": warnings}
 
 
+@command("compare")
+def cmd_compare(args) -> dict:
+    from .service import RANDOM, Service
+
+    handle = load_handle(args)
+    service = Service(handle)
+    session = "cli-compare-session"
+    if args.vector:
+        name, warnings = service.import_vector(session, args.vector)
+    elif args.random_vector is not None:
+        name, warnings = RANDOM, []
+    else:
+        raise CliError("compare needs --vector FILE or --random-vector SEED")
+    prompts = ""
+    if args.prompts:
+        try:
+            prompts = open(args.prompts, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"--prompts: {exc}") from None
+    else:
+        service.upload_dataset(session, args.data)
+    alphas = None
+    if args.alphas:
+        try:
+            alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
+        except ValueError:
+            raise CliError(f"--alphas must be comma-separated numbers, got '{args.alphas}'") from None
+    alpha_max = args.alpha_max if args.alpha_max is not None else (2 * abs(args.alpha) or 1.0)
+    seed = args.random_vector if args.random_vector is not None else args.seed
+    out = service.compare(session, prompts, use_dataset=bool(args.data), vector_name=name, layer=args.layer,
+                          alpha=args.alpha, relative=args.relative, seed=seed, alpha_max=alpha_max,
+                          sampling=service.sampling(max_new_tokens=args.max_new_tokens), alphas=alphas,
+                          positions=args.positions)
+    out["summary"].update(model=handle.model_id, vector=name, layer=args.layer, warnings=list(warnings))
+    return out
+
+
 @command("probe-layers")
 def cmd_probe_layers(args) -> dict:
     from .data import load_dataset
@@ -359,11 +422,62 @@ def cmd_bench(args) -> dict:
     return result
 
 
+@command("library")
+def cmd_library(args) -> dict:
+    """Manage the library from the shell; ``add`` checks the file against the model (--model) like an import."""
+    from .messages import UserError
+    from .policy import Policy
+    from .store import open_library
+    from .store.library import KINDS
+
+    library = open_library(args.store, Policy())
+    if library is None:
+        raise CliError("--store off: there is no library to manage")
+    owner = None
+    if args.owner is not None:
+        owner = library.owner_of(args.owner)
+        if owner is None:
+            raise CliError("--owner: this library issued no such owner token")
+    if args.action != "list" and not args.target:
+        raise CliError(f"library {args.action} needs a {'file' if args.action == 'add' else 'vector name'}")
+    try:
+        if args.action == "list":
+            rows = [{"kind": kind, "name": i["name"], "share_id": i["share_id"], "listed": bool(i["listed"]),
+                     "model": i["model"], "bytes": i["size"]} for kind in KINDS for i in library.items(owner, kind)]
+            return {"owner": bool(owner), "items": rows}
+        if args.action == "add":
+            from .formats import read_vector
+            from .keeping import native_bytes
+            from .model.identity import model_fingerprint
+
+            handle = load_handle(args)
+            path = Path(args.target)
+            vector, warnings = read_vector(path, handle)  # checked like an import, against this model
+            name = (args.name or vector.name or path.stem).strip()[:200]
+            native = library.save(owner, "vector", name, native_bytes(vector), {"method": vector.method},
+                                  model_fingerprint(handle), listed=owner is None)
+            return {"added": name, "listed": bool(native["listed"]), "warnings": warnings}
+        if args.action == "remove":
+            return {"removed": library.remove(owner, "vector", args.target)}
+        if owner is None:
+            raise CliError(f"library {args.action} acts on an owner's vector: give --owner TOKEN "
+                           "(listed vectors are open to everyone already)")
+        if args.action == "share":
+            share_id = library.share(owner, args.target)
+            return {"name": args.target, "share_id": share_id, "link": f"/?vector={share_id}"}
+        return {"name": args.target, "unshared": library.unshare(owner, args.target)}
+    except UserError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        library.db.close()
+
+
 def _expected_errors() -> tuple[type, ...]:
     """Input errors, printed as one line: every core error type is a ValueError except the loader's."""
     from .model.loading import ModelLoadError
+    from .store import StoreError
 
-    return (CliError, ValueError, ModelLoadError, FileNotFoundError)
+    return (CliError, ValueError, ModelLoadError, FileNotFoundError, StoreError)
 
 
 def _stderr_progress(fraction: float, message: str) -> None:
@@ -384,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.json:
         print(json.dumps(result, default=str))
+    elif getattr(args, "csv", False):
+        import pandas as pd
+
+        print(pd.DataFrame(result["rows"]).to_csv(index=False), end="")
     else:
         _print_human(args.command, result)
     return 0

@@ -26,6 +26,7 @@ import numpy as np
 
 from .paths import cache_root
 from .plots import READABLE_KL
+from .steerability import distinct_share, mean_logprob
 from .vector import SteeringVector
 
 DATA = Path(__file__).resolve().parents[1] / "assets" / "datasets" / "sentiment_pairs.csv"
@@ -67,18 +68,12 @@ def alpha_at_kl(alphas: Sequence[float], kl: Sequence[float], target: float) -> 
     return float(alphas[-1])
 
 
-def distinct_share(tokens: Sequence[str]) -> float:
-    """Distinct tokens / tokens: 1 for varied text, small for a loop."""
-    return len(set(tokens)) / max(len(tokens), 1)
-
-
 def fluency(handle, prompt: str, text: str) -> float:
-    """Mean log-probability per token of ``text`` after ``prompt`` under the unsteered model."""
-    from .model.analysis import score_answer
-
+    """Mean log-probability per token of ``text`` after ``prompt`` under the unsteered model; a text of nothing
+    but whitespace counts as broken (−inf)."""
     if not text.strip():
         return float("-inf")
-    return float(score_answer(handle, prompt, text, [])["logprob_unsteered"].mean())
+    return mean_logprob(handle, prompt, text)
 
 
 def calibrate(handle, progress: Progress | None = None) -> tuple[DefaultView, SteeringVector]:
@@ -105,8 +100,8 @@ def calibrate(handle, progress: Progress | None = None) -> tuple[DefaultView, St
             result = side_by_side(handle, PROMPT, steers, Sampling(max_new_tokens=TOKENS))
             base, steered = result.unsteered.text, result.steered.text
             drop = fluency(handle, PROMPT, base) - fluency(handle, PROMPT, steered)
-            varied = distinct_share([t.token for t in result.steered.tokens]) / max(
-                distinct_share([t.token for t in result.unsteered.tokens]), 1e-9)
+            varied = (distinct_share([t.token for t in result.steered.tokens]) or 0.0) / max(
+                distinct_share([t.token for t in result.unsteered.tokens]) or 0.0, 1e-9)
             kl_here = float(np.interp(math.log(alpha), np.log(GRID), kl))
             fluent = steered != base and drop <= FLUENCY_DROP and varied >= MIN_DISTINCT
             row = {"layer": layer, "alpha": alpha, "alpha_max": alpha_max, "kl": kl_here, "fluency_drop": drop,

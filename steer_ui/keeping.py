@@ -10,8 +10,10 @@ session and then kept in memory: the slider, the decode batch and the sweep neve
 from __future__ import annotations
 
 import json
+import secrets
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,14 @@ SHARED_SUFFIX = " (shared)"
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else "unreadable"
+
+
+def native_bytes(vector) -> bytes:
+    """``vector`` as the bytes of its native file (what the library stores)."""
+    with tempfile.TemporaryDirectory(prefix="steer_ui-vector-") as folder:
+        path = Path(folder) / "vector.safetensors"
+        vector.save(path)
+        return path.read_bytes()
 
 
 class Keeper:
@@ -83,24 +93,23 @@ class Keeper:
     def keep_vector(self, s: Session, name: str, vector, handle) -> None:
         if not (self.on and s.owner):
             return
-        data = self._native_bytes(vector)
+        data = native_bytes(vector)
         item = self.library.save(s.owner, "vector", name, data, {"method": vector.method, "layers": vector.layers},
                                  self._model(handle))
         s.stored[name] = item
 
     def keep_dataset(self, s: Session, path: Path, name: str) -> None:
-        if self.on and s.owner:
-            self.library.save(s.owner, "dataset", name, Path(path).read_bytes(), {"file": name}, "any")
+        """Keep the dataset just loaded; an owner at the datasets quota gives up the oldest other one for it."""
+        if not (self.on and s.owner):
+            return
+        others = [i for i in self.library.items(s.owner, "dataset") if i["name"] != name]
+        for oldest in others[: max(0, len(others) - self.library.policy.owner_max_datasets + 1)]:
+            self.library.remove(s.owner, "dataset", oldest["name"])
+        self.library.save(s.owner, "dataset", name, Path(path).read_bytes(), {"file": name}, "any")
 
     def keep_settings(self, s: Session) -> None:
         if self.on and s.owner:
             self.library.save_settings(s.owner, {"lang": s.lang})
-
-    def _native_bytes(self, vector) -> bytes:
-        with tempfile.TemporaryDirectory(dir=self._tmp) as folder:
-            path = Path(folder) / "vector.safetensors"
-            vector.save(path)
-            return path.read_bytes()
 
     # ---------------------------------------------------------------- reading
     def stored_vector(self, s: Session, name: str, handle):
@@ -188,8 +197,10 @@ class Keeper:
         elif vector_name in s.shared:
             shared = self.library.shared(s.shared[vector_name], None)
             uses = shared["content_id"] if shared else None
-        item = self.library.save(s.owner, "result", f"result {len(self.library.items(s.owner, 'result')) + 1}",
-                                 None, payload, self._model(handle), uses=uses)
+        # a name of its own: saving replaces an item of the same name, and "result N" counted by two saves at once
+        # made one of two acknowledged results vanish (the SIGKILL test caught it)
+        name = f"result {time.strftime('%Y-%m-%d %H:%M:%S')} {secrets.token_hex(4)}"
+        item = self.library.save(s.owner, "result", name, None, payload, self._model(handle), uses=uses)
         return item["item_id"]
 
     def result(self, result_id: Any, client: str | None) -> dict:

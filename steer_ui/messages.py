@@ -10,6 +10,18 @@ from typing import Any
 
 ENGLISH: dict[str, str] = {
     "error_title": "Error",
+    "cancelled_title": "Cancelled",
+    "too_many_prompts": "{count} prompts given; one comparison runs at most {limit} (one per line).",
+    "too_many_values": "{count} values given for {what}; at most {limit}.",
+    "compare_pairs_summary": "Steers {intended} of {n} held-out prompts the intended way ({share:.0%}); {anti} against "
+                             "it; {flips} flip the sign of their margin within ±{top:.4g}; mean margin {margin:+.2f} "
+                             "nats at α = {alpha:.4g}; fluency {drop:+.2f} nats/token.",
+    "compare_summary": "{n} prompts at α = {alpha:.4g}: first-token KL {kl:.3f} nats on average; fluency {drop:+.2f} "
+                       "nats/token; distinct tokens {distinct:.0%}; concept score {concept} (standard deviations "
+                       "along the vector, steered text minus unsteered, read by the unsteered model).",
+    "compare_needs_pairs_chart": "Margins and steerability need pairs: tick \"Use the loaded dataset's held-out pairs\".",
+    "no_prompts": "Give some prompts (one per line), or compare on the loaded dataset's held-out pairs.",
+    "compare_needs_pairs": "Comparing on the dataset needs contrastive pairs (prompt, positive, negative): {detail}",
     "unexpected": "Something went wrong on the server (it is logged there). Your data and vectors are kept; try "
                   "again or change the input.",
     "no_model": "No model is loaded yet: load one in the Model tab.",

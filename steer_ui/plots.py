@@ -8,15 +8,19 @@ numbers and token strings are never translated.
 from __future__ import annotations
 
 import html
-from typing import Mapping
+import textwrap
+from typing import Mapping, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
 
 UNSTEERED_COLOR = "#7f8c9a"
 STEERED_COLOR = "#e8590c"
-UP_COLOR = "#2f9e44"
-DOWN_COLOR = "#c92a2a"
+# One colour language (issue #36): red = promoted, purple = suppressed, the colours gradio's HighlightedText gives
+# positive and negative scores, so the coloured steered text and every Δlogit chart read the same way.
+UP_COLOR = "#ef443c"
+DOWN_COLOR = "#805ad5"
+READABLE_COLOR = "#2f9e44"  # the dose-response chart's "readable" zone
 DIRECT_COLOR = "#1c7ed6"
 
 
@@ -52,17 +56,24 @@ def _glyph(ch: str) -> bool:
     return ch.isprintable() and ch not in "\u2581\ufffd" and unicodedata.category(ch) not in ("Co", "Cn", "Cs")
 
 
+MODEBAR_PX = 30  # plotly's toolbar row at the top: titles start below it, so it never covers their words
+
+
 def _layout(fig: go.Figure, title: str, height: int = 320, **kwargs) -> go.Figure:
-    top = 45 + 18 * title.count("<br>")  # room for every title line
-    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=height,
-                      margin=dict(l=50, r=20, t=top, b=40), template="plotly_white",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0), **kwargs)
+    top = MODEBAR_PX + 40 + 18 * title.count("<br>")  # room for the toolbar and every title line
+    # the legend goes under the chart: at the top right it sat under the toolbar and over long titles
+    fig.update_layout(title=dict(text=title, font=dict(size=14), yref="container", y=1 - MODEBAR_PX / height,
+                                 yanchor="top"),
+                      height=height, margin=dict(l=50, r=20, t=top, b=40), template="plotly_white",
+                      legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0.0), **kwargs)
     return fig
 
 
 def empty_figure(message: str = "", height: int = 260) -> go.Figure:
     """A blank chart with a centred note (used before there is anything to show)."""
     fig = go.Figure()
+    # plotly does not wrap annotations: a long note ran off both edges of a narrow chart
+    message = "<br>".join(textwrap.wrap(message, 44)) if message else message
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font=dict(size=13, color="#868e96"))
     fig.update_xaxes(visible=False)
@@ -135,8 +146,11 @@ def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_d
             detail += " — " + _label(labels, "exploded", "logits exploding")
         title += f"<br><sup>{detail}</sup>"
     fig.update_xaxes(title_text="Δlogit", zeroline=True, zerolinecolor="#495057")
-    fig.update_yaxes(type="category")
-    height = max(320, 16 * len(frame) + 90)
+    # every bar labelled: plotly drops every other category label when they crowd, so each gets its own tick and
+    # its own 18 px
+    fig.update_yaxes(type="category", tickmode="array", tickvals=list(frame.label), ticktext=list(frame.label),
+                     automargin=True)
+    height = max(320, 18 * len(frame) + 110)
     return _layout(fig, title, height=height)
 
 
@@ -204,12 +218,12 @@ def dose_response(frame: pd.DataFrame, current_alpha: float | None = None, alpha
                              mode="lines", line=dict(dash="dash", color="#868e96"), yaxis="y2"))
     zone = readable_zone(frame, alpha_column)
     if zone is not None:  # where the text stays readable: the slider's calibrated range lives here
-        fig.add_vrect(x0=zone[0], x1=zone[1], fillcolor=UP_COLOR, opacity=0.08, line_width=0, layer="below",
+        fig.add_vrect(x0=zone[0], x1=zone[1], fillcolor=READABLE_COLOR, opacity=0.08, line_width=0, layer="below",
                       annotation_text=_label(labels, "readable", f"KL ≤ {READABLE_KL:g} nats"),
                       annotation_position="top left")
     if current_alpha is not None:
         fig.add_vline(x=float(current_alpha), line=dict(color=STEERED_COLOR, width=2),
-                      annotation_text=f"α = {current_alpha:g}", annotation_position="top")
+                      annotation_text=f"α = {float(current_alpha):.4g}", annotation_position="top")
     fig.update_xaxes(title_text="α")
     return _layout(fig, _label(labels, "title", "Dose-response"),
                    yaxis2=dict(overlaying="y", side="right", title="max |Δlogit|", showgrid=False))
@@ -235,6 +249,37 @@ def probe_layers(frame: pd.DataFrame, best_layer: int | None = None, labels: Map
     fig.update_xaxes(title_text=_label(labels, "layer", "layer"), dtick=1)
     fig.update_yaxes(range=[0, 1.02])
     return _layout(fig, _label(labels, "title", "Per-layer probe (held-out)"))
+
+
+def margin_curves(alphas: Sequence[float], margins: Sequence[Sequence[float]], alpha: float | None = None,
+                  labels: Mapping[str, str] | None = None) -> go.Figure:
+    """Every prompt's margin log p(positive) − log p(negative) over α (thin lines) and their mean (thick)."""
+    fig = go.Figure()
+    for i, row in enumerate(margins):
+        fig.add_trace(go.Scatter(x=list(alphas), y=list(row), mode="lines", line=dict(color=UNSTEERED_COLOR, width=1),
+                                 opacity=0.45, showlegend=i == 0, name=_label(labels, "prompt", "one prompt"),
+                                 hovertemplate="α %{x:.4g}: %{y:.3f}<extra></extra>"))
+    if len(margins):
+        mean = [float(sum(col) / len(col)) for col in zip(*margins)]
+        fig.add_trace(go.Scatter(x=list(alphas), y=mean, mode="lines+markers", line=dict(color=STEERED_COLOR, width=4),
+                                 name=_label(labels, "mean", "mean")))
+    fig.add_hline(y=0, line=dict(color="#495057", width=1))
+    if alpha is not None:
+        fig.add_vline(x=float(alpha), line=dict(color=STEERED_COLOR, dash="dot"),
+                      annotation_text=f"α = {float(alpha):.4g}", annotation_position="top")
+    fig.update_xaxes(title_text="α")
+    fig.update_yaxes(title_text=_label(labels, "margin", "log p(positive) − log p(negative)"))
+    return _layout(fig, _label(labels, "title", "Margin over α, per prompt"), height=360)
+
+
+def slope_histogram(slopes: Sequence[float], labels: Mapping[str, str] | None = None) -> go.Figure:
+    """How many prompts steer the intended way (slope > 0, right of the line) and how many against it."""
+    # one colour: a bar may hold prompts on both sides of 0; the line at 0 splits intended from anti-steerable
+    fig = go.Figure(go.Histogram(x=list(slopes), nbinsx=max(5, min(30, len(slopes))), marker_color=STEERED_COLOR))
+    fig.add_vline(x=0, line=dict(color="#495057", width=2))
+    fig.update_xaxes(title_text=_label(labels, "slope", "steerability (margin per unit α)"))
+    fig.update_yaxes(title_text=_label(labels, "count", "prompts"))
+    return _layout(fig, _label(labels, "title", "Steerability of each prompt"), height=360)
 
 
 def training_curves(curves: pd.DataFrame, x: str = "epoch", labels: Mapping[str, str] | None = None) -> go.Figure:

@@ -11,9 +11,10 @@ from typing import Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from .plots import DIRECT_COLOR, DOWN_COLOR, STEERED_COLOR, UNSTEERED_COLOR, UP_COLOR, _label, _layout, _show_token
+from .plots import DIRECT_COLOR, READABLE_COLOR, STEERED_COLOR, UNSTEERED_COLOR, _label, _layout, _show_token
 
-FIXED_COLOR = UP_COLOR
+FIXED_COLOR = READABLE_COLOR
+WARN_COLOR = "#c92a2a"  # an exploded logit, the slow path: not a Δlogit sign, so not the promoted/suppressed pair
 
 
 def _tokens(frame: pd.DataFrame) -> list[str]:
@@ -102,7 +103,7 @@ def explosion_bars(exploded: Mapping[str, float], fixed: Mapping[str, float] | N
         return [max(abs(float(run[k])), floor) for k in keys]
 
     traces = [go.Bar(name=_label(labels, "exploded", "aligned vector"), x=x, y=values(exploded),
-                     marker_color=DOWN_COLOR, text=[f"{float(exploded[k]):.3g}" for k in keys], textposition="outside")]
+                     marker_color=WARN_COLOR, text=[f"{float(exploded[k]):.3g}" for k in keys], textposition="outside")]
     if fixed:
         traces.append(go.Bar(name=_label(labels, "fixed", "after the constraint"), x=x, y=values(fixed),
                              marker_color=FIXED_COLOR, text=[f"{float(fixed[k]):.3g}" for k in keys],
@@ -121,7 +122,7 @@ def constraint_curve(curve: pd.DataFrame, bound: float | None = None,
     fig = go.Figure()
     if len(curve):
         fig.add_trace(go.Scatter(x=curve["step"], y=curve["max_abs_delta_logit"].clip(lower=1e-3), mode="lines",
-                                 name=_label(labels, "max_delta", "max |Δlogit|"), line=dict(color=DOWN_COLOR)))
+                                 name=_label(labels, "max_delta", "max |Δlogit|"), line=dict(color=WARN_COLOR)))
         fig.add_trace(go.Scatter(x=curve["step"], y=curve["cosine"], mode="lines", yaxis="y2",
                                  name=_label(labels, "cosine", "cosine to the original"),
                                  line=dict(color=DIRECT_COLOR, dash="dot")))
@@ -172,7 +173,7 @@ def cache_timing_chart(steps: pd.DataFrame, labels: Mapping[str, str] | None = N
         go.Scatter(x=steps["step"], y=steps["with_cache_s"] * 1000, mode="lines+markers",
                    name=_label(labels, "with", "with cache"), line=dict(color=FIXED_COLOR)),
         go.Scatter(x=steps["step"], y=steps["without_cache_s"] * 1000, mode="lines+markers",
-                   name=_label(labels, "without", "without cache"), line=dict(color=DOWN_COLOR)),
+                   name=_label(labels, "without", "without cache"), line=dict(color=WARN_COLOR)),
     ])
     fig.update_xaxes(title_text=_label(labels, "step", "generated token"))
     fig.update_yaxes(title_text=_label(labels, "ms", "milliseconds per token"), rangemode="tozero")

@@ -45,6 +45,7 @@ from .guards import Guard
 from .limits import MAX_DELTA_LOGIT_LIMIT
 from .policy import DTYPES, Policy, device_allowed
 from .sessions import Session, Sessions, frame_bytes, vector_bytes
+from .store.library import PUBLIC_ID
 from .steering import steering_kind
 
 log = logging.getLogger(__name__)
@@ -312,7 +313,12 @@ class Service:
         ``client``, the caller's address where known, is what new sessions are admitted by; see
         :mod:`steer_ui.sessions` for who may get a new one and what is never evicted.
         """
-        return self.sessions.get(session, client)
+        s = self.sessions.get(session, client)
+        if s.owner is None and self.keeper.on and session is not None:
+            token = self.sessions.token_of(session)
+            if token:  # a tab whose session was let go comes back to its owner's work
+                self.keeper.claim(s, token, self._handle, issue=False)
+        return s
 
     def set_language(self, session: str | None, lang: str) -> str:
         s = self.session(session)
@@ -342,6 +348,11 @@ class Service:
     @property
     def keeps_work(self) -> bool:
         return self.keeper.on
+
+    def kept(self, session: str | None) -> bool:
+        """Whether the session's work outlives it (this server has a library and the session an owner)."""
+        s = self.sessions.peek(session)
+        return self.keeper.on and s is not None and s.owner is not None
 
     def share_vector(self, session: str | None, name: str) -> str:
         """Share the session's own kept vector ``name``: its unguessable share id (the same one each time)."""
@@ -443,6 +454,8 @@ class Service:
         kept = self.keeper.stored_vector(s, name, self.handle) if isinstance(name, str) else None
         if kept is not None:
             return kept
+        if self.keeper.on and isinstance(name, str) and PUBLIC_ID.match(name):  # every endpoint takes a share id
+            return self.get_vector(session, self.open_shared(session, name, s.client))  # its name in the session
         raise UserError("unknown_vector", name=str(name)[:80], known=", ".join(self.vector_names(session)[1:]) or
                         "none")
 
@@ -708,6 +721,92 @@ class Service:
         frame = frame.rename(columns={"alpha": "raw_alpha"})
         frame.insert(0, "alpha", alphas)
         return frame
+
+    def compare(self, session: str | None, prompts: Any = "", use_dataset: bool = False,
+                vector_name: str | None = None, layer: int | None = None, alpha: float = 0.0, relative: bool = True,
+                seed: int = 0, alpha_max: float = 1.0, sampling=None, progress=None, alphas=None,
+                positions: str | None = None) -> dict:
+        """One vector over many prompts (pasted, one per line, or the loaded dataset's held-out pairs): both
+        generations of every prompt from the shared decode batch, and per prompt and overall the numbers of
+        :mod:`steer_ui.steerability` (margins and steerability when the prompts come with pairs, over ``alphas``
+        or a grid over ±``alpha_max``)."""
+        from . import steerability
+        from .model.engine import EngineBusy
+        from .model.generation import Request
+        from .model.hooks import Steer
+
+        p = self.policy
+        flag = guards.flag(use_dataset, "use_dataset")
+        pairs = self._held_out_pairs(session) if flag else None
+        if flag:
+            texts = [pair.prompt for pair in pairs][: p.max_compare_prompts]
+            pairs = pairs[: p.max_compare_prompts]
+        else:
+            raw = guards.text(prompts, "prompts", p.max_prompt_chars * p.max_compare_prompts, allow_empty=True)
+            texts = [line.strip() for line in raw.splitlines() if line.strip()]
+            if len(texts) > p.max_compare_prompts:
+                raise UserError("too_many_prompts", count=len(texts), limit=p.max_compare_prompts)
+        if not texts:
+            raise UserError("no_prompts")
+        sampling = sampling or self.sampling()
+        needed = self.guard.texts(self.handle, texts, "prompt", rows=3, new_tokens=sampling.max_new_tokens)
+        alpha = self.guard.alpha(alpha)
+        top = abs(self.guard.alpha(alpha_max, "alpha_max"))
+        if top == 0:
+            raise UserError("number_not_positive", what="alpha_max", value="0")
+        steers = self.steers(session, vector_name, layer, alpha, relative, seed, positions)
+        unit = self.steers(session, vector_name, layer, 1.0, relative, seed, positions)
+        unit_steer = unit[0] if len(unit) == 1 and isinstance(unit[0], Steer) else None
+        scale = float(unit_steer.alpha.reshape(-1)[0]) if unit_steer is not None else 1.0
+        if alphas is not None and len(alphas):
+            if len(alphas) > p.max_sweep_points:
+                raise UserError("too_many_values", what="alphas", count=len(alphas), limit=p.max_sweep_points)
+            alphas = sorted({self.guard.alpha(a, "alphas") for a in alphas})
+        else:
+            alphas = steerability.alpha_grid(top)
+        alphas = alphas if pairs else None
+        if pairs and unit_steer is None:
+            raise UserError("sweep_unsupported")
+        engine = self.engine()
+        in_flight = max(1, min(p.compare_in_flight, p.batch_requests))
+        try:
+            requests = [Request.make(engine.handle, text, steers, sampling) for text in texts]
+        except _expected_errors() as exc:
+            raise UserError("generation_failed", detail=_first_line(exc)) from None
+        report = progress or (lambda _f, _m="": None)
+        with self.guard.reserve(needed.kv * in_flight):
+            try:
+                report(0.0, f"generating {len(texts)} prompts")
+                generated = steerability.generate_all(engine, requests, in_flight, texts)
+            except EngineBusy as exc:
+                raise UserError("busy", detail=_first_line(exc)) from None
+        # the teacher-forced passes: a prompt with a generation (3 rows' worth covers both texts), and a pair's
+        # completions with one row per α of the grid
+        reading = self.guard.texts(self.handle, texts, "prompt", rows=len(alphas or [0]) + 2,
+                                   new_tokens=sampling.max_new_tokens)
+        try:
+            with self.guard.reserve(reading):
+                out = steerability.compare(self.handle, generated, steers, unit_steer, scale, pairs, alphas, alpha,
+                                           progress=lambda f, m="": report(0.5 + f / 2, m))
+        except _expected_errors() as exc:
+            raise UserError("explore_failed", detail=_first_line(exc)) from None
+        out["summary"]["units"] = "relative" if relative else "raw"
+        return out
+
+    def _held_out_pairs(self, session: str | None) -> list:
+        """The loaded dataset's contrastive pairs in the held-out groups (the split training uses)."""
+        from .data.datasets import group_split
+        from .methods.l2s.pairs import as_pairs
+
+        s = self.session(session)
+        if s.dataset is None:
+            raise UserError("no_dataset")
+        try:
+            pairs = as_pairs(s.dataset)
+            _train, test = group_split([pair.group for pair in pairs])
+        except _expected_errors() as exc:
+            raise UserError("compare_needs_pairs", detail=_first_line(exc)) from None
+        return [pairs[i] for i in test]
 
     # ================================================================== data
     @staticmethod

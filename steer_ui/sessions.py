@@ -6,6 +6,9 @@ These rules hold whatever a stranger sends:
 * **Admission.** A new session costs a token from its client address's bucket
   (``policy.new_sessions_burst`` at once, refilled at ``policy.new_sessions_per_minute``), so a flood
   of fresh ids from one address is refused "busy" after the burst, and honest sessions are untouched.
+* **Owners' work is in the library** (steer_ui/keeping.py): a session bound to an owner holds nothing that
+  eviction could lose, so it is let go like an empty one, and the same tab's next call is bound to its owner
+  again (its token is remembered).
 * **Eviction never takes work.** When ``policy.max_sessions`` are kept (or ``policy.sessions_per_address``
   from the newcomer's address), a newcomer takes the place of the least recently used *empty* session
   (no dataset, no vectors, no job or generation running, no call for ``policy.session_grace_seconds``)
@@ -31,6 +34,7 @@ from .messages import UserError
 from .policy import ANONYMOUS_PREFIX, MAX_ANONYMOUS, Policy
 
 MAX_ADDRESSES = 4096  # client addresses whose admission buckets are remembered (the fullest are dropped)
+MAX_REMEMBERED = 16384  # owner tokens of sessions let go, so a returning tab finds its owner (oldest dropped)
 
 
 def vector_bytes(vector) -> int:
@@ -67,8 +71,10 @@ class Session:
 
     @property
     def holds_work(self) -> bool:
-        """Something its owner would lose: data, vectors, or a job or generation under way."""
-        return self.dataset is not None or bool(self.vectors) or self.running or self.generating > 0
+        """Something its visitor would lose: a job or generation under way, or (when no library keeps them for an
+        owner) data or vectors."""
+        unkept = self.owner is None and (self.dataset is not None or bool(self.vectors))
+        return unkept or self.running or self.generating > 0
 
     @property
     def held_bytes(self) -> int:
@@ -102,6 +108,8 @@ class Sessions:
         self._evicted: "OrderedDict[str, None]" = OrderedDict()  # ids whose owner is told once that work is gone
         self._anonymous: "OrderedDict[str, Session]" = OrderedDict()
         self._buckets: "OrderedDict[str, _Bucket]" = OrderedDict()
+        # the owner tokens of sessions no longer kept, so the same tab comes back to its owner's work
+        self._tokens: "OrderedDict[str, str]" = OrderedDict()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lookup
@@ -136,6 +144,18 @@ class Sessions:
                 self._kept.move_to_end(session)
             s.touched = now
             return s
+
+    def token_of(self, session: str | None) -> str:
+        """The owner token a session had before it was let go (its next session is bound to it again)."""
+        with self._lock:
+            return self._tokens.get(session or "", "")
+
+    def _remember(self, session: str, s: Session) -> None:
+        if s.owner_token:
+            self._tokens[session] = s.owner_token
+            self._tokens.move_to_end(session)
+            while len(self._tokens) > MAX_REMEMBERED:
+                self._tokens.popitem(last=False)
 
     def peek(self, session: str | None) -> Session | None:
         """The kept session ``session`` if there is one; never makes or admits one."""
@@ -177,7 +197,7 @@ class Sessions:
                 if client is not None:
                     self._buckets[client].tokens += 1.0  # not admitted: the attempt costs no admission token
                 raise UserError(refusal, limit=limit)
-            self._kept.pop(victim)  # empty: nothing of its owner's is lost, so nobody is told
+            self._remember(victim, self._kept.pop(victim))  # nothing of its owner's is lost, so nobody is told
 
     def _expire_idle(self, now: float) -> None:
         idle = [k for k, v in self._kept.items() if not v.running and not v.generating
@@ -187,6 +207,7 @@ class Sessions:
 
     def _forget(self, session: str, s: Session) -> None:
         self._kept.pop(session, None)
+        self._remember(session, s)
         if s.holds_work:
             self._evicted[session] = None
             while len(self._evicted) > 4 * self.policy.max_sessions:

@@ -119,10 +119,11 @@ class NextTokenView:
         return self.likely_max_abs_delta_logit > EXPLOSION_THRESHOLD
 
     def as_dict(self) -> dict:
-        records = lambda f: [] if f is None else f.drop(columns="token_id").to_dict("records")  # noqa: E731
+        records = lambda f: [] if f is None else f.to_dict("records")  # noqa: E731
         return {
-            "unsteered": self.unsteered[["token", "prob"]].to_dict("records"),
-            "steered": self.steered[["token", "prob"]].to_dict("records"),
+            # token ids too: the bars pair each token's two probabilities by id (a saved result redraws them)
+            "unsteered": self.unsteered[["token", "token_id", "prob"]].to_dict("records"),
+            "steered": self.steered[["token", "token_id", "prob"]].to_dict("records"),
             "kl": self.kl, "entropy_unsteered": self.entropy_unsteered, "entropy_steered": self.entropy_steered,
             "max_abs_delta_logit": self.max_abs_delta_logit, "max_delta_token": self.max_delta_token,
             "promoted": records(self.promoted), "suppressed": records(self.suppressed),
@@ -327,29 +328,50 @@ def vocab_projection(handle, vector: torch.Tensor, top_k: int = 15) -> pd.DataFr
     })
 
 
+@dataclass
+class TeacherForced:
+    """An answer read after a prompt: its token ids, their (rows, n) log-probabilities, and (when asked) the
+    (rows, n, width) residual at one block's output over the answer's positions."""
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    residual: torch.Tensor | None = None
+
+
+def teacher_forced(handle, prompt: str, answer: str, steers: Sequence[Steer] = (), rows: int = 1,
+                   record: int | None = None) -> TeacherForced:
+    """Teacher-forced log-probability of each token of ``answer`` after ``prompt`` in ``rows`` batch rows, row r
+    steered with each steer's r-th α (answer tokens count as generated positions); ``record``: also keep the
+    residual at that block's output over the answer (what the model reads the answer as)."""
+    from .capture import recording
+
+    p_ids = encode_prompt(handle, prompt)
+    a_ids = handle.tokenizer(answer, add_special_tokens=False, return_tensors="pt").input_ids
+    if a_ids.shape[1] == 0:
+        raise ValueError("the answer is empty")
+    n = a_ids.shape[1]
+    ids = torch.cat([p_ids, a_ids], dim=1).to(handle.input_device).expand(rows, -1)
+    with torch.inference_mode(), steering(handle, list(steers), StepState(prompt_len=p_ids.shape[1])), \
+            recording(handle, [] if record is None else [record]) as store:
+        out = handle.model.base_model(input_ids=ids, use_cache=False)
+        hidden = out.last_hidden_state[:, -n - 1:-1, :]
+        logits = torch.stack([handle.arch.logits(hidden[r]) for r in range(rows)])
+    lp = logits.log_softmax(-1)[:, torch.arange(n), a_ids[0].to(logits.device)].float().cpu()
+    residual = store[record][:, -n:, :].float().cpu() if record is not None else None
+    return TeacherForced(token_ids=a_ids[0], logprobs=lp, residual=residual)
+
+
 def score_answer(handle, prompt: str, answer: str, steers: Sequence[Steer]) -> pd.DataFrame:
     """Teacher-forced log-probability of each answer token after ``prompt``, unsteered vs steered.
 
     Answer tokens count as generated positions.  ``frame.attrs['nats_shifted']``
     is the total change in answer log-probability.
     """
-    p_ids = encode_prompt(handle, prompt)
-    a_ids = handle.tokenizer(answer, add_special_tokens=False, return_tensors="pt").input_ids
-    if a_ids.shape[1] == 0:
-        raise ValueError("the answer is empty")
-    ids = torch.cat([p_ids, a_ids], dim=1).to(handle.input_device).expand(2, -1)
     rows = [s.with_alpha(torch.stack([torch.zeros(()), s.scalar_alpha])) for s in steers]
-    with torch.inference_mode(), steering(handle, rows, StepState(prompt_len=p_ids.shape[1])):
-        out = handle.model.base_model(input_ids=ids, use_cache=False)
-        n = a_ids.shape[1]
-        hidden = out.last_hidden_state[:, -n - 1:-1, :]
-        logits = torch.stack([handle.arch.logits(hidden[r]) for r in range(2)])
-    logp = logits.log_softmax(-1)
-    targets = a_ids[0]
-    lp = logp[:, torch.arange(n), targets]
+    read = teacher_forced(handle, prompt, answer, rows, rows=2)
+    lp = read.logprobs
     frame = pd.DataFrame({
-        "position": range(n),
-        "token": _decode_ids(handle, targets),
+        "position": range(lp.shape[1]),
+        "token": _decode_ids(handle, read.token_ids),
         "logprob_unsteered": lp[0].tolist(),
         "logprob_steered": lp[1].tolist(),
     })

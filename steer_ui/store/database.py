@@ -199,6 +199,11 @@ class Database:
             size, count = self.rows("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM items WHERE owner = ?", (owner,))[0]
         return int(size), int(count)
 
+    def drop_empty_owners(self, seen_before: float) -> None:
+        with self.transaction() as cur:
+            cur.execute("DELETE FROM owners WHERE seen < ? AND token_hash NOT IN "
+                        "(SELECT owner FROM items WHERE owner IS NOT NULL)", (seen_before,))
+
     def idle_owners(self, seen_before: float) -> list[str]:
         return [r[0] for r in self.rows("SELECT token_hash FROM owners WHERE seen < ? ORDER BY seen", (seen_before,))]
 

@@ -126,13 +126,29 @@ class Library:
                        if not i["share_id"] and not i["listed"]), key=lambda i: i["touched"])
 
     def housekeeping(self) -> int:
-        """Remove the removable items of owners not seen for ``policy.owner_idle_days``; how many went."""
+        """Remove the removable items of owners not seen for ``policy.owner_idle_days``, and owners who keep
+        nothing and have not come back for a day (a page opened once); how many items went."""
         gone = 0
         for owner in self.db.idle_owners(time.time() - self.policy.owner_idle_days * DAY):
             doomed = [i["item_id"] for i in self._removable(owner)]
             self.db.delete_items(doomed)
             gone += len(doomed)
+        self.db.drop_empty_owners(time.time() - DAY)
         return gone
+
+    def keep_tidy(self, every_seconds: float = 6 * 3600.0) -> threading.Thread:
+        """Run :meth:`housekeeping` now and then every ``every_seconds`` in a daemon thread (an app process)."""
+        def run():
+            while True:
+                try:
+                    self.housekeeping()
+                except Exception:  # noqa: BLE001 - a failed round is tried again at the next
+                    pass
+                time.sleep(every_seconds)
+
+        thread = threading.Thread(target=run, name="steer_ui-library-housekeeping", daemon=True)
+        thread.start()
+        return thread
 
     # ---------------------------------------------------------------- reading
     def items(self, owner: str | None, kind: str, model: str | None = None) -> list[dict]:

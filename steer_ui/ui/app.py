@@ -14,7 +14,8 @@ from . import fair_queue, i18n, library_ui, request_guard
 from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
-from .explore_tab import DEFAULT_PROMPT, build_explore_tab
+from .compare_tab import build_compare_tab
+from .explore_tab import DEFAULT_PROMPT, alpha_slider, build_explore_tab
 from .export_tab import build_export_tab
 from .model_tab import build_model_tab, model_view, status_markdown
 from .train_tab import build_train_tab
@@ -22,8 +23,34 @@ from .url_state import ExploreState, from_query
 
 log = logging.getLogger("steer_ui.ui")
 
+# Text at WCAG AA contrast on the light theme (issue #36: help text was rgb(187,187,194) on white, 1.9:1; white on
+# the orange buttons 2.8:1; the JSON viewer's colours 2-3:1).  tests/browser/contrast_kit.py measures it.
 CSS = """
-#alpha-slider input[type=range] { accent-color: #e8590c; }
+body:not(.dark) .gradio-container {
+  --block-info-text-color: #5b5b66; --body-text-color-subdued: #5b5b66;
+  --color-accent: #c2410c; --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412;
+  --button-primary-border-color: #c2410c; --button-cancel-background-fill: #b91c1c;
+  --button-cancel-background-fill-hover: #991b1b; --button-cancel-border-color: #b91c1c;
+}
+body:not(.dark) .gradio-container span.key { color: #8a3a0c; }
+body:not(.dark) .gradio-container span.value { color: #7c2d12; }
+body:not(.dark) .gradio-container span.value.number { color: #1e5468; }
+body:not(.dark) .gradio-container span.punctuation { color: #3f5050; }
+#alpha-slider input[type=range] { accent-color: #c2410c; }
+/* Explore (issue #36): controls left, outputs right with the generations first on a wide screen; one column on a
+   phone with prompt, vector and α, then the outputs with the bars first, then the other controls */
+#explore-main { display: grid !important; grid-template-columns: minmax(300px, 1fr) minmax(0, 2fr);
+                grid-template-rows: auto 1fr; gap: var(--layout-gap); align-items: start; }
+#explore-essentials { grid-column: 1; grid-row: 1; }
+#explore-controls { grid-column: 1; grid-row: 2; }
+#explore-outputs { grid-column: 2; grid-row: 1 / span 2; }
+@media (max-width: 760px) {
+  #explore-main { grid-template-columns: minmax(0, 1fr); }
+  #explore-essentials, #explore-controls, #explore-outputs { grid-column: 1; }
+  #explore-essentials { grid-row: 1; } #explore-outputs { grid-row: 2; } #explore-controls { grid-row: 3; }
+  #explore-outputs { display: flex; flex-direction: column; }
+  #explore-charts { order: -2; } #explore-readout { order: -1; }
+}
 #explore-readout { min-height: 2.5em; }
 .steer-header { align-items: center; }
 """
@@ -56,6 +83,8 @@ def fan_out(fn, copies: int):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)
+        if isinstance(out, dict):  # a refusal on the page: gr.skip() or only its status line
+            return out
         # one copy per output: gradio consumes update dicts while post-processing them
         return tuple(out[:-1]) + tuple(copy.deepcopy(out[-1]) for _ in range(copies))
 
@@ -88,6 +117,8 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                 train = build_train_tab(backend, num_layers)
             with gr.Tab(T("tab.explore"), id="explore") as tabs["tab.explore"]:
                 explore = build_explore_tab(backend, num_layers)
+            with gr.Tab(T("tab.compare"), id="compare") as tabs["tab.compare"]:
+                build_compare_tab(backend, explore)
             with gr.Tab(T("tab.concepts"), id="concepts") as tabs["tab.concepts"]:
                 build_concepts_tab(backend)
             with gr.Tab(T("tab.detect"), id="detect") as tabs["tab.detect"]:
@@ -112,7 +143,11 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                                              settings=guards.settings_json(settings))
             except Exception as exc:
                 raise as_gr_error(backend, request, exc) from None
-            return {"vector": name, "report": result, "vectors": backend.vector_names(sid(request))}
+            out = {"vector": name, "report": result, "vectors": backend.vector_names(sid(request)),
+                   "kept": backend.kept(sid(request))}
+            if not out["kept"]:  # an API client without X-Steer-Owner: say so where it will read it
+                out["note"] = i18n.message(backend.language(sid(request)), "work_not_kept")
+            return out
 
         def methods_api() -> list:
             """Every registered method with its settings: name, type, default, bounds, help."""
@@ -201,10 +236,10 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                 banner_text += "\n\n" + i18n.plain(notice)
             if not backend.keeps_work:
                 banner_text += "\n\n" + i18n.message(lang_, "work_not_kept")
-            top = state.alpha_max
+            top, step = alpha_slider(state.alpha_max)
             return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
                     gr.update(choices=choices, value=state.vector), picker, picker,
-                    state.prompt, gr.update(minimum=-top, maximum=top, step=top / 100, value=state.alpha), top,
+                    state.prompt, gr.update(minimum=-top, maximum=top, step=step, value=state.alpha), state.alpha_max,
                     state.relative, state.seed, linked["vector_ref"], gr.update(visible=linked["run_live"]))
 
         page_outputs = [banner, explore.layer, train.layer] + vector_pickers + [

@@ -62,29 +62,58 @@ def _find_request(args, kwargs) -> gr.Request | None:
     return None
 
 
-def as_gr_error(backend, request, exc: BaseException) -> gr.Error:
+def refusal_line(backend, request, exc: BaseException) -> str:
     """One plain line in the session's language: a refusal as written, anything else as "something went wrong"
     (its traceback goes to the server log, never to the visitor: it may name files or internals)."""
-    lang = lang_of(backend, request)
-    title = i18n.message(lang, "error_title")
     if isinstance(exc, gr.Error):
-        return exc
+        return str(exc.message)
+    lang = lang_of(backend, request)
     if isinstance(exc, UserError):
         text = i18n.message(lang, exc.key, **exc.params)
     else:
         log.error("unexpected error in the app", exc_info=exc)
         text = i18n.message(lang, "unexpected")
+    return text.splitlines()[0] if text else text
+
+
+def as_gr_error(backend, request, exc: BaseException) -> gr.Error:
+    """The refusal as a gr.Error: what an API client receives."""
+    if isinstance(exc, gr.Error):
+        return exc
     # the toast renders HTML: user file names and token strings must not become markup (quotes stay as they
     # are, so an API client reads plain text)
-    return gr.Error(html.escape(text.splitlines()[0] if text else text, quote=False), title=title,
-                    print_exception=False)
+    return gr.Error(html.escape(refusal_line(backend, request, exc), quote=False),
+                    title=i18n.message(lang_of(backend, request), "error_title"), print_exception=False)
 
 
-def handler(backend):
-    """Decorator: turn UserError (and any crash) into a plain gr.Error in the session's language.
+def from_page(request: gr.Request | None) -> bool:
+    """Whether a call comes from the page in a browser rather than an API client: gradio's page marks its calls
+    ``x-gradio-user: app`` (gradio_client sends ``api``; raw HTTP clients nothing).  A client that pretends to be
+    the page only changes how its own refusals are shown to it."""
+    headers = getattr(request, "headers", None)
+    return headers is not None and headers.get("x-gradio-user") == "app"
 
-    Works for plain functions and generators; keeps the signature so gradio
-    still injects ``gr.Request`` and ``gr.Progress``.
+
+def _refused_on_page(backend, request, exc: BaseException, status):
+    """A refusal on the page touches one line: a toast (info for a cancelled job, a warning otherwise) and the
+    tab's status line; every other output keeps what it showed (a raised gr.Error would mark all of them as
+    failed, which is what made unrelated pickers and tables turn into red "Error" pills)."""
+    line = refusal_line(backend, request, exc)
+    lang = lang_of(backend, request)
+    if isinstance(exc, UserError) and exc.key == "job_cancelled":
+        gr.Info(html.escape(line, quote=False), title=i18n.message(lang, "cancelled_title"))
+    else:
+        gr.Warning(html.escape(line, quote=False), title=i18n.message(lang, "error_title"))
+    return {status: i18n.plain(line)} if status is not None else gr.skip()
+
+
+def handler(backend, status=None):
+    """Decorator: turn UserError (and any crash) into one plain line in the session's language.
+
+    An API client gets it as the call's error (gr.Error); the page gets it as a toast and, when ``status`` (a
+    component among the event's outputs) is given, in that status line, with every other output untouched.
+    Works for plain functions and generators; keeps the signature so gradio still injects ``gr.Request`` and
+    ``gr.Progress``.
     """
 
     def wrap(fn):
@@ -95,7 +124,9 @@ def handler(backend):
                 try:
                     yield from fn(*args, **kwargs)
                 except Exception as exc:
-                    raise as_gr_error(backend, request, exc) from None
+                    if not from_page(request):
+                        raise as_gr_error(backend, request, exc) from None
+                    yield _refused_on_page(backend, request, exc, status)
             return gen
 
         @functools.wraps(fn)
@@ -104,7 +135,9 @@ def handler(backend):
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
-                raise as_gr_error(backend, request, exc) from None
+                if not from_page(request):
+                    raise as_gr_error(backend, request, exc) from None
+                return _refused_on_page(backend, request, exc, status)
         return call
 
     return wrap

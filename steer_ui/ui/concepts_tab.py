@@ -172,7 +172,8 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
         lm_facts = gr.Markdown(elem_id="concepts-lm-facts")
         with gr.Row():
             lm_hist = gr.Plot(label=T("concepts.lm_head.histogram"), elem_id="concepts-lm-hist")
-            lm_extremes = gr.Dataframe(label=T("concepts.lm_head.extremes"), interactive=False, wrap=True)
+            lm_extremes = gr.Dataframe(label=T("concepts.lm_head.extremes"), interactive=False, wrap=True,
+                                       headers=["which", "rank", "token", "token_id", "norm"])
 
     # 2 · sampling
     with gr.Accordion(T("concepts.sampling.title"), open=True):
@@ -199,7 +200,8 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
                 s_sample_summary = gr.Markdown(elem_id="concepts-sample-summary")
                 s_sample_chart = gr.Plot(label=T("concepts.sampling.sample_chart"), elem_id="concepts-sample-chart")
         with gr.Accordion(T("concepts.sampling.table"), open=False):
-            s_table = gr.Dataframe(interactive=False, wrap=True)
+            s_table = gr.Dataframe(interactive=False, wrap=True, headers=["rank", "token", "token_id", "logit", "prob",
+                                                                          "logit_penalised", "prob_penalised"])
 
     # 3 · the logit explosion and its fix
     with gr.Accordion(T("concepts.explosion.title"), open=True):

@@ -46,6 +46,7 @@ def build_data_tab(backend: Service) -> DataTab:
     summary = gr.Markdown(T("data.empty"), elem_id="data-summary")
     with gr.Row():
         preview = gr.Dataframe(label=T("data.preview"), interactive=False, wrap=True, elem_id="data-preview",
+                               headers=["prompt", "label"],
                                max_height=420, scale=2)
         balance = gr.Plot(label=T("data.balance"), scale=1)
     with gr.Accordion(T("data.details"), open=False):

@@ -53,7 +53,8 @@ def build_detect_tab(backend: Service) -> DetectTab:
             detect_btn = gr.Button(T("detect.run"), variant="primary", elem_id="detect-btn")
         with gr.Column(scale=2):
             summary = gr.Markdown(T("detect.empty"), elem_id="detect-summary")
-            scores = gr.Dataframe(label=T("detect.scores"), interactive=False, wrap=True)
+            scores = gr.Dataframe(label=T("detect.scores"), interactive=False, wrap=True,
+                                  headers=["prompt", "answer", "score"])
             histogram = gr.Plot(label=T("detect.histogram"))
             with gr.Accordion(T("detect.details"), open=False):
                 details = gr.JSON()

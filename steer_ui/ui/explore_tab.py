@@ -9,6 +9,7 @@ Wiring (the reason this tab feels live on a CPU):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import gradio as gr
@@ -26,6 +27,19 @@ MAX_LAYERS = 128
 # The steered-token colour saturates at this |Δlogit|; a fixed scale keeps runs comparable.
 COLOUR_SCALE = 5.0
 EXTEND = 5.0  # "extend range" shows this many times the calibrated α max: room to see the explosion
+SLIDER_STEPS = 100  # about this many steps on each side of α = 0
+
+
+def alpha_slider(top: float) -> tuple[float, float]:
+    """(end, step) of a slider spanning about ±``top``: the step is 1, 2 or 5 × 10^k and the end a whole number
+    of steps, so the slider's positions (Chromium steps in decimal from its minimum) are exact short decimals
+    and its centre is exactly 0; the end is at least ``top`` (with −top + 100·top/100 it was ±1e-16, and α showed as 0.0749279999999999)."""
+    top = abs(float(top)) if math.isfinite(float(top)) and float(top) != 0 else 1.0
+    raw = top / SLIDER_STEPS
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * 0.999)
+    step = float(f"{step:.3g}")
+    return float(f"{max(1, math.ceil(top / step - 1e-9)) * step:.12g}"), step
 
 
 @dataclass
@@ -113,11 +127,35 @@ def highlighted(frame) -> list[tuple[str, float | None]]:
 
 def build_explore_tab(backend: Service, num_layers: int | None = None) -> ExploreTab:
     layers = num_layers or MAX_LAYERS
-    with gr.Row():
-        with gr.Column(scale=1, min_width=320):
-            prompt = gr.Textbox(value=DEFAULT_PROMPT, lines=3, label=T("explore.prompt"), elem_id="explore-prompt")
+    # Three blocks laid out by CSS grid (app.py's CSS): on a wide screen the controls (essentials, then the rest)
+    # on the left and the outputs on the right, generations first, so both generations are on the first screen;
+    # on a phone one column: prompt, vector and α, then the bars, then the rest, so the slider and the bars it
+    # moves fit one screen while dragging.
+    with gr.Row(elem_id="explore-main"):
+        with gr.Column(min_width=300, elem_id="explore-essentials"):
+            prompt = gr.Textbox(value=DEFAULT_PROMPT, lines=2, label=T("explore.prompt"), elem_id="explore-prompt")
             vector = gr.Dropdown(choices=[RANDOM], value=RANDOM, allow_custom_value=True, label=T("explore.vector"),
                                  info=T("explore.vector_info"), elem_id="explore-vector")
+            alpha = AlphaSlider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.alpha"), info=T("explore.alpha_info"),
+                                elem_id="alpha-slider")
+            with gr.Row():
+                generate_btn = gr.Button(T("explore.generate"), variant="primary", elem_id="generate-btn")
+                sweep_btn = gr.Button(T("explore.sweep"), elem_id="sweep-btn")
+        with gr.Column(min_width=300, elem_id="explore-outputs"):
+            with gr.Row(equal_height=True, elem_id="explore-generations"):
+                unsteered = gr.Textbox(label=T("explore.unsteered"), lines=5, interactive=False,
+                                       elem_id="unsteered-text")
+                steered = gr.HighlightedText(label=T("explore.steered"), show_legend=False, combine_adjacent=False,
+                                             elem_id="steered-text")
+            token_detail = gr.Markdown(T("explore.token_hint"), elem_id="explore-token-detail")
+            readout = gr.Markdown(T("explore.readout_empty"), elem_id="explore-readout")
+            with gr.Row(elem_id="explore-charts"):
+                bars = gr.Plot(label=T("explore.bars"), elem_id="next-token-bars")
+                with gr.Column():
+                    delta = gr.Plot(label=T("explore.delta"), elem_id="delta-logit")
+                    whole_vocabulary = gr.Checkbox(value=False, label=T("explore.whole_vocabulary"),
+                                                   elem_id="delta-whole-vocabulary")
+        with gr.Column(min_width=300, elem_id="explore-controls"):
             with gr.Row():
                 layer = gr.Slider(0, layers - 1, value=(num_layers or 12) // 2, step=1, label=T("explore.layer"),
                                   elem_id="explore-layer")
@@ -125,8 +163,6 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             with gr.Row():
                 relative = gr.Checkbox(value=True, label=T("explore.relative"), info=T("explore.relative_info"))
                 alpha_max = gr.Number(value=1.0, minimum=0.001, maximum=1e6, label=T("explore.alpha_max"), min_width=90)
-            alpha = AlphaSlider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.alpha"), info=T("explore.alpha_info"),
-                              elem_id="alpha-slider")
             with gr.Row():
                 extend = gr.Checkbox(value=False, label=T("explore.extend"), info=T("explore.extend_info"),
                                      elem_id="alpha-extend")
@@ -151,28 +187,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                     seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.seed"))
                 delta_limit = gr.Number(value=None, minimum=0, label=T("explore.delta_limit"),
                                         info=T("explore.delta_limit_info"), elem_id="delta-limit")
-            with gr.Row():
-                generate_btn = gr.Button(T("explore.generate"), variant="primary", elem_id="generate-btn")
-                sweep_btn = gr.Button(T("explore.sweep"), elem_id="sweep-btn")
             target = gr.Textbox(label=T("explore.target"), info=T("explore.target_info"), max_lines=1)
-        with gr.Column(scale=2):
-            readout = gr.Markdown(T("explore.readout_empty"), elem_id="explore-readout")
-            with gr.Row():
-                bars = gr.Plot(label=T("explore.bars"), elem_id="next-token-bars")
-                with gr.Column():
-                    delta = gr.Plot(label=T("explore.delta"), elem_id="delta-logit")
-                    whole_vocabulary = gr.Checkbox(value=False, label=T("explore.whole_vocabulary"),
-                                                   elem_id="delta-whole-vocabulary")
-    with gr.Row(equal_height=True):
-        unsteered = gr.Textbox(label=T("explore.unsteered"), lines=5, interactive=False, elem_id="unsteered-text")
-        steered = gr.HighlightedText(label=T("explore.steered"), show_legend=False, combine_adjacent=False,
-                                     elem_id="steered-text")
-    token_detail = gr.Markdown(T("explore.token_hint"))
     with gr.Row():
         per_token = gr.Plot(label=T("explore.per_token"), elem_id="per-token-delta")
         dose = gr.Plot(label=T("explore.dose"), elem_id="dose-response")
     with gr.Accordion(T("explore.raw"), open=False):
-        tokens = gr.Dataframe(label=T("explore.tokens"), interactive=False, wrap=True, elem_id="token-table")
+        tokens = gr.Dataframe(label=T("explore.tokens"), interactive=False, wrap=True, elem_id="token-table",
+                              headers=["position", "token", "logprob", "delta_logit", "direct_delta_logit"])
         details = gr.JSON(label=T("explore.details"))
 
     tab = ExploreTab(prompt=prompt, vector=vector, layer=layer, vector_seed=vector_seed, relative=relative,
@@ -190,10 +211,10 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         view = backend.next_token(session, prompt, vector, layer, alpha, relative, vector_seed)
         bars_fig = plots.next_token_bars(view.unsteered, view.steered, labels=_plot_labels(lang, "bars"))
         if float(alpha or 0) == 0:  # nothing moved: say so rather than rank arbitrary zero-change tokens
-            delta_fig = plots.empty_figure(i18n.message(lang, "no_steering"))
-        else:
-            delta_fig = delta_figure(lang, view, bool(whole_vocabulary))
-        return bars_fig, delta_fig, readout_markdown(lang, view), view.as_dict()
+            nothing = i18n.message(lang, "no_steering")
+            return bars_fig, plots.empty_figure(nothing), nothing, view.as_dict()
+        return bars_fig, delta_figure(lang, view, bool(whole_vocabulary)), readout_markdown(lang, view), \
+            view.as_dict()
 
     @handler(backend)
     def generate(prompt, vector, layer, alpha, relative, vector_seed, greedy, temperature, top_k, top_p, repetition,
@@ -212,25 +233,30 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                    else plots.empty_figure(i18n.message(lang, "no_tokens")))
             yield frame.unsteered_text, highlighted(frame), fig, table(tokens_frame), frame.as_dict()
 
-    def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target):
-        return (prompt, vector, int(layer), bool(relative), int(vector_seed or 0), float(alpha_max), target or "")
+    def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended):
+        return (prompt, vector, int(layer), bool(relative), int(vector_seed or 0), float(alpha_max), target or "",
+                bool(extended))
 
     @handler(backend)
-    def sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, request: gr.Request):
+    def sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False,
+              request: gr.Request = None):
+        """The dose-response over the slider's whole range (the extended one when *Extend range* is on)."""
         session = sid(request)
-        frame = backend.sweep(session, prompt, vector, layer, alpha_max, relative, vector_seed, target=target or None)
+        top = backend.guard.alpha(alpha_max) * (EXTEND if extended else 1.0)
+        frame = backend.sweep(session, prompt, vector, layer, top, relative, vector_seed, target=target or None)
         backend.session(session).cache["sweep"] = (_sweep_key(prompt, vector, layer, relative, vector_seed,
-                                                              alpha_max, target), frame)
+                                                              alpha_max, target, extended), frame)
         labels = _plot_labels(lang_of(backend, request), "dose")
         return plots.dose_response(frame, current_alpha=backend.guard.alpha(alpha), labels=labels), table(frame)
 
     @handler(backend)
-    def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, request: gr.Request):
+    def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False,
+                   request: gr.Request = None):
         """Re-mark α on the cached dose-response; recompute only when the inputs changed."""
         cached = backend.session(sid(request)).cache.get("sweep")
-        key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target)
+        key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended)
         if cached is None or cached[0] != key:
-            return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, request)[0]
+            return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, request)[0]
         labels = _plot_labels(lang_of(backend, request), "dose")
         return plots.dose_response(cached[1], current_alpha=backend.guard.alpha(alpha), labels=labels)
 
@@ -241,11 +267,11 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             top = abs(float(alpha_max))
         except (TypeError, ValueError):
             top = 1.0
-        top = (top if top > 0 else 1.0) * (EXTEND if extended else 1.0)
+        top, step = alpha_slider((top if top > 0 else 1.0) * (EXTEND if extended else 1.0))
         value = float(alpha or 0.0)
         if abs(value) <= top:  # leave α alone: a page load may set α and its range in the same update
-            return gr.update(minimum=-top, maximum=top, step=top / 100)
-        return gr.update(minimum=-top, maximum=top, step=top / 100, value=max(-top, min(top, value)))
+            return gr.update(minimum=-top, maximum=top, step=step)
+        return gr.update(minimum=-top, maximum=top, step=step, value=max(-top, min(top, value)))
 
     @handler(backend)
     def pick_vector(prompt, vector, layer, vector_seed, request: gr.Request):
@@ -284,7 +310,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     nt_inputs = tab.next_token_inputs
     sampling_inputs = [greedy, temperature, top_k, top_p, repetition, max_tokens, seed, delta_limit]
     gen_outputs = [unsteered, steered, per_token, tokens, details]
-    sweep_inputs = steering_inputs + [alpha_max, target]
+    sweep_inputs = steering_inputs + [alpha_max, target, extend]
 
     alpha.input(next_token, nt_inputs, nt_outputs, api_name="next_token", trigger_mode="always_last",
                 show_progress="hidden", **SLIDER)
@@ -293,25 +319,41 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         .then(mark_alpha, sweep_inputs, [dose], api_name="mark_alpha", api_visibility="undocumented",
               show_progress="hidden", **EXPLORE)
     generate_btn.click(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate", **EXPLORE)
+    # every panel shows the controls' settings: Generate also redraws the bars and readout for the prompt typed
+    generate_btn.click(next_token, nt_inputs, nt_outputs, api_name="next_token_on_generate",
+                       api_visibility="undocumented", show_progress="hidden", **SLIDER)
+    # a typed α fires release on leaving the box but no input event: the bars follow it here
+    alpha.release(next_token, nt_inputs, nt_outputs, api_name="next_token_on_release", api_visibility="undocumented",
+                  trigger_mode="always_last", show_progress="hidden", **SLIDER)
     sweep_btn.click(sweep, sweep_inputs, [dose, tokens], api_name="sweep", **EXPLORE)
     prompt.submit(next_token, nt_inputs, nt_outputs, api_name="next_token_on_submit",
                   api_visibility="undocumented", **SLIDER) \
         .then(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_submit",
               api_visibility="undocumented", **EXPLORE)
     # layer: on release only (pick_vector moves it programmatically and refreshes by itself)
-    layer.release(next_token, nt_inputs, nt_outputs, api_name="next_token_on_layer",
-                  api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **SLIDER)
+    def refresh_all(event, trigger: str) -> None:
+        """After ``event``: the bars, both generations and the dose-response, each for the controls as they now
+        are (a new vector, layer or range changes every panel, not only the one next to the control)."""
+        event.then(next_token, nt_inputs, nt_outputs, api_name=f"next_token_on_{trigger}",
+                   api_visibility="undocumented", show_progress="hidden", **SLIDER) \
+            .then(generate, steering_inputs + sampling_inputs, gen_outputs, api_name=f"generate_on_{trigger}",
+                  api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
+            .then(mark_alpha, sweep_inputs, [dose], api_name=f"mark_alpha_on_{trigger}",
+                  api_visibility="undocumented", show_progress="hidden", **EXPLORE)
+
+    refresh_all(layer.release(lambda: None, None, None, api_visibility="undocumented", trigger_mode="always_last",
+                              queue=False), "layer")
     for control in (vector_seed, relative, whole_vocabulary):
         control.input(next_token, nt_inputs, nt_outputs, api_name=f"next_token_on_{_name(control, tab)}",
                       api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **SLIDER)
-    for control in (alpha_max, extend):
-        control.change(alpha_range, [alpha, alpha_max, extend], [alpha], api_name=f"alpha_range_{_name(control, tab)}",
-                       api_visibility="undocumented", queue=False)
-    vector.input(pick_vector, [prompt, vector, layer, vector_seed], [layer, alpha_max, relative, vector_ref],
-                 api_name="pick_vector",
-                 api_visibility="undocumented", **EXPLORE) \
-        .then(next_token, nt_inputs, nt_outputs, api_name="next_token_on_vector", api_visibility="undocumented",
-              show_progress="hidden", **SLIDER)
+    alpha_max.change(alpha_range, [alpha, alpha_max, extend], [alpha], api_name="alpha_range_alpha_max",
+                     api_visibility="undocumented", queue=False)
+    # a person toggling Extend range: α may be clamped, and every α-dependent panel follows the new range
+    refresh_all(extend.input(alpha_range, [alpha, alpha_max, extend], [alpha], api_name="alpha_range_extend",
+                             api_visibility="undocumented", queue=False), "extend")
+    refresh_all(vector.input(pick_vector, [prompt, vector, layer, vector_seed], [layer, alpha_max, relative,
+                                                                                vector_ref],
+                             api_name="pick_vector", api_visibility="undocumented", **EXPLORE), "vector")
     layer.release(recalibrate, [prompt, vector, layer, vector_seed, relative, alpha_max], [alpha_max],
                   api_name="recalibrate", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
     # the page URL follows the controls (in the browser only), and "Copy link" copies it

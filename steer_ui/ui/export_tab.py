@@ -42,7 +42,7 @@ def build_export_tab(backend: Service) -> ExportTab:
     tab = ExportTab(vector=vector, fmt=fmt, files=files, export_status=export_status, upload=upload,
                     import_status=import_status, info=info)
 
-    @handler(backend)
+    @handler(backend, status=export_status)
     def export_vector(vector, fmt, request: gr.Request):
         written = backend.export_vector(sid(request), vector, fmt)
         text = i18n.markdown(lang_of(backend, request), "exported", n=len(written), fmt=fmt,
@@ -59,7 +59,7 @@ def build_export_tab(backend: Service) -> ExportTab:
     export_btn.click(export_vector, [vector, fmt], [files, export_status], api_name="export_vector")
     vector.change(show_info, [vector], [info], api_name="vector_info", api_visibility="undocumented")
 
-    @handler(backend)
+    @handler(backend, status=import_status)
     def import_vector(path, request: gr.Request):
         session = sid(request)
         name, warnings = backend.import_vector(session, path)

@@ -18,7 +18,7 @@ from .. import plots
 from ..messages import UserError
 from ..service import Service
 from . import i18n
-from .common import EXPLORE, as_gr_error, handler, lang_of, sid, table
+from .common import EXPLORE, SLIDER, as_gr_error, handler, lang_of, sid, table
 from .request_guard import client_address
 
 STORAGE_KEY = "steer_ui_owner"
@@ -64,13 +64,16 @@ def saved_next_token(explore_tab, lang: str, saved: dict) -> tuple:
     from .explore_tab import delta_figure, readout_markdown
 
     numbers = saved["view"].get("next_token") or {}
-    if not numbers:
-        empty = plots.empty_figure(i18n.message(lang, "result_view", when=saved.get("when", "?")))
-        return empty, empty, "", saved
+    empty = plots.empty_figure(i18n.message(lang, "result_view", when=saved.get("when", "?")))
+    if not numbers or not all("token_id" in row for key in ("unsteered", "steered") for row in numbers.get(key, [])):
+        return empty, empty, "", saved  # no next-token numbers saved (an API save), or ones this page cannot draw
     view = _view(numbers)
     bars = plots.next_token_bars(view.unsteered.assign(rank=range(1, len(view.unsteered) + 1)),
                                  view.steered.assign(rank=range(1, len(view.steered) + 1)),
                                  labels=i18n.plot_labels(lang, "bars"))
+    if float(saved["view"].get("alpha") or 0) == 0 or view.likely_promoted.empty:  # as the live view says it
+        nothing = i18n.message(lang, "no_steering")
+        return bars, plots.empty_figure(nothing), nothing, saved
     return bars, delta_figure(lang, view, False), readout_markdown(lang, view), saved
 
 
@@ -110,11 +113,13 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
         return share_id, i18n.message(lang, "shared"), gr.update(value=link, visible=True)
 
     @handler(backend)
-    def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, numbers, request: gr.Request):
+    def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, request: gr.Request):
         lang = lang_of(backend, request)
+        # the next-token numbers are measured here for exactly these settings: the page's raw-numbers panel may
+        # hold a generation's numbers or an older α's (one slider pass, no generation)
+        numbers = backend.next_token(sid(request), prompt, vector, layer, alpha, relative, seed).as_dict()
         view = {"prompt": prompt, "vector": vector, "vector_ref": vector_ref or "", "layer": layer,
-                "alpha": alpha, "relative": relative, "seed": seed, "alpha_max": alpha_max,
-                "next_token": numbers if isinstance(numbers, dict) else {}}
+                "alpha": alpha, "relative": relative, "seed": seed, "alpha_max": alpha_max, "next_token": numbers}
         result_id = backend.save_result(sid(request), view)
         link = f"{page_url(request)}?result={result_id}"
         return i18n.message(lang, "saved_result"), gr.update(value=link, visible=True)
@@ -146,8 +151,8 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
 
     explore.share.click(share, [explore.vector], [explore.vector_ref, explore.library_status, explore.link],
                         api_name="share_button", api_visibility="undocumented", queue=False)
-    explore.save.click(save, explore.url_inputs + [explore.details], [explore.library_status, explore.link],
-                       api_name="save_button", api_visibility="undocumented", queue=False)
+    explore.save.click(save, explore.url_inputs, [explore.library_status, explore.link],
+                       api_name="save_button", api_visibility="undocumented", **SLIDER)
     explore.run_live.click(run_live, None, [explore.library_status, explore.unsteered, explore.steered,
                                             explore.per_token, explore.tokens],
                            api_name="run_live", api_visibility="undocumented", **EXPLORE)

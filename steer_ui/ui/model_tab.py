@@ -58,7 +58,7 @@ def build_model_tab(backend: Service) -> ModelTab:
         facts = gr.JSON(label=T("model.facts"))
     tab = ModelTab(source=source, device=device, dtype=dtype, load=load, status=status, facts=facts, norms=norms)
 
-    @handler(backend)
+    @handler(backend, status=status)
     def load_model(source, device, dtype, request: gr.Request, progress=gr.Progress()):
         lang = lang_of(backend, request)
         facts = backend.switch_model(source, device, dtype, progress=progress_adapter(progress))

@@ -220,9 +220,10 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
             probe_plot = gr.Plot(label=T("train.probe_chart"))
             with gr.Row():
                 curves = gr.Plot(label=T("train.curves"))
-                results = gr.Dataframe(label=T("train.results"), interactive=False, wrap=True)
+                results = gr.Dataframe(label=T("train.results"), interactive=False, wrap=True, headers=["name", "value"])
             with gr.Accordion(T("train.report"), open=False):
-                probe_table = gr.Dataframe(label=T("train.probe_table"), interactive=False)
+                probe_table = gr.Dataframe(label=T("train.probe_table"), interactive=False,
+                                           headers=["layer", "auroc", "accuracy", "mean_diff_auroc", "cv_auroc"])
                 report = gr.JSON(label=T("train.report"))
 
     tab = TrainTab(method=method, layer=layer, auto_layer=auto_layer, train=train_btn, status=status, curves=curves,
@@ -244,7 +245,7 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
         update = gr.update(value=best) if best is not None else gr.skip()
         return fig, table(frame), update, gr.update(value=False) if best is not None else gr.skip()
 
-    @handler(backend)
+    @handler(backend, status=status)
     def train(data: dict, request: gr.Request, progress=gr.Progress()):
         """The form's Train button; ``data`` maps every input component to its value (a set of inputs)."""
         chosen = data[method]

@@ -79,10 +79,11 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
 
 
 # Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
+# α goes into the link with 4 significant digits, as the page shows it
 JS_SYNC_URL = """
 (prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref) => {
   const q = new URLSearchParams({prompt: prompt ?? "", vector: vector_ref || vector || "", layer: String(layer),
-                                 alpha: String(alpha), relative: relative ? "1" : "0", seed: String(seed ?? 0),
+                                 alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
                                  alpha_max: String(alpha_max)});
   window.history.replaceState(null, "", window.location.pathname + "?" + q.toString());
   return [prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref];
@@ -93,7 +94,7 @@ JS_SYNC_URL = """
 JS_COPY_URL = """
 (prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref) => {
   const q = new URLSearchParams({prompt: prompt ?? "", vector: vector_ref || vector || "", layer: String(layer),
-                                 alpha: String(alpha), relative: relative ? "1" : "0", seed: String(seed ?? 0),
+                                 alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
                                  alpha_max: String(alpha_max)});
   const url = window.location.origin + window.location.pathname + "?" + q.toString();
   window.history.replaceState(null, "", url);

@@ -178,3 +178,148 @@ def test_markup_in_a_link_is_shown_as_text_in_the_banner(browser, url):
     text = banner.inner_text()
     assert "<a href=x>" in text and "[Log in](http://evil)" in text
     page.close()
+
+
+def _error_pills(page) -> list[str]:
+    """Components gradio marks as failed (its status tracker's red "Error"), not toasts."""
+    return page.evaluate("() => Array.from(document.querySelectorAll('.block .error, .wrap.error'))"
+                         ".filter(e => e.offsetParent !== null && !e.closest('.toast-body'))"
+                         ".map(e => (e.closest('[id]') || e).id || e.className)")
+
+
+def test_a_refused_file_touches_one_line_and_leaves_every_other_panel_as_it_was(browser, url, tmp_path):
+    """Issue #36: a handler that raised gr.Error marked every output as failed, turning the vector pickers, the
+    Data preview and the balance chart into red "Error" pills although nothing about them had changed."""
+    page = open_page(browser, url)
+    upload_statements(page)
+    rows_before = page.locator("#data-preview tbody tr").count()
+    assert rows_before > 0
+    not_a_vector = tmp_path / "notes.txt"
+    not_a_vector.write_text("this is not a vector\n")
+    page.get_by_role("tab", name="Export").click()
+    page.locator("#import-file input[type=file]").set_input_files(str(not_a_vector))
+    page.locator(".toast-body").first.wait_for(timeout=20_000)
+    assert _error_pills(page) == []
+    assert page.locator("#explore-vector").count() == 1  # the picker is still there
+    broken = tmp_path / "broken.csv"
+    broken.write_bytes(b"\xff\xfe\x00 not,a\ncsv")
+    page.get_by_role("tab", name="Data").click()
+    page.locator("#data-file button[aria-label='Clear']").click()  # the loaded file's box gives way to an input
+    page.locator("#data-file input[type=file]").set_input_files(str(broken))
+    page.locator(".toast-body", has_text="previously loaded data is unchanged").wait_for(timeout=20_000)
+    assert _error_pills(page) == []
+    assert page.locator("#data-preview tbody tr").count() == rows_before  # the loaded data is still shown
+    page.get_by_role("tab", name="Explore").click()
+    assert page.locator("#explore-vector input").input_value()  # still a dropdown with its vector, not a pill
+    assert _error_pills(page) == []
+    page.close()
+
+
+def _readout(page) -> str:
+    return page.locator("#explore-readout").inner_text()
+
+
+def _wait_for_change(page, selector: str, before: str, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = page.locator(selector).inner_text()
+        if now != before:
+            return now
+        time.sleep(0.2)
+    raise AssertionError(f"{selector} kept {before!r}")
+
+
+def test_the_panels_follow_the_controls_they_were_made_from(browser, url):
+    """Issue #36: Generate left the bars on the old prompt, a typed α left the readout at the old α, and unticking
+    Extend range clamped α while the readout kept the extended α's numbers; the slider's centre was ±1e-16."""
+    page = open_page(browser, url)
+    rng = page.evaluate("() => { const r = document.querySelector('#alpha-slider input[type=range]');"
+                        " return [Number(r.min), Number(r.max), Number(r.step), r.value]; }")
+    low, high, step, value = rng
+    assert low == -high and abs(high / step - round(high / step)) < 1e-9 and value == "0"  # exact 0 in the middle
+    assert "no steering" in _readout(page).lower()  # α = 0: no noise ranked as if it meant something
+    box = page.locator("#alpha-slider input[type=number]")
+    box.fill(str(high / 2))
+    page.locator("#explore-prompt textarea").click()  # leave the box without Enter
+    at_half = _wait_for_change(page, "#explore-readout", _readout(page))
+    page.locator("#explore-prompt textarea").fill("I think the new restaurant downtown is")
+    page.locator("#generate-btn").click()
+    _wait_for_change(page, "#explore-readout", at_half)  # the bars and readout follow the new prompt
+    page.locator("#alpha-extend input[type=checkbox]").check()
+    box.fill(str(high * 3))
+    page.locator("#explore-prompt textarea").click()
+    extended = _wait_for_change(page, "#explore-readout", _readout(page))
+    page.locator("#alpha-extend input[type=checkbox]").uncheck()
+    _wait_for_change(page, "#explore-readout", extended)  # α clamped to the range: the readout is for that α
+    assert float(box.input_value()) == high
+    page.close()
+
+
+def test_every_tab_s_text_meets_wcag_aa_contrast(browser, url):
+    """Issue #36: help text was rgb(187,187,194) on white (1.9:1); white on the orange buttons 2.8:1."""
+    from contrast_kit import low_contrast
+
+    page = open_page(browser, url)
+    upload_statements(page)
+    for tab in ("Model", "Data", "Train", "Explore", "Concepts", "Detect", "Export / Import"):
+        page.get_by_role("tab", name=tab).click()
+        time.sleep(0.3)
+        assert low_contrast(page) == [], tab
+    page.close()
+
+
+def _box(page, selector):
+    box = page.locator(selector).bounding_box()
+    assert box is not None, selector
+    return box
+
+
+def _overlap(a, b) -> bool:
+    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] and \
+        a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+
+
+def test_the_layout_puts_what_matters_on_the_first_screen(browser, url):
+    """Issue #36, from element boxes: at 1366×900 both generations are on the first screen; at 390×844 the prompt,
+    the α slider and the next-token bars fit one screen; no chart's title or legend lies under its toolbar."""
+    wide = browser.new_page(viewport={"width": 1366, "height": 900})
+    wide.goto(url)
+    wide.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=60_000)
+    for selector in ("#unsteered-text", "#steered-text", "#alpha-slider", "#generate-btn"):
+        box = _box(wide, selector)
+        assert box["y"] + box["height"] <= 900, selector
+    for chart in wide.locator(".js-plotly-plot").all():
+        chart.hover()  # plotly shows its toolbar on hover
+        toolbar = chart.locator(".modebar")
+        if toolbar.count() == 0 or toolbar.bounding_box() is None:
+            continue
+        for label in chart.locator(".gtitle, .legend").all():
+            if label.bounding_box() is not None:
+                assert not _overlap(toolbar.bounding_box(), label.bounding_box()), label.text_content()
+    wide.close()
+    phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True)
+    phone.goto(url)
+    phone.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=60_000)
+    top = _box(phone, "#explore-prompt")["y"]
+    slider, bars = _box(phone, "#alpha-slider"), _box(phone, "#next-token-bars")
+    assert top < slider["y"] < bars["y"] and bars["y"] + bars["height"] - top <= 844
+    phone.close()
+
+
+def test_many_prompts_reports_every_held_out_prompt_and_a_line_to_quote(browser, url):
+    """Issue #31 on the page: the Explore tab's vector and α over a pairs dataset's held-out prompts."""
+    page = open_page(browser, url)
+    page.get_by_role("tab", name="Data").click()
+    page.locator("#data-file input[type=file]").set_input_files(str(ROOT / "assets/datasets/sentiment_pairs.csv"))
+    page.wait_for_function("() => document.querySelector('#data-summary').innerText.includes('sentiment_pairs')",
+                           timeout=30_000)
+    page.get_by_role("tab", name="Many prompts").click()
+    page.locator("#compare-use-dataset input[type=checkbox]").check()
+    page.locator("#compare-run").click()
+    page.wait_for_function("() => /Steers \\d+ of \\d+ held-out prompts/.test("
+                           "document.querySelector('#compare-summary').innerText)", timeout=120_000)
+    page.wait_for_function("() => document.querySelector('#compare-table').innerText.includes('The museum exhibition')",
+                           timeout=20_000)  # the held-out prompts are in the table
+    assert page.locator("#compare-curves .js-plotly-plot").count() == 1
+    assert _error_pills(page) == []
+    page.close()

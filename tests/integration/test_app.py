@@ -18,7 +18,7 @@ from gradio_client import Client, handle_file  # noqa: E402
 from steer_ui.service import RANDOM, Service  # noqa: E402
 
 ENDPOINTS = ["/load_model", "/upload_dataset", "/train", "/next_token", "/generate", "/sweep", "/detect",
-             "/export_vector", "/import_vector"]
+             "/export_vector", "/import_vector", "/compare"]
 PROMPT = "The weather today is"
 
 
@@ -179,6 +179,7 @@ def test_train_and_detect_report_plainly(app):
     out = c.predict("mean-diff", 1, False, '{"position": "last"}', api_name="/train")
     assert out["vector"].startswith("mean-diff L1") and out["vector"] in out["vectors"]
     assert out["report"]["layer"] == 1
+    assert out["kept"] is False and "not kept" in out["note"]  # no X-Steer-Owner: told its work is not kept
     with pytest.raises(Exception, match="unknown setting"):
         c.predict("mean-diff", 1, False, '{"epochs": 3}', api_name="/train")
     assert c.predict(api_name="/methods")[0]["name"] == "mean-diff"
@@ -223,3 +224,20 @@ def test_embedded_model_through_the_app(gemma, tmp_path_factory):
         assert out["unsteered"]["text"] == out["steered"]["text"] and len(out["steered"]["tokens"]) >= 1
     finally:
         demo.close()
+
+
+def test_compare_runs_many_prompts_over_http_and_measures_pairs(app):
+    """Issue #31 over the API: rows and summary with the documented names; pairs bring margins per α."""
+    _, url = app
+    c = client(url)
+    out = c.predict("The weather today is\nMy favourite food is", False, RANDOM, 1, 0.5, True, 0, 1.0, 4,
+                    api_name="/compare")
+    assert [r["prompt"] for r in out["rows"]] == ["The weather today is", "My favourite food is"]
+    assert {"prompt", "unsteered", "steered", "kl", "fluency", "concept_score"} <= set(out["rows"][0])
+    c.predict("sentiment_pairs.csv", "auto", api_name="/bundled_dataset")
+    paired = c.predict("", True, RANDOM, 1, 0.5, True, 0, 1.0, 2, api_name="/compare")
+    summary = paired["summary"]
+    assert {"alphas", "steerability_mean", "anti_steerable_share", "intended_share", "fluency_drop"} <= set(summary)
+    assert all(len(r["margins"]) == len(summary["alphas"]) and "steerability" in r for r in paired["rows"])
+    with pytest.raises(Exception, match="at most 64"):
+        c.predict("\n".join(["a prompt"] * 65), False, RANDOM, 1, 0.5, True, 0, 1.0, 4, api_name="/compare")

@@ -54,3 +54,11 @@ def test_logit_explosion_and_its_fix(gemma):
     # raw change still carries the uniform shift the centred hinge ignores; issue #18 follow-up: show centred)
     assert fixed.repeats == 0 and fixed.prob_steered < 0.01
     assert float(demo.fixed_vector.norm()) == pytest.approx(1.0, abs=1e-4)  # same strength
+
+
+def test_the_explosion_lesson_s_defaults_show_what_its_text_says(gemma):
+    """Issue #36: with the tab's default settings, p(t) jumps and t is among the generated tokens."""
+    demo = concepts.explode(gemma)
+    run = demo.exploded
+    assert run.prob_steered > 0.5 and run.prob_unsteered < 1e-3
+    assert demo.token in run.steered_tokens and run.repeats >= 3

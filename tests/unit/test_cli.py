@@ -116,3 +116,22 @@ def test_bench_decode_flag_picks_the_decode_path(capsys, monkeypatch):
     assert code == 0
     path = json.loads(out)["side_by_side"]["decode_path"]
     assert path["path"] == "static (eager)" and "eagerly" in path["reason"]
+
+
+def test_compare_reports_rows_and_summary_as_json_and_csv(capsys, tmp_path):
+    from steer_ui.service import DATASETS_DIR
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The capital of France is\nMy favourite food is\n")
+    common = ("--model", "tiny:llama", "--random-vector", "3", "--layer", "1", "--alpha", "0.5", "--relative",
+              "--max-new-tokens", "4")
+    code, out, _ = run(capsys, "compare", *common, "--prompts", str(prompts), "--json")
+    data = json.loads(out)
+    assert code == 0 and [r["prompt"] for r in data["rows"]] == ["The capital of France is", "My favourite food is"]
+    assert {"unsteered", "steered", "kl", "fluency", "concept_score"} <= set(data["rows"][0])
+    code, out, _ = run(capsys, "compare", *common, "--data", str(DATASETS_DIR / "sentiment_pairs.csv"),
+                       "--alphas=-1,0,1", "--csv")
+    header, first = out.splitlines()[:2]
+    assert code == 0 and header.split(",")[-2:] == ["margins", "steerability"]
+    code, out, _ = run(capsys, "compare", *common, "--prompts", str(tmp_path / "missing.txt"), "--json")
+    assert code == 2 and "--prompts" in json.loads(out)["error"]

@@ -138,3 +138,44 @@ def test_the_same_vector_is_stored_once(tiny, tmp_path):
     assert rows[0][0] == 1 and service.keeper.library.db.usage()[1] == 2
     assert torch.equal(service.get_vector("owner-bbbbbb", "same").direction(1),
                        service.get_vector("owner-aaaaaa", "same").direction(1))
+
+
+def test_housekeeping_removes_only_unshared_work_of_owners_who_stayed_away(tiny, tmp_path):
+    service = _service(tiny, tmp_path / "library.db", owner_idle_days=30)
+    library = service.keeper.library
+    service.claim_owner("gone-aaaaaaa")
+    kept_name = _trained(service, "gone-aaaaaaa")
+    shared_name, _ = service.train("gone-aaaaaaa", "mean-diff", layer=2)
+    share_id = service.share_vector("gone-aaaaaaa", shared_name)
+    service.claim_owner("present-bbbb")
+    present = _trained(service, "present-bbbb")
+    owner = service.session("gone-aaaaaaa").owner
+    library.db.touch_owner(owner, 0.0)  # last seen in 1970: long gone
+    assert library.housekeeping() >= 2  # the unshared vector and the dataset
+    names = {i["name"] for i in library.items(owner, "vector")}
+    assert kept_name not in names and shared_name in names  # the shared one stays
+    assert library.shared(share_id, None) is not None
+    assert present in {i["name"] for i in library.items(service.session("present-bbbb").owner, "vector")}
+
+
+def test_an_owner_s_session_makes_room_and_the_same_tab_comes_back_to_its_work(tiny, tmp_path):
+    """A session whose work is in the library holds nothing eviction could lose: when the server is full it is
+    let go for a newcomer, and the same tab's next call finds its owner's vectors again."""
+    service = _service(tiny, tmp_path / "library.db", max_sessions=2, session_grace_seconds=0)
+    service.claim_owner("owner-aaaaaa")
+    name = _trained(service, "owner-aaaaaa")
+    before = service.next_token("owner-aaaaaa", PROMPT, name, 1, 0.5).as_dict()
+    service.session("visitor-bbbb")
+    service.session("visitor-cccc")  # the server is full: the owner's session, kept in the library, makes room
+    assert service.sessions.peek("owner-aaaaaa") is None
+    assert name in service.vector_names("owner-aaaaaa")
+    assert service.next_token("owner-aaaaaa", PROMPT, name, 1, 0.5).as_dict() == before
+
+
+def test_an_owner_at_the_datasets_quota_keeps_the_newest_upload(tiny, tmp_path):
+    service = _service(tiny, tmp_path / "library.db", owner_max_datasets=2)
+    service.claim_owner("owner-aaaaaa")
+    for bundled in ("capitals_statements.csv", "sentiment_pairs.csv", "science_statements.csv"):
+        service.upload_dataset("owner-aaaaaa", None, bundled=bundled)
+    kept = [i["name"] for i in service.keeper.library.items(service.session("owner-aaaaaa").owner, "dataset")]
+    assert kept == ["sentiment_pairs.csv", "science_statements.csv"]  # the oldest made room, nothing refused

@@ -94,3 +94,16 @@ def test_toy_method_appears_in_the_service_and_the_train_form(toy, tiny):
     assert "scale" in labels and "flip" in labels and "shape" in labels
     radio = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "train-method")
     assert "toy" in [c[1] for c in radio.choices]
+
+
+def test_every_empty_table_shows_the_columns_it_will_have(tiny):
+    """An empty gr.Dataframe without headers shows gradio's placeholder columns "1 2 3" (issue #32)."""
+    import gradio as gr
+
+    from steer_ui.service import Service
+    from steer_ui.ui.app import build_demo
+
+    tables = [b for b in build_demo(Service(tiny("llama"))).blocks.values() if isinstance(b, gr.Dataframe)]
+    assert len(tables) >= 7
+    placeholder = [getattr(t, "label", None) or t.elem_id for t in tables if t.value["headers"] == ["1", "2", "3"]]
+    assert placeholder == []

@@ -160,3 +160,20 @@ def test_loss_curve_draws_both_losses_and_marks_the_kept_epoch():
     assert line.x0 == line.x1 == 2
     assert fig.layout.title.text == "T"
     assert not plots.loss_curve(curve).layout.shapes  # no kept epoch given, no marker
+
+
+def test_promoted_and_suppressed_have_the_colours_of_the_coloured_steered_text():
+    """One colour language (issue #36): the Δlogit bars use the colours gradio's HighlightedText, which shows the
+    steered text, gives positive and negative scores (read from the installed gradio, so an upgrade that changes
+    them fails here)."""
+    import re
+    from pathlib import Path
+
+    import gradio
+
+    assets = Path(gradio.__file__).parent / "templates/frontend/assets"
+    source = next(text for text in (p.read_text(errors="ignore") for p in assets.glob("Index-*.js"))
+                  if "class_or_confidence" in text and "rgba(239" in text)
+    negative, positive = re.search(r"e<0\?`rgba\((\d+, \d+, \d+), \$\{-e\}\)`:`rgba\((\d+, \d+, \d+), ", source).groups()
+    rgb = lambda hex_: ", ".join(str(int(hex_[i:i + 2], 16)) for i in (1, 3, 5))  # noqa: E731
+    assert rgb(plots.UP_COLOR) == positive and rgb(plots.DOWN_COLOR) == negative

@@ -1,0 +1,103 @@
+"""The "Many prompts" tab (issue #31): the vector, layer and α chosen on Explore over many prompts at once, with
+the quotable summary line, every prompt's margin curve, the steerability histogram and the per-prompt table.
+
+``/compare`` (API) returns ``{"rows": [...], "summary": {...}}``; the page's own event is ``/compare_view``."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gradio as gr
+import pandas as pd
+
+from .. import plots
+from ..service import Service
+from . import i18n
+from .common import MODEL, T, as_gr_error, handler, lang_of, progress_adapter, sid, table
+
+COLUMNS = ["prompt", "unsteered", "steered", "kl", "fluency", "distinct", "concept_score", "steerability"]
+
+
+@dataclass
+class CompareTab:
+    prompts: gr.Textbox
+    run: gr.Button
+    summary: gr.Markdown
+
+
+def summary_line(lang: str, summary: dict) -> str:
+    """The sentence a person quotes (issue #31), in the page's language."""
+    def number(value, fallback=0.0):
+        return value if isinstance(value, (int, float)) and math.isfinite(value) else fallback
+
+    n = summary["prompts"]
+    if summary.get("steerability_mean") is not None:
+        alphas = summary["alphas"] or [0.0]
+        return i18n.message(lang, "compare_pairs_summary", n=n, intended=round(summary["intended_share"] * n),
+                            share=summary["intended_share"], anti=round(summary["anti_steerable_share"] * n),
+                            flips=round(summary["flip_share"] * n), top=max(abs(a) for a in alphas),
+                            margin=number(summary["margin_at_alpha"]), alpha=summary["alpha"],
+                            drop=number(summary["fluency_drop"]))
+    concept = summary.get("concept_score_mean")
+    return i18n.message(lang, "compare_summary", n=n, alpha=summary["alpha"], kl=number(summary["kl_mean"]),
+                        drop=number(summary["fluency_drop"]), distinct=number(summary["distinct_mean"]),
+                        concept="—" if concept is None else f"{concept:+.2f}")
+
+
+def build_compare_tab(backend: Service, explore) -> CompareTab:
+    gr.Markdown(T("compare.intro"))
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            prompts = gr.Textbox(lines=8, max_lines=20, label=T("compare.prompts"), elem_id="compare-prompts")
+            use_dataset = gr.Checkbox(value=False, label=T("compare.use_dataset"), info=T("compare.use_dataset_info"),
+                                      elem_id="compare-use-dataset")
+            max_tokens = gr.Slider(1, 128, value=24, step=1, label=T("compare.max_tokens"))
+            run = gr.Button(T("compare.run"), variant="primary", elem_id="compare-run")
+            # the summary sits under the button: progress and the result show where the click was
+            summary = gr.Markdown(T("compare.empty"), elem_id="compare-summary")
+        with gr.Column(scale=2):
+            with gr.Row():
+                curves = gr.Plot(label=T("compare.curves"), elem_id="compare-curves")
+                histogram = gr.Plot(label=T("compare.histogram"), elem_id="compare-histogram")
+            rows = gr.Dataframe(label=T("compare.table"), interactive=False, wrap=True, headers=COLUMNS,
+                                elem_id="compare-table")
+    tab = CompareTab(prompts=prompts, run=run, summary=summary)
+    inputs = [prompts, use_dataset, explore.vector, explore.layer, explore.alpha, explore.relative,
+              explore.vector_seed, explore.alpha_max, max_tokens]
+
+    def compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_, request,
+                progress=None) -> dict:
+        return backend.compare(sid(request), prompts_, use_dataset_, vector, layer, alpha, relative, seed,
+                               alpha_max, sampling=backend.sampling(max_new_tokens=max_tokens_),
+                               progress=progress_adapter(progress) if progress is not None else None)
+
+    @handler(backend, status=summary)
+    def compare_view(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_,
+                     request: gr.Request, progress=gr.Progress()):
+        lang = lang_of(backend, request)
+        out = compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_, request,
+                      progress)
+        s = out["summary"]
+        frame = pd.DataFrame(out["rows"]).reindex(columns=COLUMNS)
+        if s.get("alphas") and all("margins" in r for r in out["rows"]):
+            curves_fig = plots.margin_curves(s["alphas"], [r["margins"] for r in out["rows"]], s["alpha"],
+                                             labels=i18n.plot_labels(lang, "margins"))
+            slopes_fig = plots.slope_histogram([r["steerability"] for r in out["rows"]],
+                                               labels=i18n.plot_labels(lang, "slopes"))
+        else:
+            curves_fig = slopes_fig = plots.empty_figure(i18n.message(lang, "compare_needs_pairs_chart"))
+        return i18n.plain(summary_line(lang, s)), curves_fig, slopes_fig, table(frame)
+
+    def compare_api(prompts_: str, use_dataset_: bool, vector: str, layer: float, alpha: float, relative: bool,
+                    seed: float, alpha_max: float, max_new_tokens: float, request: gr.Request) -> dict:
+        """One vector over many prompts: {"rows": [...], "summary": {...}} (see steer_ui/steerability.py)."""
+        try:
+            return compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_new_tokens,
+                           request)
+        except Exception as exc:
+            raise as_gr_error(backend, request, exc) from None
+
+    run.click(compare_view, inputs, [summary, curves, histogram, rows], api_name="compare_view",
+              api_visibility="undocumented", **MODEL)
+    gr.api(compare_api, api_name="compare", **MODEL)
+    return tab

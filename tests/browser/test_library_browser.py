@@ -1,0 +1,127 @@
+"""The library in Chromium (issue #30): a trained vector survives a reload in every tab's list, and a shared link
+opens it in a fresh browser with the owner's next-token numbers."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from browser_kit import NEEDS_CHROMIUM, browser, free_port  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    from steer_ui.policy import Policy
+    from steer_ui.service import Service
+    from steer_ui.store import open_library
+    from steer_ui.tiny import tiny_handle
+    from steer_ui.ui.app import build_demo, launch_kwargs
+
+    folder = tmp_path_factory.mktemp("library")
+    policy = Policy()
+    backend = Service(handle=tiny_handle("llama"), workdir=folder, policy=policy,
+                      library=open_library(str(folder / "library.db"), policy))
+    demo = build_demo(backend)
+    demo.queue()
+    port = free_port()
+    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
+    yield f"http://127.0.0.1:{port}/", backend
+    demo.close()
+
+
+def _ready(page) -> None:
+    """The first view is drawn: its readout has numbers, or says there is no steering at α = 0."""
+    page.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=60_000)
+    page.wait_for_function("() => /KL|α = 0/.test(document.querySelector('#explore-readout')?.innerText || '')",
+                           timeout=60_000)
+
+
+def _choices(page, picker: str) -> list[str]:
+    page.locator(f"{picker} input").click()
+    page.wait_for_selector("ul[role=listbox] li", timeout=10_000)
+    items = page.locator("ul[role=listbox] li").all_inner_texts()
+    page.keyboard.press("Escape")
+    return [i.replace("✓", "").strip() for i in items]  # the chosen one is ticked
+
+
+def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_stranger(browser, url):
+    url, _backend = url
+    owner = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US").new_page()
+    owner.goto(url)
+    _ready(owner)
+    owner.get_by_role("tab", name="Data").click()
+    owner.locator("#data-file input[type=file]").set_input_files(
+        str(__import__("pathlib").Path(__file__).resolve().parents[2] / "assets/datasets/capitals_statements.csv"))
+    owner.wait_for_function("() => document.querySelector('#data-summary').innerText.includes('capitals')",
+                            timeout=30_000)
+    owner.get_by_role("tab", name="Train").click()
+    owner.locator("#train-btn").click()
+    owner.wait_for_function("() => document.querySelector('#train-status').innerText.includes('Trained')",
+                            timeout=60_000)
+    name = owner.locator("#train-status strong").first.inner_text()
+
+    owner.reload()  # a new gradio session: the vector comes back from the library, by the browser's owner token
+    _ready(owner)
+    for tab, picker in (("Explore", "#explore-vector"), ("Detect", "#detect-vector"), ("Export / Import",
+                                                                                        "#export-vector")):
+        owner.get_by_role("tab", name=tab).click()
+        assert name in _choices(owner, picker), tab
+    owner.get_by_role("tab", name="Explore").click()
+    owner.locator("#explore-vector input").click()
+    owner.locator("ul[role=listbox] li", has_text=name).first.click()
+    time.sleep(1.0)  # the vector's own layer and α range arrive
+    owner.locator("#alpha-slider input[type=number]").fill("0.5")  # a steered view, so the numbers say something
+    owner.locator("#explore-prompt textarea").click()
+    owner.wait_for_function("() => document.querySelector('#explore-readout')?.innerText.includes('KL')")
+    owner.locator("#share-btn").click()
+    owner.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText.includes('Shared')",
+                            timeout=20_000)
+    time.sleep(1.0)  # the readout for the vector's own layer and α range, and the URL that carries its share id
+    link = owner.url
+    assert "vector=" in link and name.split()[0] not in link.split("vector=")[1]  # the id, not the name
+    readout = owner.locator("#explore-readout").inner_text()
+
+    stranger = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US").new_page()
+    stranger.goto(link)
+    _ready(stranger)
+    stranger.wait_for_function(f"() => document.querySelector('#explore-vector input').value === "
+                               f"{(name + ' (shared)')!r}", timeout=30_000)
+    time.sleep(1.0)
+    assert stranger.locator("#explore-readout").inner_text() == readout  # the same numbers, digit for digit
+
+
+def test_a_saved_result_link_shows_the_saved_view_without_running_the_model(browser, url, monkeypatch):
+    url, backend = url
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US").new_page()
+    page.goto(url)
+    _ready(page)
+    page.wait_for_function("() => document.querySelector('#steered-text')?.innerText.trim().split('\\n').length > 1",
+                           timeout=60_000)
+    time.sleep(1.0)
+    page.locator("#save-result-btn").click()
+    page.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText.includes('Saved')",
+                           timeout=20_000)
+    link = page.locator("#explore-link textarea, #explore-link input").first.input_value()
+    saved = backend.result(link.split("result=")[1])
+    model_calls = []
+    for name in ("next_token", "stream_generate", "sweep"):  # count what reaches the model from here on
+        real = getattr(backend, name)
+        monkeypatch.setattr(backend, name, lambda *a, _real=real, _n=name, **k: (model_calls.append(_n),
+                                                                                 _real(*a, **k))[1])
+    stranger = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US").new_page()
+    stranger.goto(link)
+    _ready(stranger)
+    stranger.wait_for_function("() => document.querySelector('#run-live-btn') !== null && "
+                               "getComputedStyle(document.querySelector('#run-live-btn')).display !== 'none'",
+                               timeout=30_000)
+    time.sleep(2.0)
+    shown = stranger.locator("#unsteered-text textarea").input_value()
+    # a textarea's value turns every line break into \n (the tiny model emits \r)
+    expected = saved["generation"]["unsteered"]["text"].replace("\r\n", "\n").replace("\r", "\n")
+    assert shown == expected and model_calls == []
+    stranger.locator("#run-live-btn").click()
+    stranger.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText"
+                               ".includes('reproduced exactly')", timeout=60_000)
+    assert "stream_generate" in model_calls
