@@ -57,6 +57,7 @@ ENGLISH: dict[str, str] = {
     "cancel_asked": "Stopping the running job…",
     "nothing_to_cancel": "Nothing is running in this session.",
     "link_notice": "From the link: {detail}.",
+    "link_fallback": "Showing '{shown}' instead, at its own layer, α and range (the link's were for its vector).",
     "no_steering": "No steering at α = 0: move the slider to see which tokens it promotes and suppresses.",
     "model_switch_off": "Changing the model is switched off on this server: the administrator chose it at launch "
                         "(python app.py --model ... --allow-model-switch to allow visitors to switch).",

@@ -135,6 +135,7 @@ class Service:
         if handle is not None:
             self._loaded.set()
         self._load_message = "" if handle is None else f"loaded {handle.model_id}"
+        self._load_fraction = 0.0 if handle is None else 1.0
         self.sessions = Sessions(self.policy)
         self.guard = Guard(self.policy)
         self.lessons = Lessons(self)  # the Concepts tab's lessons, bounded and run as jobs
@@ -166,6 +167,7 @@ class Service:
     def model_status(self) -> dict:
         return {"ready": self._handle is not None, "loading": self._loading.is_set() and not self._loaded.is_set(),
                 "message": self._load_message, "error": self._load_error,
+                "fraction": self._load_fraction,  # how far the load is, for the banner
                 "model_id": self._handle.model_id if self._handle is not None else None}
 
     def switch_model(self, source: str | None, device: str = "auto", dtype: str = "auto",
@@ -197,7 +199,7 @@ class Service:
         self._loading.set()
         self._loaded.clear()
         self._load_error = None
-        self._load_message = f"loading {source}"
+        self._load_message, self._load_fraction = f"loading {source}", 0.0
         try:
             if source.startswith("tiny:"):
                 from .tiny import tiny_handle
@@ -210,7 +212,7 @@ class Service:
                 from .model.loading import load_model
 
                 def report(frac: float, msg: str) -> None:
-                    self._load_message = msg
+                    self._load_message, self._load_fraction = msg, frac
                     progress(frac, msg)
 
                 try:
@@ -227,7 +229,7 @@ class Service:
                 self._prepare_default_view(handle, progress)
             self._publish(handle)
             self._handle = handle
-            self._load_message = f"loaded {handle.model_id}"
+            self._load_message, self._load_fraction = f"loaded {handle.model_id}", 1.0
             return self.model_facts()
         except UserError as exc:
             self._load_error = exc.params.get("detail", str(exc))
@@ -242,7 +244,7 @@ class Service:
         from .default_view import load_or_calibrate
 
         def report(frac: float, msg: str) -> None:
-            self._load_message = msg
+            self._load_message, self._load_fraction = msg, 0.9 + 0.1 * frac
             progress(0.9 + 0.1 * frac, msg)
 
         try:

@@ -153,9 +153,19 @@ class Database:
                             (now, settings, token_hash))
 
     # ------------------------------------------------------------------------ items
-    def put_item(self, item: dict, blob: bytes | None) -> None:
-        """Insert ``item`` (and its blob, once per content id), replacing the owner's item of that kind and name."""
+    def put_item(self, item: dict, blob: bytes | None, max_items: int | None = None) -> bool:
+        """Insert ``item`` (and its blob, once per content id), replacing the owner's item of that kind and name;
+        with ``max_items``, only while the owner keeps fewer other items of that kind (counted in the same
+        transaction, so saves racing each other, in one process or several, cannot pass the quota together).
+        Whether it was kept."""
         with self.transaction() as cur:
+            if max_items is not None and item["owner"] is not None:
+                if self.postgres:  # writers of one owner take turns (SQLite's BEGIN IMMEDIATE already does)
+                    cur.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (item["owner"],))
+                cur.execute("SELECT COUNT(*) FROM items WHERE owner = ? AND kind = ? AND name <> ?",
+                            (item["owner"], item["kind"], item["name"]))
+                if int(cur.fetchall()[0][0]) >= max_items:
+                    return False
             if blob is not None:
                 cur.execute("INSERT INTO blobs (content_id, data, size, created) VALUES (?, ?, ?, ?) "
                             "ON CONFLICT (content_id) DO NOTHING",
@@ -169,6 +179,7 @@ class Database:
             cur.execute(f"INSERT INTO items ({', '.join(ITEM_COLUMNS)}) VALUES ({', '.join('?' * len(ITEM_COLUMNS))})",
                         tuple(item[c] for c in ITEM_COLUMNS))
             self._drop_orphans(cur)
+        return True
 
     def items(self, where: str, params: Sequence = ()) -> list[dict]:
         rows = self.rows(f"SELECT {', '.join(ITEM_COLUMNS)} FROM items WHERE {where} ORDER BY created", params)

@@ -92,10 +92,7 @@ class Library:
         now = time.time()
         size = len(data) if data is not None else len(json.dumps(meta))
         if owner is not None:
-            mine = [i for i in self.db.items("owner = ? AND kind = ?", (owner, kind)) if i["name"] != name]
             limit = {"vector": p.owner_max_vectors, "dataset": p.owner_max_datasets, "result": p.owner_max_results}
-            if len(mine) >= limit[kind]:
-                raise UserError("owner_quota", kind=kind, limit=limit[kind])
             held, _ = self.db.usage(owner)
             if held + size > p.owner_max_bytes:
                 raise UserError("owner_bytes", limit=p.owner_max_bytes >> 20)
@@ -104,7 +101,8 @@ class Library:
                 "content_id": content_id(data, model) if data is not None else uses,
                 "meta": json.dumps(meta, ensure_ascii=False), "share_id": None, "listed": int(listed),
                 "model": model, "size": size, "created": now, "touched": now}
-        self.db.put_item(item, data)
+        if not self.db.put_item(item, data, limit[kind] if owner is not None else None):
+            raise UserError("owner_quota", kind=kind, limit=limit[kind])
         return item
 
     def _make_room(self, size: int) -> None:

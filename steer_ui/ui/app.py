@@ -19,7 +19,7 @@ from .explore_tab import DEFAULT_PROMPT, alpha_slider, build_explore_tab
 from .export_tab import build_export_tab
 from .model_tab import build_model_tab, model_view, status_markdown
 from .train_tab import build_train_tab
-from .url_state import ExploreState, from_query
+from .url_state import ExploreState, fall_back, from_query
 
 log = logging.getLogger("steer_ui.ui")
 
@@ -37,6 +37,8 @@ body:not(.dark) .gradio-container span.value { color: #7c2d12; }
 body:not(.dark) .gradio-container span.value.number { color: #1e5468; }
 body:not(.dark) .gradio-container span.punctuation { color: #3f5050; }
 #alpha-slider input[type=range] { accent-color: #c2410c; }
+#train-actions { position: sticky; bottom: 0; z-index: 20; background: var(--background-fill-primary);
+                 padding: 6px 0; }
 /* Explore (issue #36): controls left, outputs right with the generations first on a wide screen; one column on a
    phone with prompt, vector and α, then the outputs with the bars first, then the other controls */
 #explore-main { display: grid !important; grid-template-columns: minmax(300px, 1fr) minmax(0, 2fr);
@@ -228,12 +230,16 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             state = from_query(query, defaults, choices, n, backend.policy.max_prompt_chars)
             linked = library_ui.open_from_link(backend, request, query, state, choices, lang_)
             choices = backend.vector_names(sid(request))  # a shared vector or a saved result's may have joined
+            fell_back = not query.get("result") and fall_back(state, defaults, query.get("vector"),
+                                                              linked["vector_ref"])
             picker = gr.update(choices=choices)
             banner_text = status_markdown(backend, lang_)
             if state.notices:
                 banner_text += "\n\n" + i18n.markdown(lang_, "link_notice", detail="; ".join(state.notices))
             for notice in linked["notices"]:
                 banner_text += "\n\n" + i18n.plain(notice)
+            if fell_back:  # say what is shown instead of the link's vector, and that its own settings are used
+                banner_text += "\n\n" + i18n.markdown(lang_, "link_fallback", shown=state.vector)
             if not backend.keeps_work:
                 banner_text += "\n\n" + i18n.message(lang_, "work_not_kept")
             top, step = alpha_slider(state.alpha_max)

@@ -9,7 +9,7 @@ import pandas as pd
 from .. import plots
 from ..service import RANDOM, Service, UserError
 from . import i18n
-from .common import MODEL, T, handler, lang_of, sid, table
+from .common import T, handler, lang_of, sid, table
 
 
 @dataclass
@@ -84,7 +84,9 @@ def build_detect_tab(backend: Service) -> DetectTab:
         prompt = generation["prompt"]
         return [[prompt, generation["unsteered"]["text"]], [prompt, generation["steered"]["text"]]]
 
+    # its own slots: scoring typed answers takes seconds and a refusal ("pick a TSV vector") none, so neither
+    # waits behind another visitor's training or Concepts job in the "model" slot (issue #36)
     detect_btn.click(detect, [vector, answers, file], [summary, scores, histogram, details], api_name="detect",
-                     **MODEL)
+                     concurrency_id="detect", concurrency_limit=2)
     from_explore.click(use_generation, None, [answers], api_name="answers_from_explore", api_visibility="undocumented")
     return tab

@@ -350,6 +350,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "cancel_asked": "正在停止当前任务……",
         "nothing_to_cancel": "此会话中没有正在运行的任务。",
         "link_notice": "来自链接：{detail}。",
+        "link_fallback": "改为显示“{shown}”，使用它自己的层、α 和范围（链接中的设置是为链接里的向量选的）。",
         "no_steering": "α = 0 时没有引导：拖动滑块，看看它提升和压低了哪些词元。",
         "model_switch_off": "此服务器已关闭更换模型：模型由管理员在启动时选定"
                             "（python app.py --model ... --allow-model-switch 可允许访客切换）。",

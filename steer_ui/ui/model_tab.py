@@ -34,7 +34,7 @@ def status_markdown(backend: Service, lang: str) -> str:
     if status["error"]:
         return i18n.markdown(lang, "model_load_failed", detail=status["error"])
     if status["loading"]:
-        return i18n.markdown(lang, "model_loading", detail=status["message"])
+        return i18n.markdown(lang, "model_loading", detail=f"{status['message']} — {status['fraction']:.0%}")
     return i18n.message(lang, "no_model")
 
 

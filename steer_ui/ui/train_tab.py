@@ -211,12 +211,15 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
                                           elem_id=f"train-{m['name']}-advanced".replace("_", "-")):
                             for spec in advanced:
                                 fields.append((m["name"], spec, setting_component(spec, m["name"])))
-            with gr.Row():
-                probe_btn = gr.Button(T("train.probe"))
-                train_btn = gr.Button(T("train.train"), variant="primary", elem_id="train-btn")
-                cancel_btn = gr.Button(T("train.cancel"), variant="stop", elem_id="train-cancel")
+            # the buttons and the job's status (its progress bar) stick to the bottom of the screen while a tall
+            # form (TSV's is ~2,000 px) scrolls: the progress shows where the click was (issue #36)
+            with gr.Column(elem_id="train-actions"):
+                with gr.Row():
+                    probe_btn = gr.Button(T("train.probe"))
+                    train_btn = gr.Button(T("train.train"), variant="primary", elem_id="train-btn")
+                    cancel_btn = gr.Button(T("train.cancel"), variant="stop", elem_id="train-cancel")
+                status = gr.Markdown(T("train.empty"), elem_id="train-status")
         with gr.Column(scale=2):
-            status = gr.Markdown(T("train.empty"), elem_id="train-status")
             probe_plot = gr.Plot(label=T("train.probe_chart"))
             with gr.Row():
                 curves = gr.Plot(label=T("train.curves"))

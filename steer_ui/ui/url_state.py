@@ -79,6 +79,17 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
 
 
 # Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
+def fall_back(state: ExploreState, defaults: ExploreState, wanted: str | None, opened_ref: str = "") -> bool:
+    """A link whose vector could not be opened shows the default vector: at that vector's own layer, α, range
+    and units, since the link's were chosen for another vector (issue #36).  Whether it fell back."""
+    if not wanted or state.vector == wanted or opened_ref == wanted:
+        return False
+    state.vector = defaults.vector
+    state.layer, state.alpha, state.alpha_max = defaults.layer, defaults.alpha, defaults.alpha_max
+    state.relative, state.seed = defaults.relative, defaults.seed
+    return True
+
+
 # α goes into the link with 4 significant digits, as the page shows it
 JS_SYNC_URL = """
 (prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref) => {

@@ -296,6 +296,13 @@ def test_the_layout_puts_what_matters_on_the_first_screen(browser, url):
         for label in chart.locator(".gtitle, .legend").all():
             if label.bounding_box() is not None:
                 assert not _overlap(toolbar.bounding_box(), label.bounding_box()), label.text_content()
+    wide.get_by_role("tab", name="Train").click()
+    wide.locator("#train-method label", has_text="tsv").click()  # the tallest form
+    wide.evaluate("() => window.scrollTo(0, 0)")
+    time.sleep(0.5)
+    for selector in ("#train-btn", "#train-status"):  # the button and its progress stay on screen
+        box = _box(wide, selector)
+        assert 0 <= box["y"] and box["y"] + box["height"] <= 900, selector
     wide.close()
     phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True)
     phone.goto(url)
@@ -322,4 +329,30 @@ def test_many_prompts_reports_every_held_out_prompt_and_a_line_to_quote(browser,
                            timeout=20_000)  # the held-out prompts are in the table
     assert page.locator("#compare-curves .js-plotly-plot").count() == 1
     assert _error_pills(page) == []
+    page.close()
+
+
+# words that are names, units or symbols in both languages (the Chinese page keeps them as they are)
+ALLOWED_LATIN = {"KL", "nats", "logit", "logits", "lm_head", "top", "KV", "MB", "GB", "AUROC", "TSV", "L2S", "ITI",
+                 "PCA", "tiny", "llama", "cpu", "float32", "Gemma", "GGUF"}
+
+
+def test_the_chinese_page_has_no_english_in_its_charts_and_help(browser, url):
+    """Issue #36: chart titles, axes, legends and help text follow the chosen language too."""
+    page = open_page(browser, url, locale="zh-CN")
+    page.wait_for_function("() => document.querySelector('#next-token-bars .gtitle')?.textContent.length > 0",
+                           timeout=30_000)
+    found = []
+    for tab in page.locator("button[role=tab]").all():
+        tab.click()
+        time.sleep(0.5)
+        texts = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.js-plotly-plot .gtitle, .js-plotly-plot .xtitle, "
+            ".js-plotly-plot .ytitle, .js-plotly-plot .legendtext, .js-plotly-plot .annotation-text, "
+            ".info-text, #model-banner')).filter(e => e.getClientRects().length).map(e => e.textContent)")
+        for text in texts:
+            words = set(re.findall(r"(?<![\w'])[A-Za-z]{3,}(?![\w'])", text)) - ALLOWED_LATIN
+            if words:
+                found.append((tab.inner_text(), text[:80], sorted(words)))
+    assert found == []
     page.close()

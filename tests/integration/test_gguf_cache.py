@@ -6,6 +6,7 @@ from steer_ui.model import loading
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # a full GGUF conversion that fails at its end: about two minutes
 def test_failed_conversion_leaves_no_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("STEER_UI_CACHE", str(tmp_path))
     import transformers

@@ -200,3 +200,14 @@ def test_one_session_cannot_take_every_place_in_the_decode_batch(backend):
     assert other.done and other.steps == 3
     first.close(), second.close()
     assert next(backend.stream_generate("greedy", PROMPT, RANDOM, 1, 3.0, sampling=long)) is not None
+
+
+def test_the_loading_banner_says_how_far_the_load_is():
+    """Issue #36: while a model loads, the banner carries a percentage (the page works meanwhile)."""
+    from steer_ui.ui.model_tab import status_markdown
+
+    service = Service()
+    seen = []
+    service.load_model("random:llama-mini", progress=lambda f, m="": seen.append(status_markdown(service, "en")))
+    assert any("%" in text and "oad" in text for text in seen), seen
+    assert service.model_status()["fraction"] == 1.0 and service.model_status()["ready"]

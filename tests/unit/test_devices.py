@@ -166,6 +166,8 @@ ALLOWED = {
     ("steer_ui/model/generation.py", "noise_generator", "torch.device('cpu')"):
         "sampling noise is float64, which MPS cannot draw: such devices draw it on the host",
     ("steer_ui/model/analysis.py", "vocab_projection", ".cpu()"): "a table for display",
+    ("steer_ui/model/analysis.py", "teacher_forced", ".cpu()"): "per-token log-probabilities and the residual "
+                                                                 "read-out for tables and statistics, on the host",
     ("steer_ui/model/prefix.py", "unsteered_logits", ".cpu()"): "logits for display, kept on the host",
     ("steer_ui/model/prefix.py", "logits", ".cpu()"): "logits for display and sweeps, on the host",
     ("steer_ui/model/capture.py", "out_projection_weight", ".cpu()"):

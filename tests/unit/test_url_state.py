@@ -34,3 +34,17 @@ def test_a_link_cannot_inject_markdown_or_push_alpha_past_the_field():
     assert "&lt;a href=x\\>" in banner and "<" not in banner  # and no tag: the layer is text too
     assert state.alpha == 1e6 and state.alpha_max == 1e6
     assert from_query({"alpha_max": "1e-9"}, DEFAULTS, VECTORS, 18, 4000).alpha_max == 0.001
+
+
+def test_a_missing_vector_falls_back_to_the_default_at_its_own_settings():
+    """Issue #36: the link's layer and α were chosen for its vector; the default vector is shown at its own."""
+    from steer_ui.ui.url_state import fall_back
+
+    defaults = ExploreState(prompt="p", vector="default", layer=8, alpha=0.14, alpha_max=0.28)
+    state = from_query({"vector": "someone's vector", "layer": "3", "alpha": "5"}, defaults, ["default"], 18, 4000)
+    assert fall_back(state, defaults, "someone's vector")
+    assert (state.vector, state.layer, state.alpha, state.alpha_max) == ("default", 8, 0.14, 0.28)
+    opened = from_query({"vector": "default", "layer": "3", "alpha": "0.5"}, defaults, ["default"], 18, 4000)
+    assert not fall_back(opened, defaults, "default") and (opened.layer, opened.alpha) == (3, 0.5)
+    shared = ExploreState(prompt="p", vector="v (shared)", layer=3, alpha=0.5, alpha_max=1.0)
+    assert not fall_back(shared, defaults, "AbCdEfGhIjKlMnOpQrStUv", opened_ref="AbCdEfGhIjKlMnOpQrStUv")
