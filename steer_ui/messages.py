@@ -11,6 +11,8 @@ from typing import Any
 ENGLISH: dict[str, str] = {
     "error_title": "Error",
     "cancelled_title": "Cancelled",
+    "yes": "yes",
+    "no": "no",
     "too_many_prompts": "{count} prompts given; one comparison runs at most {limit} (one per line).",
     "too_many_values": "{count} values given for {what}; at most {limit}.",
     "compare_pairs_summary": "Steers {intended} of {n} held-out prompts the intended way ({share:.0%}); {anti} against "

@@ -37,8 +37,6 @@ body:not(.dark) .gradio-container span.value { color: #7c2d12; }
 body:not(.dark) .gradio-container span.value.number { color: #1e5468; }
 body:not(.dark) .gradio-container span.punctuation { color: #3f5050; }
 #alpha-slider input[type=range] { accent-color: #c2410c; }
-#train-actions { position: sticky; bottom: 0; z-index: 20; background: var(--background-fill-primary);
-                 padding: 6px 0; }
 /* Explore (issue #36): controls left, outputs right with the generations first on a wide screen; one column on a
    phone with prompt, vector and α, then the outputs with the bars first, then the other controls */
 #explore-main { display: grid !important; grid-template-columns: minmax(300px, 1fr) minmax(0, 2fr);

@@ -309,6 +309,8 @@ MESSAGES: dict[str, dict[str, str]] = {
     "zh-CN": {
         "error_title": "错误",
         "cancelled_title": "已取消",
+        "yes": "是",
+        "no": "否",
         "too_many_prompts": "给出了 {count} 个提示；一次比较最多运行 {limit} 个（每行一个）。",
         "too_many_values": "{what} 给出了 {count} 个值；最多 {limit} 个。",
         "compare_pairs_summary": "在 {n} 个留出提示中有 {intended} 个按预期方向被引导（{share:.0%}）；{anti} 个相反；"

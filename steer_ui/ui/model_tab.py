@@ -22,9 +22,11 @@ class ModelTab:
 
 
 def facts_markdown(lang: str, facts: dict) -> str:
-    return i18n.markdown(lang, "model_facts", **{k: facts.get(k) for k in (
-        "model_id", "model_type", "num_layers", "hidden_size", "vocab_size", "tied_lm_head", "parameters", "device",
-        "dtype", "load_seconds")})
+    shown = {k: facts.get(k) for k in ("model_id", "model_type", "num_layers", "hidden_size", "vocab_size",
+                                       "tied_lm_head", "parameters", "device", "dtype", "load_seconds")}
+    if isinstance(shown["tied_lm_head"], bool):  # a yes or no in the page's language, not Python's True/False
+        shown["tied_lm_head"] = i18n.message(lang, "yes" if shown["tied_lm_head"] else "no")
+    return i18n.markdown(lang, "model_facts", **shown)
 
 
 def status_markdown(backend: Service, lang: str) -> str:

@@ -199,6 +199,14 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
             with gr.Row():
                 auto_layer = gr.Checkbox(value=True, label=T("train.auto_layer"))
                 layer = gr.Slider(0, top, value=(num_layers or 12) // 2, step=1, label=T("train.layer"))
+            # the buttons and the job's status (its progress bar) above the settings: under a tall form (TSV's is
+            # ~2,000 px) the click and its progress were off-screen (issue #36)
+            with gr.Column(elem_id="train-actions"):
+                with gr.Row():
+                    probe_btn = gr.Button(T("train.probe"))
+                    train_btn = gr.Button(T("train.train"), variant="primary", elem_id="train-btn")
+                    cancel_btn = gr.Button(T("train.cancel"), variant="stop", elem_id="train-cancel")
+                status = gr.Markdown(T("train.empty"), elem_id="train-status")
             for m in methods:  # every setting of every method, its own control; the less common ones folded
                 own = [spec for spec in specs(get(m["name"]).Settings) if spec.name != "layer"]
                 with gr.Column(visible=m["name"] == default) as groups[m["name"]]:
@@ -211,14 +219,6 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
                                           elem_id=f"train-{m['name']}-advanced".replace("_", "-")):
                             for spec in advanced:
                                 fields.append((m["name"], spec, setting_component(spec, m["name"])))
-            # the buttons and the job's status (its progress bar) stick to the bottom of the screen while a tall
-            # form (TSV's is ~2,000 px) scrolls: the progress shows where the click was (issue #36)
-            with gr.Column(elem_id="train-actions"):
-                with gr.Row():
-                    probe_btn = gr.Button(T("train.probe"))
-                    train_btn = gr.Button(T("train.train"), variant="primary", elem_id="train-btn")
-                    cancel_btn = gr.Button(T("train.cancel"), variant="stop", elem_id="train-cancel")
-                status = gr.Markdown(T("train.empty"), elem_id="train-status")
         with gr.Column(scale=2):
             probe_plot = gr.Plot(label=T("train.probe_chart"))
             with gr.Row():
