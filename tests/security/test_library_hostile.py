@@ -83,6 +83,7 @@ def test_an_owner_token_that_is_not_one_owns_nothing(server, honest_owner, token
     honest_owner["unchanged"]()
 
 
+@pytest.mark.slow  # a thousand saves over HTTP: one to three minutes; the quota itself is in tests/unit
 def test_a_thousand_saves_from_one_client_stop_at_the_quota(server, honest_owner):
     _, token = owned(server)
     # four pages of the same owner saving at once, 250 saves each (a gradio_client per thread: one client is not
