@@ -14,6 +14,7 @@ ENGLISH: dict[str, str] = {
     "yes": "yes",
     "no": "no",
     "too_many_prompts": "{count} prompts given; one comparison runs at most {limit} (one per line).",
+    "too_few_values": "{count} distinct values given for {what}; at least {least}.",
     "too_many_values": "{count} values given for {what}; at most {limit}.",
     "compare_pairs_summary": "Steers {intended} of {n} held-out prompts the intended way ({share:.0%}); {anti} against "
                              "it; {flips} flip the sign of their margin within ±{top:.4g}; mean margin {margin:+.2f} "

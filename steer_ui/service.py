@@ -764,6 +764,8 @@ class Service:
             if len(alphas) > p.max_sweep_points:
                 raise UserError("too_many_values", what="alphas", count=len(alphas), limit=p.max_sweep_points)
             alphas = sorted({self.guard.alpha(a, "alphas") for a in alphas})
+            if len(alphas) < 2:  # a slope needs two distinct α
+                raise UserError("too_few_values", what="alphas", count=len(alphas), least=2)
         else:
             alphas = steerability.alpha_grid(top)
         alphas = alphas if pairs else None

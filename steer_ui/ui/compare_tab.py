@@ -13,7 +13,7 @@ import pandas as pd
 from .. import plots
 from ..service import Service
 from . import i18n
-from .common import MODEL, T, as_gr_error, handler, lang_of, progress_adapter, sid, table
+from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
 
 COLUMNS = ["prompt", "unsteered", "steered", "kl", "fluency", "distinct", "concept_score", "steerability"]
 
@@ -88,14 +88,12 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
             curves_fig = slopes_fig = plots.empty_figure(i18n.message(lang, "compare_needs_pairs_chart"))
         return i18n.plain(summary_line(lang, s)), curves_fig, slopes_fig, table(frame)
 
+    @handler(backend)
     def compare_api(prompts_: str, use_dataset_: bool, vector: str, layer: float, alpha: float, relative: bool,
                     seed: float, alpha_max: float, max_new_tokens: float, request: gr.Request) -> dict:
         """One vector over many prompts: {"rows": [...], "summary": {...}} (see steer_ui/steerability.py)."""
-        try:
-            return compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_new_tokens,
-                           request)
-        except Exception as exc:
-            raise as_gr_error(backend, request, exc) from None
+        return compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_new_tokens,
+                       request)
 
     run.click(compare_view, inputs, [summary, curves, histogram, rows], api_name="compare_view",
               api_visibility="undocumented", **MODEL)

@@ -312,6 +312,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "yes": "是",
         "no": "否",
         "too_many_prompts": "给出了 {count} 个提示；一次比较最多运行 {limit} 个（每行一个）。",
+        "too_few_values": "{what} 给出了 {count} 个不同的值；至少需要 {least} 个。",
         "too_many_values": "{what} 给出了 {count} 个值；最多 {limit} 个。",
         "compare_pairs_summary": "在 {n} 个留出提示中有 {intended} 个按预期方向被引导（{share:.0%}）；{anti} 个相反；"
                                  "{flips} 个的间隔在 ±{top:.4g} 内改变符号；α = {alpha:.4g} 时平均间隔 {margin:+.2f} "

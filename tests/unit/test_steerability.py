@@ -70,6 +70,10 @@ def test_bad_requests_are_refused_in_one_line(tiny):
     with pytest.raises(UserError) as info:
         service.compare("cmp-cccccccc", use_dataset=True, vector_name=RANDOM, layer=1, alpha=0.5)
     assert info.value.key == "no_dataset"
+    service.upload_dataset("cmp-cccccccc", None, bundled="sentiment_pairs.csv")
+    with pytest.raises(UserError) as info:  # one α gives no slope
+        service.compare("cmp-cccccccc", use_dataset=True, vector_name=RANDOM, layer=1, alpha=0.5, alphas=[0.5, 0.5])
+    assert info.value.key == "too_few_values"
     service.upload_dataset("cmp-cccccccc", None, bundled="capitals_statements.csv")
     with pytest.raises(UserError) as info:  # statements are not pairs... unless they pair up within groups
         service.compare("cmp-cccccccc", "a\nb", vector_name=RANDOM, layer=1, alpha=float("nan"))
