@@ -219,7 +219,9 @@ class Keeper:
         item = self.library.result(result_id, client) if self.on else None
         if item is None or not item["content_id"]:
             return None
-        return self._read(self.library.data(item), json.loads(item["meta"])["view"].get("vector", "vector"), handle)
+        meta = json.loads(item["meta"])  # an Explore view names its vector in "view", a comparison in "settings"
+        name = (meta.get("view") or meta.get("settings") or {}).get("vector") or "vector"
+        return self._read(self.library.data(item), name, handle)
 
     # ------------------------------------------------------------------ listing
     def listed(self, handle) -> list[tuple[str, Any]]:

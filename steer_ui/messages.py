@@ -20,8 +20,11 @@ ENGLISH: dict[str, str] = {
                              "it; {flips} flip the sign of their margin within ±{top:.4g}; mean margin {margin:+.2f} "
                              "nats at α = {alpha:.4g}; fluency {drop:+.2f} nats/token.",
     "compare_summary": "{n} prompts at α = {alpha:.4g}: first-token KL {kl:.3f} nats on average; fluency {drop:+.2f} "
-                       "nats/token; distinct tokens {distinct:.0%}; concept score {concept} (standard deviations "
-                       "along the vector, steered text minus unsteered, read by the unsteered model).",
+                       "nats/token; distinct tokens {distinct:.0%}; concept score {concept} ({units}).",
+    "concept_units_sd": "standard deviations along the vector, steered text minus unsteered, read by the unsteered "
+                        "model",
+    "concept_units_delta_p_truthful": "the detector's p(truthful) of the steered text minus the unsteered text's",
+    "concept_units_none": "this vector has no single direction or detector to read",
     "compare_needs_pairs_chart": "Margins and steerability need pairs: tick \"Use the loaded dataset's held-out pairs\".",
     "no_prompts": "Give some prompts (one per line), or compare on the loaded dataset's held-out pairs.",
     "compare_needs_pairs": "Comparing on the dataset needs contrastive pairs (prompt, positive, negative): {detail}",
@@ -121,6 +124,12 @@ ENGLISH: dict[str, str] = {
     "unshared": "Stopped sharing '{name}': its link no longer opens it.",
     "saved_result": "Saved: the link shows this view without running the model.",
     "result_view": "A saved result (made on {when}). Run it live to check it reproduces.",
+    "comparison_view": "A saved comparison (made on {when}) is on the Many prompts tab; Compare runs it live.",
+    "stale_bars": "Made for the previous settings: move α, or press Shift+Enter in the prompt, to update.",
+    "stale_generations": "Made for the previous settings: Generate to update.",
+    "stale_dose": "Made for the previous settings: Dose-response sweep to update.",
+    "no_comparison": "Nothing has been compared on the Many prompts tab yet.",
+    "saved_comparison": "Saved: the link opens this comparison without running the model.",
     "result_other_model": "This result was made on another model ({model}); running it live here will differ.",
     "reproduced": "Run live: reproduced exactly (same tokens{numbers}).",
     "not_reproduced": "Run live: it differs from the saved result ({detail}).",

@@ -51,6 +51,7 @@ from .steering import steering_kind
 log = logging.getLogger(__name__)
 
 RANDOM = "random direction"
+LAST_COMPARISON = "last_comparison"  # Session.cache key: the last Many prompts comparison, for Save result
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 DATASETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "datasets"
 DATASET_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
@@ -392,6 +393,21 @@ class Service:
         if len(text) > self.policy.max_result_chars:
             raise UserError("text_too_long", what="result", size=len(text), limit=self.policy.max_result_chars)
         return self.keeper.save_result(s, payload, view.get("vector"), self.handle)
+
+    def save_comparison(self, session: str | None) -> str:
+        """Freeze the session's last *Many prompts* comparison (its settings, every row and the summary); its id
+        opens the whole table for anyone, without running the model."""
+        s = self.session(session)
+        last = s.cache.get(LAST_COMPARISON)
+        if not last:
+            raise UserError("no_comparison")
+        payload = {"kind": "comparison", "comparison": last["comparison"], "settings": last["settings"],
+                   "model_id": self.handle.model_id,
+                   "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        text = json.dumps(payload)
+        if len(text) > self.policy.max_result_chars:
+            raise UserError("text_too_long", what="result", size=len(text), limit=self.policy.max_result_chars)
+        return self.keeper.save_result(s, payload, last["settings"].get("vector"), self.handle)
 
     def open_result_vector(self, session: str | None, result_id, client: str | None = None) -> str | None:
         """Put the vector a saved result was made with into the session (read-only, as a shared one is), so the
@@ -791,10 +807,18 @@ class Service:
         try:
             with self.guard.reserve(reading):
                 out = steerability.compare(self.handle, generated, steers, unit_steer, scale, pairs, alphas, alpha,
-                                           progress=lambda f, m="": report(0.5 + f / 2, m))
+                                           progress=lambda f, m="": report(0.5 + f / 2, m),
+                                           vector=self.get_vector(session, vector_name, None if layer is None
+                                                                  else self.guard.layer(self.handle, layer), seed))
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
         out["summary"]["units"] = "relative" if relative else "raw"
+        # what *Save result* on the Many prompts tab keeps: the table and the settings it was made from
+        s = self.session(session)
+        s.cache[LAST_COMPARISON] = {"comparison": out, "settings": {
+            "prompts": texts, "use_dataset": flag, "vector": vector_name,
+            "layer": None if layer is None else self.guard.layer(self.handle, layer), "alpha": alpha,
+            "relative": bool(relative), "seed": int(seed or 0), "alpha_max": top, "max_new_tokens": sampling.max_new_tokens}}
         return out
 
     def _held_out_pairs(self, session: str | None) -> list:

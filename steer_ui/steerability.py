@@ -8,9 +8,12 @@ passes of the *unsteered* model:
   counterfactual row reads, for the whole text); ``fluency_unsteered`` the same for the unsteered text, so
   their difference is what steering costs in fluency.
 * ``distinct``: the share of distinct tokens in the steered text (1 = no repeats; loops drive it down).
-* ``concept_score``: how far the steered text's own residual at the vector's layer, read by the unsteered
-  model, lies along the vector beyond the unsteered text's, in standard deviations of the unsteered texts'
-  per-token projections (so 1 = one typical spread).  Direction vectors only.
+* ``concept_score``: how far the steered text moves along the vector's own concept compared with the
+  unsteered text (:func:`readout_for`).  For a direction vector, how far the steered text's own residual at
+  the vector's layer, read by the unsteered model, lies along the vector beyond the unsteered text's, in
+  standard deviations of the unsteered texts' per-token projections (so 1 = one typical spread); for L2S
+  the same along each prompt's own predicted vector g(prompt); for a detector (TSV) its p(truthful) of the
+  steered text minus that of the unsteered text.  ``summary["concept_units"]`` says which.
 
 With contrastive pairs (prompt, positive, negative), the behaviour itself: the teacher-forced margin
 log p(positive) − log p(negative) at every α of a grid (one batched pass per completion, each α a row), and
@@ -72,34 +75,77 @@ def first_token_kl(handle, prompt: str, steers: Sequence) -> float:
     return float(next_token(handle, prompt, steers, top_k=1).kl)
 
 
-def mean_logprob(handle, prompt: str, text: str) -> float | None:
-    """Mean log-probability per token of ``text`` after ``prompt`` under the unsteered model (None: no text)."""
-    if not text:
-        return None
-    return float(teacher_forced(handle, prompt, text).logprobs[0].mean())
-
-
 def distinct_share(token_ids: Sequence[int]) -> float | None:
     return len(set(token_ids)) / len(token_ids) if token_ids else None
 
 
-def concept_scores(handle, generated: Sequence[Generated], direction: torch.Tensor, layer: int) -> list[float | None]:
-    """Per prompt: mean projection of the steered text's residual at ``layer`` on the unit ``direction`` minus
-    the unsteered text's, over the pooled standard deviation of the unsteered texts' per-token projections."""
+SD = "sd"  # concept score units: standard deviations of the unsteered texts' projections
+DELTA_P_TRUTHFUL = "delta_p_truthful"  # a detector's p(truthful), steered text minus unsteered text
+
+
+@dataclass
+class Readout:
+    """How a vector's concept is read from a text: along ``directions`` (one unit row per prompt) at the output
+    of block ``layer``, or by a ``detector`` scoring (prompt, text) pairs; ``units`` is what the page states."""
+    units: str
+    layer: int | None = None
+    directions: torch.Tensor | None = None
+    detector: Callable[[list], list] | None = None
+
+
+def readout_for(handle, vector, unit_steer, prompts: Sequence[str]) -> Readout | None:
+    """The vector's own read-out: a detector's score (TSV), L2S's per-prompt vector g(prompt), or the one
+    direction of a direction vector; None where there is none (several layers, per-head vectors)."""
+    from .methods.base import method_of
+
+    method = method_of(vector) if vector is not None else None
+    if method is not None and hasattr(method, "score"):
+        return Readout(units=DELTA_P_TRUTHFUL, detector=lambda pairs: method.score(handle, vector, pairs))
+    if vector is not None and vector.method == "l2s":
+        from .methods.l2s.steering import layers_of, predict
+
+        z = predict(handle, vector, list(prompts)).float().cpu()
+        return Readout(units=SD, layer=layers_of(vector)[0], directions=z / z.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+    direction = getattr(unit_steer, "vector", None)
+    if direction is None or direction.dim() != 1:
+        return None
     unit = direction.float().cpu() / direction.float().norm().clamp_min(1e-12)
+    return Readout(units=SD, layer=unit_steer.layer, directions=unit.expand(len(prompts), -1))
 
-    def projections(prompt: str, text: str) -> torch.Tensor | None:
-        if not text:
-            return None
-        residual = teacher_forced(handle, prompt, text, record=layer).residual[0]
-        return residual @ unit
 
-    pairs = [(projections(g.prompt, g.unsteered), projections(g.prompt, g.steered)) for g in generated]
-    pooled = torch.cat([u for u, _s in pairs if u is not None]) if any(u is not None for u, _s in pairs) else None
+def read_text(handle, prompt: str, text: str, layer: int | None = None,
+              direction: torch.Tensor | None = None) -> tuple[float | None, torch.Tensor | None]:
+    """One teacher-forced pass of the unsteered model over ``text`` after ``prompt``: its mean log-probability
+    per token (fluency) and, with ``layer`` and ``direction``, the per-token projections of its residual at that
+    block's output on the unit ``direction``.  (None, None) for an empty text."""
+    if not text:
+        return None, None
+    read = teacher_forced(handle, prompt, text, record=layer if direction is not None else None)
+    projections = read.residual[0] @ direction if direction is not None else None
+    return float(read.logprobs[0].mean()), projections
+
+
+def mean_logprob(handle, prompt: str, text: str) -> float | None:
+    """Mean log-probability per token of ``text`` after ``prompt`` under the unsteered model (None: no text)."""
+    return read_text(handle, prompt, text)[0]
+
+
+def concept_from_projections(pairs: Sequence[tuple]) -> list[float | None]:
+    """Per prompt, from its (unsteered, steered) per-token projections: the steered mean minus the unsteered
+    mean over the pooled standard deviation of every unsteered text's per-token projections."""
+    unsteered = [u for u, _s in pairs if u is not None]
+    pooled = torch.cat(unsteered) if unsteered else None
     spread = float(pooled.std()) if pooled is not None and pooled.numel() >= 2 else 0.0
     if not spread > 0:
         return [None] * len(pairs)
     return [None if u is None or s is None else float((s.mean() - u.mean()) / spread) for u, s in pairs]
+
+
+def concept_scores(handle, generated: Sequence[Generated], direction: torch.Tensor, layer: int) -> list[float | None]:
+    """Per prompt: the concept score of one direction vector (see the module's docstring)."""
+    unit = direction.float().cpu() / direction.float().norm().clamp_min(1e-12)
+    return concept_from_projections([(read_text(handle, g.prompt, g.unsteered, layer, unit)[1],
+                                      read_text(handle, g.prompt, g.steered, layer, unit)[1]) for g in generated])
 
 
 def margins(handle, pairs: Sequence, unit_steer, raw_alphas: Sequence[float]) -> np.ndarray:
@@ -154,27 +200,39 @@ def summarise(rows: list[dict], alphas: Sequence[float] | None, alpha: float, st
 
 def compare(handle, generated: Sequence[Generated], steers: Sequence, unit_steer=None, scale: float = 1.0,
             pairs: Sequence | None = None, alphas: Sequence[float] | None = None, alpha: float = 0.0,
-            progress: Callable[[float, str], None] | None = None) -> dict:
+            progress: Callable[[float, str], None] | None = None, vector=None) -> dict:
     """``{"rows": [...], "summary": {...}}`` for prompts already generated side by side with ``steers``.
 
-    ``unit_steer``: the vector at raw α 1 when it is one direction (else None: no concept score, no margins);
-    ``scale``: raw α per user α.  ``pairs`` (aligned with ``generated``) and ``alphas`` (user units): the
-    margins and each prompt's steerability.
+    ``unit_steer``: the vector at raw α 1 when it is one steer (else None: no margins); ``scale``: raw α per
+    user α; ``vector``: the steering vector itself, whose method decides the concept read-out
+    (:func:`readout_for`).  ``pairs`` (aligned with ``generated``) and ``alphas`` (user units): the margins and
+    each prompt's steerability.
     """
     report = progress or (lambda _f, _m="": None)
-    direction = getattr(unit_steer, "vector", None)
-    rows = []
+    readout = readout_for(handle, vector, unit_steer, [g.prompt for g in generated])
+    along = readout is not None and readout.directions is not None
+    rows, projections = [], []
     for i, g in enumerate(generated):
         report(i / max(1, len(generated)) * 0.6, f"prompt {i + 1} of {len(generated)}")
+        # one pass per text gives its fluency and, for a direction, its projections
+        layer, direction = (readout.layer, readout.directions[i]) if along else (None, None)
+        fluency_u, proj_u = read_text(handle, g.prompt, g.unsteered, layer, direction)
+        fluency_s, proj_s = read_text(handle, g.prompt, g.steered, layer, direction)
+        projections.append((proj_u, proj_s))
         rows.append({"prompt": g.prompt, "unsteered": g.unsteered, "steered": g.steered,
-                     "kl": first_token_kl(handle, g.prompt, steers),
-                     "fluency": mean_logprob(handle, g.prompt, g.steered),
-                     "fluency_unsteered": mean_logprob(handle, g.prompt, g.unsteered),
-                     "distinct": distinct_share(g.steered_ids), "concept_score": None})
-    if direction is not None and direction.dim() == 1:
-        report(0.6, "concept scores")
-        for row, score in zip(rows, concept_scores(handle, generated, direction, unit_steer.layer)):
+                     "kl": first_token_kl(handle, g.prompt, steers), "fluency": fluency_s,
+                     "fluency_unsteered": fluency_u, "distinct": distinct_share(g.steered_ids),
+                     "concept_score": None})
+    if along:
+        for row, score in zip(rows, concept_from_projections(projections)):
             row["concept_score"] = score
+    elif readout is not None:  # a detector scores both texts of every prompt in one batched call
+        report(0.6, "detector scores")
+        both = [(g.prompt, t) for g in generated for t in (g.unsteered, g.steered) if t.strip()]
+        scores = dict(zip(both, readout.detector(both))) if both else {}
+        for row, g in zip(rows, generated):
+            u, s_ = scores.get((g.prompt, g.unsteered)), scores.get((g.prompt, g.steered))
+            row["concept_score"] = None if u is None or s_ is None else float(s_) - float(u)
     steerability = margin_rows = None
     if pairs and alphas and unit_steer is not None:
         report(0.8, "margins over α")
@@ -184,4 +242,6 @@ def compare(handle, generated: Sequence[Generated], steers: Sequence, unit_steer
             row["margins"] = [float(v) for v in m]
             row["steerability"] = float(slope)
     report(1.0, "done")
-    return {"rows": rows, "summary": summarise(rows, alphas, alpha, steerability, margin_rows)}
+    summary = summarise(rows, alphas, alpha, steerability, margin_rows)
+    summary["concept_units"] = readout.units if readout is not None else None
+    return {"rows": rows, "summary": summary}

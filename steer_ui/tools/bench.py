@@ -27,6 +27,9 @@ Headline ratios (targets from the performance issue):
 * ``many_users_speedup``, ``many_users_exact``, ``slider_p95_load_over_idle_p50``:
   eight sessions' generations through the request batcher, and the slider
   while others generate (:mod:`.many_users`).
+* ``many_prompts_speedup``: 16 prompts' side-by-side generations one after
+  another ÷ the same 16 in one *Many prompts* comparison, which also
+  computes every per-prompt measure (:func:`.many_users.bench_many_prompts`).
 * ``max_abs_delta_prob_vs_float32``: the accuracy cost of the model's dtype,
   max |Δ probability| of the next token against the same model in float32
   on fixed prompts (0 for a float32 model; ``--dtype bfloat16`` measures it on
@@ -60,7 +63,7 @@ from ..model.loading import BUILT_PREFIXES, EMBEDDED, embedded_gguf_path, gguf_c
 from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_decode_paths,
                        bench_dtype_accuracy, bench_extract, bench_hook_overhead, bench_side_by_side, bench_slider,
                        bench_sweep, bench_training, measure_bandwidth, seeded_steer)
-from .many_users import bench_many_users
+from .many_users import bench_many_prompts, bench_many_users
 from .timing import loadavg, parameter_bytes, peak_rss_bytes, rss_bytes
 
 # name: (comparison, target), on a CPU with the embedded model (float32); issue #20's figures
@@ -76,6 +79,7 @@ TARGETS = {
     "many_users_speedup": (">=", 3.0),
     "many_users_exact": (">=", 8),
     "slider_p95_load_over_idle_p50": ("<=", 2.0),
+    "many_prompts_speedup": (">=", 4.0),  # issue #31
 }
 # On a GPU (issue #20, an 8B-shaped model in bfloat16): a captured decode step should come nearer the weights'
 # read time than a CPU's, and the batched side-by-side should beat two hooked generate() calls by more.
@@ -171,6 +175,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     timed("alpha_grid", lambda: bench_alpha_grid(handle, steer, layer, log, points=5 if quick else 41))
     timed("many_users", lambda: bench_many_users(handle, layer, 8 if quick else 32, 1 if quick else 3, log,
                                                  moves=5 if quick else 20))
+    timed("many_prompts", lambda: bench_many_prompts(handle, layer, 8 if quick else 32, 1 if quick else 3, log))
     # the app's footprint: model loaded, decoded, analysed (before the extra copies the modes below make)
     result["memory"] = {"rss_gb": rss_bytes() / 1e9, "peak_rss_gb": peak_rss_bytes() / 1e9,
                         "note": "peak RSS of this process after load, decode, slider and sweep"}
@@ -205,6 +210,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "many_users_speedup": result["many_users"]["many_users_speedup"],
         "many_users_exact": result["many_users"]["many_users_exact"],
         "slider_p95_load_over_idle_p50": result["many_users"]["slider_p95_load_over_idle_p50"],
+        "many_prompts_speedup": result["many_prompts"]["many_prompts_speedup"],
         # the accuracy cost of the model's dtype (0 in float32); no target, the reader weighs it against speed
         "max_abs_delta_prob_vs_float32": result["dtype_accuracy"]["max_abs_delta_prob"],
     }
@@ -223,6 +229,7 @@ def markdown_table(result: dict) -> str:
     sbs, slider, sweep_, hook = result["side_by_side"], result["slider"], result["sweep"], result["hook"]
     extract = result.get("extract", {})
     users = result["many_users"]
+    prompts = result["many_prompts"]
     rows = [  # (measure, what it was measured from); its value is result['ratios'][measure]
         ("side_by_side_speedup",
          f"HF generate ×2: {sbs['hf_two_generate_calls_ms']:.0f} ms vs ours {sbs['ours_side_by_side_ms']:.0f} ms "
@@ -261,6 +268,10 @@ def markdown_table(result: dict) -> str:
         ("slider_p95_load_over_idle_p50",
          f"slider p95 {users['slider_p95_under_load_ms']:.0f} ms while 4 sessions generate vs idle p50 "
          f"{users['slider_p50_idle_ms']:.0f} ms"),
+        ("many_prompts_speedup",
+         f"{prompts['prompts']} prompts × {prompts['new_tokens']} tokens: one after another "
+         f"{prompts['sequential_ms']:.0f} ms vs one comparison {prompts['comparison_ms']:.0f} ms "
+         f"(its generations alone {prompts['comparison_generation_ms']:.0f} ms, {prompts['in_flight']} in flight)"),
         ("max_abs_delta_prob_vs_float32",
          f"{result['dtype_accuracy']['dtype']} vs float32 next-token probabilities, "
          f"{result['dtype_accuracy']['prompts']} prompts, top-1 agree {result['dtype_accuracy']['top1_agree']}"),

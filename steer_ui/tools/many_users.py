@@ -149,6 +149,60 @@ def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: i
     }
 
 
+MANY_PROMPTS = 16
+
+
+def many_prompts(n: int = MANY_PROMPTS) -> list[str]:
+    """``n`` distinct prompts of different lengths (the four above, each with a different ending)."""
+    endings = ("", " and", " but", " so", " because", " while", " although", " until")
+    return [PROMPTS[i % len(PROMPTS)] + endings[(i // len(PROMPTS)) % len(endings)] for i in range(n)]
+
+
+def bench_many_prompts(handle, layer: int, n_tokens: int, reps: int, log) -> dict:
+    """``many_prompts_speedup``: 16 prompts' side-by-side generations one after another ÷ the same 16 in one
+    comparison (issue #31): both generations through the decode batch (``policy.compare_in_flight`` at a time,
+    as the app runs it), then every per-prompt measure the app's *Many prompts* table shows (first-token KL,
+    fluency of both texts, distinct share, concept score).  The sequential side computes none of those, so the
+    ratio understates what the comparison saves."""
+    from .. import steerability
+    from ..policy import Policy
+
+    in_flight = Policy().compare_in_flight
+    engine = Engine(handle, max_requests=Policy().batch_requests)
+    vector = random_vector(handle.arch.hidden_size, layer, seed=0).directions[layer]
+    steers = [Steer(layer=layer, vector=vector, alpha=to_raw_alpha(handle, 0.2, layer, relative=True))]
+    prompts = many_prompts()
+    sampling = Sampling(max_new_tokens=n_tokens, stop_at_eos=False)
+    specs = [(p, steers, sampling) for p in prompts]
+    log(f"bench: many prompts, {len(prompts)} side by side of {n_tokens} tokens one after another vs one "
+        f"comparison ({in_flight} in flight), {reps} reps")
+    _one(engine, handle, specs[0])  # warm-up
+
+    def one_comparison():
+        requests = [Request.make(handle, *spec) for spec in specs]
+        generated = steerability.generate_all(engine, requests, in_flight, prompts)
+        return steerability.compare(handle, generated, steers, steers[0], 1.0)
+
+    seq, together, generation_only = [], [], []
+    for _ in range(reps):
+        seq.append(_sequential(engine, handle, specs)[0])
+        start = time.perf_counter()
+        steerability.generate_all(engine, [Request.make(handle, *spec) for spec in specs], in_flight, prompts)
+        generation_only.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        one_comparison()
+        together.append(time.perf_counter() - start)
+    engine.close(wait=60)
+    return {
+        "prompts": len(prompts), "new_tokens": n_tokens, "in_flight": in_flight, "reps": reps,
+        "sequential_ms": ms(median(seq)), "comparison_ms": ms(median(together)),
+        "comparison_generation_ms": ms(median(generation_only)),
+        "sequential_ms_all": [ms(x) for x in seq], "comparison_ms_all": [ms(x) for x in together],
+        "many_prompts_speedup": ratio(median(seq), median(together)),
+        "many_prompts_generation_speedup": ratio(median(seq), median(generation_only)),
+    }
+
+
 def main(argv=None) -> None:
     """``python -m steer_ui.tools.many_users --slider-only --reps 3``: this section alone, one JSON line per repetition."""
     import argparse

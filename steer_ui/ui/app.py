@@ -10,7 +10,7 @@ import gradio as gr
 from ..service import RANDOM, Service
 from .. import guards
 from ..policy import Policy
-from . import fair_queue, i18n, library_ui, request_guard
+from . import fair_queue, i18n, library_ui, panel_keys, request_guard
 from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
@@ -53,10 +53,12 @@ body:not(.dark) .gradio-container span.punctuation { color: #3f5050; }
 }
 #explore-readout { min-height: 2.5em; }
 .steer-header { align-items: center; }
-"""
+""" + panel_keys.CSS
 
-# Read the language gradio chose for this page (html lang is kept in sync by gradio) or the browser's.
-JS_BROWSER_LANG = "() => (document.documentElement.lang || navigator.language || 'en')"
+# Read the language gradio chose for this page (html lang is kept in sync by gradio) or the browser's; the page's
+# own key handling is installed on the way.
+JS_BROWSER_LANG = ("() => { (%s)(); return (document.documentElement.lang || navigator.language || 'en'); }"
+                   % panel_keys.JS_ENTER_COMMITS.strip())
 
 # Switch gradio's own locale (labels translated by gr.I18n) to the chosen language.  gradio 6 keeps
 # it in the `changeLocale` export of its core module; we import that very module (same URL, so the
@@ -108,7 +110,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         banner = gr.Markdown(elem_id="model-banner")
         owner = library_ui.owner_state(backend)  # the browser's owner token (local storage)
         tabs: dict[str, gr.Tab] = {}  # i18n key -> tab (their labels are re-sent on a language switch)
-        with gr.Tabs(selected="explore"):
+        with gr.Tabs(selected="explore") as main_tabs:
             with gr.Tab(T("tab.model"), id="model") as tabs["tab.model"]:
                 model = build_model_tab(backend)
             with gr.Tab(T("tab.data"), id="data") as tabs["tab.data"]:
@@ -118,7 +120,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             with gr.Tab(T("tab.explore"), id="explore") as tabs["tab.explore"]:
                 explore = build_explore_tab(backend, num_layers)
             with gr.Tab(T("tab.compare"), id="compare") as tabs["tab.compare"]:
-                build_compare_tab(backend, explore)
+                compare = build_compare_tab(backend, explore)
             with gr.Tab(T("tab.concepts"), id="concepts") as tabs["tab.concepts"]:
                 build_concepts_tab(backend)
             with gr.Tab(T("tab.detect"), id="detect") as tabs["tab.detect"]:
@@ -257,14 +259,18 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             .then(page_status, None, [banner, model.status, model.facts, model.norms], api_name="page_status",
                   api_visibility="undocumented") \
             .then(page_view, None, page_outputs, api_name="page_model", api_visibility="undocumented") \
+            .then(compare.show_saved, None, [main_tabs, compare.prompts] + compare.outputs,
+                  api_name="page_comparison", api_visibility="undocumented", queue=False) \
             .then(saved_or(explore.next_token_fn, lambda lang_, saved: library_ui.saved_next_token(explore, lang_,
-                                                                                                   saved)),
-                  explore.next_token_inputs, [explore.bars, explore.delta, explore.readout, explore.details],
+                                                                                                   saved), "bars"),
+                  explore.next_token_inputs, [explore.bars_key, explore.bars, explore.delta, explore.readout,
+                                              explore.details],
                   api_name="page_next_token", api_visibility="undocumented", show_progress="hidden", **SLIDER) \
-            .then(saved_or(explore.generate_fn, library_ui.saved_generation),
+            .then(saved_or(explore.generate_fn, library_ui.saved_generation, "generations"),
                   explore.steering_inputs + explore.sampling_inputs, explore.gen_outputs,
                   api_name="page_generate", api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
-            .then(saved_or(explore.sweep_fn, library_ui.no_sweep), explore.sweep_inputs, [explore.dose, explore.tokens],
+            .then(saved_or(explore.sweep_fn, library_ui.no_sweep, "dose"), explore.sweep_inputs,
+                  [explore.dose_key, explore.dose, explore.tokens],
                   api_name="page_sweep", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
         library_ui.wire(backend, explore, owner)
         # No unload handler: a missed heartbeat (a laptop lid, a flaky network) must not wipe a session; idle

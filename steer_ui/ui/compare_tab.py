@@ -14,6 +14,7 @@ from .. import plots
 from ..service import Service
 from . import i18n
 from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
+from .library_ui import SHOW_COMPARISON, page_url, plain_api
 
 COLUMNS = ["prompt", "unsteered", "steered", "kl", "fluency", "distinct", "concept_score", "steerability"]
 
@@ -23,6 +24,22 @@ class CompareTab:
     prompts: gr.Textbox
     run: gr.Button
     summary: gr.Markdown
+    outputs: list  # summary, curves, histogram, table: what a comparison (live or saved) draws
+    show_saved: object  # the page-load step that draws a saved comparison (?result=) and opens this tab
+
+
+def render(lang: str, out: dict) -> tuple:
+    """The summary line, both charts and the table of one comparison (``{"rows", "summary"}``)."""
+    s = out["summary"]
+    frame = pd.DataFrame(out["rows"]).reindex(columns=COLUMNS)
+    if s.get("alphas") and all("margins" in r for r in out["rows"]):
+        curves_fig = plots.margin_curves(s["alphas"], [r["margins"] for r in out["rows"]], s["alpha"],
+                                         labels=i18n.plot_labels(lang, "margins"))
+        slopes_fig = plots.slope_histogram([r["steerability"] for r in out["rows"]],
+                                           labels=i18n.plot_labels(lang, "slopes"))
+    else:
+        curves_fig = slopes_fig = plots.empty_figure(i18n.message(lang, "compare_needs_pairs_chart"))
+    return i18n.plain(summary_line(lang, s)), curves_fig, slopes_fig, table(frame)
 
 
 def summary_line(lang: str, summary: dict) -> str:
@@ -41,7 +58,8 @@ def summary_line(lang: str, summary: dict) -> str:
     concept = summary.get("concept_score_mean")
     return i18n.message(lang, "compare_summary", n=n, alpha=summary["alpha"], kl=number(summary["kl_mean"]),
                         drop=number(summary["fluency_drop"]), distinct=number(summary["distinct_mean"]),
-                        concept="—" if concept is None else f"{concept:+.2f}")
+                        concept="—" if concept is None else f"{concept:+.2f}",
+                        units=i18n.message(lang, f"concept_units_{summary.get('concept_units') or 'none'}"))
 
 
 def build_compare_tab(backend: Service, explore) -> CompareTab:
@@ -52,16 +70,20 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
             use_dataset = gr.Checkbox(value=False, label=T("compare.use_dataset"), info=T("compare.use_dataset_info"),
                                       elem_id="compare-use-dataset")
             max_tokens = gr.Slider(1, 128, value=24, step=1, label=T("compare.max_tokens"))
-            run = gr.Button(T("compare.run"), variant="primary", elem_id="compare-run")
+            with gr.Row():
+                run = gr.Button(T("compare.run"), variant="primary", elem_id="compare-run")
+                save_btn = gr.Button(T("compare.save"), elem_id="compare-save")
             # the summary sits under the button: progress and the result show where the click was
             summary = gr.Markdown(T("compare.empty"), elem_id="compare-summary")
+            link = gr.Textbox(label=T("compare.link"), interactive=False, max_lines=1, elem_id="compare-link",
+                              visible=False)
         with gr.Column(scale=2):
             with gr.Row():
                 curves = gr.Plot(label=T("compare.curves"), elem_id="compare-curves")
                 histogram = gr.Plot(label=T("compare.histogram"), elem_id="compare-histogram")
             rows = gr.Dataframe(label=T("compare.table"), interactive=False, wrap=True, headers=COLUMNS,
                                 elem_id="compare-table")
-    tab = CompareTab(prompts=prompts, run=run, summary=summary)
+    outputs = [summary, curves, histogram, rows]
     inputs = [prompts, use_dataset, explore.vector, explore.layer, explore.alpha, explore.relative,
               explore.vector_seed, explore.alpha_max, max_tokens]
 
@@ -74,19 +96,26 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
     @handler(backend, status=summary)
     def compare_view(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_,
                      request: gr.Request, progress=gr.Progress()):
-        lang = lang_of(backend, request)
         out = compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_, request,
                       progress)
-        s = out["summary"]
-        frame = pd.DataFrame(out["rows"]).reindex(columns=COLUMNS)
-        if s.get("alphas") and all("margins" in r for r in out["rows"]):
-            curves_fig = plots.margin_curves(s["alphas"], [r["margins"] for r in out["rows"]], s["alpha"],
-                                             labels=i18n.plot_labels(lang, "margins"))
-            slopes_fig = plots.slope_histogram([r["steerability"] for r in out["rows"]],
-                                               labels=i18n.plot_labels(lang, "slopes"))
-        else:
-            curves_fig = slopes_fig = plots.empty_figure(i18n.message(lang, "compare_needs_pairs_chart"))
-        return i18n.plain(summary_line(lang, s)), curves_fig, slopes_fig, table(frame)
+        return render(lang_of(backend, request), out) + (gr.update(visible=False),)
+
+    @handler(backend, status=summary)
+    def save(request: gr.Request):
+        result_id = backend.save_comparison(sid(request))
+        link = f"{page_url(request)}?result={result_id}"
+        return i18n.message(lang_of(backend, request), "saved_comparison"), gr.update(value=link, visible=True)
+
+    @handler(backend)
+    def show_saved(request: gr.Request):
+        """On a saved comparison's page: its table and charts as saved, and this tab open (else nothing)."""
+        session = backend.sessions.peek(sid(request))
+        saved = session.cache.pop(SHOW_COMPARISON, None) if session is not None else None
+        if saved is None:
+            return (gr.skip(),) * 6
+        settings = saved.get("settings") or {}
+        return (gr.update(selected="compare"), "\n".join(settings.get("prompts") or [])) + \
+            render(lang_of(backend, request), saved["comparison"])
 
     @handler(backend)
     def compare_api(prompts_: str, use_dataset_: bool, vector: str, layer: float, alpha: float, relative: bool,
@@ -95,7 +124,16 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         return compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_new_tokens,
                        request)
 
-    run.click(compare_view, inputs, [summary, curves, histogram, rows], api_name="compare_view",
-              api_visibility="undocumented", **MODEL)
+    run.click(compare_view, inputs, outputs + [link], api_name="compare_view", api_visibility="undocumented",
+              **MODEL)
+    save_btn.click(save, None, [summary, link], api_name="save_comparison_button", api_visibility="undocumented",
+                   queue=False)
     gr.api(compare_api, api_name="compare", **MODEL)
-    return tab
+
+    def save_comparison(request: gr.Request) -> dict:
+        """Save this session's last comparison (every row and the summary): {"id", "url"}."""
+        result_id = backend.save_comparison(sid(request))
+        return {"id": result_id, "url": f"{page_url(request)}?result={result_id}"}
+
+    gr.api(plain_api(backend, save_comparison), api_name="save_comparison", queue=False)
+    return CompareTab(prompts=prompts, run=run, summary=summary, outputs=outputs, show_saved=show_saved)

@@ -17,7 +17,7 @@ import gradio as gr
 from .. import plots
 from ..model.analysis import EXPLOSION_THRESHOLD
 from ..service import RANDOM, Service
-from . import i18n
+from . import i18n, panel_keys
 from .common import EXPLORE, SLIDER, AlphaSlider, T, handler, lang_of, sid, table
 from .url_state import JS_COPY_URL, JS_SYNC_URL
 
@@ -61,6 +61,10 @@ class ExploreTab:
     dose: gr.Plot
     details: gr.JSON
     whole_vocabulary: gr.Checkbox | None = None
+    # what each panel group was made from (ui/panel_keys.py): bars + Δlogit + readout, both generations, dose
+    bars_key: gr.HTML | None = None
+    generations_key: gr.HTML | None = None
+    dose_key: gr.HTML | None = None
     link: gr.Textbox | None = None
     # the library (ui/library_ui.py wires them): share the vector, save the view, run a saved view live
     vector_ref: gr.Textbox | None = None  # the share id a link carries for the vector, "" for a bundled one
@@ -142,12 +146,14 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 generate_btn = gr.Button(T("explore.generate"), variant="primary", elem_id="generate-btn")
                 sweep_btn = gr.Button(T("explore.sweep"), elem_id="sweep-btn")
         with gr.Column(min_width=300, elem_id="explore-outputs"):
+            generations_key = gr.HTML(elem_id="generations-made-for", elem_classes="made-for-holder")
             with gr.Row(equal_height=True, elem_id="explore-generations"):
                 unsteered = gr.Textbox(label=T("explore.unsteered"), lines=5, interactive=False,
                                        elem_id="unsteered-text")
                 steered = gr.HighlightedText(label=T("explore.steered"), show_legend=False, combine_adjacent=False,
                                              elem_id="steered-text")
             token_detail = gr.Markdown(T("explore.token_hint"), elem_id="explore-token-detail")
+            bars_key = gr.HTML(elem_id="bars-made-for", elem_classes="made-for-holder")
             readout = gr.Markdown(T("explore.readout_empty"), elem_id="explore-readout")
             with gr.Row(elem_id="explore-charts"):
                 bars = gr.Plot(label=T("explore.bars"), elem_id="next-token-bars")
@@ -159,10 +165,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             with gr.Row():
                 layer = gr.Slider(0, layers - 1, value=(num_layers or 12) // 2, step=1, label=T("explore.layer"),
                                   elem_id="explore-layer")
-                vector_seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.random_seed"), min_width=90)
+                vector_seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.random_seed"), min_width=90,
+                                      elem_id="explore-vector-seed")
             with gr.Row():
-                relative = gr.Checkbox(value=True, label=T("explore.relative"), info=T("explore.relative_info"))
-                alpha_max = gr.Number(value=1.0, minimum=0.001, maximum=1e6, label=T("explore.alpha_max"), min_width=90)
+                relative = gr.Checkbox(value=True, label=T("explore.relative"), info=T("explore.relative_info"),
+                                   elem_id="explore-relative")
+                alpha_max = gr.Number(value=1.0, minimum=0.001, maximum=1e6, label=T("explore.alpha_max"), min_width=90,
+                                   elem_id="explore-alpha-max")
             with gr.Row():
                 extend = gr.Checkbox(value=False, label=T("explore.extend"), info=T("explore.extend_info"),
                                      elem_id="alpha-extend")
@@ -174,23 +183,31 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             vector_ref = gr.Textbox(visible=False, elem_id="explore-vector-ref")
             link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, elem_id="explore-link",
                               visible=False)
-            with gr.Accordion(T("explore.sampling"), open=False):
-                greedy = gr.Checkbox(value=True, label=T("explore.greedy"))
+            with gr.Accordion(T("explore.sampling"), open=False, elem_id="explore-sampling"):
+                greedy = gr.Checkbox(value=True, label=T("explore.greedy"), elem_id="explore-greedy")
                 with gr.Row():
-                    temperature = gr.Slider(0.05, 2.0, value=0.8, step=0.05, label=T("explore.temperature"))
-                    top_k = gr.Number(value=0, precision=0, minimum=0, label=T("explore.top_k"))
+                    temperature = gr.Slider(0.05, 2.0, value=0.8, step=0.05, label=T("explore.temperature"),
+                                            elem_id="explore-temperature")
+                    top_k = gr.Number(value=0, precision=0, minimum=0, label=T("explore.top_k"), elem_id="explore-top-k")
                 with gr.Row():
-                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label=T("explore.top_p"))
-                    repetition = gr.Slider(1.0, 2.0, value=1.0, step=0.05, label=T("explore.repetition"))
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label=T("explore.top_p"), elem_id="explore-top-p")
+                    repetition = gr.Slider(1.0, 2.0, value=1.0, step=0.05, label=T("explore.repetition"),
+                                           elem_id="explore-repetition")
                 with gr.Row():
-                    max_tokens = gr.Slider(1, 256, value=32, step=1, label=T("explore.max_tokens"))
-                    seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.seed"))
-                delta_limit = gr.Number(value=None, minimum=0, label=T("explore.delta_limit"),
-                                        info=T("explore.delta_limit_info"), elem_id="delta-limit")
-            target = gr.Textbox(label=T("explore.target"), info=T("explore.target_info"), max_lines=1)
+                    max_tokens = gr.Slider(1, 256, value=32, step=1, label=T("explore.max_tokens"),
+                                           elem_id="explore-max-tokens")
+                    seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.seed"), elem_id="explore-seed")
+                # a text box, not a gr.Number: a Number shows an empty value as 0 and sends 0 (= off) after the
+                # first edit anywhere, while empty means "the vector's own bound" (the walk test caught it)
+                delta_limit = gr.Textbox(value="", label=T("explore.delta_limit"), max_lines=1,
+                                         info=T("explore.delta_limit_info"), elem_id="delta-limit")
+            target = gr.Textbox(label=T("explore.target"), info=T("explore.target_info"), max_lines=1,
+                                elem_id="explore-target")
     with gr.Row():
         per_token = gr.Plot(label=T("explore.per_token"), elem_id="per-token-delta")
-        dose = gr.Plot(label=T("explore.dose"), elem_id="dose-response")
+        with gr.Column():
+            dose_key = gr.HTML(elem_id="dose-made-for", elem_classes="made-for-holder")
+            dose = gr.Plot(label=T("explore.dose"), elem_id="dose-response")
     with gr.Accordion(T("explore.raw"), open=False):
         tokens = gr.Dataframe(label=T("explore.tokens"), interactive=False, wrap=True, elem_id="token-table",
                               headers=["position", "token", "logprob", "delta_logit", "direct_delta_logit"])
@@ -200,7 +217,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                      alpha_max=alpha_max, alpha=alpha, readout=readout, bars=bars, delta=delta, unsteered=unsteered,
                      steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details, link=link,
                      whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, share=share, save=save,
-                     run_live=run_live, library_status=library_status)
+                     run_live=run_live, library_status=library_status, bars_key=bars_key,
+                     generations_key=generations_key, dose_key=dose_key)
 
     # ---------------------------------------------------------------- handlers
     @handler(backend)
@@ -208,12 +226,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                    request: gr.Request = None):
         session = sid(request)
         lang = lang_of(backend, request)
+        key = panel_keys.made_for(lang, "bars", locals())
         view = backend.next_token(session, prompt, vector, layer, alpha, relative, vector_seed)
         bars_fig = plots.next_token_bars(view.unsteered, view.steered, labels=_plot_labels(lang, "bars"))
         if float(alpha or 0) == 0:  # nothing moved: say so rather than rank arbitrary zero-change tokens
             nothing = i18n.message(lang, "no_steering")
-            return bars_fig, plots.empty_figure(nothing), nothing, view.as_dict()
-        return bars_fig, delta_figure(lang, view, bool(whole_vocabulary)), readout_markdown(lang, view), \
+            return key, bars_fig, plots.empty_figure(nothing), nothing, view.as_dict()
+        return key, bars_fig, delta_figure(lang, view, bool(whole_vocabulary)), readout_markdown(lang, view), \
             view.as_dict()
 
     @handler(backend)
@@ -221,17 +240,18 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                  max_tokens, seed, delta_limit=None, request: gr.Request = None):
         session = sid(request)
         lang = lang_of(backend, request)
+        key = panel_keys.made_for(lang, "generations", locals())
         sampling = backend.sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                     repetition_penalty=repetition, seed=seed, greedy=greedy,
                                     max_delta_logit=backend.delta_limit(session, vector, delta_limit))
         for frame in backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling):
             if not frame.done:
-                yield frame.unsteered_text, highlighted(frame), gr.skip(), gr.skip(), gr.skip()
+                yield key, frame.unsteered_text, highlighted(frame), gr.skip(), gr.skip(), gr.skip()
                 continue
             tokens_frame = frame.token_frame()
             fig = (plots.per_token_delta(tokens_frame, labels=_plot_labels(lang, "per_token")) if len(tokens_frame)
                    else plots.empty_figure(i18n.message(lang, "no_tokens")))
-            yield frame.unsteered_text, highlighted(frame), fig, table(tokens_frame), frame.as_dict()
+            yield key, frame.unsteered_text, highlighted(frame), fig, table(tokens_frame), frame.as_dict()
 
     def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended):
         return (prompt, vector, int(layer), bool(relative), int(vector_seed or 0), float(alpha_max), target or "",
@@ -242,12 +262,14 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
               request: gr.Request = None):
         """The dose-response over the slider's whole range (the extended one when *Extend range* is on)."""
         session = sid(request)
+        lang = lang_of(backend, request)
+        key = panel_keys.made_for(lang, "dose", locals())
         top = backend.guard.alpha(alpha_max) * (EXTEND if extended else 1.0)
         frame = backend.sweep(session, prompt, vector, layer, top, relative, vector_seed, target=target or None)
         backend.session(session).cache["sweep"] = (_sweep_key(prompt, vector, layer, relative, vector_seed,
                                                               alpha_max, target, extended), frame)
-        labels = _plot_labels(lang_of(backend, request), "dose")
-        return plots.dose_response(frame, current_alpha=backend.guard.alpha(alpha), labels=labels), table(frame)
+        labels = _plot_labels(lang, "dose")
+        return key, plots.dose_response(frame, current_alpha=backend.guard.alpha(alpha), labels=labels), table(frame)
 
     @handler(backend)
     def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False,
@@ -256,9 +278,11 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         cached = backend.session(sid(request)).cache.get("sweep")
         key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended)
         if cached is None or cached[0] != key:
-            return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, request)[0]
-        labels = _plot_labels(lang_of(backend, request), "dose")
-        return plots.dose_response(cached[1], current_alpha=backend.guard.alpha(alpha), labels=labels)
+            return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, request)[:2]
+        lang = lang_of(backend, request)
+        labels = _plot_labels(lang, "dose")
+        return panel_keys.made_for(lang, "dose", locals()), \
+            plots.dose_response(cached[1], current_alpha=backend.guard.alpha(alpha), labels=labels)
 
     @handler(backend)
     def alpha_range(alpha, alpha_max, extended):
@@ -306,17 +330,17 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
 
     # ------------------------------------------------------------------ events
     steering_inputs = tab.steering_inputs
-    nt_outputs = [bars, delta, readout, details]
+    nt_outputs = [bars_key, bars, delta, readout, details]
     nt_inputs = tab.next_token_inputs
     sampling_inputs = [greedy, temperature, top_k, top_p, repetition, max_tokens, seed, delta_limit]
-    gen_outputs = [unsteered, steered, per_token, tokens, details]
+    gen_outputs = [generations_key, unsteered, steered, per_token, tokens, details]
     sweep_inputs = steering_inputs + [alpha_max, target, extend]
 
     alpha.input(next_token, nt_inputs, nt_outputs, api_name="next_token", trigger_mode="always_last",
                 show_progress="hidden", **SLIDER)
     alpha.release(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_release",
                   api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **EXPLORE) \
-        .then(mark_alpha, sweep_inputs, [dose], api_name="mark_alpha", api_visibility="undocumented",
+        .then(mark_alpha, sweep_inputs, [dose_key, dose], api_name="mark_alpha", api_visibility="undocumented",
               show_progress="hidden", **EXPLORE)
     generate_btn.click(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate", **EXPLORE)
     # every panel shows the controls' settings: Generate also redraws the bars and readout for the prompt typed
@@ -325,7 +349,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     # a typed α fires release on leaving the box but no input event: the bars follow it here
     alpha.release(next_token, nt_inputs, nt_outputs, api_name="next_token_on_release", api_visibility="undocumented",
                   trigger_mode="always_last", show_progress="hidden", **SLIDER)
-    sweep_btn.click(sweep, sweep_inputs, [dose, tokens], api_name="sweep", **EXPLORE)
+    sweep_btn.click(sweep, sweep_inputs, [dose_key, dose, tokens], api_name="sweep", **EXPLORE)
     prompt.submit(next_token, nt_inputs, nt_outputs, api_name="next_token_on_submit",
                   api_visibility="undocumented", **SLIDER) \
         .then(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_submit",
@@ -338,7 +362,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                    api_visibility="undocumented", show_progress="hidden", **SLIDER) \
             .then(generate, steering_inputs + sampling_inputs, gen_outputs, api_name=f"generate_on_{trigger}",
                   api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
-            .then(mark_alpha, sweep_inputs, [dose], api_name=f"mark_alpha_on_{trigger}",
+            .then(mark_alpha, sweep_inputs, [dose_key, dose], api_name=f"mark_alpha_on_{trigger}",
                   api_visibility="undocumented", show_progress="hidden", **EXPLORE)
 
     refresh_all(layer.release(lambda: None, None, None, api_visibility="undocumented", trigger_mode="always_last",
@@ -359,6 +383,12 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     # the page URL follows the controls (in the browser only), and "Copy link" copies it
     for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref):
         control.change(None, tab.url_inputs, None, js=JS_SYNC_URL, queue=False)
+    # every panel keeps its word: on any change of a control, the page marks each panel made for other settings
+    controls = [prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary] + sampling_inputs + [
+        alpha_max, target, extend]
+    assert len(controls) == len(panel_keys.CONTROLS)
+    for control in controls:
+        control.change(None, controls, None, js=panel_keys.JS_CHECK, queue=False)
     copy_link.click(None, tab.url_inputs, [link], js=JS_COPY_URL, queue=False) \
         .then(lambda: gr.update(visible=True), None, [link], queue=False, api_visibility="undocumented")
     tab.next_token_fn, tab.generate_fn, tab.sweep_fn = next_token, generate, sweep

@@ -59,6 +59,8 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "compare.curves": "Margin over α",
         "compare.histogram": "Steerability",
         "compare.table": "Per prompt",
+        "compare.save": "Save result",
+        "compare.link": "Link to this comparison",
         "tab.detect": "Detect",
         "tab.export": "Export / Import",
         # model
@@ -196,6 +198,8 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "compare.curves": "间隔随 α 的变化",
         "compare.histogram": "可引导性",
         "compare.table": "逐提示",
+        "compare.save": "保存结果",
+        "compare.link": "此比较的链接",
         "tab.detect": "检测",
         "tab.export": "导出 / 导入",
         "model.source": "模型",
@@ -318,8 +322,10 @@ MESSAGES: dict[str, dict[str, str]] = {
                                  "{flips} 个的间隔在 ±{top:.4g} 内改变符号；α = {alpha:.4g} 时平均间隔 {margin:+.2f} "
                                  "nats；流畅度 {drop:+.2f} nats/词元。",
         "compare_summary": "{n} 个提示，α = {alpha:.4g}：首个词元的平均 KL {kl:.3f} nats；流畅度 {drop:+.2f} "
-                           "nats/词元；不同词元占比 {distinct:.0%}；概念得分 {concept}（沿向量方向的标准差，"
-                           "已引导文本减未引导文本，由未引导模型读取）。",
+                           "nats/词元；不同词元占比 {distinct:.0%}；概念得分 {concept}（{units}）。",
+        "concept_units_sd": "沿向量方向的标准差，已引导文本减未引导文本，由未引导模型读取",
+        "concept_units_delta_p_truthful": "检测器给出的 p(真实)，已引导文本减未引导文本",
+        "concept_units_none": "此向量没有单一方向或检测器可供读取",
         "compare_needs_pairs_chart": "间隔和可引导性需要成对数据：勾选“改用已加载数据集的留出对”。",
         "no_prompts": "请给出一些提示（每行一个），或在已加载数据集的留出对上比较。",
         "compare_needs_pairs": "在数据集上比较需要对比对（提示、正例、反例）：{detail}",
@@ -402,6 +408,12 @@ MESSAGES: dict[str, dict[str, str]] = {
         "unshared": "已停止分享“{name}”：它的链接不再能打开它。",
         "saved_result": "已保存：链接会直接显示此视图，无需运行模型。",
         "result_view": "一个已保存的结果（保存于 {when}）。实时重跑以检查它能否复现。",
+        "comparison_view": "一个已保存的比较（保存于 {when}）显示在“多个提示”页；点“比较”可实时重跑。",
+        "stale_bars": "这是按之前的设置算出的：拖动 α 或在提示框按 Shift+回车即可更新。",
+        "stale_generations": "这是按之前的设置生成的：点击“生成”即可更新。",
+        "stale_dose": "这是按之前的设置算出的：点击“剂量-响应扫描”即可更新。",
+        "no_comparison": "“多个提示”页还没有进行任何比较。",
+        "saved_comparison": "已保存：链接会直接打开此比较，无需运行模型。",
         "result_other_model": "此结果是在另一个模型（{model}）上得到的；在这里实时重跑会有所不同。",
         "reproduced": "实时重跑：完全复现（相同的词元{numbers}）。",
         "not_reproduced": "实时重跑：与保存的结果不同（{detail}）。",

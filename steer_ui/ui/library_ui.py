@@ -17,12 +17,13 @@ import pandas as pd
 from .. import plots
 from ..messages import UserError
 from ..service import Service
-from . import i18n
+from . import i18n, panel_keys
 from .common import EXPLORE, SLIDER, as_gr_error, handler, lang_of, sid, table
 from .request_guard import client_address
 
 STORAGE_KEY = "steer_ui_owner"
 SHOW_RESULT = "show_result"  # the session's saved result while the page shows it (set by the page load)
+SHOW_COMPARISON = "show_comparison"  # a saved comparison the page load hands to the Many prompts tab
 
 
 def owner_state(backend: Service) -> gr.BrowserState:
@@ -147,14 +148,16 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
             status = i18n.message(lang, "result_other_model", model=saved["model_id"])
         else:
             status = i18n.message(lang, "reproduced" if same else "not_reproduced", numbers=detail, detail=detail)
-        return (status,) + saved_generation(lang, {**saved, "generation": frame.as_dict()})[:4]
+        made = panel_keys.made_for(lang, "generations", {**settings, "vector": vector,
+                                                         "vector_seed": settings.get("seed", 0)}, panel_keys.STEERING)
+        return (status, made) + saved_generation(lang, {**saved, "generation": frame.as_dict()})[:4]
 
     explore.share.click(share, [explore.vector], [explore.vector_ref, explore.library_status, explore.link],
                         api_name="share_button", api_visibility="undocumented", queue=False)
     explore.save.click(save, explore.url_inputs, [explore.library_status, explore.link],
                        api_name="save_button", api_visibility="undocumented", **SLIDER)
-    explore.run_live.click(run_live, None, [explore.library_status, explore.unsteered, explore.steered,
-                                            explore.per_token, explore.tokens],
+    explore.run_live.click(run_live, None, [explore.library_status, explore.generations_key, explore.unsteered,
+                                            explore.steered, explore.per_token, explore.tokens],
                            api_name="run_live", api_visibility="undocumented", **EXPLORE)
 
     # ------------------------------------------------------------------------------------------ the API
@@ -185,10 +188,10 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
         return json.loads(json.dumps(backend.result(result_id, client_address(request))))
 
     for fn in (whoami, vectors, share_vector, unshare_vector, save_result, result):  # quick: not queued
-        gr.api(_plain(backend, fn), api_name=fn.__name__, queue=False)
+        gr.api(plain_api(backend, fn), api_name=fn.__name__, queue=False)
 
 
-def _plain(backend, fn):
+def plain_api(backend, fn):
     """``fn`` with every failure as one plain line in the session's language (gr.api keeps its signature)."""
     import functools
 
@@ -203,9 +206,10 @@ def _plain(backend, fn):
     return call
 
 
-def unless_saved(backend: Service, fn, render):
+def unless_saved(backend: Service, fn, render, panel: str):
     """``fn`` for the page-load chain, except on a saved result's page (``?result=``), where ``render(lang,
-    saved)`` draws its panels from the saved numbers without running the model."""
+    saved)`` draws its panels from the saved numbers without running the model, after the element saying which
+    steering settings they were made for (``panel``'s, see ui/panel_keys.py; the controls were set from them)."""
     import functools
     import inspect
 
@@ -214,6 +218,11 @@ def unless_saved(backend: Service, fn, render):
         session = backend.sessions.peek(sid(request))
         return request, (session.cache.get(SHOW_RESULT) if session is not None else None)
 
+    def drawn(request, saved, args):
+        lang = lang_of(backend, request)
+        inputs = [a for a in args if not isinstance(a, gr.Request)]
+        return (panel_keys.made_for_inputs(lang, panel, inputs, panel_keys.STEERING),) + tuple(render(lang, saved))
+
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def stream(*args, **kwargs):
@@ -221,13 +230,13 @@ def unless_saved(backend: Service, fn, render):
             if saved is None:
                 yield from fn(*args, **kwargs)
             else:
-                yield render(lang_of(backend, request), saved)
+                yield drawn(request, saved, args)
         return stream
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         request, saved = saved_of(args, kwargs)
-        return fn(*args, **kwargs) if saved is None else render(lang_of(backend, request), saved)
+        return fn(*args, **kwargs) if saved is None else drawn(request, saved, args)
 
     return call
 
@@ -251,6 +260,10 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
         except UserError as exc:
             out["notices"].append(i18n.message(lang, exc.key, **exc.params))
         else:
+            if saved.get("kind") == "comparison":  # the Many prompts tab shows it (compare_tab.show_saved)
+                backend.session(session).cache[SHOW_COMPARISON] = saved
+                out["notices"].append(i18n.message(lang, "comparison_view", when=saved.get("when", "?")))
+                return out
             backend.session(session).cache[SHOW_RESULT] = saved
             settings = saved["generation"].get("settings") or {}
             vector = settings.get("vector") or state.vector

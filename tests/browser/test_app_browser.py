@@ -71,7 +71,7 @@ def test_a_delta_logit_limit_typed_in_the_sampling_settings_reaches_the_token_ta
     """The field is wired to /generate: with a limit the steered tokens come back with the limit's columns."""
     page = open_page(browser, url)
     page.get_by_text("Sampling", exact=True).click()
-    limit = page.locator("#delta-limit input")
+    limit = page.locator("#delta-limit input, #delta-limit textarea").first
     limit.fill("0.05")
     limit.press("Tab")
     page.locator("#generate-btn").click()

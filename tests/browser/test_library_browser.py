@@ -38,6 +38,15 @@ def _ready(page) -> None:
                            timeout=60_000)
 
 
+def _fresh(browser, url: str, ready: bool = True):
+    """A new browser context (its own local storage: a stranger, or an owner's first visit) on ``url``."""
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US").new_page()
+    page.goto(url)
+    if ready:
+        _ready(page)
+    return page
+
+
 def _choices(page, picker: str) -> list[str]:
     page.locator(f"{picker} input").click()
     page.wait_for_selector("ul[role=listbox] li", timeout=10_000)
@@ -48,9 +57,7 @@ def _choices(page, picker: str) -> list[str]:
 
 def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_stranger(browser, url):
     url, _backend = url
-    owner = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US").new_page()
-    owner.goto(url)
-    _ready(owner)
+    owner = _fresh(browser, url)
     owner.get_by_role("tab", name="Data").click()
     owner.locator("#data-file input[type=file]").set_input_files(
         str(__import__("pathlib").Path(__file__).resolve().parents[2] / "assets/datasets/capitals_statements.csv"))
@@ -83,9 +90,7 @@ def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_str
     assert "vector=" in link and name.split()[0] not in link.split("vector=")[1]  # the id, not the name
     readout = owner.locator("#explore-readout").inner_text()
 
-    stranger = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US").new_page()
-    stranger.goto(link)
-    _ready(stranger)
+    stranger = _fresh(browser, link)
     stranger.wait_for_function(f"() => document.querySelector('#explore-vector input').value === "
                                f"{(name + ' (shared)')!r}", timeout=30_000)
     time.sleep(1.0)
@@ -94,9 +99,7 @@ def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_str
 
 def test_a_saved_result_link_shows_the_saved_view_without_running_the_model(browser, url, monkeypatch):
     url, backend = url
-    page = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US").new_page()
-    page.goto(url)
-    _ready(page)
+    page = _fresh(browser, url)
     page.wait_for_function("() => document.querySelector('#steered-text')?.innerText.trim().split('\\n').length > 1",
                            timeout=60_000)
     time.sleep(1.0)
@@ -110,9 +113,7 @@ def test_a_saved_result_link_shows_the_saved_view_without_running_the_model(brow
         real = getattr(backend, name)
         monkeypatch.setattr(backend, name, lambda *a, _real=real, _n=name, **k: (model_calls.append(_n),
                                                                                  _real(*a, **k))[1])
-    stranger = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US").new_page()
-    stranger.goto(link)
-    _ready(stranger)
+    stranger = _fresh(browser, link)
     stranger.wait_for_function("() => document.querySelector('#run-live-btn') !== null && "
                                "getComputedStyle(document.querySelector('#run-live-btn')).display !== 'none'",
                                timeout=30_000)
@@ -125,3 +126,28 @@ def test_a_saved_result_link_shows_the_saved_view_without_running_the_model(brow
     stranger.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText"
                                ".includes('reproduced exactly')", timeout=60_000)
     assert "stream_generate" in model_calls
+
+
+def test_a_saved_comparison_link_opens_the_whole_table_on_the_many_prompts_tab(browser, url):
+    url, backend = url
+    page = _fresh(browser, url)
+    page.get_by_role("tab", name="Many prompts").click()
+    page.locator("#compare-prompts textarea").fill("The capital of France is\nMy favourite food is")
+    page.locator("#compare-run").click()
+    page.wait_for_function("() => /2 prompts/.test(document.querySelector('#compare-summary').innerText)",
+                           timeout=60_000)
+    page.locator("#compare-save").click()
+    page.wait_for_function("() => document.querySelector('#compare-summary')?.innerText.includes('Saved')",
+                           timeout=20_000)
+    link = page.locator("#compare-link textarea, #compare-link input").first.input_value()
+    saved = backend.result(link.split("result=")[1])
+    assert saved["kind"] == "comparison" and len(saved["comparison"]["rows"]) == 2
+    stranger = _fresh(browser, link, ready=False)
+    # the stranger lands on the Many prompts tab, with the saved prompts, the summary line and every row
+    stranger.wait_for_function("() => /2 prompts/.test(document.querySelector('#compare-summary')?.innerText || '')",
+                               timeout=60_000)
+    assert stranger.locator("#compare-prompts textarea").input_value().splitlines() == [
+        "The capital of France is", "My favourite food is"]
+    table = stranger.locator("#compare-table").inner_text()
+    assert "My favourite food is" in table and "The capital of France is" in table
+    assert "A saved comparison" in stranger.locator("#model-banner").inner_text()

@@ -70,12 +70,12 @@ def test_named_endpoints_are_published(app):
 def test_alpha_zero_gives_identical_sides(app):
     _, url = app
     c = client(url)
-    numbers = next_token(c, 0.0)[3]
+    numbers = next_token(c, 0.0)[-1]
     assert numbers["kl"] == pytest.approx(0.0, abs=1e-6)
     assert same(numbers["unsteered"], numbers["steered"]) is None
-    out = generate(c, 0.0)[4]
+    out = generate(c, 0.0)[-1]
     assert out["done"] and out["unsteered"]["text"] == out["steered"]["text"]
-    steered = generate(c, 8.0)[4]
+    steered = generate(c, 8.0)[-1]
     assert steered["steered"]["text"] != steered["unsteered"]["text"]
     assert len(steered["steered"]["tokens"]) == 6 and "delta_logit" in steered["steered"]["tokens"][0]
 
@@ -85,8 +85,8 @@ def test_a_delta_logit_limit_over_http_holds_every_steered_step(app):
     c = client(url)
     # the 13 arguments clients sent before the limit existed still work: the limit defaults to the vector's own
     # bound, and the random direction states none
-    assert "kept" not in generate(c, 8.0)[4]["steered"]["tokens"][0]
-    _, _, _, table, out = c.predict(PROMPT, RANDOM, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0.5,
+    assert "kept" not in generate(c, 8.0)[-1]["steered"]["tokens"][0]
+    *_, table, out = c.predict(PROMPT, RANDOM, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0.5,
                                     api_name="/generate")
     tokens = out["steered"]["tokens"]
     assert tokens and all(t["kept"] * t["max_delta_logit"] <= 0.5 + 1e-4 for t in tokens)
@@ -105,18 +105,18 @@ def test_a_vector_that_states_its_bound_is_steered_within_it_unless_the_client_s
     name = c.predict(handle_file(str(bounded.save(tmp_path / "bounded.safetensors"))),
                      api_name="/import_vector")[2]["value"]
     # the 13 arguments of clients from before the limit: the vector's own bound applies
-    tokens = generate(c, 8.0, vector=name)[4]["steered"]["tokens"]
+    tokens = generate(c, 8.0, vector=name)[-1]["steered"]["tokens"]
     assert all(t["kept"] * t["max_delta_logit"] <= 0.5 + 1e-4 for t in tokens) and any(t["kept"] < 1 for t in tokens)
     # 0 turns it off; another limit replaces it
-    off = c.predict(PROMPT, name, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0, api_name="/generate")[4]
+    off = c.predict(PROMPT, name, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0, api_name="/generate")[-1]
     assert "kept" not in off["steered"]["tokens"][0]
-    tighter = c.predict(PROMPT, name, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0.1, api_name="/generate")[4]
+    tighter = c.predict(PROMPT, name, 1, 8.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0, 0.1, api_name="/generate")[-1]
     assert all(t["kept"] * t["max_delta_logit"] <= 0.1 + 1e-4 for t in tighter["steered"]["tokens"])
 
 
 def test_sweep_returns_the_dose_response_table(app):
     _, url = app
-    fig, tab = client(url).predict(PROMPT, RANDOM, 1, 0.5, True, 0, 2.0, "", api_name="/sweep")
+    *_, fig, tab = client(url).predict(PROMPT, RANDOM, 1, 0.5, True, 0, 2.0, "", api_name="/sweep")
     assert tab["headers"][:3] == ["alpha", "raw_alpha", "kl"]
     alphas = [row[0] for row in tab["data"]]
     assert alphas[0] == -2.0 and alphas[-1] == 2.0 and len(alphas) == 21
@@ -142,7 +142,7 @@ def test_bad_uploads_error_and_the_session_keeps_working(app, tmp_path):
         c.predict(handle_file(str(junk_vector)), api_name="/import_vector")
     # the same session still has its data and still answers
     assert c.predict(api_name="/bundled_dataset", name="capitals_statements.csv", schema="auto")[0] == summary
-    assert next_token(c, 0.0)[3]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert next_token(c, 0.0)[-1]["kl"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_export_then_import_in_another_session(app, tmp_path):
@@ -154,8 +154,8 @@ def test_export_then_import_in_another_session(app, tmp_path):
     name = result[2]["value"]
     assert name in [c[0] for c in result[2]["choices"]]
     assert result[3]["value"] == result[4]["value"] == name  # every vector picker (Explore, Detect, Export)
-    imported = next_token(other, 2.0, vector=name)[3]
-    random_ = next_token(other, 2.0, vector=RANDOM)[3]  # same seeded direction, moved to the same layer
+    imported = next_token(other, 2.0, vector=name)[-1]
+    random_ = next_token(other, 2.0, vector=RANDOM)[-1]  # same seeded direction, moved to the same layer
     assert imported["kl"] == pytest.approx(random_["kl"], rel=1e-4)
     gguf, _ = client(url, download_to=tmp_path).predict(RANDOM, "gguf", api_name="/export_vector")
     assert gguf[0].endswith(".gguf")
@@ -191,11 +191,11 @@ def test_concurrent_sessions_get_exactly_their_own_results(app):
     """Several clients with different α at once: each result equals the one computed alone."""
     _, url = app
     alphas = [-6.0, -2.0, 0.0, 3.0, 7.0]
-    alone = {a: (next_token(client(url), a)[3], generate(client(url), a, tokens=5)[4]) for a in alphas}
+    alone = {a: (next_token(client(url), a)[-1], generate(client(url), a, tokens=5)[-1]) for a in alphas}
 
     def run(alpha):
         c = client(url)
-        return alpha, next_token(c, alpha)[3], generate(c, alpha, tokens=5)[4]
+        return alpha, next_token(c, alpha)[-1], generate(c, alpha, tokens=5)[-1]
 
     with ThreadPoolExecutor(max_workers=len(alphas)) as pool:
         results = list(pool.map(run, alphas * 2))
@@ -214,13 +214,13 @@ def test_embedded_model_through_the_app(gemma, tmp_path_factory):
     demo, backend, url = launch(gemma, tmp_path_factory)
     try:
         c = client(url)
-        zero = c.predict("The capital of France is", RANDOM, 6, 0.0, True, 0, api_name="/next_token")[3]
+        zero = c.predict("The capital of France is", RANDOM, 6, 0.0, True, 0, api_name="/next_token")[-1]
         assert zero["kl"] == pytest.approx(0.0, abs=1e-5) and same(zero["unsteered"], zero["steered"]) is None
         assert "Paris" in [t["token"].strip() for t in zero["unsteered"]]  # the real model, not a random one
-        pushed = c.predict("The capital of France is", RANDOM, 6, 1.0, True, 0, api_name="/next_token")[3]
+        pushed = c.predict("The capital of France is", RANDOM, 6, 1.0, True, 0, api_name="/next_token")[-1]
         assert pushed["kl"] > 0.01
         out = c.predict("The capital of France is", RANDOM, 6, 0.0, True, 0, True, 0.8, 0, 1.0, 1.0, 6, 0,
-                        api_name="/generate")[4]
+                        api_name="/generate")[-1]
         assert out["unsteered"]["text"] == out["steered"]["text"] and len(out["steered"]["tokens"]) >= 1
     finally:
         demo.close()

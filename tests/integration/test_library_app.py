@@ -66,6 +66,27 @@ def test_a_restart_keeps_vectors_datasets_shares_and_results(app):
     assert shared["url"].endswith("?vector=" + shared["id"])
 
 
+def test_a_saved_comparison_survives_a_restart_and_reads_back_for_a_stranger_with_its_vector(app):
+    owner = client(app)
+    token = owner.predict(api_name="/whoami")
+    owner = client(app, token)
+    name = _train(owner)
+    with pytest.raises(Exception, match="Nothing has been compared"):
+        owner.predict(api_name="/save_comparison")
+    compared = owner.predict("The capital of France is\nParis is a city in", False, name, 1, 0.5, True, 0, 1.0, 4,
+                             api_name="/compare")
+    saved = owner.predict(api_name="/save_comparison")
+    assert saved["url"].endswith("?result=" + saved["id"])
+
+    app.restart()
+
+    result = client(app).predict(saved["id"], api_name="/result")  # a stranger, without running the model
+    assert result["kind"] == "comparison" and result["has_vector"] is True
+    assert result["comparison"] == json.loads(json.dumps(compared))
+    assert result["settings"]["vector"] == name and result["settings"]["prompts"] == [
+        "The capital of France is", "Paris is a city in"]
+
+
 def test_a_shared_vector_steers_a_stranger_exactly_as_its_owner(app):
     owner = client(app)
     owner = client(app, owner.predict(api_name="/whoami"))

@@ -175,3 +175,11 @@ def test_quick_run_many_users_share_batches_and_match_solo(quick_result):
     assert users["many_users_exact"] == 8  # every concurrent result equals its solo result
     assert users["engine"]["peak_requests"] > 1  # the eight really decoded together
     assert users["slider_p50_under_load_ms"] > 0 and users["slider_p95_idle_ms"] >= users["slider_p50_idle_ms"]
+
+
+def test_quick_run_measures_many_prompts_against_one_after_another(quick_result):
+    prompts = quick_result["many_prompts"]
+    assert prompts["prompts"] == 16 and prompts["in_flight"] >= 1
+    assert prompts["sequential_ms"] > 0 and prompts["comparison_ms"] >= prompts["comparison_generation_ms"] > 0
+    assert quick_result["ratios"]["many_prompts_speedup"] == prompts["many_prompts_speedup"]
+    assert "many_prompts_speedup" in quick_result["met"]

@@ -78,3 +78,113 @@ def test_bad_requests_are_refused_in_one_line(tiny):
     with pytest.raises(UserError) as info:  # statements are not pairs... unless they pair up within groups
         service.compare("cmp-cccccccc", "a\nb", vector_name=RANDOM, layer=1, alpha=float("nan"))
     assert info.value.key != "unexpected"
+
+
+# ------------------------------------------------------------------ concept scores against a computation by hand
+def _projections_by_hand(handle, prompt: str, text: str, layer: int, unit: torch.Tensor) -> torch.Tensor | None:
+    """The text's residual at block ``layer``'s output (HF ``hidden_states[layer + 1]``) on ``unit``, per token."""
+    from steer_ui.model.analysis import encode_prompt
+
+    if not text:
+        return None
+    answer = handle.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    ids = torch.cat([encode_prompt(handle, prompt), answer], dim=1)
+    with torch.no_grad():
+        states = handle.model(input_ids=ids, output_hidden_states=True).hidden_states
+    return states[layer + 1][0, -answer.shape[1]:].float() @ unit
+
+
+def _scores_by_hand(handle, rows, layer, units) -> list:
+    pairs = [(_projections_by_hand(handle, r["prompt"], r["unsteered"], layer, u),
+              _projections_by_hand(handle, r["prompt"], r["steered"], layer, u)) for r, u in zip(rows, units)]
+    spread = float(torch.cat([u for u, _s in pairs if u is not None]).std())
+    return [None if u is None or s is None else float((s.mean() - u.mean()) / spread) for u, s in pairs]
+
+
+def test_a_direction_s_concept_score_is_its_projection_gain_in_pooled_standard_deviations(tiny):
+    service = Service(tiny("llama"))
+    out = service.compare("cmp-dddddddd", "\n".join(PROMPTS), vector_name=RANDOM, layer=1, alpha=0.8,
+                          sampling=service.sampling(max_new_tokens=6))
+    direction = service.get_vector("cmp-dddddddd", RANDOM, 1, 0).directions[1].float()
+    unit = direction / direction.norm()
+    expected = _scores_by_hand(service.handle, out["rows"], 1, [unit] * len(PROMPTS))
+    assert any(e is not None for e in expected)
+    for row, want in zip(out["rows"], expected):
+        assert (row["concept_score"] is None) == (want is None)
+        if want is not None:
+            assert row["concept_score"] == pytest.approx(want, abs=1e-4)
+    assert out["summary"]["concept_units"] == steerability.SD
+
+
+def test_l2s_reads_each_prompt_along_its_own_predicted_vector(tiny):
+    from steer_ui.methods import l2s
+    from steer_ui.methods.l2s.steering import predict
+    from steer_ui.vector import SteeringVector
+
+    handle = tiny("llama")
+    torch.manual_seed(0)
+    D = handle.arch.hidden_size
+    net = l2s.SteeringMLP(D, 16, D)
+    with torch.no_grad():
+        net.input_scale.fill_(3.0)
+        net.target_mean.copy_(torch.randn(D))
+    vector = SteeringVector(directions={2: net.target_mean.clone()}, hidden_size=D, method="l2s",
+                            model_id=handle.model_id, positions="all",
+                            hyperparameters={"layer": 2, "context_layer": 1, "activation": "tanh",
+                                             "position": "mean", "target_norm_mean": 5.0},
+                            extras=net.state_tensors())
+    service = Service(handle)
+    name = service.add_vector("cmp-eeeeeeee", vector, "l2s by hand")
+    out = service.compare("cmp-eeeeeeee", "\n".join(PROMPTS), vector_name=name, layer=2, alpha=0.5,
+                          sampling=service.sampling(max_new_tokens=6))
+    z = predict(handle, vector, PROMPTS).float()
+    units = list(z / z.norm(dim=-1, keepdim=True))
+    assert not torch.allclose(units[0], units[1])  # per prompt: a different direction each
+    expected = _scores_by_hand(handle, out["rows"], 2, units)
+    for row, want in zip(out["rows"], expected):
+        assert (row["concept_score"] is None) == (want is None)
+        if want is not None:
+            assert row["concept_score"] == pytest.approx(want, abs=1e-4)
+    assert out["summary"]["concept_units"] == steerability.SD
+
+
+def test_tsv_s_concept_score_is_its_detector_s_p_truthful_gain(tiny):
+    from steer_ui.methods import tsv
+
+    handle = tiny("llama")
+    rows = [(f"What colour is thing {i}?", f"It is {'red' if k else 'blue, no'} {i}", k, f"q{i}")
+            for i in range(12) for k in (1, 0)]
+    vector, _report = tsv.train(handle, rows, layer=2, init_epochs=1, aug_epochs=1, exemplars=8, selected=8,
+                                batch_size=16, compare=False)
+    service = Service(handle)
+    name = service.add_vector("cmp-ffffffff", vector, "tsv by hand")
+    out = service.compare("cmp-ffffffff", "\n".join(PROMPTS), vector_name=name, layer=2, alpha=0.5,
+                          sampling=service.sampling(max_new_tokens=6))
+    for row in out["rows"]:
+        if row["unsteered"].strip() and row["steered"].strip():
+            unsteered, steered = tsv.score(handle, vector, [(row["prompt"], row["unsteered"]),
+                                                            (row["prompt"], row["steered"])])
+            assert row["concept_score"] == pytest.approx(steered - unsteered, abs=1e-5)
+            assert -1 <= row["concept_score"] <= 1
+    assert out["summary"]["concept_units"] == steerability.DELTA_P_TRUTHFUL
+
+
+def test_a_negated_vector_negates_every_slope_and_swaps_intended_and_anti_steerable(tiny):
+    from dataclasses import replace
+
+    service = Service(tiny("llama"))
+    session = "cmp-gggggggg"
+    service.upload_dataset(session, None, bundled="sentiment_pairs.csv")
+    vector = service.get_vector(session, RANDOM, 1, 0)
+    negated = service.add_vector(session, replace(vector, directions={1: -vector.directions[1]}, name="negated"),
+                                 "negated")
+    common = dict(use_dataset=True, layer=1, alpha=0.5, alpha_max=1.0, relative=False,
+                  sampling=service.sampling(max_new_tokens=2))
+    forward = service.compare(session, vector_name=RANDOM, **common)
+    backward = service.compare(session, vector_name=negated, **common)
+    a = np.array([r["steerability"] for r in forward["rows"]])
+    b = np.array([r["steerability"] for r in backward["rows"]])
+    assert np.abs(a).min() > 0
+    np.testing.assert_allclose(b, -a, rtol=1e-4, atol=1e-6)
+    assert backward["summary"]["anti_steerable_share"] == forward["summary"]["intended_share"]
+    assert backward["summary"]["intended_share"] == forward["summary"]["anti_steerable_share"]

@@ -1,0 +1,238 @@
+"""A random walk through the Explore tab (issue #36): after every action, each panel either shows numbers made for
+the controls as they now are, or is marked stale; nothing turns into an "Error" pill.
+
+The controls are read from the page's own inputs (not from the page's script), so a script that misread them
+would be caught; each panel's settings come from the ``data-key`` its handler returned with it.  The server is the
+test's own (in-process), so "settled" means its queue has nothing waiting or running for a moment.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROMPTS = ["The weather today is", "I think the new restaurant downtown is", "My favourite thing about trains is",
+           "Paris is the capital of", "Once upon a time"]
+# the page's inputs for each key field (ui/panel_keys.py names them)
+READERS = {
+    "prompt": ("#explore-prompt textarea", "text"),
+    "vector": ("#explore-vector input", "text"),
+    "layer": ("#explore-layer input[type=number]", "number"),
+    "alpha": ("#alpha-slider input[type=number]", "number"),
+    "relative": ("#explore-relative input[type=checkbox]", "check"),
+    "vector_seed": ("#explore-vector-seed input", "number"),
+    "whole_vocabulary": ("#delta-whole-vocabulary input[type=checkbox]", "check"),
+    "greedy": ("#explore-greedy input[type=checkbox]", "check"),
+    "temperature": ("#explore-temperature input[type=number]", "number"),
+    "top_k": ("#explore-top-k input", "number"),
+    "top_p": ("#explore-top-p input[type=number]", "number"),
+    "repetition": ("#explore-repetition input[type=number]", "number"),
+    "max_tokens": ("#explore-max-tokens input[type=number]", "number"),
+    "seed": ("#explore-seed input", "number"),
+    "delta_limit": ("#delta-limit input, #delta-limit textarea", "text"),
+    "alpha_max": ("#explore-alpha-max input", "number"),
+    "target": ("#explore-target input, #explore-target textarea", "text"),
+    "extended": ("#alpha-extend input[type=checkbox]", "check"),
+}
+PANELS = ("bars", "generations", "dose")
+
+
+def controls(page) -> dict:
+    """Every key field's value as the page's inputs show it (hidden ones too), read from the DOM in one call."""
+    raw = page.evaluate("""(readers) => Object.fromEntries(Object.entries(readers).map(([name, [sel, kind]]) => {
+        const box = document.querySelector(sel);
+        if (box === null) return [name, ['missing', null]];
+        return [name, [kind, kind === 'check' ? box.checked : box.value]];
+    }))""", READERS)
+    out = {}
+    for name, (kind, value) in raw.items():
+        assert kind != "missing", f"no input for {name} ({READERS[name][0]})"
+        if kind == "check":
+            out[name] = bool(value)
+        elif value == "":
+            out[name] = None
+        else:
+            out[name] = float(value) if kind == "number" else value
+    return out
+
+
+def panel_states(page) -> dict:
+    """{panel: (key or None, stale)} from the elements the handlers returned."""
+    found = page.evaluate("""() => Array.from(document.querySelectorAll('.made-for[data-key]')).map(e =>
+        [e.dataset.panel, e.dataset.key, e.classList.contains('stale')])""")
+    return {panel: (json.loads(key), stale) for panel, key, stale in found}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+    return a == b
+
+
+def mismatches(key: dict, now: dict) -> list[str]:
+    return [f"{k}: panel {v!r} vs controls {now[k]!r}" for k, v in key.items() if k in now and not _same(v, now[k])]
+
+
+def error_pills(page) -> list[str]:
+    """Components gradio marks as failed (its status tracker's red "Error"), not toasts."""
+    return page.evaluate("() => Array.from(document.querySelectorAll('.block .error, .wrap.error'))"
+                         ".filter(e => e.offsetParent !== null && !e.closest('.toast-body'))"
+                         ".map(e => (e.closest('[id]') || e).id || e.className)")
+
+
+def _server_busy(demo) -> bool:
+    queue = demo._queue
+    return bool(queue.event_ids_to_events) or any(job is not None for job in queue.active_jobs)
+
+
+def settle(demo, page, quiet: float = 0.2, timeout: float = 120.0) -> None:
+    """Wait until the app's queue is empty and stays so across a round trip through the page's main thread.
+    A chain's next part is sent by the page only once it has drawn the previous part's outputs, which on two
+    busy cores can take seconds after the server finished; the round trip waits for that drawing."""
+    deadline = time.monotonic() + timeout
+    time.sleep(0.1)  # the action's request is on its way
+    calm = 0
+    while calm < 3:
+        assert time.monotonic() < deadline, "the app did not settle"
+        while _server_busy(demo):
+            assert time.monotonic() < deadline, "the app did not settle"
+            time.sleep(0.05)
+        page.evaluate("() => new Promise((done) => requestAnimationFrame(() => setTimeout(done, 30)))")
+        time.sleep(quiet)
+        calm = 0 if _server_busy(demo) else calm + 1
+
+
+@dataclass
+class Walk:
+    page: object
+    demo: object
+    rng: random.Random
+    vectors: list[str]
+    bad_file: Path
+    log: list[str] = field(default_factory=list)
+    timings: list[tuple] = field(default_factory=list)  # (action, acting, settling, checking) seconds
+
+    # ----------------------------------------------------------------------------------------- actions
+    def type_prompt(self):
+        box = self.page.locator("#explore-prompt textarea")
+        box.fill(self.rng.choice(PROMPTS))
+        key = self.rng.choice(["Shift+Enter", "Enter", None])
+        if key:
+            box.press(key)  # Shift+Enter submits (the bars, then both generations); Enter adds a line
+        return {"fresh": ("bars", "generations")} if key == "Shift+Enter" else {}
+
+    def pick_vector(self):
+        name = self.rng.choice(self.vectors)
+        same = self.page.locator("#explore-vector input").input_value() == name
+        self.page.locator("#explore-vector input").click()
+        self.page.locator("ul[role=listbox] li", has_text=name).first.click()
+        return {} if same else {"fresh": PANELS}  # picking the shown vector again changes nothing
+
+    def move_layer(self):
+        box = self.page.locator("#explore-layer input[type=number]")
+        top = int(float(box.get_attribute("max") or 3))
+        value = self.rng.randint(0, top)
+        same = float(box.input_value()) == value
+        box.fill(str(value))
+        box.press("Tab")  # leaving the box releases the slider
+        return {} if same else {"fresh": PANELS}
+
+    def type_alpha(self):
+        box = self.page.locator("#alpha-slider input[type=number]")
+        top = float(box.get_attribute("max") or 1)
+        value = float(f"{self.rng.uniform(-top, top):.3g}")
+        if float(box.input_value() or 0) == value:
+            return {}
+        box.fill(str(value))
+        if self.rng.random() < 0.5:
+            box.press("Enter")
+        else:
+            self.page.locator("#explore-prompt textarea").click()  # leave the box without Enter
+        return {"fresh": PANELS}
+
+    def drag_alpha(self):
+        box = self.page.locator("#alpha-slider input[type=range]").bounding_box()
+        y = box["y"] + box["height"] / 2
+        start = box["x"] + box["width"] * self.rng.uniform(0.1, 0.9)
+        end = box["x"] + box["width"] * self.rng.uniform(0.1, 0.9)
+        self.page.mouse.move(start, y)
+        self.page.mouse.down()
+        for i in range(1, 4):
+            self.page.mouse.move(start + (end - start) * i / 3, y)
+            time.sleep(0.03)
+        self.page.mouse.up()
+        return {"fresh": PANELS}
+
+    def toggle_extend(self):
+        self.page.locator("#alpha-extend input[type=checkbox]").click()
+        return {"fresh": PANELS}
+
+    def generate(self):
+        self.page.locator("#generate-btn").click()
+        return {"fresh": ("bars", "generations")}
+
+    def sweep(self):
+        self.page.locator("#sweep-btn").click()
+        return {"fresh": ("dose",)}
+
+    def change_sampling(self):
+        if not self.page.locator("#explore-max-tokens").is_visible():
+            self.page.locator("#explore-sampling .label-wrap").first.click()
+        box = self.page.locator("#explore-max-tokens input[type=number]")
+        box.fill(str(self.rng.randint(2, 8)))
+        box.press("Tab")
+        return {}
+
+    def switch_language(self):
+        choice = self.rng.choice(["English", "简体中文"])
+        self.page.locator("#lang-switch label", has_text=choice).click()
+        return {}
+
+    def bad_upload(self):
+        self.page.get_by_role("tab", name="Export").or_(self.page.get_by_role("tab", name="导出")).first.click()
+        clear = self.page.locator("#import-file .icon-button-wrapper button")  # "Clear", in either language
+        if clear.count() and clear.first.is_visible():  # the last file's box gives way to an input
+            clear.first.click()
+        self.page.locator("#import-file input[type=file]").set_input_files(str(self.bad_file))
+        self.page.locator(".toast-body", has_text=self.bad_file.name).first.wait_for(timeout=20_000)
+        self.page.get_by_role("tab", name="Explore").or_(self.page.get_by_role("tab", name="探索")).first.click()
+        return {}
+
+    ACTIONS = ("type_prompt", "pick_vector", "move_layer", "type_alpha", "drag_alpha", "toggle_extend", "generate",
+               "sweep", "change_sampling", "switch_language", "bad_upload")
+    WEIGHTS = (3, 2, 2, 4, 3, 1, 3, 2, 1, 1, 1)
+
+    # ------------------------------------------------------------------------------------------ the walk
+    def check(self, step: int, action: str, promise: dict) -> None:
+        now = controls(self.page)
+        states = panel_states(self.page)
+        toasts = [t.replace("\n", " ")[:160] for t in self.page.locator(".toast-body").all_inner_texts()]
+        where = f"step {step} ({action}; walk so far: {self.log[-6:]}; toasts: {toasts})"
+        assert set(states) == set(PANELS), f"{where}: panels with a key: {sorted(states)}"
+        for panel, (key, stale) in states.items():
+            wrong = mismatches(key, now)
+            if wrong and not stale:
+                raise AssertionError(f"{where}: {panel} shows numbers for other settings, unmarked: {wrong}")
+            if not wrong and stale:
+                raise AssertionError(f"{where}: {panel} is marked stale but was made for these settings")
+            if panel in promise.get("fresh", ()):
+                assert not wrong, f"{where}: {panel} should have followed the controls: {wrong}"
+        pills = error_pills(self.page)
+        assert pills == [], f"{where}: components in an Error state: {pills}"
+
+    def run(self, steps: int) -> None:
+        settle(self.demo, self.page)
+        self.check(0, "start", {})
+        for step in range(1, steps + 1):
+            action = self.rng.choices(self.ACTIONS, self.WEIGHTS)[0]
+            self.log.append(action)
+            started = time.monotonic()
+            promise = getattr(self, action)()
+            acted = time.monotonic()
+            settle(self.demo, self.page)
+            settled = time.monotonic()
+            self.check(step, action, promise)
+            self.timings.append((action, acted - started, settled - acted, time.monotonic() - settled))
