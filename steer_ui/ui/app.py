@@ -14,7 +14,7 @@ from . import fair_queue, i18n, library_ui, panel_keys, request_guard
 from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
-from .compare_tab import build_compare_tab
+from .compare_tab import build_compare_tab, wire_open_in_explore
 from .explore_tab import DEFAULT_PROMPT, alpha_slider, build_explore_tab
 from .export_tab import build_export_tab
 from .model_tab import build_model_tab, model_view, status_markdown
@@ -273,6 +273,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                   [explore.dose_key, explore.dose, explore.tokens],
                   api_name="page_sweep", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
         library_ui.wire(backend, explore, owner)
+        wire_open_in_explore(compare, explore, main_tabs)
         # No unload handler: a missed heartbeat (a laptop lid, a flaky network) must not wipe a session; idle
         # sessions are forgotten by the service after policy.session_idle_seconds instead.
     demo.steer_ui_backend = backend

@@ -14,7 +14,12 @@ from .. import plots
 from ..service import Service
 from . import i18n
 from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
+from ..service import LAST_COMPARISON
+from .explore_tab import alpha_slider
 from .library_ui import SHOW_COMPARISON, page_url, plain_api
+from .request_guard import client_address
+
+SHOWN = "shown_comparison"  # Session.cache key: the comparison the tab shows (live or saved), for opening a row
 
 COLUMNS = ["prompt", "unsteered", "steered", "kl", "fluency", "distinct", "concept_score", "steerability"]
 
@@ -26,6 +31,7 @@ class CompareTab:
     summary: gr.Markdown
     outputs: list  # summary, curves, histogram, table: what a comparison (live or saved) draws
     show_saved: object  # the page-load step that draws a saved comparison (?result=) and opens this tab
+    open_row: object  # a table row's select event -> its prompt with the comparison's settings, on Explore
 
 
 def render(lang: str, out: dict) -> tuple:
@@ -98,6 +104,8 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
                      request: gr.Request, progress=gr.Progress()):
         out = compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_, request,
                       progress)
+        last = backend.session(sid(request)).cache.get(LAST_COMPARISON) or {}
+        backend.session(sid(request)).cache[SHOWN] = {"settings": last.get("settings") or {}, "rows": out["rows"]}
         return render(lang_of(backend, request), out) + (gr.update(visible=False),)
 
     @handler(backend, status=summary)
@@ -113,7 +121,11 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         saved = session.cache.pop(SHOW_COMPARISON, None) if session is not None else None
         if saved is None:
             return (gr.skip(),) * 6
-        settings = saved.get("settings") or {}
+        settings = dict(saved.get("settings") or {})
+        if saved.get("has_vector"):  # the saved vector itself, read-only, so a row opens with it in Explore
+            settings["vector"] = backend.open_result_vector(sid(request), saved["id"], client_address(request)) \
+                or settings.get("vector")
+        session.cache[SHOWN] = {"settings": settings, "rows": saved["comparison"]["rows"]}
         return (gr.update(selected="compare"), "\n".join(settings.get("prompts") or [])) + \
             render(lang_of(backend, request), saved["comparison"])
 
@@ -136,4 +148,33 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         return {"id": result_id, "url": f"{page_url(request)}?result={result_id}"}
 
     gr.api(plain_api(backend, save_comparison), api_name="save_comparison", queue=False)
-    return CompareTab(prompts=prompts, run=run, summary=summary, outputs=outputs, show_saved=show_saved)
+
+    @handler(backend)
+    def open_row(evt: gr.SelectData, request: gr.Request):
+        """The selected row's prompt, with the vector, layer and α the comparison ran with, into Explore."""
+        session = backend.sessions.peek(sid(request))
+        shown = session.cache.get(SHOWN) if session is not None else None
+        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        if not shown or not isinstance(index, int) or not 0 <= index < len(shown["rows"]):
+            return (gr.skip(),) * 8
+        st = shown["settings"]
+        keep = lambda key: gr.skip() if st.get(key) is None else st[key]  # noqa: E731
+        alpha = gr.skip()
+        if st.get("alpha") is not None and st.get("alpha_max"):  # the slider's range and α in one update
+            top, step = alpha_slider(max(abs(float(st["alpha_max"])), abs(float(st["alpha"]))))
+            alpha = gr.update(minimum=-top, maximum=top, step=step, value=float(st["alpha"]))
+        return (gr.update(selected="explore"), shown["rows"][index]["prompt"], keep("vector"), keep("layer"),
+                keep("alpha_max"), alpha, keep("relative"), keep("seed"))
+
+    return CompareTab(prompts=prompts, run=run, summary=summary, outputs=outputs, show_saved=show_saved,
+                      open_row=open_row)
+
+
+def wire_open_in_explore(tab: CompareTab, explore, main_tabs) -> None:
+    """Clicking a row of the table opens it in Explore, whose panels then follow (bars, both generations,
+    the dose-response marker)."""
+    rows = tab.outputs[3]
+    event = rows.select(tab.open_row, None, [main_tabs, explore.prompt, explore.vector, explore.layer,
+                                             explore.alpha_max, explore.alpha, explore.relative, explore.vector_seed],
+                        api_name="open_row_in_explore", api_visibility="undocumented", queue=False)
+    explore.refresh_all(event, "open_row")

@@ -79,6 +79,7 @@ class ExploreTab:
     sampling_inputs: list | None = None
     gen_outputs: list | None = None
     sweep_inputs: list | None = None
+    refresh_all: object = None  # refresh_all(event, trigger): every panel after ``event`` (another tab's too)
 
     @property
     def steering_inputs(self) -> list:
@@ -392,6 +393,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     copy_link.click(None, tab.url_inputs, [link], js=JS_COPY_URL, queue=False) \
         .then(lambda: gr.update(visible=True), None, [link], queue=False, api_visibility="undocumented")
     tab.next_token_fn, tab.generate_fn, tab.sweep_fn = next_token, generate, sweep
+    tab.refresh_all = refresh_all
     tab.sampling_inputs, tab.gen_outputs, tab.sweep_inputs = sampling_inputs, gen_outputs, sweep_inputs
     steered.select(token_details, None, [token_detail], api_name="token_details", api_visibility="undocumented")
     return tab

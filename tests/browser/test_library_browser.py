@@ -151,3 +151,22 @@ def test_a_saved_comparison_link_opens_the_whole_table_on_the_many_prompts_tab(b
     table = stranger.locator("#compare-table").inner_text()
     assert "My favourite food is" in table and "The capital of France is" in table
     assert "A saved comparison" in stranger.locator("#model-banner").inner_text()
+    # a row opens in Explore with the comparison's vector, layer and α, and Explore's panels follow it
+    cell = stranger.locator("#compare-table [role=gridcell]", has_text="My favourite food is").first
+    for _attempt in range(3):  # a click while the page-load chain redraws the table can miss the cell
+        cell.click()
+        try:
+            stranger.wait_for_function("() => document.querySelector('#explore-prompt textarea')?.value === "
+                                       "'My favourite food is'", timeout=5_000)
+            break
+        except Exception:  # noqa: BLE001 - try again; the assertion below says what is wrong
+            stranger.get_by_role("tab", name="Many prompts").click()
+    assert stranger.locator("#explore-prompt textarea").input_value() == "My favourite food is"
+    stranger.wait_for_function("() => { const e = document.querySelector('#generations-made-for .made-for');"
+                               " return e && JSON.parse(e.dataset.key).prompt === 'My favourite food is'; }",
+                               timeout=60_000)
+    settings = saved["settings"]
+    shown = stranger.evaluate("() => JSON.parse(document.querySelector('#generations-made-for .made-for')"
+                              ".dataset.key)")
+    assert (shown["vector"], shown["layer"], shown["alpha"]) == (settings["vector"], settings["layer"],
+                                                                 settings["alpha"])
