@@ -186,3 +186,17 @@ class AlphaSlider(gr.Slider):
             return float(payload)
         except (TypeError, ValueError):
             return payload  # the backend turns it into a plain "α must be a number" message
+
+
+class OptionalNumberBox(gr.Textbox):
+    """A number that may be left empty (empty = "the default"), as a text box: gr.Number shows an empty value
+    as 0 and sends 0 once anything is edited.  API clients may send a number or numeric text; the service
+    reads and bounds it (the request guard only checks that it is one of those).  Rendered by gradio's own
+    text box (``is_template``)."""
+
+    is_template = True
+
+    def preprocess(self, payload):
+        if isinstance(payload, (int, float)) and not isinstance(payload, bool):
+            return payload
+        return super().preprocess(payload)

@@ -18,7 +18,7 @@ from .. import plots
 from ..model.analysis import EXPLOSION_THRESHOLD
 from ..service import RANDOM, Service
 from . import i18n, panel_keys
-from .common import EXPLORE, SLIDER, AlphaSlider, T, handler, lang_of, sid, table
+from .common import EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, handler, lang_of, sid, table
 from .url_state import JS_COPY_URL, JS_SYNC_URL
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
@@ -200,8 +200,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                     seed = gr.Number(value=0, precision=0, minimum=0, label=T("explore.seed"), elem_id="explore-seed")
                 # a text box, not a gr.Number: a Number shows an empty value as 0 and sends 0 (= off) after the
                 # first edit anywhere, while empty means "the vector's own bound" (the walk test caught it)
-                delta_limit = gr.Textbox(value="", label=T("explore.delta_limit"), max_lines=1,
-                                         info=T("explore.delta_limit_info"), elem_id="delta-limit")
+                delta_limit = OptionalNumberBox(value="", label=T("explore.delta_limit"), max_lines=1,
+                                                info=T("explore.delta_limit_info"), elem_id="delta-limit")
             target = gr.Textbox(label=T("explore.target"), info=T("explore.target_info"), max_lines=1,
                                 elem_id="explore-target")
     with gr.Row():

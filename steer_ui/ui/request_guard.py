@@ -24,7 +24,7 @@ from ..guards import flag, number
 from ..guards import text as checked_text
 from ..messages import UserError
 from . import i18n
-from .common import AlphaSlider, as_gr_error, sid
+from .common import AlphaSlider, OptionalNumberBox, as_gr_error, sid
 
 log = logging.getLogger("steer_ui.ui")
 
@@ -67,7 +67,12 @@ def _choices(block) -> list:
 
 def check_value(block, value: Any, what: str) -> None:
     """Refuse ``value`` for ``block`` with one line naming ``what``; values the handler reads as given pass."""
-    if isinstance(block, (gr.Number, gr.Slider)):
+    if isinstance(block, OptionalNumberBox):  # empty, a number or numeric text; the service bounds it
+        if isinstance(value, bool) or not (value is None or isinstance(value, (int, float, str))):
+            raise UserError("number_not_a_number", what=what, value=str(value)[:40])
+        if isinstance(value, str):
+            checked_text(value, what, 64, allow_empty=True)
+    elif isinstance(block, (gr.Number, gr.Slider)):
         if value is None and isinstance(block, gr.Number):
             return  # an empty number field: the handler's default
         whole = getattr(block, "precision", None) == 0 or (isinstance(block, gr.Slider) and
