@@ -772,6 +772,7 @@ class Service:
         top = abs(self.guard.alpha(alpha_max, "alpha_max"))
         if top == 0:
             raise UserError("number_not_positive", what="alpha_max", value="0")
+        layer = None if layer is None else self.guard.layer(self.handle, layer)  # once: the read-out and the save
         steers = self.steers(session, vector_name, layer, alpha, relative, seed, positions)
         unit = self.steers(session, vector_name, layer, 1.0, relative, seed, positions)
         unit_steer = unit[0] if len(unit) == 1 and isinstance(unit[0], Steer) else None
@@ -808,16 +809,14 @@ class Service:
             with self.guard.reserve(reading):
                 out = steerability.compare(self.handle, generated, steers, unit_steer, scale, pairs, alphas, alpha,
                                            progress=lambda f, m="": report(0.5 + f / 2, m),
-                                           vector=self.get_vector(session, vector_name, None if layer is None
-                                                                  else self.guard.layer(self.handle, layer), seed))
+                                           vector=self.get_vector(session, vector_name, layer, seed))
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
         out["summary"]["units"] = "relative" if relative else "raw"
         # what *Save result* on the Many prompts tab keeps: the table and the settings it was made from
         s = self.session(session)
         s.cache[LAST_COMPARISON] = {"comparison": out, "settings": {
-            "prompts": texts, "use_dataset": flag, "vector": vector_name,
-            "layer": None if layer is None else self.guard.layer(self.handle, layer), "alpha": alpha,
+            "prompts": texts, "use_dataset": flag, "vector": vector_name, "layer": layer, "alpha": alpha,
             "relative": bool(relative), "seed": int(seed or 0), "alpha_max": top, "max_new_tokens": sampling.max_new_tokens}}
         return out
 

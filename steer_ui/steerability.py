@@ -141,13 +141,6 @@ def concept_from_projections(pairs: Sequence[tuple]) -> list[float | None]:
     return [None if u is None or s is None else float((s.mean() - u.mean()) / spread) for u, s in pairs]
 
 
-def concept_scores(handle, generated: Sequence[Generated], direction: torch.Tensor, layer: int) -> list[float | None]:
-    """Per prompt: the concept score of one direction vector (see the module's docstring)."""
-    unit = direction.float().cpu() / direction.float().norm().clamp_min(1e-12)
-    return concept_from_projections([(read_text(handle, g.prompt, g.unsteered, layer, unit)[1],
-                                      read_text(handle, g.prompt, g.steered, layer, unit)[1]) for g in generated])
-
-
 def margins(handle, pairs: Sequence, unit_steer, raw_alphas: Sequence[float]) -> np.ndarray:
     """(pairs, alphas) teacher-forced margins log p(positive) − log p(negative) after each pair's prompt, with
     ``unit_steer`` at each raw α (one batched pass per completion: each α a row)."""
