@@ -12,7 +12,7 @@ import pandas as pd
 
 from .. import plots
 from ..service import Service
-from . import i18n
+from . import i18n, panel_keys
 from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
 from ..service import LAST_COMPARISON
 from .explore_tab import alpha_slider
@@ -29,7 +29,7 @@ class CompareTab:
     prompts: gr.Textbox
     run: gr.Button
     summary: gr.Markdown
-    outputs: list  # summary, curves, histogram, table: what a comparison (live or saved) draws
+    outputs: list  # made-for, summary, curves, histogram, table: what a comparison (live or saved) draws
     show_saved: object  # the page-load step that draws a saved comparison (?result=) and opens this tab
     open_row: object  # a table row's select event -> its prompt with the comparison's settings, on Explore
 
@@ -84,14 +84,16 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
             link = gr.Textbox(label=T("compare.link"), interactive=False, max_lines=1, elem_id="compare-link",
                               visible=False)
         with gr.Column(scale=2):
+            compare_key = gr.HTML(elem_id="compare-made-for", elem_classes="made-for-holder")
             with gr.Row():
                 curves = gr.Plot(label=T("compare.curves"), elem_id="compare-curves")
                 histogram = gr.Plot(label=T("compare.histogram"), elem_id="compare-histogram")
             rows = gr.Dataframe(label=T("compare.table"), interactive=False, wrap=True, headers=COLUMNS,
                                 elem_id="compare-table")
-    outputs = [summary, curves, histogram, rows]
+    outputs = [compare_key, summary, curves, histogram, rows]
     inputs = [prompts, use_dataset, explore.vector, explore.layer, explore.alpha, explore.relative,
               explore.vector_seed, explore.alpha_max, max_tokens]
+    panel_keys.watch("compare", dict(zip(panel_keys.PANELS["compare"], inputs)))
 
     def compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_, request,
                 progress=None) -> dict:
@@ -106,7 +108,10 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
                       progress)
         last = backend.session(sid(request)).cache.get(LAST_COMPARISON) or {}
         backend.session(sid(request)).cache[SHOWN] = {"settings": last.get("settings") or {}, "rows": out["rows"]}
-        return render(lang_of(backend, request), out) + (gr.update(visible=False),)
+        lang = lang_of(backend, request)
+        key = panel_keys.made_for_inputs(lang, "compare", (prompts_, use_dataset_, vector, layer, alpha, relative,
+                                                           seed, alpha_max, max_tokens_))
+        return (key,) + render(lang, out) + (gr.update(visible=False),)
 
     @handler(backend, status=summary)
     def save(request: gr.Request):
@@ -120,14 +125,17 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         session = backend.sessions.peek(sid(request))
         saved = session.cache.pop(SHOW_COMPARISON, None) if session is not None else None
         if saved is None:
-            return (gr.skip(),) * 6
+            return (gr.skip(),) * 7
         settings = dict(saved.get("settings") or {})
         if saved.get("has_vector"):  # the saved vector itself, read-only, so a row opens with it in Explore
             settings["vector"] = backend.open_result_vector(sid(request), saved["id"], client_address(request)) \
                 or settings.get("vector")
         session.cache[SHOWN] = {"settings": settings, "rows": saved["comparison"]["rows"]}
-        return (gr.update(selected="compare"), "\n".join(settings.get("prompts") or [])) + \
-            render(lang_of(backend, request), saved["comparison"])
+        lang, text = lang_of(backend, request), "\n".join(settings.get("prompts") or [])
+        # a saved comparison claims only its prompts (put in the box here): its summary line names the vector
+        # and α it ran with, which Explore's controls need not show
+        key = panel_keys.made_for(lang, "compare", {"prompts": text}, ("prompts",))
+        return (gr.update(selected="compare"), text, key) + render(lang, saved["comparison"])
 
     @handler(backend)
     def compare_api(prompts_: str, use_dataset_: bool, vector: str, layer: float, alpha: float, relative: bool,
@@ -173,7 +181,7 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
 def wire_open_in_explore(tab: CompareTab, explore, main_tabs) -> None:
     """Clicking a row of the table opens it in Explore, whose panels then follow (bars, both generations,
     the dose-response marker)."""
-    rows = tab.outputs[3]
+    rows = tab.outputs[-1]
     event = rows.select(tab.open_row, None, [main_tabs, explore.prompt, explore.vector, explore.layer,
                                              explore.alpha_max, explore.alpha, explore.relative, explore.vector_seed],
                         api_name="open_row_in_explore", api_visibility="undocumented", queue=False)

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
 from .. import plots
 from ..service import RANDOM, Service, UserError
-from . import i18n
+from . import i18n, panel_keys
 from .common import T, handler, lang_of, sid, table
 
 
@@ -41,6 +42,14 @@ def answers_from_table(value) -> list[tuple[str, str]]:
     return rows
 
 
+def table_rows(value) -> list[list]:
+    """The answers table's cells as the page holds them (its stale check compares them)."""
+    if value is None:
+        return []
+    frame = value if isinstance(value, pd.DataFrame) else pd.DataFrame(value)
+    return frame.astype(object).where(frame.notna(), None).values.tolist()
+
+
 def build_detect_tab(backend: Service) -> DetectTab:
     with gr.Row():
         with gr.Column(scale=1, min_width=320):
@@ -52,6 +61,7 @@ def build_detect_tab(backend: Service) -> DetectTab:
             file = gr.File(label=T("detect.file"), type="filepath")
             detect_btn = gr.Button(T("detect.run"), variant="primary", elem_id="detect-btn")
         with gr.Column(scale=2):
+            detect_key = gr.HTML(elem_id="detect-made-for", elem_classes="made-for-holder")
             summary = gr.Markdown(T("detect.empty"), elem_id="detect-summary")
             scores = gr.Dataframe(label=T("detect.scores"), interactive=False, wrap=True,
                                   headers=["prompt", "answer", "score"])
@@ -74,7 +84,9 @@ def build_detect_tab(backend: Service) -> DetectTab:
                             auroc="—" if auroc is None else f"{auroc:.3f}")
         fig = plots.detection_scores(frame, labels=i18n.plot_labels(lang, "detect")) if len(frame) else \
             plots.empty_figure()
-        return text, table(frame), fig, out
+        key = panel_keys.made_for(lang, "detect", {"vector": vector, "answers": table_rows(answers),
+                                                   "file": Path(file).name if file else None})
+        return key, text, table(frame), fig, out
 
     @handler(backend)
     def use_generation(request: gr.Request):
@@ -86,7 +98,8 @@ def build_detect_tab(backend: Service) -> DetectTab:
 
     # its own slots: scoring typed answers takes seconds and a refusal ("pick a TSV vector") none, so neither
     # waits behind another visitor's training or Concepts job in the "model" slot (issue #36)
-    detect_btn.click(detect, [vector, answers, file], [summary, scores, histogram, details], api_name="detect",
-                     concurrency_id="detect", concurrency_limit=2)
+    detect_btn.click(detect, [vector, answers, file], [detect_key, summary, scores, histogram, details],
+                     api_name="detect", concurrency_id="detect", concurrency_limit=2)
+    panel_keys.watch("detect", {"vector": vector, "answers": answers, "file": file})
     from_explore.click(use_generation, None, [answers], api_name="answers_from_explore", api_visibility="undocumented")
     return tab

@@ -388,8 +388,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     controls = [prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary] + sampling_inputs + [
         alpha_max, target, extend]
     assert len(controls) == len(panel_keys.CONTROLS)
-    for control in controls:
-        control.change(None, controls, None, js=panel_keys.JS_CHECK, queue=False)
+    panel_keys.watch("explore", dict(zip(panel_keys.CONTROLS, controls)))
     copy_link.click(None, tab.url_inputs, [link], js=JS_COPY_URL, queue=False) \
         .then(lambda: gr.update(visible=True), None, [link], queue=False, api_visibility="undocumented")
     tab.next_token_fn, tab.generate_fn, tab.sweep_fn = next_token, generate, sweep

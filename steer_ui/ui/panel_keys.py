@@ -1,17 +1,23 @@
-"""One truth per view (issue #36): every Explore panel records the settings it was computed from, and the page
+"""One truth per view (issue #36): every result panel records the settings it was computed from, and the page
 marks it stale the moment the controls no longer have those settings.
 
 A handler that draws a panel group also returns :func:`made_for` for it: an HTML element carrying the inputs it
-was called with (``data-key``, JSON) and a note, hidden until the page finds the controls changed.  The page's
-script (:data:`JS_CHECK`, run on every change of a control, and whenever a panel's element is replaced) compares
-each panel's key with the controls' values, field by field, and toggles the note.  So a panel either shows
-numbers for the controls as they are, or says plainly that it was made for other settings.
+was called with (``data-key``, JSON), the view whose controls it answers to (``data-view``) and a note, hidden
+until the page finds the controls changed.  The page's script (:func:`js_check` per view, run on every change of
+one of its controls, and whenever a panel's element is replaced) compares each panel's key with its view's
+controls, field by field, and toggles the note.  So a panel either shows numbers for the controls as they are,
+or says plainly that it was made for other settings.
 
-Panel groups and the controls that make them (the names are the handlers' argument names):
+Views and their panel groups (the field names are the handlers' argument names):
 
-* ``bars``: the next-token bars, the Δlogit chart and the readout (``next_token``).
-* ``generations``: both generations, the per-token chart and the token table (``generate``).
-* ``dose``: the dose-response chart (``sweep`` and its α marker).
+* Explore: ``bars`` (the next-token bars, the Δlogit chart and the readout, from ``next_token``), ``generations``
+  (both generations, the per-token chart and the token table, from ``generate``), ``dose`` (the dose-response
+  chart, from ``sweep`` and its α marker).
+* Train: ``train`` (status, curves, results table and report: the method, its layer and its settings) and
+  ``probe`` (the per-layer probe chart: the position and seed it ran with).
+* Detect: ``detect`` (summary, scores, histogram: the vector, the typed answers or the file).
+* Many prompts: ``compare`` (summary, both charts, the table: the prompts, the Explore settings it ran with and
+  its token count).
 """
 from __future__ import annotations
 
@@ -28,16 +34,26 @@ PANELS = {
     "bars": STEERING + ("whole_vocabulary",),
     "generations": STEERING + SAMPLING,
     "dose": STEERING + ("alpha_max", "target", "extended"),
+    # Many prompts: its own inputs and the Explore settings it runs with
+    "compare": ("prompts", "use_dataset", "vector", "layer", "alpha", "relative", "vector_seed", "alpha_max",
+                "max_tokens"),
+    "detect": ("vector", "answers", "file"),
+    # "train" and "probe": the method, its layer and its own settings, named per method (train_tab names them)
 }
-# every control the page reads, in the order JS_CHECK receives their values (explore_tab wires them so)
+# every control of Explore the page reads, in the order its check receives their values (explore_tab wires them so)
 CONTROLS = STEERING + ("whole_vocabulary",) + SAMPLING + ("alpha_max", "target", "extended")
+
+
 def made_for_inputs(lang: str, panel: str, inputs, fields: tuple | None = None) -> str:
     """:func:`made_for` from an event's inputs in their wiring order (which is ``PANELS[panel]``'s)."""
     return made_for(lang, panel, dict(zip(PANELS[panel], inputs)), fields)
 
 
 # the note's key in i18n per panel: what a person does to bring the panel up to date
-NOTES = {"bars": "stale_bars", "generations": "stale_generations", "dose": "stale_dose"}
+NOTES = {"bars": "stale_bars", "generations": "stale_generations", "dose": "stale_dose", "train": "stale_train",
+         "probe": "stale_probe", "detect": "stale_detect", "compare": "stale_compare"}
+# the view each panel answers to (Explore's are the default)
+VIEW_OF = {"train": "train", "probe": "train", "detect": "detect", "compare": "compare"}
 
 
 def _plain(value: Any) -> Any:
@@ -48,7 +64,15 @@ def _plain(value: Any) -> Any:
         return value
     if isinstance(value, (int, float)):
         return float(value) if math.isfinite(float(value)) else str(value)
+    if isinstance(value, (list, tuple)):  # a table's rows, as the page's script writes them (see js_check)
+        return json.dumps([[_cell(c) for c in row] for row in value], separators=(",", ":"), ensure_ascii=False)
     return str(value)
+
+
+def _cell(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
 
 
 def key_of(panel: str, values: dict, fields: tuple | None = None) -> dict:
@@ -58,23 +82,33 @@ def key_of(panel: str, values: dict, fields: tuple | None = None) -> dict:
 
 
 def made_for(lang: str, panel: str, values: dict, fields: tuple | None = None) -> str:
-    """The element recording what ``panel`` was just computed from (its stale note in ``lang``)."""
+    """The element recording what ``panel`` was just computed from (its stale note in ``lang``).  ``fields``
+    defaults to ``PANELS[panel]``; panels outside Explore name theirs (their controls are per method or per
+    table)."""
     key = html.escape(json.dumps(key_of(panel, values, fields), ensure_ascii=False), quote=True)
     note = html.escape(i18n.message(lang, NOTES[panel]), quote=False)
-    return (f'<div class="made-for" data-panel="{panel}" data-key="{key}">'
+    view = VIEW_OF.get(panel, "explore")
+    return (f'<div class="made-for" data-panel="{panel}" data-view="{view}" data-key="{key}">'
             f'<span class="stale-note" role="status">⚠ {note}</span></div>')
 
 
-# Compares each panel's key with the controls' values (the arguments, in CONTROLS order).  Numbers are equal when
-# they agree to 1e-9 of their size; empty strings and nulls are one value.  Kept on window so a panel replaced
+# Compares each panel's key with its view's controls (the arguments, in ``names`` order).  Numbers are equal when
+# they agree to 1e-9 of their size; empty strings and nulls are one value; a table is its rows as compact JSON and
+# a file its name (as the handlers' keys write them).  Each view's controls are kept on window so a panel replaced
 # later (a slow response arriving after the controls moved on) is checked again by the observer.
-JS_CHECK = """
+_JS_CHECK = """
 (...values) => {
-  const names = %s;
-  const plain = (v) => (v === undefined || v === null || v === '') ? null : v;
+  const view = %(view)s, names = %(names)s;
+  const plain = (v) => {
+    if (v === undefined || v === null || v === '') return null;
+    if (typeof v === 'object' && Array.isArray(v.data)) return JSON.stringify(v.data);
+    if (typeof v === 'object' && (v.orig_name || v.path)) return v.orig_name || String(v.path).split('/').pop();
+    return v;
+  };
   const controls = {};
   names.forEach((n, i) => { controls[n] = plain(values[i]); });
-  window.__steerControls = controls;
+  window.__steerControls = window.__steerControls || {};
+  window.__steerControls[view] = Object.assign(window.__steerControls[view] || {}, controls);
   const same = (a, b) => {
     if (a === null || b === null) return a === b;
     if (typeof a === 'number' && typeof b === 'number') {
@@ -82,24 +116,38 @@ JS_CHECK = """
     }
     return a === b;
   };
-  const check = () => {
-    const now = window.__steerControls || {};
-    document.querySelectorAll('.made-for[data-key]').forEach((el) => {
-      let key = {};
-      try { key = JSON.parse(el.dataset.key); } catch (e) { return; }
-      const stale = Object.keys(key).some((k) => (k in now) && !same(key[k], now[k]));
-      el.classList.toggle('stale', stale);
-    });
-  };
-  window.__steerCheckStale = check;
-  if (!window.__steerObserver) {
-    window.__steerObserver = new MutationObserver(() => window.__steerCheckStale && window.__steerCheckStale());
+  if (!window.__steerCheckStale) {
+    window.__steerCheckStale = () => {
+      document.querySelectorAll('.made-for[data-key]').forEach((el) => {
+        const now = (window.__steerControls || {})[el.dataset.view || 'explore'];
+        if (!now) return;
+        let key = {};
+        try { key = JSON.parse(el.dataset.key); } catch (e) { return; }
+        const stale = Object.keys(key).some((k) => (k in now) && !same(key[k], now[k]));
+        el.classList.toggle('stale', stale);
+      });
+    };
+    window.__steerObserver = new MutationObserver(() => window.__steerCheckStale());
     window.__steerObserver.observe(document.body, {childList: true, subtree: true});
   }
-  check();
+  window.__steerCheckStale();
   return values;
 }
-""" % json.dumps(list(CONTROLS))
+"""
+
+
+def js_check(view: str, names) -> str:
+    """The page's check for ``view``, receiving its controls' values in ``names`` order."""
+    return _JS_CHECK % {"view": json.dumps(view), "names": json.dumps(list(names))}
+
+
+def watch(view: str, controls: dict) -> None:
+    """Wire ``view``'s check to every change of its ``controls`` ({field name: component})."""
+    names, components = list(controls), list(controls.values())
+    js = js_check(view, names)
+    for component in components:
+        component.change(None, components, None, js=js, queue=False)
+
 
 # Enter in the α or layer box commits the value as leaving the box does (gradio releases a slider on blur, not on
 # Enter: Enter redrew the bars but left both generations and the dose-response at the old α).  Installed once.

@@ -10,7 +10,7 @@ import pandas as pd
 
 from .. import plots
 from ..service import Service
-from . import i18n
+from . import i18n, panel_keys
 from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
 
 # Keys of a method's report that hold its main result table, best first.
@@ -111,10 +111,19 @@ def _jsonable(value):
     return json.loads(json.dumps(value, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
-def _label(name: str):
-    """The setting's translated label where one exists, else its name in words (a new method needs no i18n)."""
-    key = f"train.{name}"
-    return T(key) if key in i18n.TRANSLATIONS["en"] else name.replace("_", " ")
+def setting_text(spec, method: str) -> tuple:
+    """The setting's label and help as page keys (translated in the browser): English from the method's own
+    settings (the shared label where one exists, else its name in words), Chinese from ui/settings_zh.py; a
+    setting with no Chinese yet shows its English there too (tests/unit/test_backend_i18n.py finds it)."""
+    from .settings_zh import ZH
+
+    key = f"train.setting.{method}.{spec.name}"
+    shared = f"train.{spec.name}"
+    label_en = i18n.TRANSLATIONS["en"][shared] if shared in i18n.TRANSLATIONS["en"] else spec.name.replace("_", " ")
+    label_zh, help_zh = ZH.get(f"{method}.{spec.name}", (label_en, spec.help))
+    i18n.extend(labels={"en": {key: label_en, f"{key}.info": spec.help},
+                        "zh-CN": {key: label_zh, f"{key}.info": help_zh}})
+    return T(key), T(f"{key}.info") if spec.help else None
 
 
 def setting_component(spec, method: str = ""):
@@ -124,8 +133,8 @@ def setting_component(spec, method: str = ""):
     The component's limits mirror the spec's, but they are a convenience: the
     service re-checks every value (the API ignores the page).
     """
-    common = dict(label=_label(spec.name), info=spec.help or None,
-                  elem_id=f"train-{method}-{spec.name}".replace("_", "-") if method else None)
+    label, info = setting_text(spec, method)
+    common = dict(label=label, info=info, elem_id=f"train-{method}-{spec.name}".replace("_", "-") if method else None)
     if spec.kind == "bool":
         return gr.Checkbox(value=bool(spec.default), **common)
     if spec.choices:
@@ -133,12 +142,12 @@ def setting_component(spec, method: str = ""):
     if spec.kind in ("int", "float") and spec.optional:  # may be left empty ("the method decides"): a number
         # field cannot be empty in the browser (it sends 0), so a text field that the service reads as a number
         return gr.Textbox(value="" if spec.default is None else f"{spec.default:g}", max_lines=1,
-                          placeholder="empty: the method's default", **common)
+                          placeholder=T("train.placeholder_default"), **common)
     if spec.kind in ("int", "float"):
         return gr.Number(value=spec.default, precision=0 if spec.kind == "int" else None, minimum=spec.minimum,
                          maximum=spec.maximum, **common)
     if spec.kind == "floats":
-        return gr.Textbox(value=", ".join(f"{v:g}" for v in spec.default), placeholder="e.g. 6, 20", **common)
+        return gr.Textbox(value=", ".join(f"{v:g}" for v in spec.default), placeholder=T("train.placeholder_floats"), **common)
     return gr.Textbox(value=spec.default or "", max_lines=3, **common)
 
 
@@ -220,7 +229,10 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
                             for spec in advanced:
                                 fields.append((m["name"], spec, setting_component(spec, m["name"])))
         with gr.Column(scale=2):
+            # what the probe chart and the training results were made from (ui/panel_keys.py)
+            probe_key = gr.HTML(elem_id="probe-made-for", elem_classes="made-for-holder")
             probe_plot = gr.Plot(label=T("train.probe_chart"))
+            train_key = gr.HTML(elem_id="train-made-for", elem_classes="made-for-holder")
             with gr.Row():
                 curves = gr.Plot(label=T("train.curves"))
                 results = gr.Dataframe(label=T("train.results"), interactive=False, wrap=True, headers=["name", "value"])
@@ -231,6 +243,8 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
 
     tab = TrainTab(method=method, layer=layer, auto_layer=auto_layer, train=train_btn, status=status, curves=curves,
                    results=results, report=report, probe_plot=probe_plot, probe_table=probe_table)
+    key_controls = {"method": method, "auto_layer": auto_layer, "layer": layer} | {
+        f"{name}.{spec.name}": component for name, spec, component in fields}
     position = next((c for name, spec, c in fields if name == default and spec.name == "position"), None)
     seed = next((c for name, spec, c in fields if name == default and spec.name == "seed"), None)
 
@@ -246,7 +260,9 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
         fig = plots.probe_layers(frame, best, labels=i18n.plot_labels(lang_of(backend, request), "probe")) \
             if len(frame) else plots.empty_figure()
         update = gr.update(value=best) if best is not None else gr.skip()
-        return fig, table(frame), update, gr.update(value=False) if best is not None else gr.skip()
+        values = {f"{default}.position": position, f"{default}.seed": seed}  # the default method's, as wired
+        key = panel_keys.made_for(lang_of(backend, request), "probe", values, tuple(values))
+        return key, fig, table(frame), update, gr.update(value=False) if best is not None else gr.skip()
 
     @handler(backend, status=status)
     def train(data: dict, request: gr.Request, progress=gr.Progress()):
@@ -257,7 +273,11 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
         name, result = backend.train(sid(request), chosen, None if data[auto_layer] else data[layer],
                                      progress=progress_adapter(progress), settings=settings)
         choices = backend.vector_names(sid(request))
-        return train_outputs(backend, lang_of(backend, request), name, result) + \
+        lang = lang_of(backend, request)
+        values = {name_: data[component] for name_, component in key_controls.items()}
+        key_fields = ("method", "auto_layer") + (() if data[auto_layer] else ("layer",)) + \
+            tuple(name_ for name_ in key_controls if name_.startswith(f"{chosen}."))
+        return (panel_keys.made_for(lang, "train", values, key_fields),) + train_outputs(backend, lang, name, result) + \
             (gr.update(choices=choices, value=name),)
 
     @handler(backend)
@@ -270,12 +290,15 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
     auto_layer.change(lambda auto: gr.update(interactive=not auto), [auto_layer], [layer], api_name="auto_layer",
                       api_visibility="undocumented", queue=False)
     probe_inputs = [c for c in (position, seed) if c is not None]
-    tab.probe_event = probe_btn.click(probe_layers, probe_inputs, [probe_plot, probe_table, layer, auto_layer],
-                                      api_name="probe_layers", **MODEL)
+    tab.probe_event = probe_btn.click(probe_layers, probe_inputs, [probe_key, probe_plot, probe_table, layer,
+                                                                   auto_layer], api_name="probe_layers", **MODEL)
     # Cancel runs outside the model queue (queue=False): it only raises a flag that the running job's next
     # progress report sees, so the job stops within a step and the session keeps what it had.
     cancel_btn.click(cancel, None, [status], api_name="cancel", queue=False)
     tab.train_inputs = {method, layer, auto_layer} | {c for _n, _s, c in fields}
     tab.train_fn = train
-    tab.train_outputs = [status, curves, results, report]
+    tab.train_outputs = [train_key, status, curves, results, report]
+    # the results answer to the method, its layer (unless chosen by the probe) and that method's own settings;
+    # the probe chart to the default method's position and seed, which it runs with
+    panel_keys.watch("train", key_controls)
     return tab

@@ -255,6 +255,69 @@ def test_the_panels_follow_the_controls_they_were_made_from(browser, url):
     page.close()
 
 
+def _stale(page, panel: str) -> bool | None:
+    """Whether ``panel``'s made-for element says stale (None: the panel has none yet)."""
+    return page.evaluate("(p) => { const e = document.querySelector(`.made-for[data-panel=${p}]`);"
+                         " return e ? e.classList.contains('stale') : null; }", panel)
+
+
+def _wait_stale(page, panel: str, stale: bool, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _stale(page, panel) is not stale:
+        assert time.monotonic() < deadline, f"{panel}: stale is {_stale(page, panel)}, expected {stale}"
+        time.sleep(0.1)
+
+
+def test_train_detect_and_many_prompts_results_say_when_their_controls_moved(browser, url):
+    """Issue #36 beyond Explore: a training result, a detection and a comparison each record what they were made
+    from, and the page marks them the moment their controls differ (and unmarks them when the controls return)."""
+    page = open_page(browser, url)
+    upload_statements(page)
+    page.get_by_role("tab", name="Train").click()
+    page.locator("#train-method label", has_text="tsv").click()
+    for stage in ("init", "aug"):
+        box = page.locator(f"#train-tsv-{stage}-epochs input[type=number]")
+        box.fill("2")
+        box.press("Tab")
+    page.locator("#train-tsv-advanced").get_by_text("Advanced settings").click()
+    page.locator("#train-tsv-compare input[type=checkbox]").uncheck()
+    page.locator("#train-btn").click()
+    page.wait_for_function("() => document.querySelector('#train-status').innerText.includes('Trained')",
+                           timeout=120_000)
+    _wait_stale(page, "train", False)
+    box = page.locator("#train-tsv-aug-epochs input[type=number]")
+    box.fill("3")
+    box.press("Tab")
+    _wait_stale(page, "train", True)  # a setting of the trained method moved
+    box.fill("2")
+    box.press("Tab")
+    _wait_stale(page, "train", False)
+    page.locator("#train-method label", has_text="pca").click()
+    _wait_stale(page, "train", True)  # another method chosen: these results are not its
+    page.get_by_role("tab", name="Detect").click()
+    page.locator("#detect-vector input").click()
+    page.locator("ul[role=listbox] li", has_text="tsv").first.click()
+    page.locator("#detect-from-explore").click()  # the page's own generations as answers
+    page.wait_for_function("() => document.querySelector('#detect-vector').closest('.column')"
+                           ".innerText.includes(' ')", timeout=10_000)
+    time.sleep(1.0)
+    page.locator("#detect-btn").click()
+    page.wait_for_selector(".made-for[data-panel=detect]", state="attached", timeout=60_000)
+    _wait_stale(page, "detect", False)
+    page.locator("#detect-vector input").click()
+    page.locator("ul[role=listbox] li", has_text="random").first.click()
+    _wait_stale(page, "detect", True)  # another vector picked: the scores are the previous one's
+    page.get_by_role("tab", name="Many prompts").click()
+    page.locator("#compare-prompts textarea").fill("The weather today is\nOnce upon a time")
+    page.locator("#compare-run").click()
+    page.wait_for_selector(".made-for[data-panel=compare]", state="attached", timeout=120_000)
+    _wait_stale(page, "compare", False)
+    page.locator("#compare-prompts textarea").fill("The weather today is")
+    _wait_stale(page, "compare", True)  # the prompts changed: the table is the previous prompts'
+    assert _error_pills(page) == []
+    page.close()
+
+
 def test_every_tab_s_text_meets_wcag_aa_contrast(browser, url):
     """Issue #36: help text was rgb(187,187,194) on white (1.9:1); white on the orange buttons 2.8:1."""
     from contrast_kit import low_contrast
@@ -340,23 +403,38 @@ ALLOWED_LATIN = {"KL", "nats", "logit", "logits", "lm_head", "top", "KV", "MB", 
 
 
 def test_the_chinese_page_has_no_english_in_its_charts_and_help(browser, url):
-    """Issue #36: chart titles, axes, legends and help text follow the chosen language too."""
+    """Issue #36: chart titles, axes, legends, help text and placeholders follow the chosen language too, the help
+    of every method's generated Train settings included (each method's form is opened)."""
+    from steer_ui.ui.settings_zh import KEPT_LATIN
+
     page = open_page(browser, url, locale="zh-CN")
     page.wait_for_function("() => document.querySelector('#next-token-bars .gtitle')?.textContent.length > 0",
                            timeout=30_000)
     found = []
+
+    def shown_texts() -> list[str]:
+        return page.evaluate(
+            "() => Array.from(document.querySelectorAll('.js-plotly-plot .gtitle, .js-plotly-plot .xtitle, "
+            ".js-plotly-plot .ytitle, .js-plotly-plot .legendtext, .js-plotly-plot .annotation-text, "
+            ".info-text, #model-banner, textarea[placeholder], input[placeholder]'))"
+            ".filter(e => e.getClientRects().length).map(e => e.placeholder || e.textContent)")
+
     for tab in page.locator("button[role=tab]").all():
         tab.click()
         time.sleep(0.5)
-        texts = page.evaluate(
-            "() => Array.from(document.querySelectorAll('.js-plotly-plot .gtitle, .js-plotly-plot .xtitle, "
-            ".js-plotly-plot .ytitle, .js-plotly-plot .legendtext, .js-plotly-plot .annotation-text, "
-            ".info-text, #model-banner')).filter(e => e.getClientRects().length)"
-            # known gap (issue #36, open): the help of each method's generated settings is English only
-            ".filter(e => !e.closest('[id^=train-]:not(#train-method)')).map(e => e.textContent)")
+        texts = shown_texts()
+        if page.locator("#train-method").is_visible():  # every method's own form, its advanced settings open
+            for method in page.locator("#train-method label").all():
+                name = method.inner_text().strip()
+                method.click()
+                advanced = page.locator(f"#train-{name}-advanced .label-wrap")
+                if advanced.count() and advanced.first.is_visible():
+                    advanced.first.click()
+                time.sleep(0.4)
+                texts += shown_texts()
         for text in texts:
             text = re.sub(r"--[\w-]+|\S+\.(csv|json|safetensors)\b", " ", text)
-            words = set(re.findall(r"(?<![\w'])[A-Za-z]{3,}(?![\w'])", text)) - ALLOWED_LATIN
+            words = set(re.findall(r"(?<![\w'])[A-Za-z]{3,}(?![\w'])", text)) - ALLOWED_LATIN - set(KEPT_LATIN)
             if words:
                 found.append((tab.inner_text(), text[:80], sorted(words)))
     assert found == [], "\n".join(map(str, found))

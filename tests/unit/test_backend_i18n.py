@@ -84,3 +84,16 @@ def test_gr_i18n_carries_both_languages():
     translations = i18n.gr_i18n().translations_dict
     assert {"en", "zh-CN"} <= set(translations)
     assert translations["zh-CN"]["tab.explore"] == "探索"
+
+
+def test_every_method_setting_has_a_chinese_label_and_help():
+    """Issue #36: the Train form is generated from each method's settings; each has Chinese text, none left over."""
+    import steer_ui.methods  # noqa: F401 (registers the methods)
+    from steer_ui.methods.base import get, names, specs
+    from steer_ui.ui.settings_zh import ZH
+
+    wanted = {f"{m}.{s.name}" for m in names() for s in specs(get(m).Settings) if s.name != "layer"}
+    assert set(ZH) == wanted
+    for key, (label, help_text) in ZH.items():
+        assert label.strip() and help_text.strip(), key
+        assert any("\u4e00" <= ch <= "\u9fff" for ch in label + help_text), key
