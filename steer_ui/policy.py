@@ -41,7 +41,9 @@ class Policy:
     max_alpha: float = 1e6  # |α| in either unit; NaN and inf are refused anyway
     max_detect_answers: int = 512
     max_compare_prompts: int = 64  # prompts one "many prompts" comparison runs (issue #31)
-    compare_in_flight: int = 4  # of them in the shared decode batch at once, so other visitors keep their places
+    # of them in the shared decode batch at once; each place is refilled when its prompt ends, after any visitor
+    # already waiting (steerability.generate_all), so a visitor waits at most one prompt's generation
+    compare_in_flight: int = 8
     # ---- sessions (one per browser tab or gradio_client.Client; see steer_ui/sessions.py)
     max_sessions: int = 256
     sessions_per_address: int = 64  # kept sessions admitted from one client address

@@ -750,7 +750,6 @@ class Service:
         or a grid over ±``alpha_max``)."""
         from . import steerability
         from .model.engine import EngineBusy
-        from .model.generation import Request
         from .model.hooks import Steer
 
         p = self.policy
@@ -791,7 +790,7 @@ class Service:
         engine = self.engine()
         in_flight = max(1, min(p.compare_in_flight, p.batch_requests))
         try:
-            requests = [Request.make(engine.handle, text, steers, sampling) for text in texts]
+            requests = steerability.requests_for(engine.handle, texts, steers, sampling)
         except _expected_errors() as exc:
             raise UserError("generation_failed", detail=_first_line(exc)) from None
         report = progress or (lambda _f, _m="": None)

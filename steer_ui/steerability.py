@@ -1,12 +1,13 @@
 """Does it steer, or did one prompt get lucky?  One vector over many prompts at once (issue #31).
 
-Per prompt, from one batched side-by-side decode (the engine's, as for many users) and a few teacher-forced
-passes of the *unsteered* model:
+Per prompt, from one batched side-by-side decode (the engine's, as for many users; ``Sampling.measure``
+records what the decode already computes) and, for the concept score, a batched read of both texts up to the
+vector's layer:
 
-* ``kl``: KL(unsteered ‖ steered) of the first generated token, nats.
-* ``fluency``: the steered text's mean log-probability per token under the unsteered model (what the
-  counterfactual row reads, for the whole text); ``fluency_unsteered`` the same for the unsteered text, so
-  their difference is what steering costs in fluency.
+* ``kl``: KL(unsteered ‖ steered) of the first generated token, nats (the decode's first step).
+* ``fluency``: the steered text's mean log-probability per token under the unsteered model (the
+  counterfactual row: the unsteered model fed the steered tokens); ``fluency_unsteered`` the same for the
+  unsteered text (its own row), so their difference is what steering costs in fluency.
 * ``distinct``: the share of distinct tokens in the steered text (1 = no repeats; loops drive it down).
 * ``concept_score``: how far the steered text moves along the vector's own concept compared with the
   unsteered text (:func:`readout_for`).  For a direction vector, how far the steered text's own residual at
@@ -23,13 +24,15 @@ found many inputs *anti-steerable*: their margin moves against α).
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from .model.analysis import next_token, teacher_forced
+from .model.analysis import residual_reads, teacher_forced
 
 MAX_PROMPTS = 64
 GRID_POINTS = 9  # α values of a steerability grid, −α max … +α max
@@ -37,11 +40,38 @@ GRID_POINTS = 9  # α values of a steerability grid, −α max … +α max
 
 @dataclass
 class Generated:
-    """One prompt's side-by-side generation (the texts and the steered token ids)."""
+    """One prompt's side-by-side generation: the texts, the steered token ids and what the decode measured
+    (``Sampling.measure``): the first token's KL and each text's mean log-probability under the unsteered
+    model (the steered text's from the counterfactual row)."""
     prompt: str
     unsteered: str
     steered: str
     steered_ids: list[int] = field(default_factory=list)
+    kl: float | None = None
+    fluency: float | None = None
+    fluency_unsteered: float | None = None
+
+    @classmethod
+    def of(cls, prompt: str, result) -> "Generated":
+        """From a finished :class:`~steer_ui.model.generation.SideBySide` decoded with ``measure``."""
+        def mean(values):
+            return float(np.mean(values)) if values else None
+
+        steered = result.steered.tokens
+        return cls(prompt=prompt, unsteered=result.unsteered.text, steered=result.steered.text,
+                   steered_ids=[t.token_id for t in steered], kl=result.first_kl,
+                   fluency=mean([t.unsteered_logprob for t in steered if t.unsteered_logprob is not None]),
+                   fluency_unsteered=mean([t.logprob for t in result.unsteered.tokens]))
+
+
+def requests_for(handle, prompts: Sequence[str], steers: Sequence, sampling) -> list:
+    """One side-by-side request per prompt, each measuring what the table reads (``Sampling.measure``)."""
+    from dataclasses import replace
+
+    from .model.generation import Request
+
+    measuring = replace(sampling, measure=True)
+    return [Request.make(handle, prompt, steers, measuring) for prompt in prompts]
 
 
 def alpha_grid(alpha_max: float, points: int = GRID_POINTS) -> list[float]:
@@ -52,27 +82,37 @@ def alpha_grid(alpha_max: float, points: int = GRID_POINTS) -> list[float]:
 
 def generate_all(engine, requests: Sequence, in_flight: int, prompts: Sequence[str]) -> list[Generated]:
     """Every request's final side-by-side result through ``engine``, at most ``in_flight`` of them in the decode
-    batch at once (so one comparison never takes the whole batch from other visitors)."""
-    out: list[Generated | None] = [None] * len(requests)
-    for start in range(0, len(requests), max(1, in_flight)):
-        tickets = [(i, engine.submit(requests[i])) for i in range(start, min(len(requests), start + in_flight))]
+    batch at once (so one comparison never takes the whole batch from other visitors), each place refilled the
+    moment its generation ends (continuous batching: a wave no longer waits for its longest member; a visitor who
+    asks meanwhile queues before the comparison's next prompt)."""
+    stop = threading.Event()
+
+    def one(i: int) -> Generated:
+        if stop.is_set():
+            raise RuntimeError("the comparison stopped")
+        ticket = engine.submit(requests[i])
         try:
-            for i, ticket in tickets:
-                last = None
-                for event in ticket:
-                    last = event.result
-                if last is None:
-                    raise RuntimeError("a generation ended without a result")
-                out[i] = Generated(prompt=prompts[i], unsteered=last.unsteered.text, steered=last.steered.text,
-                                   steered_ids=[t.token_id for t in last.steered.tokens])
+            last = None
+            for event in ticket:
+                last = event.result
+                if stop.is_set():
+                    raise RuntimeError("the comparison stopped")
         finally:
-            for _i, ticket in tickets:
-                ticket.cancel()
-    return [g for g in out if g is not None]
+            ticket.cancel()
+        if last is None:
+            raise RuntimeError("a generation ended without a result")
+        return Generated.of(prompts[i], last)
 
-
-def first_token_kl(handle, prompt: str, steers: Sequence) -> float:
-    return float(next_token(handle, prompt, steers, top_k=1).kl)
+    with ThreadPoolExecutor(max_workers=max(1, min(in_flight, len(requests))),
+                            thread_name_prefix="compare") as pool:
+        futures = [pool.submit(one, i) for i in range(len(requests))]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            stop.set()  # the others give up their places at their next step
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def distinct_share(token_ids: Sequence[int]) -> float | None:
@@ -113,21 +153,10 @@ def readout_for(handle, vector, unit_steer, prompts: Sequence[str]) -> Readout |
     return Readout(units=SD, layer=unit_steer.layer, directions=unit.expand(len(prompts), -1))
 
 
-def read_text(handle, prompt: str, text: str, layer: int | None = None,
-              direction: torch.Tensor | None = None) -> tuple[float | None, torch.Tensor | None]:
-    """One teacher-forced pass of the unsteered model over ``text`` after ``prompt``: its mean log-probability
-    per token (fluency) and, with ``layer`` and ``direction``, the per-token projections of its residual at that
-    block's output on the unit ``direction``.  (None, None) for an empty text."""
-    if not text:
-        return None, None
-    read = teacher_forced(handle, prompt, text, record=layer if direction is not None else None)
-    projections = read.residual[0] @ direction if direction is not None else None
-    return float(read.logprobs[0].mean()), projections
-
-
 def mean_logprob(handle, prompt: str, text: str) -> float | None:
-    """Mean log-probability per token of ``text`` after ``prompt`` under the unsteered model (None: no text)."""
-    return read_text(handle, prompt, text)[0]
+    """Mean log-probability per token of ``text`` after ``prompt`` under the unsteered model (None: no text),
+    from a teacher-forced pass (the default view reads a text it did not decode)."""
+    return float(teacher_forced(handle, prompt, text).logprobs[0].mean()) if text else None
 
 
 def concept_from_projections(pairs: Sequence[tuple]) -> list[float | None]:
@@ -204,19 +233,15 @@ def compare(handle, generated: Sequence[Generated], steers: Sequence, unit_steer
     report = progress or (lambda _f, _m="": None)
     readout = readout_for(handle, vector, unit_steer, [g.prompt for g in generated])
     along = readout is not None and readout.directions is not None
-    rows, projections = [], []
-    for i, g in enumerate(generated):
-        report(i / max(1, len(generated)) * 0.6, f"prompt {i + 1} of {len(generated)}")
-        # one pass per text gives its fluency and, for a direction, its projections
-        layer, direction = (readout.layer, readout.directions[i]) if along else (None, None)
-        fluency_u, proj_u = read_text(handle, g.prompt, g.unsteered, layer, direction)
-        fluency_s, proj_s = read_text(handle, g.prompt, g.steered, layer, direction)
-        projections.append((proj_u, proj_s))
-        rows.append({"prompt": g.prompt, "unsteered": g.unsteered, "steered": g.steered,
-                     "kl": first_token_kl(handle, g.prompt, steers), "fluency": fluency_s,
-                     "fluency_unsteered": fluency_u, "distinct": distinct_share(g.steered_ids),
-                     "concept_score": None})
-    if along:
+    rows = [{"prompt": g.prompt, "unsteered": g.unsteered, "steered": g.steered, "kl": g.kl, "fluency": g.fluency,
+             "fluency_unsteered": g.fluency_unsteered, "distinct": distinct_share(g.steered_ids),
+             "concept_score": None} for g in generated]
+    if along:  # both texts of every prompt read at the vector's layer, in a few batched passes
+        report(0.2, "concept read-out")
+        reads = residual_reads(handle, [(g.prompt, t) for g in generated for t in (g.unsteered, g.steered)],
+                               readout.layer)
+        projections = [tuple(None if r is None else r @ readout.directions[i] for r in reads[2 * i:2 * i + 2])
+                       for i in range(len(generated))]
         for row, score in zip(rows, concept_from_projections(projections)):
             row["concept_score"] = score
     elif readout is not None:  # a detector scores both texts of every prompt in one batched call

@@ -360,6 +360,35 @@ def teacher_forced(handle, prompt: str, answer: str, steers: Sequence[Steer] = (
     return TeacherForced(token_ids=a_ids[0], logprobs=lp, residual=residual)
 
 
+def residual_reads(handle, items: Sequence[tuple[str, str]], layer: int, batch_size: int = 16,
+                   token_budget: int = 4096) -> list[torch.Tensor | None]:
+    """Per (prompt, text): the residual at block ``layer``'s output over the text's tokens (n, width), as the
+    *unsteered* model reads the text after the prompt; None for an empty text.
+
+    Texts of similar length go through together, left-padded (position ids count real tokens, so each row
+    sees what it would see alone), and each batch stops after block ``layer``: no later block and no
+    unembedding run, which is most of a teacher-forced read's cost."""
+    from .capture import capture_through, left_pad, length_batches
+
+    rows, lengths = [], []
+    for prompt, text in items:
+        answer = handle.tokenizer(text, add_special_tokens=False).input_ids if text else []
+        rows.append((encode_prompt(handle, prompt)[0].tolist() + list(answer), len(answer)))
+        lengths.append(len(rows[-1][0]))
+    out: list[torch.Tensor | None] = [None] * len(items)
+    pad = handle.tokenizer.pad_token_id if handle.tokenizer.pad_token_id is not None else 0
+    for batch in length_batches(lengths, batch_size, token_budget):
+        batch = [i for i in batch if rows[i][1] > 0]
+        if not batch:
+            continue
+        ids, attn, positions = left_pad([rows[i][0] for i in batch], pad)
+        with torch.inference_mode():
+            residual = capture_through(handle, ids, layer, attn, positions).float().cpu()
+        for k, i in enumerate(batch):
+            out[i] = residual[k, -rows[i][1]:]
+    return out
+
+
 def score_answer(handle, prompt: str, answer: str, steers: Sequence[Steer]) -> pd.DataFrame:
     """Teacher-forced log-probability of each answer token after ``prompt``, unsteered vs steered.
 

@@ -206,3 +206,25 @@ def capture(handle, input_ids: torch.Tensor, layers: Sequence[int], site: str = 
     with recording(handle, layers, site=site, reduce=reduce) as store:
         forward(handle, input_ids, attention_mask, position_ids)
     return dict(store)
+
+
+class _Enough(Exception):
+    """Raised once the block :func:`capture_through` reads has run: the later blocks are not needed."""
+
+
+def capture_through(handle, input_ids: torch.Tensor, layer: int, attention_mask: torch.Tensor | None = None,
+                    position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Block ``layer``'s output for one batch, running blocks 0..``layer`` only (no later block, no final norm):
+    a read that needs one block's residual pays for the blocks up to it and nothing else."""
+    def stop(_m, _inp, _out):
+        raise _Enough
+
+    with recording(handle, [layer]) as store:
+        remover = handle.arch.layers[layer].register_forward_hook(thread_owned(stop))  # after the recording hook
+        try:
+            forward(handle, input_ids, attention_mask, position_ids)
+        except _Enough:
+            pass
+        finally:
+            remover.remove()
+    return store[layer]

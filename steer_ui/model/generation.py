@@ -70,6 +70,9 @@ class Sampling:
     alternatives: int = 5  # top-k alternatives recorded per token
     # 0 = off; else the most any token's centred logit may move at a steered step (see DecodeBatch.sample)
     max_delta_logit: float = 0.0
+    # also record what the Many prompts table reads (issue #31): each steered token's log-probability under the
+    # unsteered model (the counterfactual row, unembedded in full) and the first token's KL(unsteered ‖ steered)
+    measure: bool = False
 
     def validate(self) -> None:
         import math
@@ -103,6 +106,8 @@ class TokenRecord:
     # the change kept (1 = the limit did not bite)
     max_delta_logit: float | None = None
     kept: float | None = None
+    # steered row, with Sampling.measure: log p of this token under the unsteered model on the same steered text
+    unsteered_logprob: float | None = None
 
     def as_dict(self) -> dict:
         d = {"token": self.token, "token_id": self.token_id, "logprob": self.logprob,
@@ -113,6 +118,8 @@ class TokenRecord:
         if self.max_delta_logit is not None:
             d["max_delta_logit"] = self.max_delta_logit
             d["kept"] = self.kept
+        if self.unsteered_logprob is not None:
+            d["unsteered_logprob"] = self.unsteered_logprob
         return d
 
 
@@ -132,6 +139,7 @@ class SideBySide:
     unsteered: Side
     steered: Side
     steps: int = 0
+    first_kl: float | None = None  # with Sampling.measure: KL(unsteered ‖ steered) of the first token, nats
 
     def as_dict(self) -> dict:
         return {"prompt": self.prompt, "unsteered": self.unsteered.as_dict(), "steered": self.steered.as_dict()}
@@ -142,7 +150,7 @@ class SideBySide:
             return Side(tokens=list(s.tokens), text=s.text, finished=s.finished)
 
         return SideBySide(prompt=self.prompt, unsteered=side(self.unsteered), steered=side(self.steered),
-                          steps=self.steps)
+                          steps=self.steps, first_kl=self.first_kl)
 
 
 @dataclass
@@ -589,14 +597,18 @@ class DecodeBatch:
         n = len(self.requests)
         device = self.hidden.device
         limited = [i for i, r in enumerate(self.requests) if r.sampling.max_delta_logit > 0]
-        # a limited request's counterfactual row rides in the same unembedding (one read of W_U for all rows)
+        measured = [i for i, r in enumerate(self.requests) if r.sampling.measure]
+        # a limited or measured request's counterfactual row rides in the same unembedding (one read of W_U for
+        # all rows)
+        whole = limited + [i for i in measured if i not in limited]
         rows = [3 * i + row for i in range(n) for row in (UNSTEERED, STEERED)] + \
-               [3 * i + COUNTERFACTUAL for i in limited]
+               [3 * i + COUNTERFACTUAL for i in whole]
         unembedded = arch.logits(self.hidden.index_select(0, torch.tensor(rows, device=device)), pause=self.pause)
         logits = unembedded[:2 * n]  # (2n, vocab): unsteered, steered, unsteered, steered, ...
+        measures = self._measure(logits, unembedded[2 * n:], whole, measured) if measured else []
         if limited:
             self._between()
-            worst, kept = self._limit_delta(logits, unembedded[2 * n:], limited)
+            worst, kept = self._limit_delta(logits, unembedded[2 * n:2 * n + len(limited)], limited)
         picked = []
         for i, r in enumerate(self.requests):
             self._between()  # each request's sampling is a few passes over the vocabulary
@@ -623,6 +635,7 @@ class DecodeBatch:
             floats.append((top_values - lse.unsqueeze(1)).exp().reshape(-1))
         if limited:
             floats += [worst, kept]
+        floats += measures
         values = torch.cat([f.reshape(-1).float() for f in floats]).tolist()
         id_list = torch.cat([picked, top_indices.reshape(-1)] if k else [picked]).tolist()
         strings = _decode_many(tok, id_list)
@@ -630,6 +643,11 @@ class DecodeBatch:
         end = 5 * n + len(with_direct) + 2 * n * k
         probs = values[5 * n + len(with_direct):end]
         limit = {i: (values[end + m], values[end + len(limited) + m]) for m, i in enumerate(limited)}
+        end += 2 * len(limited)
+        # measured: the counterfactual row's log-sum-exp, then (first step only) the first token's KL
+        cf_lse = {i: values[end + m] for m, i in enumerate(measured)}
+        firsts = [i for i in measured if self.requests[i].step == 0]
+        first_kl = {i: values[end + len(measured) + m] for m, i in enumerate(firsts)}
         events = []
         for i, r in enumerate(self.requests):
             new = {}
@@ -650,6 +668,8 @@ class DecodeBatch:
                     rec.direct_delta_logit = direct.get(i, 0.0)
                     if i in limit:
                         rec.max_delta_logit, rec.kept = limit[i]
+                    if i in cf_lse:
+                        rec.unsteered_logprob = values[4 * n + i] - cf_lse[i]
                 new[row] = rec
                 if tid in r.eos:
                     side.finished = "eos"
@@ -662,6 +682,8 @@ class DecodeBatch:
                         side.text = side.text[: side.text.index(stop)]
                         side.finished = "stop"
                         break
+            if i in first_kl:
+                r.result.first_kl = first_kl[i]
             if r.history is not None:
                 r.history = torch.cat([r.history, picked[2 * i:2 * i + 2].unsqueeze(1)], dim=1)
             r.result.steps = r.step + 1
@@ -674,6 +696,20 @@ class DecodeBatch:
         feed = torch.tensor([2 * i + row for i in range(n) for row in (UNSTEERED, STEERED, STEERED)], device=device)
         self.next_ids = picked.index_select(0, feed).unsqueeze(1)
         return events
+
+    def _measure(self, logits: torch.Tensor, counterfactual: torch.Tensor, whole: list[int],
+                 measured: list[int]) -> list[torch.Tensor]:
+        """For ``measured`` requests: their counterfactual rows' log-sum-exp (``counterfactual`` holds the rows
+        of ``whole``, in its order) and, at a request's first step, KL(unsteered ‖ steered) of the raw next-token
+        distributions (before any Δlogit limit: the push itself, as the slider's readout shows it)."""
+        at = torch.tensor([whole.index(i) for i in measured], device=counterfactual.device)
+        out = [torch.logsumexp(counterfactual.index_select(0, at).float(), dim=-1)]
+        firsts = [i for i in measured if self.requests[i].step == 0]
+        if firsts:
+            u = logits[[2 * i + UNSTEERED for i in firsts]].float().log_softmax(-1)
+            st = logits[[2 * i + STEERED for i in firsts]].float().log_softmax(-1)
+            out.append((u.exp() * (u - st)).sum(-1))
+        return out
 
     def _limit_delta(self, logits: torch.Tensor, base: torch.Tensor,
                      limited: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -179,15 +179,16 @@ def bench_many_prompts(handle, layer: int, n_tokens: int, reps: int, log) -> dic
     _one(engine, handle, specs[0])  # warm-up
 
     def one_comparison():
-        requests = [Request.make(handle, *spec) for spec in specs]
-        generated = steerability.generate_all(engine, requests, in_flight, prompts)
+        generated = steerability.generate_all(engine, steerability.requests_for(handle, prompts, steers, sampling),
+                                              in_flight, prompts)
         return steerability.compare(handle, generated, steers, steers[0], 1.0)
 
     seq, together, generation_only = [], [], []
     for _ in range(reps):
         seq.append(_sequential(engine, handle, specs)[0])
         start = time.perf_counter()
-        steerability.generate_all(engine, [Request.make(handle, *spec) for spec in specs], in_flight, prompts)
+        steerability.generate_all(engine, steerability.requests_for(handle, prompts, steers, sampling), in_flight,
+                                  prompts)
         generation_only.append(time.perf_counter() - start)
         start = time.perf_counter()
         one_comparison()

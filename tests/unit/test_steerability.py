@@ -33,6 +33,31 @@ def test_each_prompt_generates_as_it_would_alone_and_the_rows_say_what_they_meas
                                                              for r in out["rows"]]))
 
 
+def test_kl_and_fluency_from_the_decode_equal_a_separate_computation(tiny):
+    """The table's KL and fluency come from the decode itself (the first step's two distributions; the
+    counterfactual row's log-probability of each steered token): the same numbers as a next-token pass and a
+    teacher-forced pass of the unsteered model over the generated tokens."""
+    from steer_ui.model.analysis import next_token
+    from steer_ui.model.generation import encode_prompt
+
+    service = Service(tiny("llama"))
+    out = service.compare("cmp-kkkkkkkk", "\n".join(PROMPTS), vector_name=RANDOM, layer=1, alpha=0.8,
+                          sampling=service.sampling(max_new_tokens=6))
+    steers = service.steers("cmp-kkkkkkkk", RANDOM, 1, 0.8)
+    handle = service.handle
+    for row in out["rows"]:
+        assert row["kl"] == pytest.approx(float(next_token(handle, row["prompt"], steers, top_k=1).kl), abs=1e-5)
+        alone = side_by_side(handle, row["prompt"], steers, Sampling(max_new_tokens=6))
+        prompt = encode_prompt(handle, row["prompt"])
+        for side, key in ((alone.steered, "fluency"), (alone.unsteered, "fluency_unsteered")):
+            ids = torch.tensor([[t.token_id for t in side.tokens]])
+            with torch.no_grad():
+                lp = handle.model(input_ids=torch.cat([prompt, ids], 1)).logits[0].float().log_softmax(-1)
+            n = prompt.shape[1]
+            want = float(np.mean([float(lp[n - 1 + k, t]) for k, t in enumerate(ids[0].tolist())]))
+            assert row[key] == pytest.approx(want, abs=1e-4), key
+
+
 def test_pairs_give_margins_over_alpha_and_each_prompt_s_slope(tiny):
     service = Service(tiny("llama"))
     service.upload_dataset("cmp-bbbbbbbb", None, bundled="sentiment_pairs.csv")
