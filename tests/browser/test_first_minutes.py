@@ -173,6 +173,9 @@ def test_a_link_restores_the_view_and_copy_link_makes_one(browser, app):
     again.close()
 
 
+# they draw build/screenshots for docs/ (~30 s each); the layout rules are asserted from element boxes in
+# test_app_browser.py, so CI leaves these to `pytest -m slow`
+@pytest.mark.slow
 @pytest.mark.parametrize("locale", ["en", "zh-CN"])
 def test_screenshots_of_every_tab(browser, app, locale):
     url, _ = app

@@ -76,6 +76,9 @@ def _cli(*args):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+# two CLI processes each loading the embedded model (~45 s on two cores); the CLI's JSON is tested on a tiny
+# model (tests/unit/test_cli.py) and the same numbers in-process above: `pytest -m slow`
+@pytest.mark.slow
 def test_cli_generate_and_next_token_json(tmp_path):
     rc, out, err = _cli("generate", "--prompt", PROMPT, "--random-vector", "0", "--layer", "6", "--alpha", "0",
                         "--relative", "--max-new-tokens", "6")

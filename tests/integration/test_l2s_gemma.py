@@ -46,6 +46,9 @@ def test_l2s_beats_mean_steering_on_heldout_countries(trained):
     assert [r["epoch"] for r in report["loss_curve"]][:2] == [0, 1]
 
 
+# ~60 s on two cores; the recommendation's wording when mean steering wins is tested on a tiny model
+# (tests/unit/test_l2s.py), this is the measured case on the embedded model: `pytest -m slow`
+@pytest.mark.slow
 def test_l2s_says_plainly_when_mean_steering_wins(gemma):
     # One question per domain (element symbol, animal class, opposite): a shared direction exists and the
     # per-input part must generalise from ~60 items. Seed 0, g as trained, measured L2S +0.008 against Mean-S

@@ -38,7 +38,7 @@ def _client(server) -> Client:
     return Client(server.url, verbose=False, download_files=False)
 
 
-def _args(i: int, tokens: int = 12) -> tuple:
+def _args(i: int, tokens: int = 8) -> tuple:
     """generate's inputs: prompt, vector, layer, α, relative, vector seed, greedy, temperature, top-k, top-p,
     repetition penalty, max new tokens, seed."""
     greedy = i % 2 == 0

@@ -24,9 +24,15 @@ def client(server, **kwargs) -> Client:
     return Client(server.url, verbose=False, download_files=False, **kwargs)
 
 
+def honest_numbers(c: Client) -> dict:
+    """The honest session's next-token numbers."""
+    *_, numbers = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, api_name="/next_token")
+    return numbers
+
+
 def honest_view(c: Client) -> tuple:
     """The honest session's results: next-token numbers and a greedy side-by-side generation."""
-    *_, numbers = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, api_name="/next_token")
+    numbers = honest_numbers(c)
     *_, result = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0, api_name="/generate")
     # probabilities of the generated tokens: #17's bar is probabilities within float noise
     return (numbers, result["unsteered"]["text"], result["steered"]["text"],
@@ -40,13 +46,21 @@ def same_view(view: tuple, solo: tuple) -> str | None:
 
 
 def watch(server):
-    """The honest session: its view now, and a check that it is still exactly that (and the server alive)."""
+    """The honest session: its view now, and a check that it is still exactly that (and the server alive).
+
+    ``unchanged(full=False)`` checks the next-token numbers only (~0.3 s against ~2.4 s with the generation on
+    two cores): the parametrized refusals use it, each a one-line refusal of the same kind, and the ``honest``
+    fixture runs the full check once more when the module ends, so anything an attack left behind (a hook, a
+    changed vector, a stuck row) still fails the suite."""
     c = client(server)
     first = honest_view(c)
 
-    def unchanged() -> None:
+    def unchanged(full: bool = True) -> None:
         assert server.alive(), "the server stopped answering"
-        changed = same(honest_view(c), first)
+        if full:
+            changed = same(honest_view(c), first)
+        else:
+            changed = same(honest_numbers(c), first[0])
         assert changed is None, f"another session's output changed: {changed}"
 
     return unchanged

@@ -99,7 +99,7 @@ def test_oversized_or_strange_training_settings_are_refused_before_any_work(serv
     c = client(server)
     c.predict("capitals_statements.csv", "auto", api_name="/bundled_dataset")
     refused(lambda: c.predict(method, None, True, json.dumps(settings), api_name="/train"), *words)
-    honest()
+    honest(full=False)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -115,7 +115,7 @@ def test_oversized_or_strange_training_settings_are_refused_before_any_work(serv
 def test_bad_explore_arguments_get_one_line(server, honest, args, words):
     c = client(server)
     refused(lambda: c.predict(*args, api_name="/next_token"), *words)
-    honest()
+    honest(full=False)
 
 
 def test_generation_length_is_bounded_on_the_server(server, honest):
@@ -130,7 +130,7 @@ def test_a_delta_logit_limit_out_of_range_is_refused_in_one_line(server, honest,
     c = client(server)
     refused(lambda: c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0, limit,
                               api_name="/generate"), "Δlogit limit", "at most 1000" if limit > 0 else "at least 0")
-    honest()
+    honest(full=False)
 
 
 def test_a_crafted_tsv_template_is_never_formatted(server, honest, tmp_path):

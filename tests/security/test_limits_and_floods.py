@@ -42,7 +42,7 @@ def test_a_prompt_of_many_token_characters_is_refused_in_tokens_before_any_work(
     refused(lambda: c.predict(prompt, RANDOM, LAYER, 0.5, True, 0, 1.0, "", api_name="/sweep"), "tokens")
     assert time.monotonic() - started < 60  # counted and refused, not run (it took 187 s to run one)
     assert _rss(server) - before < 300 * 2**20
-    honest()
+    honest(full=False)
 
 
 @pytest.mark.parametrize("api, args", [
@@ -54,7 +54,7 @@ def test_every_endpoint_that_reads_text_counts_it_in_tokens(server, honest, api,
     c = client(server)
     refused(lambda: c.predict(*args("x" * 12_000), api_name=api), "12000 characters", "4000")  # the cheap gate
     refused(lambda: c.predict(*args(MANY_TOKENS["hieroglyph"] * 3000), api_name=api), "tokens", "1024")
-    honest()
+    honest(full=False)
 
 
 def test_a_sweep_whose_rows_would_need_gigabytes_is_refused_by_the_memory_formula(server, honest):
@@ -147,7 +147,7 @@ def test_an_honest_session_keeps_its_exact_results_while_six_clients_flood_the_q
 def test_sweep_with_a_bad_alpha_names_the_field_in_one_line(server, honest, alpha, words):
     c = client(server)
     refused(lambda: c.predict(PROMPT, RANDOM, LAYER, alpha, True, 0, 1.0, "", api_name="/sweep"), *words)
-    honest()
+    honest(full=False)
 
 
 @pytest.mark.parametrize("api, args, words", [
@@ -172,7 +172,7 @@ def test_sweep_with_a_bad_alpha_names_the_field_in_one_line(server, honest, alph
 def test_bad_values_on_every_endpoint_get_one_plain_line_naming_the_field(server, honest, api, args, words):
     c = client(server)
     refused(lambda: c.predict(*args, api_name=api), *words)
-    honest()
+    honest(full=False)
 
 
 def test_a_fractional_layer_is_refused_not_rounded(server, honest):
