@@ -390,7 +390,11 @@ def test_many_prompts_reports_every_held_out_prompt_and_a_line_to_quote(browser,
                            "document.querySelector('#compare-summary').innerText)", timeout=120_000)
     page.wait_for_function("() => document.querySelector('#compare-table').innerText.includes('The museum exhibition')",
                            timeout=20_000)  # the held-out prompts are in the table
-    assert page.locator("#compare-curves .js-plotly-plot").count() == 1
+    for chart in ("#compare-curves", "#compare-histogram"):  # every prompt's margin curve, the slopes' histogram
+        assert page.locator(f"{chart} .js-plotly-plot").count() == 1, chart
+    curves = page.evaluate("() => document.querySelector('#compare-curves .js-plotly-plot')._fullData.length")
+    rows = page.locator("#compare-table tbody tr").count()
+    assert rows >= 2 and curves >= rows  # a thin line per prompt (and the mean)
     assert _error_pills(page) == []
     page.close()
 

@@ -12,7 +12,7 @@ import pytest
 
 from gradio_client import Client, handle_file
 
-from hostile_kit import PROMPT, client, refused
+from hostile_kit import PROMPT, RANDOM, client, refused
 from same_results import same
 
 NO_SUCH_ID = "no shared vector or saved result"
@@ -135,4 +135,26 @@ def test_guessing_ids_is_rate_limited_per_client(server, honest_owner):
                    for _ in range(35)]
     texts = [a.text for a in answers]
     assert sum("Too many ids" in t for t in texts) >= 4 and sum(NO_SUCH_ID in t for t in texts) >= 25, texts[-1]
+    honest_owner["unchanged"]()
+
+
+def test_comparisons_refuse_bad_input_in_one_line_and_save_only_their_own_session_s(server, honest_owner):
+    """/compare and /save_comparison with a stranger's arguments: one plain line each; a saved comparison keeps
+    markup in its prompts as text, and no other session can save (or so read) it."""
+    c, _ = owned(server)
+    refused(lambda: c.predict(api_name="/save_comparison"), "nothing has been compared")
+    settings = (RANDOM, 6, 0.3, True, 0, 1.0, 2)  # vector, layer, α, relative, seed, α max, new tokens
+    refused(lambda: c.predict("\n".join(["a prompt"] * 65), False, *settings, api_name="/compare"), "65", "64")
+    refused(lambda: c.predict(" \n\n ", False, *settings, api_name="/compare"), "prompts")
+    refused(lambda: c.predict("Paris is", True, *settings, api_name="/compare"), "dataset")
+    refused(lambda: c.predict("Paris is", False, RANDOM, 6, "nan", True, 0, 1.0, 2, api_name="/compare"), "α")
+    refused(lambda: c.predict("Paris is", False, RANDOM, 6, 0.3, True, 0, 1.0, 10**6, api_name="/compare"),
+            "tokens")
+    markup = "<img src=x onerror=alert(1)> The weather today is"
+    out = c.predict(markup + "\nParis is", False, *settings, api_name="/compare")
+    assert [r["prompt"] for r in out["rows"]] == [markup, "Paris is"]
+    saved = c.predict(api_name="/save_comparison")
+    read = client(server).predict(saved["id"], api_name="/result")  # a stranger with the link reads it as saved
+    assert [r["prompt"] for r in read["comparison"]["rows"]] == [markup, "Paris is"]
+    refused(lambda: client(server).predict(api_name="/save_comparison"), "nothing has been compared")
     honest_owner["unchanged"]()
