@@ -87,7 +87,7 @@ ZH: dict[str, tuple[str, str]] = {
     "tsv.ema": ("原型滑动平均衰减", "原型的指数移动平均的衰减率"),
     "tsv.lr": ("学习率", "向量的 AdamW 学习率"),
     "tsv.selected": ("伪标签行数 K", "K：为阶段 2 保留的高置信度伪标签行数（至多为无标签行数的一半）"),
-    "tsv.sinkhorn_epsilon": ("Sinkhorn ε", "Sinkhorn 最优传输的 ε"),
+    "tsv.sinkhorn_epsilon": ("Sinkhorn 熵正则 ε", "Sinkhorn 最优传输的 ε"),
     "tsv.sinkhorn_iterations": ("Sinkhorn 迭代次数", "Sinkhorn 算法的迭代次数"),
     "tsv.batch_size": ("批大小", "每个优化步使用的行数"),
     "tsv.supervised": ("全监督", "在每一条带标签的训练行上训练；不使用伪标签"),

@@ -113,14 +113,17 @@ def _jsonable(value):
 
 def setting_text(spec, method: str) -> tuple:
     """The setting's label and help as page keys (translated in the browser): English from the method's own
-    settings (the shared label where one exists, else its name in words), Chinese from ui/settings_zh.py; a
-    setting with no Chinese yet shows its English there too (tests/unit/test_backend_i18n.py finds it)."""
+    settings (the shared label where one exists, else its name in words), Chinese from ui/settings_zh.py.  A
+    method with no Chinese entries (one registered by a plugin) gets its own words as plain text; the bundled
+    methods' entries are kept complete by tests/unit/test_backend_i18n.py."""
     from .settings_zh import ZH
 
     key = f"train.setting.{method}.{spec.name}"
     shared = f"train.{spec.name}"
     label_en = i18n.TRANSLATIONS["en"][shared] if shared in i18n.TRANSLATIONS["en"] else spec.name.replace("_", " ")
-    label_zh, help_zh = ZH.get(f"{method}.{spec.name}", (label_en, spec.help))
+    if f"{method}.{spec.name}" not in ZH:  # a method registered later (a plugin): its own words, as written
+        return label_en, spec.help or None
+    label_zh, help_zh = ZH[f"{method}.{spec.name}"]
     i18n.extend(labels={"en": {key: label_en, f"{key}.info": spec.help},
                         "zh-CN": {key: label_zh, f"{key}.info": help_zh}})
     return T(key), T(f"{key}.info") if spec.help else None
