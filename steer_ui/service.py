@@ -816,7 +816,8 @@ class Service:
         s = self.session(session)
         s.cache[LAST_COMPARISON] = {"comparison": out, "settings": {
             "prompts": texts, "use_dataset": flag, "vector": vector_name, "layer": layer, "alpha": alpha,
-            "relative": bool(relative), "seed": int(seed or 0), "alpha_max": top, "max_new_tokens": sampling.max_new_tokens}}
+            "relative": bool(relative), "seed": int(seed or 0), "alpha_max": top,
+            "max_new_tokens": sampling.max_new_tokens}}
         return out
 
     def _held_out_pairs(self, session: str | None) -> list:

@@ -605,7 +605,8 @@ class DecodeBatch:
                [3 * i + COUNTERFACTUAL for i in whole]
         unembedded = arch.logits(self.hidden.index_select(0, torch.tensor(rows, device=device)), pause=self.pause)
         logits = unembedded[:2 * n]  # (2n, vocab): unsteered, steered, unsteered, steered, ...
-        measures = self._measure(logits, unembedded[2 * n:], whole, measured) if measured else []
+        firsts = [i for i in measured if self.requests[i].step == 0]  # their first token's KL is read this step
+        measures = self._measure(logits, unembedded[2 * n:], whole, measured, firsts) if measured else []
         if limited:
             self._between()
             worst, kept = self._limit_delta(logits, unembedded[2 * n:2 * n + len(limited)], limited)
@@ -646,7 +647,6 @@ class DecodeBatch:
         end += 2 * len(limited)
         # measured: the counterfactual row's log-sum-exp, then (first step only) the first token's KL
         cf_lse = {i: values[end + m] for m, i in enumerate(measured)}
-        firsts = [i for i in measured if self.requests[i].step == 0]
         first_kl = {i: values[end + len(measured) + m] for m, i in enumerate(firsts)}
         events = []
         for i, r in enumerate(self.requests):
@@ -698,13 +698,13 @@ class DecodeBatch:
         return events
 
     def _measure(self, logits: torch.Tensor, counterfactual: torch.Tensor, whole: list[int],
-                 measured: list[int]) -> list[torch.Tensor]:
+                 measured: list[int], firsts: list[int]) -> list[torch.Tensor]:
         """For ``measured`` requests: their counterfactual rows' log-sum-exp (``counterfactual`` holds the rows
-        of ``whole``, in its order) and, at a request's first step, KL(unsteered ‖ steered) of the raw next-token
-        distributions (before any Δlogit limit: the push itself, as the slider's readout shows it)."""
+        of ``whole``, in its order) and, for ``firsts`` (those at their first step), KL(unsteered ‖ steered) of
+        the raw next-token distributions (before any Δlogit limit: the push itself, as the slider's readout shows
+        it)."""
         at = torch.tensor([whole.index(i) for i in measured], device=counterfactual.device)
         out = [torch.logsumexp(counterfactual.index_select(0, at).float(), dim=-1)]
-        firsts = [i for i in measured if self.requests[i].step == 0]
         if firsts:
             u = logits[[2 * i + UNSTEERED for i in firsts]].float().log_softmax(-1)
             st = logits[[2 * i + STEERED for i in firsts]].float().log_softmax(-1)

@@ -24,11 +24,16 @@ class DetectTab:
     details: gr.JSON
 
 
+def _frame(value) -> pd.DataFrame:
+    """The editable table's value as a frame (gradio sends a DataFrame, an API client may send rows)."""
+    if value is None:
+        return pd.DataFrame()
+    return value if isinstance(value, pd.DataFrame) else pd.DataFrame(value)
+
+
 def answers_from_table(value) -> list[tuple[str, str]]:
     """Rows (prompt, answer) from the editable table; blank answers are skipped."""
-    if value is None:
-        return []
-    frame = value if isinstance(value, pd.DataFrame) else pd.DataFrame(value)
+    frame = _frame(value)
     if frame.empty:
         return []
     if frame.shape[1] < 2:
@@ -44,9 +49,7 @@ def answers_from_table(value) -> list[tuple[str, str]]:
 
 def table_rows(value) -> list[list]:
     """The answers table's cells as the page holds them (its stale check compares them)."""
-    if value is None:
-        return []
-    frame = value if isinstance(value, pd.DataFrame) else pd.DataFrame(value)
+    frame = _frame(value)
     return frame.astype(object).where(frame.notna(), None).values.tolist()
 
 

@@ -121,9 +121,10 @@ def setting_text(spec, method: str) -> tuple:
     key = f"train.setting.{method}.{spec.name}"
     shared = f"train.{spec.name}"
     label_en = i18n.TRANSLATIONS["en"][shared] if shared in i18n.TRANSLATIONS["en"] else spec.name.replace("_", " ")
-    if f"{method}.{spec.name}" not in ZH:  # a method registered later (a plugin): its own words, as written
+    chinese = ZH.get(f"{method}.{spec.name}")
+    if chinese is None:  # a method registered later (a plugin): its own words, as written
         return label_en, spec.help or None
-    label_zh, help_zh = ZH[f"{method}.{spec.name}"]
+    label_zh, help_zh = chinese
     i18n.extend(labels={"en": {key: label_en, f"{key}.info": spec.help},
                         "zh-CN": {key: label_zh, f"{key}.info": help_zh}})
     return T(key), T(f"{key}.info") if spec.help else None
@@ -150,7 +151,8 @@ def setting_component(spec, method: str = ""):
         return gr.Number(value=spec.default, precision=0 if spec.kind == "int" else None, minimum=spec.minimum,
                          maximum=spec.maximum, **common)
     if spec.kind == "floats":
-        return gr.Textbox(value=", ".join(f"{v:g}" for v in spec.default), placeholder=T("train.placeholder_floats"), **common)
+        return gr.Textbox(value=", ".join(f"{v:g}" for v in spec.default), placeholder=T("train.placeholder_floats"),
+                          **common)
     return gr.Textbox(value=spec.default or "", max_lines=3, **common)
 
 
@@ -280,8 +282,8 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
         values = {name_: data[component] for name_, component in key_controls.items()}
         key_fields = ("method", "auto_layer") + (() if data[auto_layer] else ("layer",)) + \
             tuple(name_ for name_ in key_controls if name_.startswith(f"{chosen}."))
-        return (panel_keys.made_for(lang, "train", values, key_fields),) + train_outputs(backend, lang, name, result) + \
-            (gr.update(choices=choices, value=name),)
+        key = panel_keys.made_for(lang, "train", values, key_fields)
+        return (key,) + train_outputs(backend, lang, name, result) + (gr.update(choices=choices, value=name),)
 
     @handler(backend)
     def cancel(request: gr.Request):

@@ -61,8 +61,8 @@ def controls(page) -> dict:
 def panel_states(page) -> dict:
     """{panel: (key or None, stale)} from the elements Explore's handlers returned (other tabs' results answer to
     their own controls)."""
-    found = page.evaluate("""() => Array.from(document.querySelectorAll('.made-for[data-key][data-view=explore]')).map(e =>
-        [e.dataset.panel, e.dataset.key, e.classList.contains('stale')])""")
+    found = page.evaluate("""() => Array.from(document.querySelectorAll('.made-for[data-key][data-view=explore]'))
+        .map(e => [e.dataset.panel, e.dataset.key, e.classList.contains('stale')])""")
     return {panel: (json.loads(key), stale) for panel, key, stale in found}
 
 
