@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import logging
 
 import gradio as gr
@@ -53,12 +54,8 @@ body:not(.dark) .gradio-container span.punctuation { color: #3f5050; }
 }
 #explore-readout { min-height: 2.5em; }
 .steer-header { align-items: center; }
+.steer-hidden { display: none !important; }
 """ + panel_keys.CSS
-
-# Read the language gradio chose for this page (html lang is kept in sync by gradio) or the browser's; the page's
-# own key handling is installed on the way.
-JS_BROWSER_LANG = ("() => { (%s)(); return (document.documentElement.lang || navigator.language || 'en'); }"
-                   % panel_keys.JS_ENTER_COMMITS.strip())
 
 # Switch gradio's own locale (labels translated by gr.I18n) to the chosen language.  gradio 6 keeps
 # it in the `changeLocale` export of its core module; we import that very module (same URL, so the
@@ -66,6 +63,7 @@ JS_BROWSER_LANG = ("() => { (%s)(); return (document.documentElement.lang || nav
 # still works and the server-side messages follow the switch regardless.
 JS_SWITCH_LOCALE = """
 async (lang) => {
+  window.__steerLang = lang;
   try {
     const url = performance.getEntriesByType('resource').map((e) => e.name)
       .find((n) => /\\/assets\\/core-[^/]*\\.js(\\?|$)/.test(n));
@@ -74,9 +72,51 @@ async (lang) => {
       if (core && typeof core.changeLocale === 'function') { core.changeLocale(lang); }
     }
   } catch (err) { console.warn('steer_ui: could not switch the gradio locale', err); }
+  if (window.__steerTabLabels) { window.__steerTabLabels(); }
   return lang;
 }
 """
+
+# The tab buttons' labels in the page's language, kept by the page itself.  gradio re-translates every label on a
+# locale switch except the buttons of unselected tabs; sending the tabs new labels from the server fixed that, but
+# a tab (or the Tabs) that has ever been an event's output stays in gradio's loading-status list, and on every
+# status change of every later event gradio's page walks and copies all that tab's components: with the 385
+# components under the tabs, each step of the page took ~40 % longer (a profile of issue #36's walk).  So tabs are
+# never outputs here: labels are set by this observer (it also relabels buttons gradio re-creates, e.g. in the
+# overflow menu of a narrow screen) and tabs are opened by clicking their buttons (``js_open_tab``).
+JS_TAB_LABELS = """
+() => {
+  if (window.__steerTabLabels) return;
+  const labels = %s;
+  window.__steerTabLabels = () => {
+    const mine = labels[window.__steerLang || 'en'] || labels.en;
+    document.querySelectorAll('[data-tab-id]').forEach((el) => {
+      const want = mine[el.dataset.tabId];
+      if (want && el.textContent.trim() !== want) { el.textContent = want; }
+    });
+  };
+  new MutationObserver(() => window.__steerTabLabels()).observe(document.body, {childList: true, subtree: true});
+}
+"""
+
+
+TABS = ("model", "data", "train", "explore", "compare", "concepts", "detect", "export")  # ids, in page order
+TAB_LABELS = {lang: {tab: i18n.label(lang, f"tab.{tab}") for tab in TABS} for lang in i18n.TRANSLATIONS}
+
+
+def js_browser_lang(tab_labels: dict) -> str:
+    """The page-load script: installs the page's own key handling and its tab labels (``tab_labels``: {language:
+    {tab id: label}}), then returns the language gradio chose for the page (html lang, kept in sync by gradio) or
+    the browser's."""
+    return ("() => { (%s)(); (%s)(); return (document.documentElement.lang || navigator.language || 'en'); }"
+            % (panel_keys.JS_ENTER_COMMITS.strip(), JS_TAB_LABELS.strip() % json.dumps(tab_labels, ensure_ascii=False)))
+
+
+def js_open_tab(tab_id: str, only_if: str = "true") -> str:
+    """Page script that opens the tab ``tab_id`` (by clicking its button) when the expression ``only_if`` holds
+    (it may read the event's inputs as ``args``)."""
+    return ("(...args) => { if (!(%s)) return; const b = document.querySelector('button[role=tab][data-tab-id=\"%s\"]') "
+            "|| document.querySelector('[data-tab-id=\"%s\"]'); if (b) b.click(); }" % (only_if, tab_id, tab_id))
 
 
 def fan_out(fn, copies: int):
@@ -108,24 +148,26 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             lang = gr.Radio([("English", "en"), ("简体中文", "zh-CN")], value="en", label=T("app.language"), scale=1,
                             elem_id="lang-switch")
         banner = gr.Markdown(elem_id="model-banner")
+        # the tab a link's page opens on, for the page script (an unselected tab's components are not mounted, so
+        # their values cannot tell it); hidden by CSS, not visible=False, so the page can read it
+        opens_tab = gr.HTML("", elem_id="page-opens-tab", elem_classes="steer-hidden")
         owner = library_ui.owner_state(backend)  # the browser's owner token (local storage)
-        tabs: dict[str, gr.Tab] = {}  # i18n key -> tab (their labels are re-sent on a language switch)
-        with gr.Tabs(selected="explore") as main_tabs:
-            with gr.Tab(T("tab.model"), id="model") as tabs["tab.model"]:
+        with gr.Tabs(selected="explore"):  # never an output (JS_TAB_LABELS says why)
+            with gr.Tab(T("tab.model"), id="model"):
                 model = build_model_tab(backend)
-            with gr.Tab(T("tab.data"), id="data") as tabs["tab.data"]:
+            with gr.Tab(T("tab.data"), id="data"):
                 data = build_data_tab(backend)
-            with gr.Tab(T("tab.train"), id="train") as tabs["tab.train"]:
+            with gr.Tab(T("tab.train"), id="train"):
                 train = build_train_tab(backend, num_layers)
-            with gr.Tab(T("tab.explore"), id="explore") as tabs["tab.explore"]:
+            with gr.Tab(T("tab.explore"), id="explore"):
                 explore = build_explore_tab(backend, num_layers)
-            with gr.Tab(T("tab.compare"), id="compare") as tabs["tab.compare"]:
+            with gr.Tab(T("tab.compare"), id="compare"):
                 compare = build_compare_tab(backend, explore)
-            with gr.Tab(T("tab.concepts"), id="concepts") as tabs["tab.concepts"]:
+            with gr.Tab(T("tab.concepts"), id="concepts"):
                 build_concepts_tab(backend)
-            with gr.Tab(T("tab.detect"), id="detect") as tabs["tab.detect"]:
+            with gr.Tab(T("tab.detect"), id="detect"):
                 detect = build_detect_tab(backend)
-            with gr.Tab(T("tab.export"), id="export") as tabs["tab.export"]:
+            with gr.Tab(T("tab.export"), id="export"):
                 export = build_export_tab(backend)
 
         vector_pickers = [explore.vector, detect.vector, export.vector]
@@ -186,14 +228,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         def set_language(lang, request: gr.Request):
             return backend.set_language(sid(request), lang)
 
-        def tab_labels(lang_value):
-            # gradio re-translates every label on a locale switch except the buttons of unselected tabs
-            lang_value = i18n.normalise_lang(lang_value)
-            return tuple(gr.update(label=i18n.label(lang_value, key)) for key in tabs)
-
-        lang.change(set_language, [lang], [lang], js=JS_SWITCH_LOCALE, api_name="set_language", queue=False) \
-            .then(tab_labels, [lang], list(tabs.values()), api_name="tab_labels", api_visibility="undocumented",
-                  queue=False)
+        lang.change(set_language, [lang], [lang], js=JS_SWITCH_LOCALE, api_name="set_language", queue=False)
 
         # ---------------------------------------------------------- page load
         @handler(backend)
@@ -207,7 +242,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         def browser_lang(value):
             return i18n.normalise_lang(value)
 
-        load = demo.load(browser_lang, [lang], [lang], js=JS_BROWSER_LANG, api_name="browser_language",
+        load = demo.load(browser_lang, [lang], [lang], js=js_browser_lang(TAB_LABELS), api_name="browser_language",
                          api_visibility="undocumented", queue=False)
 
         @handler(backend)
@@ -259,8 +294,9 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             .then(page_status, None, [banner, model.status, model.facts, model.norms], api_name="page_status",
                   api_visibility="undocumented") \
             .then(page_view, None, page_outputs, api_name="page_model", api_visibility="undocumented") \
-            .then(compare.show_saved, None, [main_tabs, compare.prompts] + compare.outputs,
+            .then(compare.show_saved, None, [opens_tab, compare.prompts] + compare.outputs,
                   api_name="page_comparison", api_visibility="undocumented", queue=False) \
+            .then(None, [opens_tab], None, js=js_open_tab("compare", "args[0] === 'compare'")) \
             .then(saved_or(explore.next_token_fn, lambda lang_, saved: library_ui.saved_next_token(explore, lang_,
                                                                                                    saved), "bars"),
                   explore.next_token_inputs, [explore.bars_key, explore.bars, explore.delta, explore.readout,
@@ -273,7 +309,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                   [explore.dose_key, explore.dose, explore.tokens],
                   api_name="page_sweep", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
         library_ui.wire(backend, explore, owner)
-        wire_open_in_explore(compare, explore, main_tabs)
+        wire_open_in_explore(compare, explore, js_open_tab("explore"))
         # No unload handler: a missed heartbeat (a laptop lid, a flaky network) must not wipe a session; idle
         # sessions are forgotten by the service after policy.session_idle_seconds instead.
     demo.steer_ui_backend = backend

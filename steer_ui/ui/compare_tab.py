@@ -30,7 +30,7 @@ class CompareTab:
     run: gr.Button
     summary: gr.Markdown
     outputs: list  # made-for, summary, curves, histogram, table: what a comparison (live or saved) draws
-    show_saved: object  # the page-load step that draws a saved comparison (?result=) and opens this tab
+    show_saved: object  # the page-load step that draws a saved comparison (?result=)
     open_row: object  # a table row's select event -> its prompt with the comparison's settings, on Explore
 
 
@@ -121,7 +121,8 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
 
     @handler(backend)
     def show_saved(request: gr.Request):
-        """On a saved comparison's page: its table and charts as saved, and this tab open (else nothing)."""
+        """On a saved comparison's page: the tab to open (this one) and its table and charts as saved; else
+        nothing."""
         session = backend.sessions.peek(sid(request))
         saved = session.cache.pop(SHOW_COMPARISON, None) if session is not None else None
         if saved is None:
@@ -135,7 +136,7 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         # a saved comparison claims only its prompts (put in the box here): its summary line names the vector
         # and α it ran with, which Explore's controls need not show
         key = panel_keys.made_for(lang, "compare", {"prompts": text}, ("prompts",))
-        return (gr.update(selected="compare"), text, key) + render(lang, saved["comparison"])
+        return ("compare", text, key) + render(lang, saved["comparison"])
 
     @handler(backend)
     def compare_api(prompts_: str, use_dataset_: bool, vector: str, layer: float, alpha: float, relative: bool,
@@ -164,25 +165,26 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         shown = session.cache.get(SHOWN) if session is not None else None
         index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         if not shown or not isinstance(index, int) or not 0 <= index < len(shown["rows"]):
-            return (gr.skip(),) * 8
+            return (gr.skip(),) * 7
         st = shown["settings"]
         keep = lambda key: gr.skip() if st.get(key) is None else st[key]  # noqa: E731
         alpha = gr.skip()
         if st.get("alpha") is not None and st.get("alpha_max"):  # the slider's range and α in one update
             top, step = alpha_slider(max(abs(float(st["alpha_max"])), abs(float(st["alpha"]))))
             alpha = gr.update(minimum=-top, maximum=top, step=step, value=float(st["alpha"]))
-        return (gr.update(selected="explore"), shown["rows"][index]["prompt"], keep("vector"), keep("layer"),
+        return (shown["rows"][index]["prompt"], keep("vector"), keep("layer"),
                 keep("alpha_max"), alpha, keep("relative"), keep("seed"))
 
     return CompareTab(prompts=prompts, run=run, summary=summary, outputs=outputs, show_saved=show_saved,
                       open_row=open_row)
 
 
-def wire_open_in_explore(tab: CompareTab, explore, main_tabs) -> None:
-    """Clicking a row of the table opens it in Explore, whose panels then follow (bars, both generations,
-    the dose-response marker)."""
+def wire_open_in_explore(tab: CompareTab, explore, open_explore_js: str) -> None:
+    """Clicking a row of the table opens it in Explore (the page script ``open_explore_js`` switches the tab),
+    whose panels then follow (bars, both generations, the dose-response marker)."""
     rows = tab.outputs[-1]
-    event = rows.select(tab.open_row, None, [main_tabs, explore.prompt, explore.vector, explore.layer,
+    rows.select(None, None, None, js=open_explore_js, queue=False)
+    event = rows.select(tab.open_row, None, [explore.prompt, explore.vector, explore.layer,
                                              explore.alpha_max, explore.alpha, explore.relative, explore.vector_seed],
                         api_name="open_row_in_explore", api_visibility="undocumented", queue=False)
     explore.refresh_all(event, "open_row")

@@ -116,7 +116,9 @@ def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_vectors(br
     page.locator("#train-tsv-advanced").get_by_text("Advanced settings").click()
     page.locator("#train-tsv-compare input[type=checkbox]").uncheck()
     page.locator("#train-btn").click()
-    time.sleep(2.0)  # well into training
+    # cancel once the job reports its epochs: a fixed sleep clicked before the job had left the queue when an
+    # earlier test's work was still running (CI, stop 40), and "nothing is running" is the right answer then
+    page.get_by_text(re.compile(r"TSV \w+: epoch \d+/")).first.wait_for(timeout=60_000)
     page.locator("#train-cancel").click()
     clicked = time.monotonic()
     page.get_by_text("Cancelled").first.wait_for(timeout=10_000)

@@ -134,7 +134,8 @@ def test_a_saved_comparison_link_opens_the_whole_table_on_the_many_prompts_tab(b
     page.get_by_role("tab", name="Many prompts").click()
     page.locator("#compare-prompts textarea").fill("The capital of France is\nMy favourite food is")
     page.locator("#compare-run").click()
-    page.wait_for_function("() => /2 prompts/.test(document.querySelector('#compare-summary').innerText)",
+    # "2 prompts at α" is the summary line; the progress note while it runs says "generating 2 prompts"
+    page.wait_for_function("() => /2 prompts at/.test(document.querySelector('#compare-summary').innerText)",
                            timeout=60_000)
     page.locator("#compare-save").click()
     page.wait_for_function("() => document.querySelector('#compare-summary')?.innerText.includes('Saved')",
@@ -144,7 +145,7 @@ def test_a_saved_comparison_link_opens_the_whole_table_on_the_many_prompts_tab(b
     assert saved["kind"] == "comparison" and len(saved["comparison"]["rows"]) == 2
     stranger = _fresh(browser, link, ready=False)
     # the stranger lands on the Many prompts tab, with the saved prompts, the summary line and every row
-    stranger.wait_for_function("() => /2 prompts/.test(document.querySelector('#compare-summary')?.innerText || '')",
+    stranger.wait_for_function("() => /2 prompts at/.test(document.querySelector('#compare-summary')?.innerText || '')",
                                timeout=60_000)
     assert stranger.locator("#compare-prompts textarea").input_value().splitlines() == [
         "The capital of France is", "My favourite food is"]

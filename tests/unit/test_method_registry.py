@@ -107,3 +107,20 @@ def test_every_empty_table_shows_the_columns_it_will_have(tiny):
     assert len(tables) >= 7
     placeholder = [getattr(t, "label", None) or t.elem_id for t in tables if t.value["headers"] == ["1", "2", "3"]]
     assert placeholder == []
+
+
+def test_no_event_sends_a_tab_or_the_tabs_an_update(tiny):
+    """A tab that has ever been an event's output makes gradio's page walk and copy every component under it on
+    each later status change of any event (app.JS_TAB_LABELS): tabs are labelled and opened by the page's own
+    script instead."""
+    import gradio as gr
+
+    from steer_ui.service import Service
+    from steer_ui.ui.app import TABS, build_demo
+
+    demo = build_demo(Service(tiny("llama")))
+    tabs = {b._id for b in demo.blocks.values() if isinstance(b, (gr.Tab, gr.Tabs))}
+    assert len(tabs) == len(TABS) + 1
+    sending = [dep.api_name or dep.fn for dep in demo.fns.values()
+               if tabs & {getattr(out, "_id", out) for out in dep.outputs}]
+    assert sending == []
