@@ -56,6 +56,28 @@ def _glyph(ch: str) -> bool:
     return ch.isprintable() and ch not in "\u2581\ufffd" and unicodedata.category(ch) not in ("Co", "Cn", "Cs")
 
 
+def wrap_title(text: str, width: int = 46) -> str:
+    """``text`` broken into lines of at most ``width`` columns with ``<br>`` (plotly does not wrap titles: a long
+    one ran off a half-width chart).  CJK characters count two columns and may break anywhere; other words break
+    at spaces."""
+    import re
+    import unicodedata
+
+    lines, line, used = [], "", 0
+    for piece in re.findall(r"[\u2e80-\u9fff\uff00-\uffef]|[^\s\u2e80-\u9fff\uff00-\uffef]+|\s+", text):
+        cols = sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in piece)
+        if piece.isspace():
+            if line:
+                line, used = line + " ", used + 1
+            continue
+        if line and used + cols > width:
+            carry = line[-1] if line[-1] in "（(「【" else ""  # an opening bracket starts the next line
+            lines.append(line[: len(line) - len(carry)].rstrip())
+            line, used = carry, 2 * len(carry)
+        line, used = line + piece, used + cols
+    return "<br>".join(lines + [line.rstrip()] if line else lines)
+
+
 MODEBAR_PX = 30  # plotly's toolbar row at the top: titles start below it, so it never covers their words
 
 
@@ -136,7 +158,7 @@ def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_d
     else:
         fig = go.Figure(go.Bar(x=frame.delta_logit, y=frame.label, orientation="h", marker_color=colors,
                                hovertemplate="%{y}: Δlogit %{x:.3f}<extra></extra>"))
-    title = _label(labels, "title", "Δlogit: most promoted and suppressed tokens")
+    title = wrap_title(_label(labels, "title", "Δlogit: most promoted and suppressed tokens"))
     if max_abs_delta_logit is not None:  # on a second line, so a narrow chart does not cut it off
         detail = f"{rule or 'max |Δlogit|'} = {max_abs_delta_logit:.2f}"
         if max_delta_token is not None:  # plotly titles take HTML: '<pad>' must stay text

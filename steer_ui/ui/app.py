@@ -88,10 +88,12 @@ JS_TAB_LABELS = """
 () => {
   if (window.__steerTabLabels) return;
   const labels = %s;
+  const idOf = {};  // the overflow menu's buttons carry no tab id: they are known by their label, in any language
+  Object.values(labels).forEach((m) => Object.entries(m).forEach(([id, label]) => { idOf[label] = id; }));
   window.__steerTabLabels = () => {
     const mine = labels[window.__steerLang || 'en'] || labels.en;
-    document.querySelectorAll('[data-tab-id]').forEach((el) => {
-      const want = mine[el.dataset.tabId];
+    document.querySelectorAll('[data-tab-id], .overflow-dropdown button').forEach((el) => {
+      const want = mine[el.dataset.tabId || idOf[el.textContent.trim()]];
       if (want && el.textContent.trim() !== want) { el.textContent = want; }
     });
   };

@@ -167,6 +167,19 @@ def test_language_switch_changes_labels_and_tabs(browser, url):
     page.wait_for_function("() => [...document.querySelectorAll('button[role=tab]')].map(b => b.innerText)"
                            ".join('|').includes('Export')", timeout=20_000)
     page.close()
+    # on a phone the tabs that do not fit are in gradio's overflow menu, whose buttons carry no tab id
+    phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, locale="en-US")
+    phone.goto(url)
+    phone.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=60_000)
+    phone.locator("#lang-switch label", has_text="简体中文").click()
+    phone.wait_for_function("() => [...document.querySelectorAll('button[role=tab]')].map(b => b.innerText)"
+                            ".join('|').includes('探索')", timeout=20_000)
+    phone.get_by_label("More tabs").click()
+    menu = phone.locator(".overflow-dropdown button").all_inner_texts()
+    assert "导出 / 导入" in menu and "多个提示" in menu and not any(re.search("[A-Za-z]{3}", m) for m in menu), menu
+    phone.locator(".overflow-dropdown button", has_text="多个提示").click()  # and it still opens its tab
+    phone.locator("#compare-prompts").wait_for(timeout=10_000)
+    phone.close()
 
 
 def test_markup_in_a_link_is_shown_as_text_in_the_banner(browser, url):
@@ -361,6 +374,12 @@ def test_the_layout_puts_what_matters_on_the_first_screen(browser, url):
         for label in chart.locator(".gtitle, .legend").all():
             if label.bounding_box() is not None:
                 assert not _overlap(toolbar.bounding_box(), label.bounding_box()), label.text_content()
+        frame = chart.bounding_box()
+        for title in chart.locator(".gtitle").all():  # plotly does not wrap titles: a long one ran off the chart
+            box = title.bounding_box()
+            if box is not None:
+                assert frame["x"] <= box["x"] and box["x"] + box["width"] <= frame["x"] + frame["width"] + 1, \
+                    title.text_content()
     wide.get_by_role("tab", name="Train").click()
     wide.locator("#train-method label", has_text="tsv").click()  # the tallest form
     wide.evaluate("() => window.scrollTo(0, 0)")

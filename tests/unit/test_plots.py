@@ -177,3 +177,19 @@ def test_promoted_and_suppressed_have_the_colours_of_the_coloured_steered_text()
     negative, positive = re.search(r"e<0\?`rgba\((\d+, \d+, \d+), \$\{-e\}\)`:`rgba\((\d+, \d+, \d+), ", source).groups()
     rgb = lambda hex_: ", ".join(str(int(hex_[i:i + 2], 16)) for i in (1, 3, 5))  # noqa: E731
     assert rgb(plots.UP_COLOR) == positive and rgb(plots.DOWN_COLOR) == negative
+
+
+def test_wrap_title_keeps_lines_inside_a_half_width_chart_in_both_scripts():
+    import unicodedata
+
+    def columns(line):
+        return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in line)
+
+    english = "Δlogit: most promoted (red) and suppressed (purple) likely tokens (p ≥ 0.1 % before or after)"
+    chinese = "Δlogit：提升（红）和压低（紫）最多的可能词元（引导前或后 p ≥ 0.1%）"
+    for text in (english, chinese):
+        lines = plots.wrap_title(text, 46).split("<br>")
+        assert len(lines) >= 2 and all(columns(line) <= 46 for line in lines), lines
+        assert "".join(lines).replace(" ", "") == text.replace(" ", "")  # nothing lost, only breaks added
+        assert not any(line.endswith(("（", "(")) for line in lines)
+    assert plots.wrap_title("short title") == "short title"
