@@ -82,9 +82,11 @@ MODEBAR_PX = 30  # plotly's toolbar row at the top: titles start below it, so it
 
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kwargs) -> go.Figure:
-    top = MODEBAR_PX + 40 + 18 * title.count("<br>")  # room for the toolbar and every title line
+    # plotly lifts a title with a <sup> line about 10 px above its anchor, under the chart's own label: lowered
+    below = MODEBAR_PX + (12 if "<sup>" in title else 0)
+    top = below + 40 + 18 * title.count("<br>")  # room for the toolbar and every title line
     # the legend goes under the chart: at the top right it sat under the toolbar and over long titles
-    fig.update_layout(title=dict(text=title, font=dict(size=14), yref="container", y=1 - MODEBAR_PX / height,
+    fig.update_layout(title=dict(text=title, font=dict(size=14), yref="container", y=1 - below / height,
                                  yanchor="top"),
                       height=height, margin=dict(l=50, r=20, t=top, b=40), template="plotly_white",
                       legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0.0), **kwargs)

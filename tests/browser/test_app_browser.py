@@ -366,6 +366,11 @@ def test_the_layout_puts_what_matters_on_the_first_screen(browser, url):
     for selector in ("#unsteered-text", "#steered-text", "#alpha-slider", "#generate-btn"):
         box = _box(wide, selector)
         assert box["y"] + box["height"] <= 900, selector
+    alpha = wide.locator("#alpha-slider input[type=number]")  # steered, so the Δlogit chart has its long title
+    alpha.fill("0.5")
+    alpha.press("Enter")
+    wide.wait_for_selector("#delta-logit .gtitle", timeout=30_000)
+    time.sleep(1.0)
     for chart in wide.locator(".js-plotly-plot").all():
         chart.hover()  # plotly shows its toolbar on hover
         toolbar = chart.locator(".modebar")
@@ -375,11 +380,15 @@ def test_the_layout_puts_what_matters_on_the_first_screen(browser, url):
             if label.bounding_box() is not None:
                 assert not _overlap(toolbar.bounding_box(), label.bounding_box()), label.text_content()
         frame = chart.bounding_box()
+        label = chart.locator("xpath=ancestor::div[contains(@class, 'block')][1]//*[@data-testid='block-label']")
+        under = label.first.bounding_box() if label.count() else None
         for title in chart.locator(".gtitle").all():  # plotly does not wrap titles: a long one ran off the chart
             box = title.bounding_box()
             if box is not None:
                 assert frame["x"] <= box["x"] and box["x"] + box["width"] <= frame["x"] + frame["width"] + 1, \
                     title.text_content()
+                if under is not None:  # and gradio's label at the chart's top left does not cover its first line
+                    assert box["y"] >= under["y"] + under["height"] - 0.5, title.text_content()
     wide.get_by_role("tab", name="Train").click()
     wide.locator("#train-method label", has_text="tsv").click()  # the tallest form
     wide.evaluate("() => window.scrollTo(0, 0)")
