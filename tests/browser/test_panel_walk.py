@@ -74,7 +74,7 @@ def test_twenty_five_random_steps_on_a_tiny_model_keep_every_panel_true_to_the_c
 
 
 # ~2.5 s a step on two cores (40 steps at cc92ffe: the page's own work, gradio's status bookkeeping and four plotly
-# charts, is most of it; the server is busy ~12 % of the time): 200 steps are ~8.5 minutes, over CI's share. CI
+# charts, is most of it; the server is busy ~12 % of the time): 200 steps took 574 s, over CI's share. CI
 # runs the 25 steps above; `pytest -m slow` runs this one and the embedded model's 20 steps below.
 @pytest.mark.slow
 def test_two_hundred_random_steps_on_a_tiny_model_keep_every_panel_true_to_the_controls(browser, tmp_path):
