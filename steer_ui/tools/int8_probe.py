@@ -7,20 +7,20 @@ Prints, for the embedded model's shapes, the best-of-``repeats`` time of a 3-row
 for the 262,144-row unembedding) beside ``torch.ops.aten._weight_int8pack_mm`` with bfloat16 activations (with
 float32 activations it falls back to a slow path on this build); then the cost in accuracy of per-output-channel
 int8 weights (symmetric, scale = max |w| / 127, dequantised to float32 so that only the weights' rounding is
-measured) against float32 on eight fixed prompts: max |Δ next-token probability| and top-1 agreement, for the
-blocks' linear layers alone and with the tied embedding / unembedding as well.  One process, one run: compare
+measured) against float32 on the bench's fixed prompts (``measures.PROBE_PROMPTS``, as ``bench`` measures a
+dtype's cost): max |Δ next-token probability| and top-1 agreement, for the blocks' linear layers alone and with
+the tied embedding / unembedding as well.  One process, one run: compare
 ratios, not the times of another run.
 """
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-PROMPTS = ["The capital of France is", "My favourite thing about the weekend is", "Once upon a time",
-           "I went to the cinema yesterday and the film was", "The weather today is", "Paris is a city in",
-           "The best way to learn programming is", "In 1492, Columbus"]
+from .measures import PROBE_PROMPTS, next_token_probs
+from .timing import ms, timings
+
 SHAPES = ((2048, 640), (640, 2048), (1024, 640), (262144, 640))  # Gemma 3 270M: MLP, attention, unembedding
 
 
@@ -31,13 +31,8 @@ def per_channel_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _best_ms(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    fn()  # warm-up
+    return ms(min(timings(fn, repeats, torch.device("cpu"))))
 
 
 def kernel_times(repeats: int) -> list[dict]:
@@ -66,12 +61,7 @@ def accuracy(model_source: str, min_weights: int = 1 << 16) -> list[dict]:
     from ..model.loading import load_model
 
     handle = load_model(model_source)
-    model, tok = handle.model, handle.tokenizer
-
-    def next_token_probs() -> torch.Tensor:
-        with torch.no_grad():
-            return torch.stack([torch.softmax(model(tok(p, return_tensors="pt").input_ids).logits[0, -1].float(), -1)
-                                for p in PROMPTS])
+    model = handle.model
 
     def report(what: str, probs: torch.Tensor) -> dict:
         return {"int8": what, "max_abs_dp": float((probs - reference).abs().max()),
@@ -81,16 +71,16 @@ def accuracy(model_source: str, min_weights: int = 1 << 16) -> list[dict]:
         q, scale = per_channel_int8(weight.data.float())
         weight.data = (q.float() * scale[:, None]).to(weight.dtype)
 
-    reference = next_token_probs()
+    reference = next_token_probs(handle)
     out = []
     unembedding = model.get_output_embeddings().weight
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if isinstance(module, torch.nn.Linear) and weight is not unembedding and weight.numel() >= min_weights:
             round_trip(weight)
-    out.append(report("block linear layers", next_token_probs()))
+    out.append(report("block linear layers", next_token_probs(handle)))
     round_trip(unembedding)  # tied in Gemma: the embedding lookups are rounded too
-    out.append(report("block linear layers and the unembedding", next_token_probs()))
+    out.append(report("block linear layers and the unembedding", next_token_probs(handle)))
     return out
 
 
@@ -104,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['app_float32_ms']:.3f} ms · int8 weights, bf16 activations {row['int8_bf16_ms']:.3f} ms")
     for row in accuracy(args.model):
         print(f"int8 {row['int8']}: max |Δp| {row['max_abs_dp']:.4f}, top-1 agreement {row['top1_agreement']:.3f} "
-              f"over {len(PROMPTS)} prompts")
+              f"over {len(PROBE_PROMPTS)} prompts")
     return 0
 
 

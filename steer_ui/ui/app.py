@@ -97,6 +97,12 @@ JS_TAB_LABELS = """
       if (want && el.textContent.trim() !== want) { el.textContent = want; }
     });
   };
+  // a tab's button: in the bar, or (on a narrow screen) in the overflow menu, which is in the page while closed
+  window.__steerOpenTab = (id) => {
+    const button = document.querySelector(`button[role=tab][data-tab-id="${id}"]`) || Array.from(
+      document.querySelectorAll('.overflow-dropdown button')).find((b) => idOf[b.textContent.trim()] === id);
+    if (button) { button.click(); }
+  };
   new MutationObserver(() => window.__steerTabLabels()).observe(document.body, {childList: true, subtree: true});
 }
 """
@@ -106,19 +112,17 @@ TABS = ("model", "data", "train", "explore", "compare", "concepts", "detect", "e
 TAB_LABELS = {lang: {tab: i18n.label(lang, f"tab.{tab}") for tab in TABS} for lang in i18n.TRANSLATIONS}
 
 
-def js_browser_lang(tab_labels: dict) -> str:
-    """The page-load script: installs the page's own key handling and its tab labels (``tab_labels``: {language:
-    {tab id: label}}), then returns the language gradio chose for the page (html lang, kept in sync by gradio) or
-    the browser's."""
-    return ("() => { (%s)(); (%s)(); return (document.documentElement.lang || navigator.language || 'en'); }"
-            % (panel_keys.JS_ENTER_COMMITS.strip(), JS_TAB_LABELS.strip() % json.dumps(tab_labels, ensure_ascii=False)))
+# The page-load script: installs the page's own key handling and its tab labels, then returns the language gradio
+# chose for the page (html lang, kept in sync by gradio) or the browser's.
+JS_BROWSER_LANG = ("() => { (%s)(); (%s)(); return (document.documentElement.lang || navigator.language || 'en'); }"
+                   % (panel_keys.JS_ENTER_COMMITS.strip(),
+                      JS_TAB_LABELS.strip() % json.dumps(TAB_LABELS, ensure_ascii=False)))
 
 
 def js_open_tab(tab_id: str, only_if: str = "true") -> str:
-    """Page script that opens the tab ``tab_id`` (by clicking its button) when the expression ``only_if`` holds
-    (it may read the event's inputs as ``args``)."""
-    return ("(...args) => { if (!(%s)) return; const b = document.querySelector('button[role=tab][data-tab-id=\"%s\"]') "
-            "|| document.querySelector('[data-tab-id=\"%s\"]'); if (b) b.click(); }" % (only_if, tab_id, tab_id))
+    """Page script that opens the tab ``tab_id`` when the expression ``only_if`` holds (it may read the event's
+    inputs as ``args``); JS_TAB_LABELS installs the opener."""
+    return "(...args) => { if (%s) window.__steerOpenTab(%s); }" % (only_if, json.dumps(tab_id))
 
 
 def fan_out(fn, copies: int):
@@ -244,7 +248,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         def browser_lang(value):
             return i18n.normalise_lang(value)
 
-        load = demo.load(browser_lang, [lang], [lang], js=js_browser_lang(TAB_LABELS), api_name="browser_language",
+        load = demo.load(browser_lang, [lang], [lang], js=JS_BROWSER_LANG, api_name="browser_language",
                          api_visibility="undocumented", queue=False)
 
         @handler(backend)

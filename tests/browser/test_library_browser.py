@@ -145,8 +145,8 @@ def test_a_saved_comparison_link_opens_the_whole_table_on_the_many_prompts_tab(b
     assert saved["kind"] == "comparison" and len(saved["comparison"]["rows"]) == 2
     stranger = _fresh(browser, link, ready=False)
     # the stranger lands on the Many prompts tab, with the saved prompts, the summary line and every row
-    stranger.wait_for_function("() => /2 prompts at/.test(document.querySelector('#compare-summary')?.innerText || '')",
-                               timeout=60_000)
+    stranger.wait_for_function("() => /2 prompts at/.test(document.querySelector('#compare-summary')?.innerText "
+                               "|| '')", timeout=60_000)
     assert stranger.locator("#compare-prompts textarea").input_value().splitlines() == [
         "The capital of France is", "My favourite food is"]
     table = stranger.locator("#compare-table").inner_text()
@@ -171,3 +171,10 @@ def test_a_saved_comparison_link_opens_the_whole_table_on_the_many_prompts_tab(b
                               ".dataset.key)")
     assert (shown["vector"], shown["layer"], shown["alpha"]) == (settings["vector"], settings["layer"],
                                                                  settings["alpha"])
+    # on a phone the Many prompts tab is in gradio's overflow menu, and the link still opens on it
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, locale="en-US").new_page()
+    phone.goto(link)
+    phone.wait_for_function("() => /2 prompts at/.test(document.querySelector('#compare-summary')?.innerText "
+                            "|| '')", timeout=60_000)
+    assert phone.locator("#compare-table").is_visible() and not phone.locator("#explore-prompt").is_visible()
+    phone.close()
