@@ -10,6 +10,7 @@ Wiring (the reason this tab feels live on a CPU):
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import gradio as gr
@@ -28,6 +29,11 @@ MAX_LAYERS = 128
 COLOUR_SCALE = 5.0
 EXTEND = 5.0  # "extend range" shows this many times the calibrated α max: room to see the explosion
 SLIDER_STEPS = 100  # about this many steps on each side of α = 0
+# Each streamed frame is a status message to the page, and gradio 6's page answers every status message by
+# refreshing the loading status of every component an event ever wrote (each a search of the component tree):
+# a frame per token kept the page's main thread busy while it should follow the slider.  Four frames a second
+# still read as live text; the last frame always comes.
+FRAME_INTERVAL_S = 0.25
 
 
 def alpha_slider(top: float) -> tuple[float, float]:
@@ -245,8 +251,12 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         sampling = backend.sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                     repetition_penalty=repetition, seed=seed, greedy=greedy,
                                     max_delta_logit=backend.delta_limit(session, vector, delta_limit))
+        shown = time.monotonic()
         for frame in backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling):
             if not frame.done:
+                if time.monotonic() - shown < FRAME_INTERVAL_S:
+                    continue  # the next frame carries this one's tokens too
+                shown = time.monotonic()
                 yield key, frame.unsteered_text, highlighted(frame), gr.skip(), gr.skip(), gr.skip()
                 continue
             tokens_frame = frame.token_frame()

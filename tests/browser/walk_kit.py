@@ -89,21 +89,33 @@ def _server_busy(demo) -> bool:
     return bool(queue.event_ids_to_events) or any(job is not None for job in queue.active_jobs)
 
 
-def settle(demo, page, quiet: float = 0.2, timeout: float = 120.0) -> None:
-    """Wait until the app's queue is empty and stays so across a round trip through the page's main thread.
+def follows(page, panels) -> bool:
+    """Whether each of ``panels`` shows numbers for the controls as they are (unmarked)."""
+    now, states = controls(page), panel_states(page)
+    return all(p in states and not states[p][1] and not mismatches(states[p][0], now) for p in panels)
+
+
+def settle(demo, page, fresh=(), quiet: float = 0.05, timeout: float = 120.0) -> None:
+    """Wait until the app's queue is empty and stays so across two round trips through the page's main thread,
+    and until the ``fresh`` panels follow the controls (for at most 30 s: the check then says which did not).
     A chain's next part is sent by the page only once it has drawn the previous part's outputs, which on two
-    busy cores can take seconds after the server finished; the round trip waits for that drawing."""
-    deadline = time.monotonic() + timeout
+    busy cores can take seconds after the server finished: the round trips wait for that drawing, and waiting
+    for the promised panels themselves (rather than a fixed quiet time) keeps a step as short as the app lets it."""
+    start = time.monotonic()
+    deadline = start + timeout
     time.sleep(0.1)  # the action's request is on its way
     calm = 0
-    while calm < 3:
+    while calm < 2:
         assert time.monotonic() < deadline, "the app did not settle"
         while _server_busy(demo):
             assert time.monotonic() < deadline, "the app did not settle"
             time.sleep(0.05)
         page.evaluate("() => new Promise((done) => requestAnimationFrame(() => setTimeout(done, 30)))")
         time.sleep(quiet)
-        calm = 0 if _server_busy(demo) else calm + 1
+        if _server_busy(demo) or (fresh and time.monotonic() < start + 30 and not follows(page, fresh)):
+            calm = 0
+        else:
+            calm += 1
 
 
 @dataclass
@@ -233,7 +245,21 @@ class Walk:
             started = time.monotonic()
             promise = getattr(self, action)()
             acted = time.monotonic()
-            settle(self.demo, self.page)
+            settle(self.demo, self.page, fresh=promise.get("fresh", ()))
             settled = time.monotonic()
             self.check(step, action, promise)
             self.timings.append((action, acted - started, settled - acted, time.monotonic() - settled))
+        print(self.summary())
+
+    def summary(self) -> str:
+        """Seconds per action (acting, settling, checking): where a walk's time goes, printed with ``-s``."""
+        rows = {}
+        for action, *parts in self.timings:
+            rows.setdefault(action, []).append(parts)
+        lines = [f"{'action':16} {'n':>3} {'act':>6} {'settle':>6} {'check':>6}"]
+        for action, parts in sorted(rows.items()):
+            mean = [sum(p[i] for p in parts) / len(parts) for i in range(3)]
+            lines.append(f"{action:16} {len(parts):3d} " + " ".join(f"{m:6.2f}" for m in mean))
+        total = [sum(t[i + 1] for t in self.timings) for i in range(3)]
+        lines.append(f"{'total':16} {len(self.timings):3d} " + " ".join(f"{m:6.1f}" for m in total))
+        return "\n".join(lines)

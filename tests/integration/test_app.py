@@ -94,6 +94,27 @@ def test_a_delta_logit_limit_over_http_holds_every_steered_step(app):
     assert "change_kept" in table["headers"]
 
 
+def test_a_long_generation_streams_at_most_four_frames_a_second_and_ends_with_all_of_it(app):
+    """Each streamed frame costs the page a pass over every component's loading status: frames are paced."""
+    import time
+
+    from steer_ui.ui.explore_tab import FRAME_INTERVAL_S
+
+    _, url = app
+    job = client(url).submit(PROMPT, RANDOM, 1, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 200, 0,
+                             api_name="/generate")
+    start = time.monotonic()
+    final = job.result(timeout=120)
+    elapsed = time.monotonic() - start
+    frames = job.outputs()
+    assert frames[-1][-1] == final[-1] and final[-1]["steered"]["tokens"]  # the last frame has every token
+    assert final[-1]["steps"] > 60  # many tokens: unpaced, nearly every one would be a frame
+    intermediate = len(frames) - 1
+    assert intermediate <= elapsed / FRAME_INTERVAL_S + 1, (intermediate, elapsed)
+    if elapsed > 3 * FRAME_INTERVAL_S:
+        assert intermediate >= 1  # still streamed, not held back to the end
+
+
 def test_a_vector_that_states_its_bound_is_steered_within_it_unless_the_client_says_otherwise(app, tmp_path):
     import dataclasses
 
