@@ -42,7 +42,8 @@ def job(s: Session, handle, seconds: float, progress: Progress | None = None) ->
             raise UserError("job_too_long", limit=f"{seconds:g}")
         progress(fraction, message)
 
-    s.running = True
+    s.running, s.job_end = True, ""
+    ended = "failed"
     try:
         if not handle.lock.acquire(blocking=False):
             report(0.0, english("job_queued"))
@@ -50,7 +51,13 @@ def job(s: Session, handle, seconds: float, progress: Progress | None = None) ->
                 report(0.0, english("job_queued"))
         try:
             yield report
+            ended = "finished"
         finally:
             handle.lock.release()
+    except UserError as exc:
+        if exc.key == "job_cancelled":
+            ended = "cancelled"
+        raise
     finally:
+        s.job_end = ended  # before running drops: whoever waits on running reads how it ended
         s.running = False

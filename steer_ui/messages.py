@@ -11,6 +11,7 @@ from typing import Any
 ENGLISH: dict[str, str] = {
     "error_title": "Error",
     "cancelled_title": "Cancelled",
+    "notice_title": "Note",
     "yes": "yes",
     "no": "no",
     "too_many_prompts": "{count} prompts given; one comparison runs at most {limit} (one per line).",

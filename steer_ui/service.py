@@ -944,6 +944,20 @@ class Service:
         s.cancel.set()
         return True
 
+    def job_outcome(self, session: str | None, wait: float = 0.0) -> str:
+        """How the session's last job ended ("finished", "cancelled", "failed"), waiting up to ``wait`` seconds
+        for a running one; "running" if it still runs, "" if the session never ran one.  A cancelled job stops
+        at its next progress report, so Cancel can answer with the job's end instead of "stopping"."""
+        import time
+
+        s = self.sessions.peek(session)
+        if s is None:
+            return ""
+        deadline = time.monotonic() + wait
+        while s.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "running" if s.running else s.job_end
+
     # ---------------------------------------------------------- methods
     @staticmethod
     def method_names() -> list[str]:

@@ -62,6 +62,7 @@ class Session:
     touched: float = field(default_factory=time.monotonic)
     cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     running: bool = False  # a long job (training, probing, a lesson) is under way
+    job_end: str = ""  # how the last job ended: "finished", "cancelled" or "failed" ("" while one runs)
     generating: int = 0  # this session's generations in the decode batch or waiting for it
     client: str | None = None  # the address it was admitted from (None: a Python or CLI caller)
     owner: str | None = None  # the library owner it is bound to (steer_ui/keeping.py); None: nothing is kept

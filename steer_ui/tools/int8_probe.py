@@ -55,32 +55,93 @@ def kernel_times(repeats: int) -> list[dict]:
     return rows
 
 
-def accuracy(model_source: str, min_weights: int = 1 << 16) -> list[dict]:
+def per_group_int8(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, float32 scale per output row and group of ``group`` input columns), dequantised as
+    q * scale.repeat_interleave(group, 1)."""
+    rows, cols = w.shape
+    grouped = w.reshape(rows, cols // group, group)
+    scale = grouped.abs().amax(-1).clamp_min(1e-12) / 127
+    return torch.round(grouped / scale[..., None]).clamp(-127, 127).to(torch.int8).reshape(rows, cols), scale
+
+
+def _dequantised(w: torch.Tensor, group: int | None) -> torch.Tensor:
+    if group is None:
+        q, scale = per_channel_int8(w)
+        return q.float() * scale[:, None]
+    q, scale = per_group_int8(w, group)
+    return q.float() * scale.repeat_interleave(group, 1)
+
+
+def _kernel_forward(module: torch.nn.Linear, q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor):
+    flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+    out = torch.ops.aten._weight_int8pack_mm(flat, q, scale).float()
+    if module.bias is not None:
+        out = out + module.bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5) -> list[dict]:
     """Max |Δp| and top-1 agreement of int8 weights against float32 (linear layers of at least ``min_weights``
-    values, as the app's fast kernels take them)."""
+    values, as the app's fast kernels take them): per output channel (the weights' rounding alone, then through
+    ``_weight_int8pack_mm`` with bfloat16 activations), per group of 32 input columns, and per output channel
+    with the ``sensitivity`` linears whose rounding alone costs most kept in float32."""
+    import functools
+
     from ..model.loading import load_model
 
     handle = load_model(model_source)
     model = handle.model
+    unembedding = model.get_output_embeddings().weight
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+               and m.weight is not unembedding and m.weight.numel() >= min_weights]
+    originals = {name: m.weight.data.clone() for name, m in linears}
+    original_unembedding = unembedding.data.clone()
+    reference = next_token_probs(handle)
 
-    def report(what: str, probs: torch.Tensor) -> dict:
+    def report(what: str) -> dict:
+        probs = next_token_probs(handle)
         return {"int8": what, "max_abs_dp": float((probs - reference).abs().max()),
                 "top1_agreement": float((probs.argmax(-1) == reference.argmax(-1)).float().mean())}
 
-    def round_trip(weight: torch.nn.Parameter) -> None:
-        q, scale = per_channel_int8(weight.data.float())
-        weight.data = (q.float() * scale[:, None]).to(weight.dtype)
+    def restore() -> None:
+        for name, m in linears:
+            m.weight.data = originals[name].clone()
+            m.__dict__.pop("forward", None)
+        unembedding.data = original_unembedding.clone()
 
-    reference = next_token_probs(handle)
+    def round_blocks(group: int | None, skip=()) -> None:
+        for name, m in linears:
+            if name not in skip:
+                m.weight.data = _dequantised(originals[name].float(), group).to(m.weight.dtype)
+
     out = []
-    unembedding = model.get_output_embeddings().weight
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(module, torch.nn.Linear) and weight is not unembedding and weight.numel() >= min_weights:
-            round_trip(weight)
-    out.append(report("block linear layers", next_token_probs(handle)))
-    round_trip(unembedding)  # tied in Gemma: the embedding lookups are rounded too
-    out.append(report("block linear layers and the unembedding", next_token_probs(handle)))
+    round_blocks(None)
+    out.append(report("per output channel: block linear layers"))
+    unembedding.data = _dequantised(original_unembedding.float(), None)  # tied in Gemma: lookups rounded too
+    out.append(report("per output channel: block linear layers and the unembedding"))
+    restore()
+    for name, m in linears:  # the kernel the app would run: bfloat16 activations into each product
+        q, scale = per_channel_int8(originals[name].float())
+        m.forward = functools.partial(_kernel_forward, m, q, scale.to(torch.bfloat16))
+    out.append(report("per output channel through _weight_int8pack_mm (bf16 activations): block linear layers"))
+    restore()
+    round_blocks(32)
+    out.append(report("per group of 32 inputs: block linear layers"))
+    unembedding.data = _dequantised(original_unembedding.float(), 32)
+    out.append(report("per group of 32 inputs: block linear layers and the unembedding"))
+    restore()
+    if sensitivity:
+        alone = []
+        for name, m in linears:  # each linear's rounding on its own
+            m.weight.data = _dequantised(originals[name].float(), None)
+            alone.append((report(name)["max_abs_dp"], name))
+            m.weight.data = originals[name].clone()
+        worst = [name for _, name in sorted(alone, reverse=True)[:sensitivity]]
+        out.append({"int8": "the linears whose rounding alone costs most", "worst": [
+            {"linear": name, "max_abs_dp": dp} for dp, name in sorted(alone, reverse=True)[:sensitivity]]})
+        round_blocks(None, skip=set(worst))
+        out.append(report(f"per output channel: block linear layers but those {sensitivity} (kept float32)"))
+        restore()
     return out
 
 
@@ -93,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['shape']:>11}: float32 x@w.T {row['float32_ms']:.3f} ms · app's float32 kernel "
               f"{row['app_float32_ms']:.3f} ms · int8 weights, bf16 activations {row['int8_bf16_ms']:.3f} ms")
     for row in accuracy(args.model):
+        if "worst" in row:
+            print(f"int8 {row['int8']}: " + ", ".join(f"{w['linear']} {w['max_abs_dp']:.4f}" for w in row["worst"]))
+            continue
         print(f"int8 {row['int8']}: max |Δp| {row['max_abs_dp']:.4f}, top-1 agreement {row['top1_agreement']:.3f} "
               f"over {len(PROBE_PROMPTS)} prompts")
     return 0

@@ -317,6 +317,7 @@ MESSAGES: dict[str, dict[str, str]] = {
     "zh-CN": {
         "error_title": "错误",
         "cancelled_title": "已取消",
+        "notice_title": "提示",
         "yes": "是",
         "no": "否",
         "too_many_prompts": "给出了 {count} 个提示；一次比较最多运行 {limit} 个（每行一个）。",

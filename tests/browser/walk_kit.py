@@ -214,9 +214,21 @@ class Walk:
         self.page.get_by_role("tab", name="Explore").or_(self.page.get_by_role("tab", name="探索")).first.click()
         return {}
 
+    def cancel(self):
+        """Train a vector on the Train tab and press Cancel at once or a moment later: whichever wins, the page
+        says so in one line (no Error pill) and Explore's panels are untouched."""
+        self.page.get_by_role("tab", name="Train").or_(self.page.get_by_role("tab", name="训练")).first.click()
+        self.page.locator("#train-btn").click()
+        time.sleep(self.rng.choice([0.0, 0.2]))
+        self.page.locator("#train-cancel").click()
+        return {"train_final": True}
+
+    def back_to_explore(self):
+        self.page.get_by_role("tab", name="Explore").or_(self.page.get_by_role("tab", name="探索")).first.click()
+
     ACTIONS = ("type_prompt", "pick_vector", "move_layer", "type_alpha", "drag_alpha", "toggle_extend", "generate",
-               "sweep", "change_sampling", "switch_language", "bad_upload")
-    WEIGHTS = (3, 2, 2, 4, 3, 1, 3, 2, 1, 1, 1)
+               "sweep", "change_sampling", "switch_language", "bad_upload", "cancel")
+    WEIGHTS = (3, 2, 2, 4, 3, 1, 3, 2, 1, 1, 1, 1)
 
     # ------------------------------------------------------------------------------------------ the walk
     def check(self, step: int, action: str, promise: dict) -> None:
@@ -235,6 +247,10 @@ class Walk:
                 assert not wrong, f"{where}: {panel} should have followed the controls: {wrong}"
         pills = error_pills(self.page)
         assert pills == [], f"{where}: components in an Error state: {pills}"
+        if promise.get("train_final"):  # a cancel's status line ends final, not at "Stopping the running job…"
+            status = self.page.locator("#train-status").inner_text()
+            assert "Stopping" not in status and "正在停止" not in status, f"{where}: train status stays {status!r}"
+            self.back_to_explore()
 
     def run(self, steps: int) -> None:
         settle(self.demo, self.page)

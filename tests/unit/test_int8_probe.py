@@ -16,8 +16,26 @@ def test_per_channel_int8_rounds_each_row_to_half_its_own_step():
     assert bool((q.abs().amax(1) == 127).all())  # every row uses its whole range
 
 
+def test_per_group_int8_rounds_each_group_to_half_its_own_step():
+    w = torch.randn(16, 96)
+    w[:, :32] *= 100  # one loud group per row: per-channel scales would drown the others
+    q, scale = int8_probe.per_group_int8(w, 32)
+    assert q.shape == w.shape and scale.shape == (16, 3)
+    error = (q.float() * scale.repeat_interleave(32, 1) - w).abs()
+    assert bool((error <= scale.repeat_interleave(32, 1) / 2 + 1e-6).all())
+    _, channel = int8_probe.per_channel_int8(w)
+    assert bool((scale[:, 1:] < channel[:, None] / 20).all())  # the quiet groups get their own, finer steps
+
+
 def test_accuracy_reports_the_rounding_of_a_tiny_model():
-    rows = int8_probe.accuracy("tiny:llama", min_weights=0)  # its layers are all small
-    assert [r["int8"] for r in rows] == ["block linear layers", "block linear layers and the unembedding"]
-    for row in rows:
+    rows = int8_probe.accuracy("tiny:llama", min_weights=0, sensitivity=2)  # its layers are all small
+    measured = [r for r in rows if "max_abs_dp" in r]
+    assert len(measured) == 6
+    for row in measured:
         assert 0 < row["max_abs_dp"] < 0.5 and 0 <= row["top1_agreement"] <= 1
+    by_name = {r["int8"]: r for r in measured}
+    worst = next(r for r in rows if "worst" in r)["worst"]
+    assert len(worst) == 2 and worst[0]["max_abs_dp"] >= worst[1]["max_abs_dp"] > 0
+    # finer scales round less: per group of 32 costs less than per output channel on the same layers
+    assert by_name["per group of 32 inputs: block linear layers"]["max_abs_dp"] < \
+        by_name["per output channel: block linear layers"]["max_abs_dp"]

@@ -43,10 +43,27 @@ def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_session(ti
     assert not worker.is_alive()
     assert "finished" not in outcome and outcome["error"].key == "job_cancelled"
     assert outcome["at"] - asked < 2.0
+    assert service.job_outcome("session-a") == "cancelled"  # what Cancel answers the page with
     assert service.vector_names("session-a") == before
     assert not service.cancel("session-a")  # nothing is running any more
     name, _ = service.train("session-a", "mean-diff", layer=2)  # and the session works as before
     assert name in service.vector_names("session-a")
+    assert service.job_outcome("session-a") == "finished"
+
+
+def test_job_outcome_waits_for_a_running_job_and_says_how_it_ended(tiny):
+    service = _service(tiny)
+    assert service.job_outcome("session-a") == "finished" and service.job_outcome("nobody") == ""
+    worker = threading.Thread(target=lambda: pytest.raises(UserError, service.train, "session-a", "tsv", layer=1,
+                                                           settings={"epochs": 200, "compare": False}))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not service.session("session-a").running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert service.job_outcome("session-a", wait=0.1) == "running"
+    assert service.cancel("session-a")
+    assert service.job_outcome("session-a", wait=5.0) == "cancelled"  # within a step of the flag
+    worker.join(timeout=30)
 
 
 def test_a_job_past_the_time_limit_stops_and_keeps_the_session(tiny):
@@ -56,6 +73,7 @@ def test_a_job_past_the_time_limit_stops_and_keeps_the_session(tiny):
         service.train("session-a", "tsv", layer=1, settings={"epochs": 200, "compare": False})
     assert info.value.key == "job_too_long" and "0 s" not in str(info.value)
     assert service.vector_names("session-a") == before
+    assert service.job_outcome("session-a") == "failed"
 
 
 def test_a_flood_of_new_sessions_is_refused_and_never_takes_data_or_a_running_job(tiny):
