@@ -80,11 +80,14 @@ def _kernel_forward(module: torch.nn.Linear, q: torch.Tensor, scale: torch.Tenso
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5) -> list[dict]:
+def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5,
+             mixes: tuple[tuple[int | None, tuple[str, ...]], ...] = ()) -> list[dict]:
     """Max |Δp| and top-1 agreement of int8 weights against float32 (linear layers of at least ``min_weights``
     values, as the app's fast kernels take them): per output channel (the weights' rounding alone, then through
     ``_weight_int8pack_mm`` with bfloat16 activations), per group of 32 input columns, and per output channel
-    with the ``sensitivity`` linears whose rounding alone costs most kept in float32."""
+    with the ``sensitivity`` linears whose rounding alone costs most kept in float32; then each of ``mixes``,
+    (group or None for per channel, name parts): the unembedding and every block linear rounded but those whose
+    name contains one of the parts."""
     import functools
 
     from ..model.loading import load_model
@@ -114,7 +117,8 @@ def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5
             if name not in skip:
                 m.weight.data = _dequantised(originals[name].float(), group).to(m.weight.dtype)
 
-    out = []
+    out = [{"int8": "per group of 32 inputs: the unembedding's round trip",
+            "max_abs_dw": float((_dequantised(original_unembedding.float(), 32) - original_unembedding).abs().max())}]
     round_blocks(None)
     out.append(report("per output channel: block linear layers"))
     unembedding.data = _dequantised(original_unembedding.float(), None)  # tied in Gemma: lookups rounded too
@@ -142,6 +146,12 @@ def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5
         round_blocks(None, skip=set(worst))
         out.append(report(f"per output channel: block linear layers but those {sensitivity} (kept float32)"))
         restore()
+    for group, parts in mixes:
+        unembedding.data = _dequantised(original_unembedding.float(), group)
+        round_blocks(group, skip={name for name, _ in linears if any(part in name for part in parts)})
+        scales = f"per group of {group} inputs" if group else "per output channel"
+        out.append(report(f"{scales}: the unembedding and block linear layers but {', '.join(parts)} (float32)"))
+        restore()
     return out
 
 
@@ -149,11 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--keep", action="append", default=[], metavar="PART[,PART]",
+                        help="also measure the unembedding and every block linear in int8 but those whose name "
+                             "contains a PART (kept float32); repeatable, e.g. --keep layers.17.mlp.down_proj")
+    parser.add_argument("--group", type=int, default=32, help="group size for --keep (0: per output channel)")
     args = parser.parse_args(argv)
     for row in kernel_times(args.repeats):
         print(f"{row['shape']:>11}: float32 x@w.T {row['float32_ms']:.3f} ms · app's float32 kernel "
               f"{row['app_float32_ms']:.3f} ms · int8 weights, bf16 activations {row['int8_bf16_ms']:.3f} ms")
-    for row in accuracy(args.model):
+    mixes = tuple((args.group or None, tuple(keep.split(","))) for keep in args.keep)
+    for row in accuracy(args.model, mixes=mixes):
+        if "max_abs_dw" in row:
+            print(f"int8 {row['int8']}: max |Δw| {row['max_abs_dw']:.3g}")
+            continue
         if "worst" in row:
             print(f"int8 {row['int8']}: " + ", ".join(f"{w['linear']} {w['max_abs_dp']:.4f}" for w in row["worst"]))
             continue

@@ -28,9 +28,11 @@ def test_per_group_int8_rounds_each_group_to_half_its_own_step():
 
 
 def test_accuracy_reports_the_rounding_of_a_tiny_model():
-    rows = int8_probe.accuracy("tiny:llama", min_weights=0, sensitivity=2)  # its layers are all small
+    rows = int8_probe.accuracy("tiny:llama", min_weights=0, sensitivity=2,  # its layers are all small
+                               mixes=((32, ("layers.1.",)),))
     measured = [r for r in rows if "max_abs_dp" in r]
-    assert len(measured) == 6
+    assert len(measured) == 7
+    assert 0 < rows[0]["max_abs_dw"] < 0.01  # a random unembedding is not on an int8 grid: rounded, finely
     for row in measured:
         assert 0 < row["max_abs_dp"] < 0.5 and 0 <= row["top1_agreement"] <= 1
     by_name = {r["int8"]: r for r in measured}
