@@ -27,6 +27,14 @@ def test_per_group_int8_rounds_each_group_to_half_its_own_step():
     assert bool((scale[:, 1:] < channel[:, None] / 20).all())  # the quiet groups get their own, finer steps
 
 
+def test_the_dequantised_product_is_the_float_product_of_the_same_weights():
+    w = torch.randn(300, 64)
+    q, scale = int8_probe.per_group_int8(w, 32)
+    exact = q.float() * scale.repeat_interleave(32, 1)
+    x = torch.randn(3, 64)
+    assert torch.allclose(int8_probe.dequantised_product(q, scale, x, rows=128), x @ exact.T, atol=1e-5)
+
+
 def test_accuracy_reports_the_rounding_of_a_tiny_model():
     rows = int8_probe.accuracy("tiny:llama", min_weights=0, sensitivity=2,  # its layers are all small
                                mixes=((32, ("layers.1.",)),))
