@@ -1053,7 +1053,9 @@ class Service:
             self.guard.texts(self.handle, [p + a for p, a in pairs], "answer", rows=2)
         handle = self.handle
         try:
-            with self._job(s, handle):  # Cancel and the time limit reach it
+            # one job at a time on the model: Cancel and the time limit reach it while it waits for the model;
+            # scoring itself is bounded by policy.max_detect_answers
+            with self._job(s, handle):
                 if path:
                     out = method.detect(handle, vector, dataset)
                 else:

@@ -1,16 +1,18 @@
 """What weight-only int8 would buy and cost on this CPU (groundwork for issue #37; the app does not use it yet).
 
-    python -m steer_ui.tools.int8_probe [--model embedded] [--repeats 20]
+    python -m steer_ui.tools.int8_probe [--model embedded] [--repeats 20] [--keep PART[,PART] ...] [--group 32]
 
 Prints, for the embedded model's shapes, the best-of-``repeats`` time of a 3-row product with a float32 weight
 (``x @ w.T`` and the kernels the app picks today: oneDNN's linear for the blocks, :func:`architecture.unembed`
 for the 262,144-row unembedding) beside ``torch.ops.aten._weight_int8pack_mm`` with bfloat16 activations (with
-float32 activations it falls back to a slow path on this build); then the cost in accuracy of per-output-channel
-int8 weights (symmetric, scale = max |w| / 127, dequantised to float32 so that only the weights' rounding is
-measured) against float32 on the bench's fixed prompts (``measures.PROBE_PROMPTS``, as ``bench`` measures a
-dtype's cost): max |Δ next-token probability| and top-1 agreement, for the blocks' linear layers alone and with
-the tied embedding / unembedding as well.  One process, one run: compare
-ratios, not the times of another run.
+float32 activations it falls back to a slow path on this build) and a per-group int8 weight dequantised into
+float32 a slab at a time; then the cost in accuracy of int8 weights (symmetric, scale = max |w| / 127 per
+output channel or per group of 32 inputs, dequantised to float32 so that only the weights' rounding is
+measured, and once through the real kernel) against float32 on the bench's fixed prompts
+(``measures.PROBE_PROMPTS``, as ``bench`` measures a dtype's cost): max |Δ next-token probability| and top-1
+agreement, for the blocks' linear layers alone and with the tied embedding / unembedding as well, each
+linear's own share, and the mixes ``--keep`` names (those linears kept in float32).  One process, one run:
+compare ratios, not the times of another run.
 """
 from __future__ import annotations
 
@@ -112,6 +114,7 @@ def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
                and m.weight is not unembedding and m.weight.numel() >= min_weights]
     originals = {name: m.weight.data.clone() for name, m in linears}
+    forwards = {name: m.__dict__.get("forward") for name, m in linears}  # the app's fast kernels, if installed
     original_unembedding = unembedding.data.clone()
     reference = next_token_probs(handle)
 
@@ -124,7 +127,12 @@ def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5
         for name, m in linears:
             m.weight.data = originals[name].clone()
             m.__dict__.pop("forward", None)
+            if forwards[name] is not None:
+                m.forward = forwards[name]
         unembedding.data = original_unembedding.clone()
+
+    def round_unembedding(group: int | None) -> None:  # tied in Gemma: the embedding lookups are rounded too
+        unembedding.data = _dequantised(original_unembedding.float(), group).to(unembedding.dtype)
 
     def round_blocks(group: int | None, skip=()) -> None:
         for name, m in linears:
@@ -135,7 +143,7 @@ def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5
             "max_abs_dw": float((_dequantised(original_unembedding.float(), 32) - original_unembedding).abs().max())}]
     round_blocks(None)
     out.append(report("per output channel: block linear layers"))
-    unembedding.data = _dequantised(original_unembedding.float(), None)  # tied in Gemma: lookups rounded too
+    round_unembedding(None)
     out.append(report("per output channel: block linear layers and the unembedding"))
     restore()
     for name, m in linears:  # the kernel the app would run: bfloat16 activations into each product
@@ -145,7 +153,7 @@ def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5
     restore()
     round_blocks(32)
     out.append(report("per group of 32 inputs: block linear layers"))
-    unembedding.data = _dequantised(original_unembedding.float(), 32)
+    round_unembedding(32)
     out.append(report("per group of 32 inputs: block linear layers and the unembedding"))
     restore()
     if sensitivity:
@@ -161,7 +169,7 @@ def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5
         out.append(report(f"per output channel: block linear layers but those {sensitivity} (kept float32)"))
         restore()
     for group, parts in mixes:
-        unembedding.data = _dequantised(original_unembedding.float(), group)
+        round_unembedding(group)
         round_blocks(group, skip={name for name, _ in linears if any(part in name for part in parts)})
         scales = f"per group of {group} inputs" if group else "per output channel"
         out.append(report(f"{scales}: the unembedding and block linear layers but {', '.join(parts)} (float32)"))

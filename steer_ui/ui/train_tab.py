@@ -13,8 +13,8 @@ from ..service import Service
 from . import i18n, panel_keys
 from .common import MODEL, T, from_page, handler, lang_of, progress_adapter, sid, table
 
+CANCEL_WAIT_S = 3.0  # how long Cancel waits for the job to stop at its next progress report
 # Keys of a method's report that hold its main result table, best first.
-CANCEL_WAIT_S = 3.0  # how long Cancel waits for the job to stop at its next progress report before "stopping"
 RESULT_KEYS = ("table", "auroc_table", "comparison", "results", "layers")
 
 
@@ -289,20 +289,26 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
     @handler(backend)
     def cancel(request: gr.Request):
         """The status line ends final whichever answer reaches the page first (this one, outside the queue, or
-        the job's own end): a job stops within a step, so wait for it and say how it ended; "stopping" only
-        if it takes longer.  With nothing running, a toast on the page, and the last job's line stays."""
+        the job's own end).  A job stops within a step, so wait for it and write how it ended; a job still
+        running after that, or one that finished before it saw the flag, writes its own end, so the page gets
+        a note and the line is left to the job.  An API client always gets a line."""
         lang = lang_of(backend, request)
+        page = from_page(request)
+
+        def note(key: str):
+            if not page:
+                return i18n.message(lang, key)
+            gr.Info(i18n.message(lang, key), title=i18n.message(lang, "notice_title"))
+            return gr.skip()
+
         if not backend.cancel(sid(request)):
-            if from_page(request):
-                gr.Info(i18n.message(lang, "nothing_to_cancel"), title=i18n.message(lang, "notice_title"))
-                return gr.skip()
-            return i18n.message(lang, "nothing_to_cancel")
+            return note("nothing_to_cancel")
         outcome = backend.job_outcome(sid(request), wait=CANCEL_WAIT_S)
         if outcome == "cancelled":
             return i18n.message(lang, "job_cancelled")  # the line the job's own end writes
         if outcome == "running":
-            return i18n.message(lang, "cancel_asked")
-        return gr.skip()  # it finished (or failed) before it saw the flag: its own line stands
+            return note("cancel_asked")
+        return note("nothing_to_cancel")  # it finished (or failed) before it saw the flag: its own line stands
 
     method.change(show_groups, [method], list(groups.values()), api_name="train_method_options",
                   api_visibility="undocumented", queue=False)

@@ -208,6 +208,26 @@ def test_train_and_detect_report_plainly(app):
         c.predict(RANDOM, {"headers": ["prompt", "answer"], "data": [["q", "a"]]}, None, api_name="/detect")
 
 
+def test_cancel_over_http_answers_with_how_the_job_ended(app):
+    """An API client's Cancel always gets one line: nothing running, or the job's own end (it waits for it)."""
+    import time
+
+    backend, url = app
+    c = client(url)
+    assert c.predict(api_name="/cancel") == "Nothing is running in this session."
+    c.predict("capitals_statements.csv", "auto", api_name="/bundled_dataset")
+    before = backend.vector_names(c.session_hash)
+    job = c.submit("tsv", 1, False, '{"epochs": 200, "compare": false}', api_name="/train")
+    deadline = time.monotonic() + 60
+    while backend.job_outcome(c.session_hash) != "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert backend.job_outcome(c.session_hash) == "running"
+    assert c.predict(api_name="/cancel") == "Cancelled: nothing was kept, and your session is as it was."
+    with pytest.raises(Exception, match="Cancelled"):
+        job.result(timeout=60)
+    assert backend.vector_names(c.session_hash) == before
+
+
 def test_concurrent_sessions_get_exactly_their_own_results(app):
     """Several clients with different α at once: each result equals the one computed alone."""
     _, url = app

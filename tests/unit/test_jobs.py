@@ -54,8 +54,15 @@ def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_session(ti
 def test_job_outcome_waits_for_a_running_job_and_says_how_it_ended(tiny):
     service = _service(tiny)
     assert service.job_outcome("session-a") == "finished" and service.job_outcome("nobody") == ""
-    worker = threading.Thread(target=lambda: pytest.raises(UserError, service.train, "session-a", "tsv", layer=1,
-                                                           settings={"epochs": 200, "compare": False}))
+    ended: dict = {}
+
+    def run():
+        try:
+            service.train("session-a", "tsv", layer=1, settings={"epochs": 200, "compare": False})
+        except UserError as exc:
+            ended["key"] = exc.key
+
+    worker = threading.Thread(target=run)
     worker.start()
     deadline = time.monotonic() + 60
     while not service.session("session-a").running and time.monotonic() < deadline:
@@ -64,6 +71,7 @@ def test_job_outcome_waits_for_a_running_job_and_says_how_it_ended(tiny):
     assert service.cancel("session-a")
     assert service.job_outcome("session-a", wait=5.0) == "cancelled"  # within a step of the flag
     worker.join(timeout=30)
+    assert not worker.is_alive() and ended == {"key": "job_cancelled"}
 
 
 def test_a_job_past_the_time_limit_stops_and_keeps_the_session(tiny):
