@@ -68,9 +68,9 @@ def _tiny_walk(browser, tmp_path, steps: int, seed: int) -> None:
         demo.close()
 
 
-# ~2 s a step on two cores (399 s for these 200 in a full run; the page's own drawing and gradio's status
-# bookkeeping are most of it, the server a fraction): the settle waits for the panels each action promises rather
-# than a fixed quiet time, and generations stream at most four frames a second (explore_tab.FRAME_INTERVAL_S).
+# ~2.4 s a step on two cores (485 s for these 200 alone; the page's own drawing and gradio's status bookkeeping
+# are most of it, the server a fraction): the settle waits for the panels each action promises rather than a
+# fixed quiet time, and generations stream at most four frames a second (explore_tab.FRAME_INTERVAL_S).
 def test_two_hundred_random_steps_on_a_tiny_model_keep_every_panel_true_to_the_controls(browser, tmp_path):
     _tiny_walk(browser, tmp_path, steps=200, seed=36)
 
