@@ -32,6 +32,15 @@ def per_channel_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
 
 
+def per_group_int8(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, float32 scale per output row and group of ``group`` input columns), dequantised as
+    q * scale.repeat_interleave(group, 1)."""
+    rows, cols = w.shape
+    grouped = w.reshape(rows, cols // group, group)
+    scale = grouped.abs().amax(-1).clamp_min(1e-12) / 127
+    return torch.round(grouped / scale[..., None]).clamp(-127, 127).to(torch.int8).reshape(rows, cols), scale
+
+
 def dequantised_product(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, rows: int = 2048) -> torch.Tensor:
     """``x @ w.T`` for per-group int8 ``w`` with float32 activations, by dequantising ``rows`` rows of ``w`` at
     a time into float32 (what torch offers without a fused kernel; exact where the codes hold ``w`` exactly)."""
@@ -69,15 +78,6 @@ def kernel_times(repeats: int) -> list[dict]:
                          "int8_bf16_ms": _best_ms(lambda: torch.ops.aten._weight_int8pack_mm(xb, q, sb), repeats),
                          "group_int8_fp32_ms": _best_ms(lambda: dequantised_product(gq, gs, x), repeats)})
     return rows
-
-
-def per_group_int8(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 weight, float32 scale per output row and group of ``group`` input columns), dequantised as
-    q * scale.repeat_interleave(group, 1)."""
-    rows, cols = w.shape
-    grouped = w.reshape(rows, cols // group, group)
-    scale = grouped.abs().amax(-1).clamp_min(1e-12) / 127
-    return torch.round(grouped / scale[..., None]).clamp(-127, 127).to(torch.int8).reshape(rows, cols), scale
 
 
 def _dequantised(w: torch.Tensor, group: int | None) -> torch.Tensor:

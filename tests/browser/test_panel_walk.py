@@ -1,5 +1,6 @@
 """Issue #36's random walk: 200 seeded steps on a tiny random model and 20 on the embedded Gemma 3 270M, each
-followed by the check that every panel shows numbers for the controls as they are or is marked stale, and that no component shows an "Error" state (walk_kit.py: the actions and the check)."""
+followed by the check that every panel shows numbers for the controls as they are or is marked stale, and that
+no component shows an "Error" state (walk_kit.py: the actions and the check)."""
 from __future__ import annotations
 
 import random

@@ -18,9 +18,9 @@ def _service(tiny, **policy) -> Service:
     return service
 
 
-def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_session(tiny):
-    service = _service(tiny)
-    before = service.vector_names("session-a")
+def _long_training(service: Service) -> tuple[threading.Thread, dict]:
+    """A 200-epoch TSV training of session-a in a thread, once it runs; the dict gets "finished" or "error" (the
+    UserError) and "at" (when it ended)."""
     outcome: dict = {}
 
     def run():
@@ -36,6 +36,13 @@ def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_session(ti
     deadline = time.monotonic() + 60
     while not service.session("session-a").running and time.monotonic() < deadline:
         time.sleep(0.05)
+    return worker, outcome
+
+
+def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_session(tiny):
+    service = _service(tiny)
+    before = service.vector_names("session-a")
+    worker, outcome = _long_training(service)
     time.sleep(1.0)  # let it train for a while
     assert service.cancel("session-a")
     asked = time.monotonic()
@@ -54,24 +61,12 @@ def test_cancel_stops_a_tsv_training_within_two_seconds_and_keeps_the_session(ti
 def test_job_outcome_waits_for_a_running_job_and_says_how_it_ended(tiny):
     service = _service(tiny)
     assert service.job_outcome("session-a") == "finished" and service.job_outcome("nobody") == ""
-    ended: dict = {}
-
-    def run():
-        try:
-            service.train("session-a", "tsv", layer=1, settings={"epochs": 200, "compare": False})
-        except UserError as exc:
-            ended["key"] = exc.key
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    deadline = time.monotonic() + 60
-    while not service.session("session-a").running and time.monotonic() < deadline:
-        time.sleep(0.05)
+    worker, outcome = _long_training(service)
     assert service.job_outcome("session-a", wait=0.1) == "running"
     assert service.cancel("session-a")
     assert service.job_outcome("session-a", wait=5.0) == "cancelled"  # within a step of the flag
     worker.join(timeout=30)
-    assert not worker.is_alive() and ended == {"key": "job_cancelled"}
+    assert not worker.is_alive() and "finished" not in outcome and outcome["error"].key == "job_cancelled"
 
 
 def test_a_job_past_the_time_limit_stops_and_keeps_the_session(tiny):
