@@ -81,8 +81,8 @@ ENGLISH: dict[str, str] = {
                              "one of them, or try again later.",
     "session_busy": "The server is busy: this session already has {count} generations running. Wait for one to "
                     "finish.",
-    "queue_session_full": "The server is busy: this page already has {count} requests waiting. Wait for them to "
-                          "finish.",
+    "queue_session_full": "The server is busy: this page already has {count} requests waiting or running. Wait "
+                          "for them to finish.",
     "queue_address_full": "The server is busy: your address already has {count} requests waiting. Try again in a "
                           "moment.",
     "superseded": "Replaced by a newer request of the same kind from this page.",

@@ -73,6 +73,9 @@ class Policy:
     # ---- the queue and the decode batch (many sessions' generations decode together, model/engine.py)
     queue_max_size: int = 64
     queued_per_session: int = 4  # requests one session may have waiting (a newer slider move replaces an older)
+    # ... and waiting or running: the Explore slots run many requests at once, so without this one page could
+    # hold most of them with requests that never wait (an honest page has at most ~5 in progress)
+    requests_per_session: int = 8
     queued_per_address: int = 32  # requests one client address may have waiting, over all its sessions
     max_body_bytes: int = 4 << 20  # one request's JSON body (files go through the upload route, --max-file-size)
     batch_requests: int = 8  # generations decoded together (3 rows each); more wait for a free place

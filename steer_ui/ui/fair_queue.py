@@ -6,8 +6,9 @@ once makes the next visitor's move wait behind all of them.  :func:`install` wra
 * **coalescing**: a slider move (the ``slider`` concurrency group) replaces the same session's older move
   of the same event that is still waiting; the replaced one is answered at once ("replaced by a newer
   request"), as the page itself only ever wants the newest;
-* **caps**: a session may have ``policy.queued_per_session`` requests waiting, a client address
-  ``policy.queued_per_address``; beyond that the request is answered at once with one line saying the
+* **caps**: a session may have ``policy.queued_per_session`` requests waiting and
+  ``policy.requests_per_session`` waiting or running (Explore runs many at once, so a flood of sweeps would
+  otherwise never wait and never meet the first cap), a client address ``policy.queued_per_address`` waiting; beyond that the request is answered at once with one line saying the
   server is busy (as an answer to the event, so every client shows the reason, not "queue full");
 * **order**: within each concurrency group, a request joins the line after every address's requests of
   a lower rank, where its rank is how many requests its address already has waiting there.  A visitor
@@ -30,6 +31,10 @@ def _address(event) -> str:
 
 def _waiting(queue) -> list:
     return [e for q in queue.event_queue_per_concurrency_id.values() for e in q.queue]
+
+
+def _running(queue) -> list:
+    return [e for job in queue.active_jobs if job is not None for e in job]
 
 
 def _reorder(line: list, event) -> None:
@@ -66,9 +71,10 @@ def install(queue, blocks, backend) -> None:
                     _drop(queue, old, i18n.message(backend.language(session), "superseded"))
                 waiting = _waiting(queue)
             mine = sum(1 for e in waiting if session and e.session_hash == session)
+            mine_running = sum(1 for e in _running(queue) if session and e.session_hash == session)
             from_address = sum(1 for e in waiting if _address(e) == address)
-            if mine >= policy.queued_per_session:
-                refusal = i18n.message(backend.language(session), "queue_session_full", count=mine)
+            if mine >= policy.queued_per_session or mine + mine_running >= policy.requests_per_session:
+                refusal = i18n.message(backend.language(session), "queue_session_full", count=mine + mine_running)
             elif from_address >= policy.queued_per_address:
                 refusal = i18n.message(backend.language(session), "queue_address_full", count=from_address)
         accepted = await original_push(body, request, username)

@@ -376,7 +376,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "sessions_full": "服务器正忙：它最多保留 {limit} 个会话，而每个会话都保存着访客的工作。请稍后再试。",
         "address_sessions_full": "服务器正忙：你的地址已有 {limit} 个保存着工作的会话。请使用其中之一，或稍后再试。",
         "session_busy": "服务器正忙：此会话已有 {count} 个生成在运行。请等其中一个完成。",
-        "queue_session_full": "服务器正忙：此页面已有 {count} 个请求在等待。请等它们完成。",
+        "queue_session_full": "服务器正忙：此页面已有 {count} 个请求在等待或运行。请等它们完成。",
         "queue_address_full": "服务器正忙：你的地址已有 {count} 个请求在等待。请稍后再试。",
         "superseded": "已被此页面的一个更新的同类请求取代。",
         "memory_busy": "服务器正忙：正在运行的请求占用了它的工作内存（共 {limit} MB）。请稍后再试。",
