@@ -19,7 +19,9 @@ from .. import plots
 from ..model.analysis import EXPLOSION_THRESHOLD
 from ..service import RANDOM, Service
 from . import i18n, panel_keys
-from .common import EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, handler, lang_of, sid, table
+from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
+                     table)
+from .drawn import Drawn
 from .url_state import JS_COPY_URL, JS_SYNC_URL
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
@@ -228,12 +230,30 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                      generations_key=generations_key, dose_key=dose_key)
 
     # ---------------------------------------------------------------- handlers
+    drawn = Drawn()
+
     @handler(backend)
     def next_token(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary=False,
                    request: gr.Request = None):
         session = sid(request)
         lang = lang_of(backend, request)
         key = panel_keys.made_for(lang, "bars", locals())
+        # the model is part of what the page shows (an administrator may switch it)
+        drawing = f"{id(backend.handle)} {key}" if backend.model_ready else None
+        page = session if drawing is not None and from_page(request) else None
+        if page and drawn.shown(page, "bars", drawing):
+            return (gr.skip(),) * len(nt_outputs)  # the page shows these numbers or is about to: no redraw
+        token = drawn.start(page, "bars", drawing)
+        try:
+            answer = _next_token_view(lang, key, session, prompt, vector, layer, alpha, relative, vector_seed,
+                                      whole_vocabulary)
+        except BaseException:
+            drawn.finish(page, "bars", drawing, token, ok=False)
+            raise
+        drawn.finish(page, "bars", drawing, token, ok=True)
+        return answer
+
+    def _next_token_view(lang, key, session, prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary):
         view = backend.next_token(session, prompt, vector, layer, alpha, relative, vector_seed)
         bars_fig = plots.next_token_bars(view.unsteered, view.steered, labels=_plot_labels(lang, "bars"))
         if float(alpha or 0) == 0:  # nothing moved: say so rather than rank arbitrary zero-change tokens

@@ -282,3 +282,41 @@ def test_compare_runs_many_prompts_over_http_and_measures_pairs(app):
     assert all(len(r["margins"]) == len(summary["alphas"]) and "steerability" in r for r in paired["rows"])
     with pytest.raises(Exception, match="at most 64"):
         c.predict("\n".join(["a prompt"] * 65), False, RANDOM, 1, 0.5, True, 0, 1.0, 4, api_name="/compare")
+
+
+def _page_call(url: str, api: str, data: list, session: str) -> list:
+    """One event as the page sends it (gradio's page marks its calls ``x-gradio-user: app``): its output list."""
+    import json
+
+    import httpx
+
+    with httpx.Client(timeout=60, headers={"x-gradio-user": "app"}) as http:
+        config = http.get(url + "config").json()
+        fn = next(d["id"] for d in config["dependencies"] if d.get("api_name") == api)
+        body = {"data": data, "fn_index": fn, "session_hash": session, "event_data": None, "trigger_id": None}
+        assert http.post(url + "gradio_api/queue/join", json=body).status_code == 200
+        with http.stream("GET", url + f"gradio_api/queue/data?session_hash={session}") as stream:
+            for line in stream.iter_lines():
+                message = json.loads(line[5:]) if line.startswith("data:") else {}
+                if message.get("msg") == "process_completed":
+                    assert message["success"], message
+                    return message["output"]["data"]
+    raise AssertionError("no answer")
+
+
+def test_the_page_is_not_sent_the_bars_it_already_shows_but_an_api_client_always_is(app):
+    """The slider's release repeats its last input's α: the page already has those bars (ui/drawn.py)."""
+    _, url = app
+    args = [PROMPT, RANDOM, 1, 0.25, True, 0, False]
+    first = _page_call(url, "next_token", args, "drawn-page")
+    assert first[1] and "plot" in first[1]  # the bars
+    again = _page_call(url, "next_token_on_release", args, "drawn-page")
+    assert all(o.get("__type__") == "update" and "value" not in str(o) for o in again), again  # nothing to redraw
+    moved = _page_call(url, "next_token", args[:3] + [0.3] + args[4:], "drawn-page")
+    assert moved[1] and "plot" in moved[1]
+    back = _page_call(url, "next_token_on_release", args, "drawn-page")  # back to 0.25: drawn again
+    assert back[1] and "plot" in back[1]
+    other = _page_call(url, "next_token", args, "another-page")  # another page has drawn nothing yet
+    assert other[1] and "plot" in other[1]
+    c = client(url)
+    assert next_token(c, 0.25)[-1] == next_token(c, 0.25)[-1] is not None  # an API client asks, it gets

@@ -9,7 +9,10 @@ from steer_ui.vector import SteeringVector
 
 from conftest import DATASETS
 
-pytestmark = pytest.mark.integration
+# The science check on the embedded model (training L2S on Gemma is ~75 s of CI's 30 minutes) runs with
+# `-m slow`; CI covers L2S on tiny models (tests/unit/test_l2s.py: targets, the MLP, per-input hooks, the α
+# calibration, the report's verdict, saving and loading, the CLI).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

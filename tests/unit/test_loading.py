@@ -74,3 +74,28 @@ def test_device_map_auto_keeps_steering_correct(tmp_path):
     # (on a CPU-only machine accelerate places everything on the CPU; several GPUs are not testable here)
     steer = [Steer(layer=1, vector=torch.randn(64, generator=torch.Generator().manual_seed(0)), alpha=3.0)]
     torch.testing.assert_close(naive_logits(mapped, "abc", steer), naive_logits(plain, "abc", steer))
+
+
+def test_a_gguf_conversion_parses_the_file_once_and_leaves_the_reader_as_it_was(tmp_path):
+    """transformers reads a GGUF for the tokenizer and again for the weights; the conversion shares one reader
+    (the second parse was half of the embedded model's first load)."""
+    import gguf
+    import numpy as np
+
+    from steer_ui.model import loading
+
+    path = tmp_path / "small.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(1000)])
+    writer.add_tensor("x", np.ones(8, dtype=np.float32))
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file,
+                 writer.close):
+        step()
+    original = gguf.GGUFReader
+    with loading._one_gguf_parse():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # as transformers calls it, by path, each time
+        assert gguf.GGUFReader(tmp_path / "small.gguf", "r") is first
+        assert len(first.fields["tokenizer.ggml.tokens"].data) == 1000
+    assert gguf.GGUFReader is original
+    assert gguf.GGUFReader(path) is not first
