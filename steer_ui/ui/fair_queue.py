@@ -8,7 +8,8 @@ once makes the next visitor's move wait behind all of them.  :func:`install` wra
   request"), as the page itself only ever wants the newest;
 * **caps**: a session may have ``policy.queued_per_session`` requests waiting and
   ``policy.requests_per_session`` waiting or running (Explore runs many at once, so a flood of sweeps would
-  otherwise never wait and never meet the first cap), a client address ``policy.queued_per_address`` waiting; beyond that the request is answered at once with one line saying the
+  otherwise never wait and never meet the first cap; slider moves, coalesced above, count only while they
+  wait), a client address ``policy.queued_per_address`` waiting; beyond that the request is answered at once with one line saying the
   server is busy (as an answer to the event, so every client shows the reason, not "queue full");
 * **order**: within each concurrency group, a request joins the line after every address's requests of
   a lower rank, where its rank is how many requests its address already has waiting there.  A visitor
@@ -64,14 +65,17 @@ def install(queue, blocks, backend) -> None:
         except Exception:  # noqa: BLE001 - an unknown event: gradio's own push says so
             return await original_push(body, request, username)
         refusal = None
+        slider = fn.concurrency_id == SLIDER["concurrency_id"]
         async with queue.delete_lock:
             waiting = _waiting(queue)
-            if fn.concurrency_id == SLIDER["concurrency_id"] and session:
+            if slider and session:
                 for old in [e for e in waiting if e.session_hash == session and e.fn is fn]:
                     _drop(queue, old, i18n.message(backend.language(session), "superseded"))
                 waiting = _waiting(queue)
             mine = sum(1 for e in waiting if session and e.session_hash == session)
-            mine_running = sum(1 for e in _running(queue) if session and e.session_hash == session)
+            # slider moves are not counted against the running cap: the newest replaces the waiting one above,
+            # so a page's flood of moves costs at most one waiting move per event
+            mine_running = 0 if slider else sum(1 for e in _running(queue) if session and e.session_hash == session)
             from_address = sum(1 for e in waiting if _address(e) == address)
             if mine >= policy.queued_per_session or mine + mine_running >= policy.requests_per_session:
                 refusal = i18n.message(backend.language(session), "queue_session_full", count=mine + mine_running)
