@@ -193,3 +193,19 @@ def test_wrap_title_keeps_lines_inside_a_half_width_chart_in_both_scripts():
         assert "".join(lines).replace(" ", "") == text.replace(" ", "")  # nothing lost, only breaks added
         assert not any(line.endswith(("（", "(")) for line in lines)
     assert plots.wrap_title("short title") == "short title"
+
+
+def test_charts_carry_plotly_whites_look_without_its_defaults_for_other_traces():
+    """The app's template keeps plotly_white's ground, grid and colours; a chart's JSON is a quarter of what the
+    full template made it (steer_ui.tools.chart_cost also times the build)."""
+    import plotly.io as pio
+
+    from steer_ui.tools.chart_cost import measure
+
+    white = pio.templates["plotly_white"].layout
+    for name in ("paper_bgcolor", "plot_bgcolor", "colorway"):
+        assert plots.TEMPLATE.layout[name] == white[name]
+    assert plots.TEMPLATE.layout.xaxis.gridcolor == white.xaxis.gridcolor
+    (app, _, app_bytes), (full, _, full_bytes) = measure(repeats=1)
+    assert app.startswith("app") and full == "plotly_white"
+    assert app_bytes * 3 < full_bytes
