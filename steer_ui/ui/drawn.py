@@ -6,9 +6,10 @@ On two cores each answer costs a model pass on the server and, in the browser, a
 the page draws nothing new.  :class:`Drawn` answers "is this exactly what the page shows, or is already
 drawing?" for one page (gradio session) and panel:
 
-* the request *latest started* for the panel has the same key, and it is still running (its answer is on its
-  way) or it is also the one *last finished* (the page drew it last: answers reach a page in the order they
-  finish, so a slower, older request finishing later is what the page shows and no longer matches).
+* the request *latest started* for the panel has the same key, no older request for the panel is still
+  running (answers reach a page in the order they finish: an older one finishing later would overwrite it),
+  and it is still running itself (its answer is on its way) or is also the one *last finished* (the page drew
+  it last).
 
 A request that fails is forgotten, so the next one for its key runs.  Only the page's own calls are skipped
 (see :func:`common.from_page`): an API client asks once and always gets its answer.
@@ -25,6 +26,7 @@ class _Panel:
     started: object = None  # the latest started request's token
     started_key: str | None = None
     running: bool = False
+    in_flight: int = 0  # requests started and not yet finished, the latest included
     finished_key: str | None = None  # the key of the answer that reached the page last
 
 
@@ -52,7 +54,11 @@ class Drawn:
             return False
         with self._lock:
             state = self._panel(page, panel)
-            return state.started_key == key and (state.running or state.finished_key == key)
+            if state.started_key != key:
+                return False
+            if state.running:
+                return state.in_flight == 1
+            return state.in_flight == 0 and state.finished_key == key
 
     def start(self, page: str | None, panel: str, key: str) -> object:
         """A request for ``key`` starts; returns its token for :meth:`finish`."""
@@ -61,6 +67,7 @@ class Drawn:
             with self._lock:
                 state = self._panel(page, panel)
                 state.started, state.started_key, state.running = token, key, True
+                state.in_flight += 1
         return token
 
     def finish(self, page: str | None, panel: str, key: str, token: object, ok: bool) -> None:
@@ -69,6 +76,7 @@ class Drawn:
             return
         with self._lock:
             state = self._panel(page, panel)
+            state.in_flight = max(0, state.in_flight - 1)
             if ok:
                 state.finished_key = key
             if state.started is token:

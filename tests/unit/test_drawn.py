@@ -44,3 +44,20 @@ def test_no_page_no_memory_and_the_record_is_bounded():
     for page in ("a", "b", "c"):
         d.finish(page, "bars", "K", d.start(page, "bars", "K"), ok=True)
     assert not d.shown("a", "bars", "K") and d.shown("c", "bars", "K")  # the oldest page was let go
+
+
+def test_no_skip_while_an_older_request_may_still_overwrite_the_page():
+    """Picking a vector starts the bars for the old α; the person types a new α before they return: the new
+    request runs, and its release must not be skipped, as the older answer may reach the page after it."""
+    d = Drawn()
+    older = d.start("page", "bars", "old α")
+    newer = d.start("page", "bars", "new α")
+    assert not d.shown("page", "bars", "new α")  # the older one is still on its way
+    d.finish("page", "bars", "new α", newer, ok=True)
+    assert not d.shown("page", "bars", "new α")
+    d.finish("page", "bars", "old α", older, ok=True)  # it reached the page last: the page shows the old α
+    assert not d.shown("page", "bars", "new α")
+    again = d.start("page", "bars", "new α")
+    assert d.shown("page", "bars", "new α")  # now only its own answer is on the way
+    d.finish("page", "bars", "new α", again, ok=True)
+    assert d.shown("page", "bars", "new α")
