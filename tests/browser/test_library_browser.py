@@ -88,6 +88,9 @@ def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_str
     time.sleep(1.0)  # the readout for the vector's own layer and α range, and the URL that carries its share id
     link = owner.url
     assert "vector=" in link and name.split()[0] not in link.split("vector=")[1]  # the id, not the name
+    # gradio lays a "processing | 1.2s" line over a panel while a request for it runs: read the numbers alone
+    owner.wait_for_function("() => !document.querySelector('#explore-readout').innerText.includes('processing')",
+                            timeout=30_000)
     readout = owner.locator("#explore-readout").inner_text()
 
     stranger = _fresh(browser, link)
