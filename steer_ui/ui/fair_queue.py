@@ -9,8 +9,9 @@ once makes the next visitor's move wait behind all of them.  :func:`install` wra
 * **caps**: a session may have ``policy.queued_per_session`` requests waiting and
   ``policy.requests_per_session`` waiting or running (Explore runs many at once, so a flood of sweeps would
   otherwise never wait and never meet the first cap; slider moves, coalesced above, count only while they
-  wait), a client address ``policy.queued_per_address`` waiting; beyond that the request is answered at once with one line saying the
-  server is busy (as an answer to the event, so every client shows the reason, not "queue full");
+  wait), a client address ``policy.queued_per_address`` waiting; beyond that the request is answered at once
+  with one line saying the server is busy (as an answer to the event, so every client shows the reason, not
+  "queue full");
 * **order**: within each concurrency group, a request joins the line after every address's requests of
   a lower rank, where its rank is how many requests its address already has waiting there.  A visitor
   with one request waiting is served before a flooding client's second, third, … request.
