@@ -286,22 +286,14 @@ def test_compare_runs_many_prompts_over_http_and_measures_pairs(app):
 
 def _page_call(url: str, api: str, data: list, session: str) -> list:
     """One event as the page sends it (gradio's page marks its calls ``x-gradio-user: app``): its output list."""
-    import json
-
     import httpx
 
+    from raw_http import joined_calls
+
     with httpx.Client(timeout=60, headers={"x-gradio-user": "app"}) as http:
-        config = http.get(url + "config").json()
-        fn = next(d["id"] for d in config["dependencies"] if d.get("api_name") == api)
-        body = {"data": data, "fn_index": fn, "session_hash": session, "event_data": None, "trigger_id": None}
-        assert http.post(url + "gradio_api/queue/join", json=body).status_code == 200
-        with http.stream("GET", url + f"gradio_api/queue/data?session_hash={session}") as stream:
-            for line in stream.iter_lines():
-                message = json.loads(line[5:]) if line.startswith("data:") else {}
-                if message.get("msg") == "process_completed":
-                    assert message["success"], message
-                    return message["output"]["data"]
-    raise AssertionError("no answer")
+        outcome = joined_calls(http, url, api, data, session, None, count=1)[0]
+    assert outcome[0] == "ok", outcome
+    return outcome[1]["data"]
 
 
 def test_the_page_is_not_sent_the_bars_it_already_shows_but_an_api_client_always_is(app):

@@ -10,6 +10,7 @@ import pytest
 
 from gradio_client import Client
 
+from raw_http import joined_calls
 from same_results import DECODE_TOL, same
 
 RANDOM = "random direction"
@@ -110,7 +111,7 @@ def raw_call(server, api: str, data: list, session: str | None = None, body_text
 
 
 def _raw_call(http, server, api, data, session, body_text) -> tuple:
-    return _joined_calls(http, server, api, data, session, body_text, count=1)[0]
+    return joined_calls(http, server.url, api, data, session, body_text, count=1)[0]
 
 
 def burst(server, api: str, data: list, count: int) -> list[tuple]:
@@ -120,41 +121,4 @@ def burst(server, api: str, data: list, count: int) -> list[tuple]:
     import httpx
 
     with httpx.Client(timeout=300) as http:
-        return _joined_calls(http, server, api, data, None, None, count)
-
-
-def _joined_calls(http, server, api, data, session, body_text, count) -> list[tuple]:
-    import uuid
-
-    config = http.get(server.url + "config", timeout=30).json()
-    fn = next(d["id"] for d in config["dependencies"] if d.get("api_name") == api)
-    session = session or uuid.uuid4().hex[:16]
-    body = body_text or json.dumps({"data": data, "fn_index": fn, "session_hash": session, "event_data": None,
-                                    "trigger_id": None})
-    body = body.replace('"fn_index": null', f'"fn_index": {fn}').replace('"session_hash": null',
-                                                                          f'"session_hash": "{session}"')
-    outcomes: dict[str, tuple] = {}
-    order = []
-    for i in range(count):
-        joined = http.post(server.url + "gradio_api/queue/join", content=body,
-                           headers={"content-type": "application/json"}, timeout=60)
-        key = joined.json()["event_id"] if joined.status_code == 200 else f"refused {i}"
-        if joined.status_code != 200:
-            outcomes[key] = ("refused", joined.status_code, joined.json().get("detail", joined.text))
-        order.append(key)
-    waiting = {e for e in order if e not in outcomes}
-    if waiting:
-        with http.stream("GET", server.url + f"gradio_api/queue/data?session_hash={session}",
-                         timeout=300) as stream:
-            for line in stream.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                message = json.loads(line[5:])
-                if message.get("msg") == "process_completed" and message.get("event_id") in waiting:
-                    output = message.get("output") or {}
-                    outcomes[message["event_id"]] = (("ok", output) if message.get("success")
-                                                     else ("error", str(output.get("error"))))
-                    waiting.discard(message["event_id"])
-                    if not waiting:
-                        break
-    return [outcomes.get(e, ("error", "the stream ended without a result")) for e in order]
+        return joined_calls(http, server.url, api, data, None, None, count)
