@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embedded (default: Gemma 3 270M), a hub id, a local directory, a .gguf file, or tiny:FAMILY")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps, or multi (spread over all GPUs with accelerate)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--weights", default="auto", choices=("auto", "float32", "bfloat16", "int8"),
+                   help="auto (default): int8 on a CPU for a GGUF's own codes when their measured cost against "
+                        "float32 is within the bound (README: Weight precision), else float32")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for the local network)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="also create a public gradio.live link (needs internet)")
@@ -121,7 +124,7 @@ def policy_from_args(args):
     from steer_ui.policy import Policy
 
     policy = Policy(allow_model_switch=bool(args.allow_model_switch), model_sources=tuple(policy_sources(args)),
-                    device=args.device, dtype=args.dtype)
+                    device=args.device, dtype=args.dtype, weights=args.weights)
     for flag, attr in (("max_sessions", "max_sessions"), ("job_seconds", "job_seconds"),
                        ("queue_size", "queue_max_size"), ("batch_requests", "batch_requests"),
                        ("waiting_generations", "waiting_generations"), ("max_prompt_tokens", "max_prompt_tokens"),
@@ -196,14 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         backend.publish_from = Path(args.vectors).expanduser()
     if args.wait or args.model.startswith("tiny:"):
         try:
-            backend.load_model(args.model, args.device, args.dtype,
+            backend.load_model(args.model, args.device, args.dtype, weights=args.weights,
                                progress=lambda f, m: print(f"[{f:4.0%}] {m}", file=sys.stderr, flush=True))
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     else:
         print(f"loading {args.model} in the background; the page works meanwhile", file=sys.stderr)
-        backend.load_in_background(args.model, args.device, args.dtype)
+        backend.load_in_background(args.model, args.device, args.dtype, weights=args.weights)
 
     share = args.share
     if share and not internet_reachable():

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .policy import DTYPES
+from .policy import DTYPES, WEIGHTS
 from .vector import POSITIONS
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
@@ -37,6 +37,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps, or multi (accelerate device_map='auto')")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="auto: bfloat16 on CUDA (float16 where bfloat16 is unsupported), float32 on CPU and MPS")
+    p.add_argument("--weights", default="auto", choices=("auto",) + WEIGHTS,
+                   help="auto: int8 on a CPU where the model has its own int8 codes (a GGUF) within the measured "
+                        "bound, else float32 (CPU) or the dtype's; int8: weight-only, float32 arithmetic (CPU)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
 
@@ -214,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
 def load_handle(args: argparse.Namespace):
     from .model.loading import load_model
 
-    return load_model(args.model, device=args.device, dtype=args.dtype, progress=_stderr_progress)
+    return load_model(args.model, device=args.device, dtype=args.dtype, progress=_stderr_progress,
+                      weights=args.weights)
 
 
 def resolve_vector(args: argparse.Namespace, handle):
@@ -414,7 +418,7 @@ def cmd_bench(args) -> dict:
 
     if args.decode:  # every batch the run makes reads the setting
         os.environ[static_decode.ENV] = args.decode
-    result = run_bench(model=args.model, device=args.device, dtype=args.dtype, quick=args.quick,
+    result = run_bench(model=args.model, device=args.device, dtype=args.dtype, quick=args.quick, weights=args.weights,
                        log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.out:
         with open(args.out, "w") as f:

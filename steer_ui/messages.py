@@ -36,7 +36,15 @@ ENGLISH: dict[str, str] = {
     "model_loading": "Loading the model… {detail}",
     "model_facts": "**{model_id}** ({model_type}) · {num_layers} layers · hidden size {hidden_size} · "
                    "vocabulary {vocab_size} · tied lm_head: {tied_lm_head} · {parameters} parameters · "
-                   "{device} {dtype} · loaded in {load_seconds} s",
+                   "{device} {dtype} · {weights} · loaded in {load_seconds} s",
+    "weights_float32": "float32 weights",
+    "weights_bfloat16": "bfloat16 weights and arithmetic",
+    "weights_int8_exact": "int8 weights (the GGUF's own codes), float32 arithmetic",
+    "weights_int8_rounded": "int8 weights (rounded per output row), float32 arithmetic",
+    "weights_cost": "{kind}: against float32, max |Δp| {dp}, top-1 {top1}, max |ΔΔlogit| {ddlogit} (measured "
+                    "on {prompts} fixed prompts)",
+    "weights_int8_declined": "{kind} (int8 was measured at max |Δp| {dp}, top-1 {top1}: over the default's bound, "
+                             "so float32)",
     "unknown_vector": "There is no vector named '{name}' in this session (you have: {known}). Train or import "
                       "one first.",
     "bad_layer": "Layer {layer} does not exist: this model has layers 0 to {last}.",
@@ -71,6 +79,7 @@ ENGLISH: dict[str, str] = {
     "model_not_allowed": "That model is not on this server's list; choose one of: {known}.",
     "bad_device": "Device '{device}' is not allowed: use auto, cpu, cuda, cuda:N, mps or multi.",
     "bad_dtype": "Data type '{dtype}' is not allowed: use one of {known}.",
+    "bad_weights": "Weights '{weights}' are not known: use one of {known}.",
     "session_expired": "This page's session was idle for over {hours} h, so the server forgot it; its data and "
                        "vectors are gone. Load them again to go on.",
     "too_many_new_sessions": "Too many new sessions from your address (at most {limit} a minute); try again in "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 # Devices a model may be put on.  "meta" (no storage) and arbitrary strings are refused.
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|multi|cuda(:\d{1,2})?)$")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHTS = ("float32", "bfloat16", "int8")  # --weights besides auto (steer_ui.model.precision)
 # Gradio's own session ids are 10+ random characters made by the browser or gradio_client.
 SESSION_PATTERN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 # Stores of calls without a usable id live under this prefix, apart from real sessions (a few, briefly).
@@ -27,6 +28,7 @@ class Policy:
     model_sources: tuple[str, ...] = field(default_factory=lambda: ("embedded",))
     device: str = "auto"  # where a switched-to model goes: the administrator's --device, never a visitor's
     dtype: str = "auto"
+    weights: str = "auto"  # float32, bfloat16, int8 or auto (steer_ui.model.precision); the administrator's too
     # ---- text and generation: a character cap as a cheap first gate, then tokens, which are what costs
     max_prompt_chars: int = 4000
     max_prompt_tokens: int = 1024  # any one text: a prompt, a target, an answer after its prompt, a dataset cell

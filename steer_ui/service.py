@@ -43,7 +43,7 @@ from .paths import cache_root, prune
 from . import guards
 from .guards import Guard
 from .limits import MAX_DELTA_LOGIT_LIMIT
-from .policy import DTYPES, Policy, device_allowed
+from .policy import DTYPES, WEIGHTS, Policy, device_allowed
 from .sessions import Session, Sessions, frame_bytes, vector_bytes
 from .store.library import PUBLIC_ID
 from .steering import steering_kind
@@ -183,10 +183,10 @@ class Service:
             raise UserError("model_not_allowed", known=", ".join(self.policy.model_sources))
         # the device and dtype stay the administrator's: a visitor may not move the shared model to another
         # device or precision
-        return self.load_model(source, self.policy.device, self.policy.dtype, progress)
+        return self.load_model(source, self.policy.device, self.policy.dtype, progress, self.policy.weights)
 
     def load_model(self, source: str | None = None, device: str = "auto", dtype: str = "auto",
-                   progress: Progress | None = None) -> dict:
+                   progress: Progress | None = None, weights: str = "auto") -> dict:
         """Load and share a model: 'embedded' (default), a hub id, a local dir, a .gguf, or tiny:FAMILY.
 
         The administrator's path (command line, Python); visitors go through :meth:`switch_model`.
@@ -197,6 +197,8 @@ class Service:
             raise UserError("bad_device", device=str(device)[:40])
         if (dtype or "auto") not in DTYPES:
             raise UserError("bad_dtype", dtype=str(dtype)[:40], known=", ".join(DTYPES))
+        if (weights or "auto") not in ("auto",) + WEIGHTS:
+            raise UserError("bad_weights", weights=str(weights)[:40], known=", ".join(("auto",) + WEIGHTS))
         self._loading.set()
         self._loaded.clear()
         self._load_error = None
@@ -217,7 +219,8 @@ class Service:
                     progress(frac, msg)
 
                 try:
-                    handle = load_model(source, device=device or "auto", dtype=dtype or "auto", progress=report)
+                    handle = load_model(source, device=device or "auto", dtype=dtype or "auto", progress=report,
+                                        weights=weights or "auto")
                 except UserError:
                     raise
                 except _expected_errors() + (OSError, RuntimeError) as exc:
@@ -277,14 +280,15 @@ class Service:
                 self.bundled_vectors[name] = vector
                 self.published.append(name)
 
-    def load_in_background(self, source: str | None = None, device: str = "auto", dtype: str = "auto") -> threading.Thread:
+    def load_in_background(self, source: str | None = None, device: str = "auto", dtype: str = "auto",
+                           weights: str = "auto") -> threading.Thread:
         """Start loading now and return at once; model calls wait for it (see :attr:`handle`)."""
         self._loading.set()
         self._loaded.clear()
 
         def run():
             try:
-                self.load_model(source, device, dtype)
+                self.load_model(source, device, dtype, weights=weights)
             except UserError as exc:
                 log.error("model load failed: %s", exc)
             except Exception as exc:  # never let the thread die silently

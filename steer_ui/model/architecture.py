@@ -70,8 +70,16 @@ class Architecture:
 
     @property
     def unembedding(self) -> torch.Tensor:
-        """W_U with shape (vocab, hidden): logits = final_norm(h) @ W_U.T."""
+        """W_U with shape (vocab, hidden): logits = final_norm(h) @ W_U.T.
+
+        With int8 weights this is the dequantised float32 matrix, made afresh on each call (vector analysis,
+        training's logit penalty); the decode paths (:meth:`logits`, :meth:`logits_at`) read the codes."""
         return self.lm_head.weight
+
+    @property
+    def int8_unembedding(self):
+        """The unembedding's :class:`~steer_ui.model.int8.Int8Weight` when the model's weights are int8, else None."""
+        return getattr(self.lm_head, "int8", None)
 
     @property
     def final_mlp(self) -> nn.Module | None:
@@ -97,17 +105,22 @@ class Architecture:
         times them once per (rows, threads) and keeps the fastest.  Results
         agree to float rounding (not bit-for-bit) with ``lm_head(normed)``.
         """
-        w = self.lm_head.weight
+        int8 = self.int8_unembedding
+        w = int8 if int8 is not None else self.lm_head.weight
         shape = normed.shape
-        flat = normed.reshape(-1, shape[-1]).to(w.dtype)
+        flat = normed.reshape(-1, shape[-1]).to(torch.float32 if int8 is not None else w.dtype)
+
+        def rows(start: int, end: int | None) -> torch.Tensor:
+            return int8.slice(start, end).matmul(flat) if int8 is not None else unembed(w[start:end], flat)
+
         if pause is None or w.shape[0] <= PAUSE_VOCAB_ROWS:
-            out = unembed(w, flat)
+            out = rows(0, None)
         else:
             out = flat.new_empty((flat.shape[0], w.shape[0]))
             for start in range(0, w.shape[0], PAUSE_VOCAB_ROWS):
                 pause()
                 end = start + PAUSE_VOCAB_ROWS
-                out[:, start:end] = unembed(w[start:end], flat)
+                out[:, start:end] = rows(start, end)
         bias = getattr(self.lm_head, "bias", None)
         if bias is not None:
             out = out + bias
@@ -122,10 +135,15 @@ class Architecture:
         ``normed``: (rows, hidden); ``token_ids``: (rows,).  A dot product per
         row instead of a pass over W; equal to :meth:`logits` up to float rounding.
         """
-        w = self.lm_head.weight
-        ids = token_ids.reshape(-1).to(w.device)
-        flat = normed.reshape(-1, normed.shape[-1]).to(w.dtype)
-        out = (w.index_select(0, ids) * flat).sum(-1)
+        int8 = self.int8_unembedding
+        if int8 is not None:
+            ids = token_ids.reshape(-1).to(int8.device)
+            out = (int8.rows(ids) * normed.reshape(-1, normed.shape[-1]).float()).sum(-1)
+        else:
+            w = self.lm_head.weight
+            ids = token_ids.reshape(-1).to(w.device)
+            flat = normed.reshape(-1, normed.shape[-1]).to(w.dtype)
+            out = (w.index_select(0, ids) * flat).sum(-1)
         bias = getattr(self.lm_head, "bias", None)
         if bias is not None:
             out = out + bias.index_select(0, ids)
@@ -386,7 +404,7 @@ def discover(model: nn.Module) -> Architecture:
         missing.append("decoder block list (tried: " + ", ".join(_LAYER_PATHS) + ")")
     if norm is None:
         missing.append("final norm (tried: " + ", ".join(_NORM_PATHS) + ")")
-    if lm_head is None or getattr(lm_head, "weight", None) is None:
+    if lm_head is None or (getattr(lm_head, "int8", None) is None and getattr(lm_head, "weight", None) is None):
         missing.append("unembedding (get_output_embeddings() returned nothing)")
     if missing:
         raise ArchitectureError(
@@ -394,9 +412,13 @@ def discover(model: nn.Module) -> Architecture:
             + "; ".join(missing)
         )
 
-    hidden = lm_head.weight.shape[1]
+    int8 = getattr(lm_head, "int8", None)  # int8 weights: shapes and tying from the codes, not a dequantised copy
+    vocab, hidden = int8.shape if int8 is not None else lm_head.weight.shape
     input_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    tied = input_emb is not None and input_emb.weight.data_ptr() == lm_head.weight.data_ptr()
+    if int8 is not None:
+        tied = input_emb is not None and getattr(input_emb, "int8", None) is int8
+    else:
+        tied = input_emb is not None and input_emb.weight.data_ptr() == lm_head.weight.data_ptr()
     softcap = getattr(text_config, "final_logit_softcapping", None)
     return Architecture(
         model_type=str(model_type),
@@ -405,7 +427,7 @@ def discover(model: nn.Module) -> Architecture:
         lm_head=lm_head,
         hidden_size=int(hidden),
         num_layers=len(layers),
-        vocab_size=int(lm_head.weight.shape[0]),
+        vocab_size=int(vocab),
         tied_lm_head=bool(tied),
         logit_softcap=float(softcap) if softcap else None,
         layers_path=layers_path,

@@ -35,6 +35,9 @@ class ModelHandle:
     dtype: torch.dtype
     lock: threading.RLock = field(default_factory=threading.RLock)
     load_seconds: float = 0.0
+    weights: str = "float32"  # float32, bfloat16 or int8 (steer_ui.model.precision)
+    precision_cost: dict | None = None  # int8's measured cost against float32 (precision.cost), where measured
+    int8_exact: bool = False  # int8 on the model's own codes (a GGUF's), not rounded from floats
     _layer_norms: list[float] | None = None
 
     @property
@@ -44,10 +47,13 @@ class ModelHandle:
     @property
     def input_device(self) -> torch.device:
         emb = self.model.get_input_embeddings()
-        return emb.weight.device
+        int8 = getattr(emb, "int8", None)
+        return int8.device if int8 is not None else emb.weight.device
 
     def facts(self) -> dict:
         n_params = sum(p.numel() for p in self.model.parameters())
+        n_params += sum(w.codes.numel() for w in {id(m.int8): m.int8 for m in self.model.modules()
+                                                  if hasattr(m, "int8")}.values())
         return {
             "model_id": self.model_id,
             "model_type": self.arch.model_type,
@@ -59,6 +65,9 @@ class ModelHandle:
             "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),
             "load_seconds": round(self.load_seconds, 2),
+            "weights": self.weights,
+            "int8_exact": self.int8_exact,
+            "precision_cost": self.precision_cost,
         }
 
     def layer_norms(self) -> list[float]:

@@ -9,6 +9,7 @@ killed mid-save leaves nothing that a later load would trust.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -21,12 +22,17 @@ from typing import Callable
 import torch
 
 from ..paths import cache_root
+from .int8 import kernel_available, load_codes, quantise_model, save_codes
+from .precision import (PrecisionError, check_weights, cost, fingerprint, read_cost, within_default_bound,
+                        write_cost)
 from .handle import ModelHandle, from_model  # noqa: F401  (ModelHandle: re-exported for callers)
 
 EMBEDDED = "embedded"
 EMBEDDED_NAME = "gemma-3-270m (embedded, Q4_K_M GGUF dequantised)"
 BUILT_PREFIXES = ("tiny:", "random:")  # models built here with random weights, not loaded
 Progress = Callable[[float, str], None]
+INT8_CODES = "int8_codes.safetensors"  # beside a converted GGUF's safetensors copy: its own codes and scales
+INT8_COST = "int8_cost.json"  # int8's measured cost against float32 on this machine
 
 
 class ModelLoadError(RuntimeError):
@@ -139,6 +145,8 @@ def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         progress(0.35, "dequantising weights from GGUF (slow, once)")
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    progress(0.65, "reading the GGUF's own int8 codes (for --weights int8)")
+    codes = _gguf_codes(gguf, model)
     progress(0.75, f"saving a safetensors copy to {target}")
     # The weights are plain dequantised tensors now; drop the GGUF marker that makes save_pretrained refuse.
     if getattr(model.config, "quantization_config", None) is not None:
@@ -148,6 +156,7 @@ def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        save_codes(codes, tmp / INT8_CODES)
         (tmp / "steer_ui_source.json").write_text(json.dumps({"gguf": str(gguf), "name": gguf.name}))
         if target.exists():  # another process won the race; theirs is complete
             shutil.rmtree(tmp)
@@ -156,6 +165,16 @@ def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _gguf_codes(gguf: Path, model) -> dict:
+    """The GGUF's codes for every linear layer and the embedding of ``model`` that they reproduce exactly."""
+    from .gguf_codes import read_codes
+
+    reference = {name: m.weight.data for name, m in model.named_modules() if type(m) is torch.nn.Linear}
+    emb = model.get_input_embeddings()
+    reference.update({name: m.weight.data for name, m in model.named_modules() if m is emb})
+    return read_codes(gguf, reference)
 
 
 def _cached_on_disk(repo_id: str) -> bool:
@@ -193,6 +212,7 @@ def load_model(
     dtype: str = "auto",
     progress: Progress | None = None,
     device_map: str | None = None,
+    weights: str = "auto",
 ) -> ModelHandle:
     """Load ``source``: None/'embedded', a .gguf path, a local directory, a hub id, or a random model
     (``tiny:FAMILY``, ``random:SHAPE``; see :mod:`steer_ui.tiny`) built on ``device`` in ``dtype``.
@@ -200,6 +220,10 @@ def load_model(
     ``device='multi'`` (or ``device_map='auto'``) spreads a model too large for
     one GPU over the available GPUs (and CPU) through accelerate; the hooks
     move the vector to each block's own device, so steering is unchanged.
+
+    ``weights``: float32, bfloat16 or int8 (weight-only, CPU; see :mod:`.int8`), or auto: on a CPU, int8
+    where the model has its own int8 codes (a GGUF) and their measured cost is within the default's bound,
+    else float32; elsewhere the device's dtype rules.  See :mod:`.precision`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -209,15 +233,23 @@ def load_model(
     if device == "multi":
         device, device_map = "auto", device_map or "auto"
     dev = resolve_device(device)
+    try:
+        weights = check_weights(weights, dev, dtype)
+    except PrecisionError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if weights != "auto":
+        dtype = "float32" if weights == "int8" else weights
     torch_dtype = resolve_dtype(dtype, dev)
+    # auto picks int8 only for a GGUF's own codes on a CPU in float32; the measured cost decides in _finish
+    weights = _auto_weights(weights, source, dev, torch_dtype, device_map)
 
     if source.startswith(BUILT_PREFIXES):
         if device_map:
             raise ModelLoadError(f"{source} is built on one device; use --device cpu, cuda or mps, not multi")
         model, tok = _build_random(source, dev, torch_dtype)
-        return _finish(model, tok, source, source, dev, torch_dtype, start, progress)
+        return _finish(model, tok, source, source, dev, torch_dtype, start, progress, weights, None)
 
-    model_id = source
+    model_id, codes_dir = source, None
     if source == EMBEDDED or source.endswith(".gguf"):
         gguf = embedded_gguf_path() if source == EMBEDDED else Path(source).expanduser()
         if not gguf.is_file():
@@ -226,7 +258,7 @@ def load_model(
         if not model_dir.is_dir():
             _convert_gguf(gguf, model_dir, progress)
         model_id = "google/gemma-3-270m (embedded GGUF Q4_K_M)" if source == EMBEDDED else gguf.name
-        load_from, local_only = str(model_dir), True
+        load_from, local_only, codes_dir = str(model_dir), True, model_dir
     else:
         path = Path(source).expanduser()
         if path.exists() and not path.is_dir():
@@ -259,7 +291,26 @@ def load_model(
         model.to(dev)
     else:
         dev = torch.device(str(next(model.parameters()).device))
-    return _finish(model, tok, model_id, source, dev, torch_dtype, start, progress)
+    handle = _finish(model, tok, model_id, source, dev, torch_dtype, start, progress, weights, codes_dir)
+    if weights == "auto-int8" and not within_default_bound(handle.precision_cost):
+        # the default is chosen by the numbers: int8 missed the bound on this model, so it runs in float32
+        cost_of_int8 = handle.precision_cost
+        del handle
+        gc.collect()
+        handle = load_model(source, device, dtype, progress, device_map, weights="float32")
+        handle.precision_cost = cost_of_int8
+    return handle
+
+
+def _auto_weights(weights: str, source: str, dev: torch.device, dtype: torch.dtype, device_map) -> str:
+    if weights != "auto":
+        return weights
+    if dtype == torch.bfloat16:
+        return "bfloat16"
+    gguf = source == EMBEDDED or source.endswith(".gguf")
+    if gguf and dev.type == "cpu" and dtype == torch.float32 and not device_map and kernel_available():
+        return "auto-int8"
+    return "float32" if dtype == torch.float32 else str(dtype).replace("torch.", "")
 
 
 def _build_random(source: str, dev: torch.device, dtype: torch.dtype):
@@ -277,8 +328,43 @@ def _build_random(source: str, dev: torch.device, dtype: torch.dtype):
 
 
 def _finish(model, tok, model_id: str, source: str, dev: torch.device, dtype: torch.dtype, start: float,
-            progress: Progress) -> ModelHandle:
-    handle = from_model(model, tok, model_id=model_id, source=source, device=dev, dtype=dtype,
-                        load_seconds=time.perf_counter() - start)
+            progress: Progress, weights: str, codes_dir: Path | None) -> ModelHandle:
+    handle = from_model(model, tok, model_id=model_id, source=source, device=dev, dtype=dtype)
+    if weights in ("int8", "auto-int8"):
+        handle = _to_int8(handle, codes_dir, progress)
+    else:
+        handle.weights = weights if weights in ("float32", "bfloat16") else str(dtype).replace("torch.", "")
+    handle.load_seconds = time.perf_counter() - start
     progress(1.0, f"loaded {model_id} in {handle.load_seconds:.1f} s")
     return handle
+
+
+def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) -> ModelHandle:
+    """``handle``'s model with int8 weights (the GGUF's own codes from ``codes_dir`` where there are some), its
+    cost against the float32 model measured once (cached beside the codes) and kept on the handle."""
+    cost_file = codes_dir / INT8_COST if codes_dir is not None else None
+    measured = read_cost(cost_file) if cost_file is not None else None
+    reference = None
+    if measured is None:
+        progress(0.85, "measuring int8 against float32 on fixed prompts (once)")
+        reference = fingerprint(handle)
+    codes = {}
+    if codes_dir is not None:
+        codes = load_codes(codes_dir / INT8_CODES)
+        if codes is None:  # a copy converted before int8 existed: read the GGUF's codes now, once
+            gguf = json.loads((codes_dir / "steer_ui_source.json").read_text())["gguf"]
+            codes = _gguf_codes(Path(gguf), handle.model)
+            save_codes(codes, codes_dir / INT8_CODES)
+    progress(0.9, "int8 weights")
+    made = quantise_model(handle.model, codes)
+    gc.collect()
+    int8 = from_model(handle.model, handle.tokenizer, model_id=handle.model_id, source=handle.source,
+                      device=handle.device, dtype=handle.dtype)
+    if measured is None:
+        measured = cost(reference, fingerprint(int8, alpha=reference["alpha"]))
+        measured["exact_codes"], measured["rounded"] = len(made["exact"]), len(made["rounded"])
+        if cost_file is not None:
+            write_cost(cost_file, measured)
+    int8.weights, int8.precision_cost = "int8", measured
+    int8.int8_exact = bool(made["exact"]) and not made["rounded"]
+    return int8

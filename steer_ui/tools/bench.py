@@ -62,7 +62,7 @@ from ..methods.common import clean
 from ..model.loading import BUILT_PREFIXES, EMBEDDED, embedded_gguf_path, gguf_cache_dir, load_model
 from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_decode_paths,
                        bench_dtype_accuracy, bench_extract, bench_hook_overhead, bench_side_by_side, bench_slider,
-                       bench_sweep, bench_training, measure_bandwidth, seeded_steer)
+                       bench_sweep, bench_training, bench_vs_float32, bench_vs_llama_cpp, measure_bandwidth, seeded_steer)
 from .many_users import bench_many_prompts, bench_many_users
 from .timing import loadavg, parameter_bytes, peak_rss_bytes, rss_bytes
 
@@ -80,6 +80,7 @@ TARGETS = {
     "many_users_exact": (">=", 8),
     "slider_p95_load_over_idle_p50": ("<=", 2.0),
     "many_prompts_speedup": (">=", 4.0),  # issue #31
+    "vs_llama_cpp": ("<=", 2.0),  # issue #37: our side-by-side step over llama.cpp's steered token (if installed)
 }
 # On a GPU (issue #20, an 8B-shaped model in bfloat16): a captured decode step should come nearer the weights'
 # read time than a CPU's, and the batched side-by-side should beat two hooked generate() calls by more.
@@ -92,12 +93,12 @@ def targets_for(device_type: str) -> dict:
 
 
 # ------------------------------------------------------------------ setup
-def _load(model: str | None, device: str, dtype: str, log):
+def _load(model: str | None, device: str, dtype: str, log, weights: str = "auto"):
     """(handle, load facts).  ``tiny:FAMILY`` and ``random:SHAPE`` build random models (tests, CI, GPU runs)."""
     source = model or EMBEDDED
     if source.startswith(BUILT_PREFIXES):
         start = time.perf_counter()
-        handle = load_model(source, device=device, dtype=dtype)
+        handle = load_model(source, device=device, dtype=dtype, weights=weights)
         return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": None, "source": source}
     cache_hit = None
     if source == EMBEDDED or source.endswith(".gguf"):
@@ -105,7 +106,7 @@ def _load(model: str | None, device: str, dtype: str, log):
         cache_hit = gguf_cache_dir(gguf).is_dir() if gguf.is_file() else None
     log(f"bench: loading {source} ({'warm' if cache_hit else 'cold' if cache_hit is False else 'direct'})")
     start = time.perf_counter()
-    handle = load_model(source, device=device, dtype=dtype)
+    handle = load_model(source, device=device, dtype=dtype, weights=weights)
     return handle, {"warm_load_s": time.perf_counter() - start, "cache_hit": cache_hit, "source": source}
 
 
@@ -122,7 +123,7 @@ def _verdicts(ratios: dict, targets: dict) -> dict:
 
 
 def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto", quick: bool = False,
-              log: Callable[[str], None] = print) -> dict:
+              log: Callable[[str], None] = print, weights: str = "auto") -> dict:
     """Run the benchmark; return one JSON-ready dict (ratios, absolute ms, targets, conditions).
 
     ``model``: None/'embedded' (Gemma 3 270M), any ``load_model`` source, or
@@ -131,7 +132,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     """
     started = time.perf_counter()
     load_before = loadavg()
-    handle, load = _load(model, device, dtype, log)
+    handle, load = _load(model, device, dtype, log, weights)
     dev = handle.input_device
     arch = handle.arch
     layer = arch.num_layers // 2
@@ -149,7 +150,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "model": handle.facts(),
         "quick": quick,
         "conditions": {
-            "device": str(dev), "dtype": str(arch.unembedding.dtype).replace("torch.", ""),
+            "device": str(dev), "dtype": str(handle.dtype).replace("torch.", ""), "weights": handle.weights,
             "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "loadavg_start": load_before,
@@ -168,6 +169,8 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
 
     timed("side_by_side", lambda: bench_side_by_side(handle, steer, n_tokens, decode_reps, weight_bytes,
                                                       bw["read_gb_s"], log))
+    timed("llama_cpp", lambda: bench_vs_llama_cpp(handle, steer, n_tokens, decode_reps,
+                                                  result["side_by_side"]["ours_ms_per_step"], log))
     timed("hook", lambda: bench_hook_overhead(handle, steer, 8 if quick else 16, 1 if quick else 8, log))
     timed("decode_paths", lambda: bench_decode_paths(handle, steer, 8 if quick else 32, 1 if quick else 4, log))
     timed("slider", lambda: bench_slider(handle, steer, layer, 5 if quick else 25, log, bw["read_gb_s"] * 1e9))
@@ -179,6 +182,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     # the app's footprint: model loaded, decoded, analysed (before the extra copies the modes below make)
     result["memory"] = {"rss_gb": rss_bytes() / 1e9, "peak_rss_gb": peak_rss_bytes() / 1e9,
                         "note": "peak RSS of this process after load, decode, slider and sweep"}
+    timed("vs_float32", lambda: bench_vs_float32(handle, steer, 8 if quick else 32, 1 if quick else 3, log))
     timed("extract", lambda: bench_extract(handle, 16 if quick else None, 1, log))
     timed("dtype_accuracy", lambda: bench_dtype_accuracy(handle, log))
     if quick:
@@ -191,12 +195,14 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         if (model or "").startswith(BUILT_PREFIXES):
             result["cold_load"] = {"status": "skipped: random models are built, not loaded"}
         else:
-            timed("cold_load", lambda: bench_cold_load(model, device, dtype, log))
+            timed("cold_load", lambda: bench_cold_load(model, device, dtype, log, weights))
     result["memory"]["peak_rss_gb_end"] = peak_rss_bytes() / 1e9
     result["section_seconds"] = sections
 
     ratios = {
         "side_by_side_speedup": result["side_by_side"]["side_by_side_speedup"],
+        # our side-by-side step over llama.cpp's steered token (#37's target: at most 2); None without llama_cpp
+        "vs_llama_cpp": result["llama_cpp"].get("vs_llama_cpp"),
         "decode_floor_fraction": result["side_by_side"]["decode_floor_fraction"],
         "slider_speedup": result["slider"]["slider_speedup"],
         "hook_overhead": result["hook"]["hook_overhead"],
@@ -213,6 +219,8 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "many_prompts_speedup": result["many_prompts"]["many_prompts_speedup"],
         # the accuracy cost of the model's dtype (0 in float32); no target, the reader weighs it against speed
         "max_abs_delta_prob_vs_float32": result["dtype_accuracy"]["max_abs_delta_prob"],
+        # the precision's decode step against float32's, same run (#37); None for a float32 model
+        "step_speedup_vs_float32": result["vs_float32"].get("step_speedup"),
     }
     result["load"] = load
     result["ratios"] = ratios

@@ -9,6 +9,7 @@ baseline ``model.generate()`` included, so both sides pay the same hook.
 from __future__ import annotations
 
 import copy
+import ctypes
 import gc
 import json
 import os
@@ -29,6 +30,7 @@ from ..model.prefix import for_prompt
 from ..model.generation import DecodeBatch, Sampling, encode_prompt, stream_side_by_side
 from ..model.hooks import Steer, steering
 from ..model.loading import from_model
+from ..model.precision import PROBE_PROMPTS, final_hidden, next_token_probs  # noqa: F401  (bench and tools read them here)
 from ..model.units import relative_scale, to_raw_alpha
 from ..vector import random_vector
 from .timing import cache_dir, median, ms, parameter_bytes, percentile, ratio, sync, timings
@@ -40,14 +42,6 @@ GENERATION_PROMPT = "Once upon a time, in a small village by the sea, there live
 SLIDER_TEXT = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lamp and a "
                "thermos of tea, and from the top he watched the ships return to the harbour while the gulls "
                "circled above the grey water and the wind rose over the cliffs")
-PROBE_PROMPTS = (
-    "The capital of France is",
-    "Water boils at one hundred degrees Celsius at sea level, and",
-    "She opened the book and began to read",
-    "The best way to learn a new language is",
-    "In 1969, the first humans walked on",
-    "def fibonacci(n):",
-)
 
 
 def measure_bandwidth(handle, reps: int = 5) -> dict:
@@ -58,7 +52,7 @@ def measure_bandwidth(handle, reps: int = 5) -> dict:
     copy of the same bytes (read + write) is reported alongside.
     """
     device = handle.input_device
-    w = handle.arch.unembedding.detach()
+    w = stored_unembedding(handle)
     nbytes = w.numel() * w.element_size()
     with torch.inference_mode():
         float(w.sum())  # touch every page once
@@ -74,6 +68,16 @@ def measure_bandwidth(handle, reps: int = 5) -> dict:
         "copy_gb_s": 2 * nbytes / min(copies) / 1e9,
         "method": "best of repeated sums of the unembedding matrix (copy = read + write of the same bytes)",
     }
+
+
+def stored_unembedding(handle) -> torch.Tensor:
+    """The unembedding's bytes as the model holds them, as a tensor whose sum reads them all: the float matrix,
+    or with int8 weights its codes viewed as int32 (a fast sum over the same bytes; the value means nothing)."""
+    int8 = handle.arch.int8_unembedding
+    if int8 is None:
+        return handle.arch.unembedding.detach()
+    codes = int8.codes.reshape(-1)
+    return codes[: codes.numel() // 4 * 4].view(torch.int32)
 
 
 def seeded_steer(handle, layer: int, seed: int = 0, relative_alpha: float = 0.5) -> tuple[Steer, float]:
@@ -143,7 +147,7 @@ def _ours(handle, prompt: str, steers, n: int, batch: DecodeBatch | None = None)
 def _read_seconds(handle) -> float:
     """One timed read (sum) of the unembedding: a bandwidth sample taken between decode runs."""
     device = handle.input_device
-    w = handle.arch.unembedding
+    w = stored_unembedding(handle)
     with torch.inference_mode():
         sync(device)
         start = time.perf_counter()
@@ -161,7 +165,8 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
     conditions; the floor from the best bandwidth seen in the run is
     reported too (the stricter number on a noisy machine).
     """
-    unembed_bytes = handle.arch.unembedding.numel() * handle.arch.unembedding.element_size()
+    stored = stored_unembedding(handle)
+    unembed_bytes = stored.numel() * stored.element_size()
 
     ids = encode_prompt(handle, GENERATION_PROMPT)
     batch = DecodeBatch(handle)  # the default decode path (STEER_UI_DECODE, else auto), reported below
@@ -330,7 +335,7 @@ def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float 
     with torch.inference_mode():
         row = state.normed_last  # the last position after the final norm, what the fast path unembeds
         unembed_t = timings(lambda: arch.logits(row), max(3, samples // 2), device)
-    w = arch.unembedding
+    w = stored_unembedding(handle)
     unembed_floor = (w.numel() * w.element_size() / bandwidth) if bandwidth else None
     fast_unembed = median(unembed_t)
     fast_blocks = max(median(fast_t) - fast_unembed, 0.0)
@@ -424,7 +429,7 @@ def bench_extract(handle, rows: int | None, reps: int, log) -> dict:
 
 
 # ------------------------------------------------------------------ loads, memory
-def bench_cold_load(model: str | None, device: str, dtype: str, log) -> dict:
+def bench_cold_load(model: str | None, device: str, dtype: str, log, weights: str = "auto") -> dict:
     """GGUF → safetensors conversion + load in a fresh process with an empty STEER_UI_CACHE."""
     if model and not (model == "embedded" or model.endswith(".gguf")):
         return {"status": "skipped: only GGUF sources have a cold (dequantising) load"}
@@ -434,7 +439,7 @@ def bench_cold_load(model: str | None, device: str, dtype: str, log) -> dict:
             "from steer_ui.model.loading import load_model\n"
             "t_import = time.perf_counter() - t\n"
             "t = time.perf_counter()\n"
-            f"load_model({model!r}, device={device!r}, dtype={dtype!r})\n"
+            f"load_model({model!r}, device={device!r}, dtype={dtype!r}, weights={weights!r})\n"
             "print(json.dumps({'cold_load_s': time.perf_counter() - t, 'import_s': t_import}))\n")
     with tempfile.TemporaryDirectory(prefix="steer-ui-cold-") as tmp:
         env = dict(os.environ, STEER_UI_CACHE=tmp)
@@ -475,25 +480,15 @@ def bench_training(handle, log) -> dict:
 
 
 # ------------------------------------------------------------------ optional speed modes
-def _final_hidden(handle, prompts) -> list[torch.Tensor]:
-    hs = []
-    with handle.lock, torch.inference_mode():
-        for p in prompts:
-            ids = encode_prompt(handle, p).to(handle.input_device)
-            out = handle.model.base_model(input_ids=ids, use_cache=False)
-            hs.append(out.last_hidden_state[:, -1, :])
-    return hs
-
-
 def bench_bf16_lm_head(handle, reps: int, log) -> dict:
     """The unembedding in bfloat16 (weights and activations, float32 accumulate) vs float32."""
     arch = handle.arch
     device = handle.input_device
-    if arch.unembedding.dtype != torch.float32:
-        return {"status": "skipped: the model is not float32"}
+    if handle.weights != "float32":
+        return {"status": f"skipped: the model's weights are {handle.weights}, not float32"}
     log("bench: bfloat16 lm_head mode")
     w16 = arch.unembedding.detach().to(torch.bfloat16)
-    hs = _final_hidden(handle, PROBE_PROMPTS)
+    hs = final_hidden(handle, PROBE_PROMPTS)
     max_dp = 0.0
     agree = 0
     with torch.inference_mode():
@@ -536,16 +531,16 @@ def bench_bf16_lm_head(handle, reps: int, log) -> dict:
 
 def bench_bf16_model(handle, steer, n_tokens: int, bandwidth: float, log) -> dict:
     """The whole model in bfloat16: decode step time against its own (halved) floor, and the accuracy cost."""
-    if handle.arch.unembedding.dtype != torch.float32:
-        return {"status": "skipped: the model is not float32"}
+    if handle.weights != "float32":
+        return {"status": f"skipped: the model's weights are {handle.weights}, not float32"}
     log("bench: bfloat16 model mode (a temporary copy)")
     model16 = copy.deepcopy(handle.model).to(torch.bfloat16)
     h16 = from_model(model16, handle.tokenizer, model_id=handle.model_id + " (bfloat16 copy)")
     h16._layer_norms = handle.layer_norms()
     try:
         max_dp, agree = 0.0, 0
-        hs32 = _final_hidden(handle, PROBE_PROMPTS)
-        hs16 = _final_hidden(h16, PROBE_PROMPTS)
+        hs32 = final_hidden(handle, PROBE_PROMPTS)
+        hs16 = final_hidden(h16, PROBE_PROMPTS)
         with torch.inference_mode():
             for a, b in zip(hs32, hs16):
                 p32 = handle.arch.logits(a).softmax(-1)
@@ -600,12 +595,6 @@ def bench_alpha_grid(handle, steer, layer: int, log, points: int = 41) -> dict:
 
 
 # ------------------------------------------------------------------ precision
-def next_token_probs(handle, prompts=PROBE_PROMPTS) -> torch.Tensor:
-    """(prompts, vocab) float32 next-token probabilities of the unsteered model, on the CPU."""
-    with torch.inference_mode():
-        return torch.cat([handle.arch.logits(h).softmax(-1).cpu() for h in _final_hidden(handle, prompts)])
-
-
 def bench_dtype_accuracy(handle, log) -> dict:
     """What the model's dtype costs: max |Δ probability| of the next token vs the float32 model, on fixed prompts.
 
@@ -616,6 +605,13 @@ def bench_dtype_accuracy(handle, log) -> dict:
     own reference: 0, nothing loaded.
     """
     dtype = str(handle.dtype).replace("torch.", "")
+    if handle.weights == "int8":  # measured at load against the float32 model just before quantising
+        cost = handle.precision_cost or {}
+        return {"status": "measured", "dtype": "int8 weights, float32 arithmetic",
+                "max_abs_delta_prob": cost.get("max_abs_dp"), "top1_agree": f"{cost.get('top1_agree')}/"
+                f"{cost.get('prompts')}", "max_abs_delta_delta_logit": cost.get("max_abs_ddlogit"),
+                "reference": "the float32 model before quantising (measured at the first load, cached)",
+                "prompts": cost.get("prompts")}
     if handle.dtype == torch.float32:
         return {"status": "measured", "dtype": dtype, "max_abs_delta_prob": 0.0, "top1_agree": "all",
                 "reference": "the model itself (float32)", "prompts": len(PROBE_PROMPTS)}
@@ -635,3 +631,96 @@ def bench_dtype_accuracy(handle, log) -> dict:
     return {"status": "measured", "dtype": dtype, "max_abs_delta_prob": float((probs - ref_probs).abs().max()),
             "top1_agree": f"{agree}/{len(PROBE_PROMPTS)}", "reference": f"{handle.source} loaded in float32",
             "prompts": len(PROBE_PROMPTS)}
+
+
+# ------------------------------------------------------------------ llama.cpp, same machine, same run
+def bench_vs_llama_cpp(handle, steer, n_tokens: int, reps: int, ours_step_ms: float | None, log) -> dict:
+    """llama.cpp's steered per-token decode time on the same GGUF, prompt and token count, in this process.
+
+    Runs only where ``llama_cpp`` (llama-cpp-python) is importable and the model came from a GGUF; the
+    steering vector is set as llama.cpp's control vector at the same block (its layer ``il`` adds to block
+    ``il``'s output, as ours does).  Per-token time: the median over ``reps`` of (time for ``n_tokens`` greedy
+    tokens after the prompt) / ``n_tokens``, llama.cpp on as many threads as torch uses.  ``vs_llama_cpp``:
+    our side-by-side step (unsteered + steered + counterfactual rows) over llama.cpp's steered token."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return {"status": "skipped: llama_cpp is not installed (pip install llama-cpp-python==0.3.36)"}
+    from ..model.loading import EMBEDDED, embedded_gguf_path
+
+    source = handle.source
+    if source != EMBEDDED and not str(source).endswith(".gguf"):
+        return {"status": "skipped: llama.cpp runs GGUF models; this model was not loaded from one"}
+    gguf = embedded_gguf_path() if source == EMBEDDED else Path(source).expanduser()
+    log(f"bench: llama.cpp on {gguf.name} ({reps} x {n_tokens} steered tokens)")
+    threads = torch.get_num_threads()
+    llm = llama_cpp.Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=512,
+                          verbose=False, seed=0)
+    layers, hidden = handle.arch.num_layers, handle.arch.hidden_size
+    data = torch.zeros(layers, hidden, dtype=torch.float32)  # row il-1 is layer il's control vector
+    data[steer.layer - 1] = steer.vector.float().cpu() * float(steer.scalar_alpha)
+    buf = (ctypes.c_float * data.numel())(*data.reshape(-1).tolist())
+    status = llama_cpp.llama_set_adapter_cvec(llm.ctx, buf, data.numel(), hidden, steer.layer, steer.layer)
+    if status != 0:
+        return {"status": f"failed: llama.cpp refused the control vector ({status})"}
+    prompt = llm.tokenize(GENERATION_PROMPT.encode())
+    per_token = []
+    for _ in range(reps + 1):  # the first run warms up
+        llm.reset()
+        made, start = 0, None
+        for _token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            if start is None:  # the prompt has been evaluated and the first token sampled
+                start = time.perf_counter()
+                continue
+            made += 1
+            if made == n_tokens:
+                break
+        per_token.append((time.perf_counter() - start) / n_tokens)
+    steered = median(per_token[1:])
+    del llm
+    gc.collect()
+    return {"status": "measured", "llama_cpp_version": getattr(llama_cpp, "__version__", "?"), "threads": threads,
+            "new_tokens": n_tokens, "reps": reps, "llama_cpp_steered_ms_per_token": ms(steered),
+            "ours_ms_per_step": ours_step_ms,
+            "vs_llama_cpp": ratio(ours_step_ms / 1e3, steered) if ours_step_ms else None,
+            "note": "ours makes the unsteered and steered sides and the counterfactual row in one step; "
+                    "llama.cpp makes the steered side only"}
+
+
+# ------------------------------------------------------------------ the precision against float32, same run
+def bench_vs_float32(handle, steer, n_tokens: int, reps: int, log) -> dict:
+    """The model's precision against the same model in float32, in this run: the side-by-side decode step and
+    the one-row unembedding of the slider's view (runs alternated), and the greedy texts compared.  Skipped
+    for a float32 model (it is its own reference); loads a float32 copy for the comparison."""
+    if handle.weights == "float32":
+        return {"status": "skipped: the model is float32"}
+    from ..model.loading import load_model
+
+    log(f"bench: {handle.weights} vs float32 ({reps} x 2 runs of {n_tokens} tokens, a float32 copy)")
+    reference = load_model(handle.source, device=str(handle.device), weights="float32")
+    reference._layer_norms = handle.layer_norms()
+    try:
+        steps: dict[str, list[float]] = {"model": [], "float32": []}
+        unembed: dict[str, list[float]] = {"model": [], "float32": []}
+        texts = {}
+        pairs = (("model", handle), ("float32", reference))
+        for name, h in pairs:  # warm-up: kernels chosen, pages touched
+            _ours(h, GENERATION_PROMPT, [steer], 2)
+        row = final_hidden(handle, [GENERATION_PROMPT])[0]
+        for rep in range(reps):
+            for name, h in (pairs if rep % 2 == 0 else pairs[::-1]):
+                _, s, result = _ours(h, GENERATION_PROMPT, [steer], n_tokens)
+                steps[name].extend(s)
+                texts[name] = (result.unsteered.text, result.steered.text)
+                with torch.inference_mode():
+                    unembed[name].extend(timings(lambda: h.arch.logits(h.arch.final_hidden(row)), 5,
+                                                 handle.device))
+        return {"status": "measured", "weights": handle.weights, "new_tokens": n_tokens, "reps": reps,
+                "ms_per_step": ms(median(steps["model"])), "float32_ms_per_step": ms(median(steps["float32"])),
+                "step_speedup": ratio(median(steps["float32"]), median(steps["model"])),
+                "one_row_unembedding_ms": ms(median(unembed["model"])),
+                "float32_one_row_unembedding_ms": ms(median(unembed["float32"])),
+                "texts_equal": texts["model"] == texts["float32"]}
+    finally:
+        del reference
+        gc.collect()

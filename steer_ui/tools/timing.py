@@ -103,5 +103,6 @@ def parameter_bytes(module: torch.nn.Module, dtype: torch.dtype | None = None) -
         seen.add(key)
         size = torch.empty((), dtype=dtype).element_size() if dtype is not None else p.element_size()
         total += p.numel() * size
-    return total
+    int8 = {id(m.int8): m.int8 for m in module.modules() if hasattr(m, "int8")}  # int8 weights: codes, scales
+    return total + sum(w.nbytes() for w in int8.values())
 

@@ -339,8 +339,15 @@ MESSAGES: dict[str, dict[str, str]] = {
         "model_load_failed": "无法加载模型：{detail}",
         "model_loading": "正在加载模型… {detail}",
         "model_facts": "**{model_id}**（{model_type}）· {num_layers} 层 · 隐藏维度 {hidden_size} · 词表 {vocab_size} · "
-                       "lm_head 与嵌入共享：{tied_lm_head} · {parameters} 个参数 · {device} {dtype} · 加载用时 "
-                       "{load_seconds} 秒",
+                       "lm_head 与嵌入共享：{tied_lm_head} · {parameters} 个参数 · {device} {dtype} · {weights} · "
+                       "加载用时 {load_seconds} 秒",
+        "weights_float32": "float32 权重",
+        "weights_bfloat16": "bfloat16 权重与运算",
+        "weights_int8_exact": "int8 权重（GGUF 自带的编码），float32 运算",
+        "weights_int8_rounded": "int8 权重（按输出行取整），float32 运算",
+        "weights_cost": "{kind}：与 float32 相比，最大 |Δp| {dp}，top-1 {top1}，最大 |ΔΔlogit| {ddlogit}（在 {prompts} "
+                        "个固定提示上测得）",
+        "weights_int8_declined": "{kind}（int8 测得最大 |Δp| {dp}，top-1 {top1}：超出默认的界限，因此用 float32）",
         "unknown_vector": "本会话中没有名为“{name}”的向量（现有：{known}）。请先训练或导入一个。",
         "bad_layer": "第 {layer} 层不存在：该模型的层编号为 0 到 {last}。",
         "steering_failed": "该向量无法引导当前模型：{detail}",
@@ -371,6 +378,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "model_not_allowed": "该模型不在此服务器的列表中；可选：{known}。",
         "bad_device": "不允许设备“{device}”：请使用 auto、cpu、cuda、cuda:N、mps 或 multi。",
         "bad_dtype": "不允许数据类型“{dtype}”：请使用 {known} 之一。",
+        "bad_weights": "未知的权重精度“{weights}”：请使用 {known} 之一。",
         "session_expired": "此页面的会话闲置超过 {hours} 小时，服务器已将其清除；其数据和向量已丢失。请重新加载后继续。",
         "too_many_new_sessions": "来自你的地址的新会话过多（每分钟最多 {limit} 个）；请在 {wait} 秒后重试。已打开的会话不受影响。",
         "sessions_full": "服务器正忙：它最多保留 {limit} 个会话，而每个会话都保存着访客的工作。请稍后再试。",

@@ -26,7 +26,23 @@ def facts_markdown(lang: str, facts: dict) -> str:
                                        "tied_lm_head", "parameters", "device", "dtype", "load_seconds")}
     if isinstance(shown["tied_lm_head"], bool):  # a yes or no in the page's language, not Python's True/False
         shown["tied_lm_head"] = i18n.message(lang, "yes" if shown["tied_lm_head"] else "no")
-    return i18n.markdown(lang, "model_facts", **shown)
+    return i18n.markdown(lang, "model_facts", weights=weights_text(lang, facts), **shown)
+
+
+def weights_text(lang: str, facts: dict) -> str:
+    """The weights' precision and, where measured, its cost against float32 (issue #37: accuracy on the page)."""
+    weights = facts.get("weights") or "float32"
+    key = "weights_int8_" + ("exact" if facts.get("int8_exact") else "rounded") if weights == "int8" else \
+        f"weights_{weights}"
+    kind = i18n.message(lang, key) if key in i18n.MESSAGES["en"] else weights
+    cost = facts.get("precision_cost")
+    if not cost:
+        return kind
+    numbers = {"dp": f"{cost['max_abs_dp']:.2g}", "top1": f"{cost['top1_agree']}/{cost['prompts']}",
+               "ddlogit": f"{cost['max_abs_ddlogit']:.2g}", "prompts": cost["prompts"]}
+    if weights != "int8":  # auto measured int8 and kept float32
+        return i18n.message(lang, "weights_int8_declined", kind=kind, **numbers)
+    return i18n.message(lang, "weights_cost", kind=kind, **numbers)
 
 
 def status_markdown(backend: Service, lang: str) -> str:

@@ -183,3 +183,17 @@ def test_quick_run_measures_many_prompts_against_one_after_another(quick_result)
     assert prompts["sequential_ms"] > 0 and prompts["comparison_ms"] >= prompts["comparison_generation_ms"] > 0
     assert quick_result["ratios"]["many_prompts_speedup"] == prompts["many_prompts_speedup"]
     assert "many_prompts_speedup" in quick_result["met"]
+
+
+def test_an_int8_run_compares_itself_with_float32_in_the_same_run():
+    """Issue #37: a precision other than float32 is timed beside a float32 copy, and says so."""
+    result = run_bench(model="tiny:llama", device="cpu", quick=True, weights="int8", log=lambda _m: None)
+    assert result["conditions"]["weights"] == "int8" and result["model"]["weights"] == "int8"
+    versus = result["vs_float32"]
+    assert versus["status"] == "measured" and versus["weights"] == "int8"
+    assert _finite(versus["ms_per_step"]) and _finite(versus["float32_ms_per_step"])
+    assert _finite(result["ratios"]["step_speedup_vs_float32"])
+    assert result["dtype_accuracy"]["max_abs_delta_prob"] > 0  # rounded per row: a measured, non-zero cost
+    assert result["llama_cpp"]["status"].startswith("skipped")  # tiny models are built, not GGUF
+    assert result["met"]["vs_llama_cpp"] is None
+    json.dumps(result, allow_nan=False)

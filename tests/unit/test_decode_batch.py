@@ -77,6 +77,21 @@ def test_requests_together_equal_requests_alone(tiny, family):
     assert hook_count(handle) == 0
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_requests_together_equal_requests_alone_with_int8_weights(family):
+    """Issue #37: the many-users batch stays exact in int8 (each row's product is formed alike in any batch)."""
+    from steer_ui.model.loading import load_model
+
+    handle = load_model(f"tiny:{family}", device="cpu", weights="int8")
+    assert handle.weights == "int8"
+    alone, batch, requests = _setup(handle)
+    batch.admit(requests)
+    _drain(batch)
+    for r, solo in zip(requests, alone):
+        assert r.done
+        _same(r.result, solo)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_requests_join_and_leave_between_steps(tiny, family):
     """Continuous batching: a late request joins a running batch (shorter and longer prompts), early ones leave."""

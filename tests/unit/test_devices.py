@@ -171,6 +171,7 @@ ALLOWED = {
     ("steer_ui/model/analysis.py", "teacher_forced", ".cpu()"): "per-token log-probabilities and the residual "
                                                                  "read-out for tables and statistics, on the host",
     ("steer_ui/model/prefix.py", "unsteered_logits", ".cpu()"): "logits for display, kept on the host",
+    ("steer_ui/model/precision.py", "next_token_probs", ".cpu()"): "a precision's cost, compared and cached on the host",
     ("steer_ui/model/prefix.py", "logits", ".cpu()"): "logits for display and sweeps, on the host",
     ("steer_ui/model/capture.py", "out_projection_weight", ".cpu()"):
         "W_O for ITI's per-head directions, which are stored (vectors live on the host)",

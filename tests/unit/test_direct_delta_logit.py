@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from steer_ui.model.generation import Sampling, side_by_side
 from steer_ui.model.hooks import Steer
+from steer_ui.model.int8 import quantise_model
 from steer_ui.model.loading import from_model
 from steer_ui.tiny import byte_tokenizer, tiny_config
 
@@ -19,7 +20,7 @@ PROMPT = "Hello there"
 CASES = {"llama": None, "gemma3": 0.5, "gemma2": 0.5}
 
 
-def _handle(family: str, softcap: float | None):
+def _handle(family: str, softcap: float | None, weights: str = "float32"):
     config = tiny_config(family)
     if softcap is not None:
         config.final_logit_softcapping = softcap
@@ -29,6 +30,9 @@ def _handle(family: str, softcap: float | None):
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # a gain far from 1 (and different per dimension), so skipping the norm shows
         handle.arch.final_norm.weight.copy_(torch.rand(config.hidden_size, generator=gen) * 3 + 0.5)
+    if weights == "int8":  # issue #37: the Δlogit shown is exact for the model as loaded, in every precision
+        quantise_model(model)
+        handle = from_model(model, byte_tokenizer(), model_id=f"tiny:{family} int8")
     return handle
 
 
@@ -36,10 +40,10 @@ def _handle(family: str, softcap: float | None):
 def handles():
     made = {}
 
-    def make(family):
-        if family not in made:
-            made[family] = _handle(family, CASES[family])
-        return made[family]
+    def make(family, weights="float32"):
+        if (family, weights) not in made:
+            made[family, weights] = _handle(family, CASES[family], weights)
+        return made[family, weights]
 
     return make
 
@@ -72,9 +76,10 @@ def _close(a, b, rel=0.01, eps=1e-5):
     return abs(a - b) <= rel * max(abs(a), abs(b)) + eps
 
 
+@pytest.mark.parametrize("weights", ["float32", "int8"])
 @pytest.mark.parametrize("family", list(CASES))
-def test_at_the_last_block_direct_equals_actual(handles, family):
-    handle = handles(family)
+def test_at_the_last_block_direct_equals_actual(handles, family, weights):
+    handle = handles(family, weights)
     v = _vector()
     last = handle.arch.num_layers - 1
     result = side_by_side(handle, PROMPT, [Steer(layer=last, vector=v, alpha=40.0)], Sampling(max_new_tokens=8))
@@ -99,10 +104,12 @@ def test_input_dependent_steer_at_the_last_block_uses_its_own_vector(handles):
         assert _close(t.direct_delta_logit, t.delta_logit), (t.token, t.direct_delta_logit, t.delta_logit)
 
 
+@pytest.mark.parametrize("weights", ["float32", "int8"])
 @pytest.mark.parametrize("family", list(CASES))
-def test_at_an_earlier_block_direct_is_the_final_residual_pushed_through_norm_and_unembedding(handles, family):
+def test_at_an_earlier_block_direct_is_the_final_residual_pushed_through_norm_and_unembedding(handles, family,
+                                                                                              weights):
     """Independently: h from the unsteered model on the steered prefix, then logit(norm(h + α·v)) − logit(norm(h))."""
-    handle = handles(family)
+    handle = handles(family, weights)
     v, alpha = _vector(), 40.0
     result = side_by_side(handle, PROMPT, [Steer(layer=1, vector=v, alpha=alpha)], Sampling(max_new_tokens=6))
     prefix = handle.tokenizer(PROMPT).input_ids

@@ -1,0 +1,269 @@
+"""Weight-only int8: weights kept as int8 codes with float32 scales, multiplied with float32 activations.
+
+A decode step on a CPU reads every weight once, so its time is the weights' bytes: Gemma 3 270M in float32 is
+1.07 GB a step, its tied unembedding alone 671 MB.  Here each weight matrix is int8 codes ``q`` with a float32
+scale ``s`` (and, for affine formats, an offset ``o``) per group of inputs of each output row,
+``W[n, k] = q[n, k] · s[n, k // group] + o[n, k // group]``:
+
+* from a GGUF (:mod:`gguf_codes`), the file's own codes and scales, groups of 16 or 32: ``dequantise()``
+  equals the float32 weights the app otherwise loads, bit for bit (``exact``);
+* otherwise, rounded from the float32 weights with one symmetric scale per output row (``max |w| / 127``).
+
+Only the weights are int8.  Activations, the residual stream (where steering adds α·v), norms, attention
+and every sum stay float32: :func:`matmul` dequantises one weight row at a time into float32 inside a small C
+kernel (``int8_kernel.c``, compiled at first use with the machine's C compiler) and takes float32 dot
+products, so on exact codes the result is the float32 product up to the order of its sums.  Without a C
+compiler, or for many rows at once (prefills), it dequantises slabs of rows and multiplies them with torch.
+Calls that need gradients through the weights' inputs (TSV training) use the dequantised float32 matrix.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import platform
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..paths import cache_root
+
+KERNEL_MAX_ROWS = 64  # decode steps (3 rows a user), the many-users batch, the slider's re-runs
+_SLAB_ROWS = 4096  # the torch path dequantises this many output rows at a time (~10 MB at 640 inputs)
+_SOURCE = Path(__file__).with_name("int8_kernel.c")
+_BUILD_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel():
+    """The compiled kernel's function, or None where no C compiler works (the torch path is used)."""
+    source = _SOURCE.read_bytes()
+    flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+    cpu = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
+    cpu_flags = next((line for line in cpu.splitlines() if line.startswith("flags")), platform.processor())
+    key = hashlib.sha256(source + " ".join(flags).encode() + cpu_flags.encode() + platform.machine().encode())
+    target = cache_root() / "kernels" / f"int8_kernel-{key.hexdigest()[:16]}.so"
+    with _BUILD_LOCK:
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".{threading.get_ident()}.tmp")
+            try:
+                subprocess.run(["cc", *flags, "-o", str(tmp), str(_SOURCE)], check=True, capture_output=True,
+                               timeout=120)
+                tmp.replace(target)
+            except (OSError, subprocess.SubprocessError):
+                tmp.unlink(missing_ok=True)
+                return None
+    fn = ctypes.CDLL(str(target)).int8_matmul
+    fn.restype = ctypes.c_int
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, i64, i64, p, p, p, i64, i64, p, ctypes.c_int]
+    return fn
+
+
+def kernel_available() -> bool:
+    return _kernel() is not None
+
+
+@dataclass
+class Int8Weight:
+    """An (out, in) weight as int8 ``codes``, float32 ``scale`` (out, in // group) and optional ``offset``."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor | None
+    group: int
+    exact: bool = False  # the codes are the model's own (a GGUF's), not a rounding of its floats
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.offset) if t is not None)
+
+    def slice(self, start: int, end: int | None) -> "Int8Weight":
+        """Output rows ``start:end`` (views, no copy)."""
+        return Int8Weight(self.codes[start:end], self.scale[start:end],
+                          None if self.offset is None else self.offset[start:end], self.group, self.exact)
+
+    def dequantise(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Rows ``start:end`` as float32 (a multiply, then an add: the same roundings as a GGUF reader)."""
+        codes = self.codes[start:end]
+        rows, cols = codes.shape
+        w = codes.float().view(rows, cols // self.group, self.group).mul_(self.scale[start:end, :, None])
+        if self.offset is not None:
+            w.add_(self.offset[start:end, :, None])
+        return w.view(rows, cols)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float32 rows ``ids`` (embedding lookups, one token's logit), any shape of ids."""
+        flat = ids.reshape(-1)
+        codes = self.codes.index_select(0, flat)
+        n, cols = codes.shape
+        w = codes.float().view(n, cols // self.group, self.group).mul_(self.scale.index_select(0, flat)[..., None])
+        if self.offset is not None:
+            w.add_(self.offset.index_select(0, flat)[..., None])
+        return w.view(*ids.shape, cols)
+
+    def matmul(self, x: torch.Tensor, pause=None) -> torch.Tensor:
+        """``x @ W.T`` for float32 ``x`` of shape (..., in); ``pause`` is called between slabs of the torch path."""
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        if torch.is_grad_enabled() and flat.requires_grad:
+            return (flat @ self.dequantise().T).reshape(*shape[:-1], -1)
+        flat = flat.float().contiguous()
+        out_features = self.codes.shape[0]
+        fn = _kernel() if flat.device.type == "cpu" and flat.shape[0] <= KERNEL_MAX_ROWS else None
+        if fn is not None:
+            out = flat.new_empty((flat.shape[0], out_features))
+            status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
+                        None if self.offset is None else self.offset.data_ptr(), self.group, out_features,
+                        out.data_ptr(), torch.get_num_threads())
+            if status == 0:
+                return out.reshape(*shape[:-1], out_features)
+        out = flat.new_empty((flat.shape[0], out_features))
+        for start in range(0, out_features, _SLAB_ROWS):
+            if pause is not None:
+                pause()
+            end = min(start + _SLAB_ROWS, out_features)
+            torch.matmul(flat, self.dequantise(start, end).T, out=out[:, start:end])
+        return out.reshape(*shape[:-1], out_features)
+
+
+def per_channel(w: torch.Tensor) -> Int8Weight:
+    """Round a float weight to int8 with one symmetric scale per output row (max |w| / 127)."""
+    w = w.detach().float()
+    scale = (w.abs().amax(1).clamp_min(1e-12) / 127).contiguous()
+    codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+    return Int8Weight(codes, scale[:, None].contiguous(), None, w.shape[1], exact=False)
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` on an :class:`Int8Weight`; ``weight`` gives the dequantised float32 matrix (for readers of
+    shapes and of W_O, not for the forward pass)."""
+
+    def __init__(self, int8: Int8Weight, bias: torch.Tensor | None):
+        super().__init__()
+        self.int8 = int8
+        self.in_features, self.out_features = int8.shape[1], int8.shape[0]
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.int8.dequantise()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.int8.matmul(x)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per group of "
+                f"{self.int8.group}{' (the model’s own codes)' if self.int8.exact else ''}")
+
+
+class Int8Embedding(nn.Module):
+    """An embedding table on an :class:`Int8Weight` (tied to the unembedding in Gemma); keeps a scaled
+    embedding's ``embed_scale`` (Gemma multiplies every looked-up row by √hidden)."""
+
+    def __init__(self, int8: Int8Weight, original: nn.Module):
+        super().__init__()
+        self.int8 = int8
+        self.num_embeddings, self.embedding_dim = int8.shape
+        self.padding_idx = getattr(original, "padding_idx", None)
+        scale = getattr(original, "embed_scale", None)
+        if isinstance(scale, torch.Tensor):
+            self.register_buffer("embed_scale", scale.detach().clone(), persistent=False)
+        else:
+            self.embed_scale = scale
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.int8.dequantise()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.int8.rows(ids)
+        if self.embed_scale is None:
+            return rows
+        return rows * (self.embed_scale.to(rows.dtype) if isinstance(self.embed_scale, torch.Tensor)
+                       else self.embed_scale)
+
+
+def quantise_model(model: nn.Module, codes: dict[str, Int8Weight] | None = None) -> dict:
+    """Replace every ``nn.Linear`` of ``model`` (the unembedding included) by an :class:`Int8Linear`, in place;
+    a tied input embedding becomes an :class:`Int8Embedding` on the same codes.  ``codes``: module name → the
+    model's own int8 weights (:func:`gguf_codes.read_codes`), used where given; every other linear is rounded
+    per output row.  Returns {"exact": names on their own codes, "rounded": names rounded, "bytes": int8 size}.
+
+    GPT-2's ``Conv1D`` layers and untied embeddings stay float32 (an embedding lookup reads a few rows a step,
+    so int8 would only save memory there, at a cost in accuracy)."""
+    codes = dict(codes or {})
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names = {module: name for name, module in model.named_modules()}
+    exact, rounded, seen = [], [], {}
+
+    def int8_of(name: str, weight: torch.Tensor) -> Int8Weight:
+        key = weight.data_ptr()
+        if key not in seen:
+            made = codes.get(name)
+            seen[key] = made if made is not None else per_channel(weight)
+            (exact if seen[key].exact else rounded).append(name)
+        return seen[key]
+
+    tied = (emb is not None and head is not None and isinstance(emb, nn.Embedding)
+            and emb.weight.data_ptr() == head.weight.data_ptr())
+    if tied:
+        shared = int8_of(names[emb], emb.weight)
+        model.set_input_embeddings(Int8Embedding(shared, emb))
+        seen[head.weight.data_ptr()] = shared
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                full = f"{parent_name}.{child_name}" if parent_name else child_name
+                setattr(parent, child_name, Int8Linear(int8_of(full, child.weight), child.bias))
+    made = {id(w): w for w in seen.values()}
+    return {"exact": exact, "rounded": rounded, "bytes": sum(w.nbytes() for w in made.values())}
+
+
+def save_codes(codes: dict[str, Int8Weight], path: Path) -> None:
+    """Write ``codes`` (module name → weight) to a safetensors file, atomically (never a pickle)."""
+    from safetensors.torch import save_file
+
+    tensors, meta = {}, {}
+    for name, w in codes.items():
+        tensors[f"{name}.codes"], tensors[f"{name}.scale"] = w.codes.contiguous(), w.scale.contiguous()
+        if w.offset is not None:
+            tensors[f"{name}.offset"] = w.offset.contiguous()
+        meta[name] = json.dumps({"group": w.group, "exact": w.exact})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(path)
+
+
+def load_codes(path: Path) -> dict[str, Int8Weight] | None:
+    """What :func:`save_codes` wrote, or None if the file is missing or unreadable."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta, keys = f.metadata() or {}, set(f.keys())
+            out = {}
+            for name, about in meta.items():
+                info = json.loads(about)
+                offset = f.get_tensor(f"{name}.offset") if f"{name}.offset" in keys else None
+                out[name] = Int8Weight(f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scale"), offset,
+                                       int(info["group"]), bool(info["exact"]))
+            return out
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError):
+        return None

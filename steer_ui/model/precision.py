@@ -1,0 +1,131 @@
+"""The weights' precision (float32, bfloat16, int8): which one a model runs in, and what it costs, measured.
+
+The cost is measured against the same model in float32 on fixed prompts (:data:`PROBE_PROMPTS`): the largest
+change of any next-token probability, how many top-1 tokens agree, and the largest change of a steered
+prompt's Δlogit (steered − unsteered next-token logits, a fixed random direction at the middle block with α
+the size of the residual there).  For int8 it is measured at the first load on a machine, from the float32
+model just before it is quantised, and kept in the cache with the int8 weights.
+
+The default on a CPU is chosen by these numbers: int8 where the model has its own int8 codes (a GGUF) and
+their measured cost is within :data:`DEFAULT_MAX_DP` with every top-1 kept, float32 otherwise (int8 rounded
+from float weights cost ~0.02 on Gemma 3 270M; docs/bench.md).  Other devices keep their dtype rules
+(bfloat16 on CUDA).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..policy import WEIGHTS
+from .generation import encode_prompt
+
+DEFAULT_MAX_DP = 0.01  # #37's bound for a default: max |Δ next-token probability| against float32
+
+PROBE_PROMPTS = (
+    "The capital of France is",
+    "Water boils at one hundred degrees Celsius at sea level, and",
+    "She opened the book and began to read",
+    "The best way to learn a new language is",
+    "In 1969, the first humans walked on",
+    "def fibonacci(n):",
+)
+
+
+class PrecisionError(ValueError):
+    """A weights setting that cannot be used (unknown, or int8 off the CPU)."""
+
+
+def check_weights(weights: str, device: torch.device, dtype: str) -> str:
+    """``weights`` validated against the device and an explicit ``dtype``; "auto" stays "auto"."""
+    if weights in (None, "", "auto"):
+        return "auto"
+    if weights not in WEIGHTS:
+        raise PrecisionError(f"unknown weights '{weights}' (use auto, {', '.join(WEIGHTS)})")
+    if weights == "int8" and device.type != "cpu":
+        raise PrecisionError(f"int8 weights are a CPU setting; on {device.type} the model runs in its dtype "
+                             "(bfloat16 on CUDA): leave --weights at auto")
+    compute = "float32" if weights == "int8" else weights
+    if dtype not in (None, "", "auto", compute):
+        raise PrecisionError(f"--weights {weights} computes in {compute}, but --dtype {dtype} was asked for")
+    return weights
+
+
+def final_hidden(handle, prompts=PROBE_PROMPTS) -> list[torch.Tensor]:
+    """The final-norm input of each prompt's last position, (1, hidden) each."""
+    hs = []
+    with handle.lock, torch.inference_mode():
+        for p in prompts:
+            ids = encode_prompt(handle, p).to(handle.input_device)
+            out = handle.model.base_model(input_ids=ids, use_cache=False)
+            hs.append(out.last_hidden_state[:, -1, :])
+    return hs
+
+
+def next_token_probs(handle, prompts=PROBE_PROMPTS) -> torch.Tensor:
+    """(prompts, vocab) float32 next-token probabilities of the unsteered model, on the CPU."""
+    with torch.inference_mode():
+        return torch.cat([handle.arch.logits(h).softmax(-1).float().cpu() for h in final_hidden(handle, prompts)])
+
+
+def fingerprint(handle, alpha: float | None = None) -> dict:
+    """What the cost is measured on: next-token probabilities of :data:`PROBE_PROMPTS` and the steered Δlogit of
+    the first one.  ``alpha``: the steering size to use (the float32 run's, so both runs steer alike); None
+    measures it (the residual norm at the middle block's output for that prompt)."""
+    from .analysis import naive_logits
+    from .hooks import Steer
+
+    layer = handle.arch.num_layers // 2
+    prompt = PROBE_PROMPTS[0]
+    if alpha is None:
+        ids = encode_prompt(handle, prompt).to(handle.input_device)
+        with handle.lock, torch.inference_mode():
+            hidden = handle.model(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states
+        alpha = float(hidden[layer + 1][0, -1].float().norm())
+    gen = torch.Generator().manual_seed(37)
+    direction = torch.randn(handle.arch.hidden_size, generator=gen)
+    steer = Steer(layer=layer, vector=direction / direction.norm(), alpha=alpha)
+    with handle.lock:
+        delta = naive_logits(handle, prompt, [steer]) - naive_logits(handle, prompt, [])
+    return {"probs": next_token_probs(handle), "delta_logit": delta, "alpha": alpha, "layer": layer}
+
+
+def cost(reference: dict, candidate: dict) -> dict:
+    """The candidate's cost against the float32 ``reference`` (both from :func:`fingerprint`)."""
+    p, q = reference["probs"], candidate["probs"]
+    agree = int((p.argmax(-1) == q.argmax(-1)).sum())
+    return {"max_abs_dp": float((p - q).abs().max()), "top1_agree": agree, "prompts": int(p.shape[0]),
+            "max_abs_ddlogit": float((reference["delta_logit"] - candidate["delta_logit"]).abs().max()),
+            "steer": f"a random unit direction at block {reference['layer']}, alpha {reference['alpha']:.4g}"}
+
+
+def within_default_bound(measured: dict | None) -> bool:
+    return (measured is not None and measured["max_abs_dp"] <= DEFAULT_MAX_DP
+            and measured["top1_agree"] == measured["prompts"])
+
+
+def describe(weights: str, measured: dict | None, exact: bool | None = None) -> str:
+    """One line for the model line: the precision and, measured, its cost against float32."""
+    what = {"float32": "float32 weights", "bfloat16": "bfloat16 weights and arithmetic",
+            "int8": "int8 weights (the GGUF's own codes), float32 arithmetic" if exact
+            else "int8 weights (rounded per output row), float32 arithmetic"}[weights]
+    if weights == "float32" or measured is None:
+        return what
+    return (f"{what}: vs float32, max |Δp| {measured['max_abs_dp']:.2g}, top-1 {measured['top1_agree']}/"
+            f"{measured['prompts']}, max |ΔΔlogit| {measured['max_abs_ddlogit']:.2g}")
+
+
+def read_cost(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "max_abs_dp" in data else None
+
+
+def write_cost(path: Path, measured: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(measured, indent=1))
+    tmp.replace(path)
