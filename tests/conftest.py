@@ -36,7 +36,7 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def gemma():
-    """The embedded Gemma 3 270M (float32, CPU), loaded once per test session."""
+    """The embedded Gemma 3 270M (CPU, default weights: int8 on its own GGUF codes), loaded once per test session."""
     from steer_ui.model.loading import load_model
 
     return load_model()

@@ -37,14 +37,18 @@ def hf_name(gguf_name: str) -> str | None:
 
 
 def _codes_and_scales(kind: str, blocks: np.ndarray):
-    """(codes as float32 (blocks, values), scale, offset or None, group) for one tensor's raw blocks."""
+    """(codes (blocks, values) as int8 or as whole float32 values, scale, offset or None, group) for one tensor's
+    raw blocks."""
     from gguf import quants
 
-    unit = blocks.copy()
-    if kind in ("Q8_0", "Q5_0"):  # 2-byte d, then the codes
-        unit[:, :2] = _F16_ONE
+    if kind == "Q8_0":  # 2-byte d, then 32 int8 codes as they are
         scale = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # (blocks, 1): one group per block
-        return quants.dequantize(unit, getattr(quants.GGMLQuantizationType, kind)), scale, None, 32
+        return np.ascontiguousarray(blocks[:, 2:]).view(np.int8), scale, None, 32
+    unit = blocks.copy()
+    if kind == "Q5_0":  # 2-byte d, 4 bytes of high bits, 16 bytes of low nibbles
+        unit[:, :2] = _F16_ONE
+        scale = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+        return quants.dequantize(unit, quants.GGMLQuantizationType.Q5_0), scale, None, 32
     if kind == "Q6_K":  # 128 low bits, 64 high bits, 16 int8 sub-scales, 2-byte d
         unit[:, 192:208] = 1
         unit[:, 208:210] = _F16_ONE
@@ -80,9 +84,9 @@ def read_codes(gguf: Path, reference: dict[str, torch.Tensor]) -> dict[str, Int8
             continue
         codes, scale, offset, group = unpacked
         width = codes.size // rows
-        if codes.min() < -128 or codes.max() > 127:
+        if codes.dtype != np.int8 and (codes.min() < -128 or codes.max() > 127):
             continue
-        weight = Int8Weight(torch.from_numpy(codes.reshape(rows, width).astype(np.int8)),
+        weight = Int8Weight(torch.from_numpy(codes.reshape(rows, width).astype(np.int8, copy=False)),
                             torch.from_numpy(np.ascontiguousarray(scale.reshape(rows, -1))),
                             None if offset is None else torch.from_numpy(np.ascontiguousarray(offset.reshape(rows, -1))),
                             group, exact=True)
