@@ -1,4 +1,8 @@
-"""What weight-only int8 would buy and cost on this CPU (groundwork for issue #37; the app does not use it yet).
+"""What re-quantising the float weights to int8 would cost, and torch's own int8 kernels (issue #37's groundwork).
+
+The app's int8 (:mod:`steer_ui.model.int8`) uses the GGUF's own codes and costs nothing in accuracy; this tool
+measures the alternatives that led there: symmetric int8 rounded from the float32 weights, per output channel
+or per group, and torch's kernels for them.
 
     python -m steer_ui.tools.int8_probe [--model embedded] [--repeats 20] [--keep PART[,PART] ...] [--group 32]
 
@@ -27,9 +31,12 @@ SHAPES = ((2048, 640), (640, 2048), (1024, 640), (262144, 640))  # Gemma 3 270M:
 
 
 def per_channel_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 weight, float32 scale per output row) with w ≈ q * scale[:, None]."""
-    scale = w.abs().amax(1).clamp_min(1e-12) / 127
-    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+    """(int8 weight, float32 scale per output row) with w ≈ q * scale[:, None] (the app's rounding for weights
+    without codes of their own, :func:`steer_ui.model.int8.per_channel`)."""
+    from ..model.int8 import per_channel
+
+    rounded = per_channel(w)
+    return rounded.codes, rounded.scale[:, 0]
 
 
 def per_group_int8(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +115,7 @@ def accuracy(model_source: str, min_weights: int = 1 << 16, sensitivity: int = 5
 
     from ..model.loading import load_model
 
-    handle = load_model(model_source)
+    handle = load_model(model_source, weights="float32")  # the float weights it rounds, not the app's int8
     model = handle.model
     unembedding = model.get_output_embeddings().weight
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)

@@ -619,7 +619,7 @@ def bench_dtype_accuracy(handle, log) -> dict:
 
     log(f"bench: {dtype} vs float32 next-token distributions ({len(PROBE_PROMPTS)} prompts)")
     probs = next_token_probs(handle)
-    reference = load_model(handle.source, device=str(handle.device), dtype="float32")
+    reference = load_model(handle.source, device=str(handle.device), weights="float32")
     try:
         ref_probs = next_token_probs(reference)
     finally:
