@@ -67,6 +67,7 @@ def _best_ms(fn, repeats: int) -> float:
 
 def kernel_times(repeats: int) -> list[dict]:
     from ..model.architecture import _fast_linear_forward, unembed
+    from ..model.int8 import Int8Weight
 
     rows = []
     gen = torch.Generator().manual_seed(0)
@@ -78,12 +79,14 @@ def kernel_times(repeats: int) -> list[dict]:
         linear = torch.nn.Linear(in_features, out_features, bias=False)
         linear.weight.data = w
         gq, gs = per_group_int8(w, 32)
+        app_int8 = Int8Weight(gq, gs.contiguous(), None, 32)  # the app's kernel, on the unembedding's layout
         with torch.no_grad():
             app = (lambda: unembed(w, x)) if out_features > 100_000 else (lambda: _fast_linear_forward(linear, x))
             rows.append({"shape": f"{out_features}x{in_features}", "float32_ms": _best_ms(lambda: x @ w.T, repeats),
                          "app_float32_ms": _best_ms(app, repeats),
                          "int8_bf16_ms": _best_ms(lambda: torch.ops.aten._weight_int8pack_mm(xb, q, sb), repeats),
-                         "group_int8_fp32_ms": _best_ms(lambda: dequantised_product(gq, gs, x), repeats)})
+                         "group_int8_fp32_ms": _best_ms(lambda: dequantised_product(gq, gs, x), repeats),
+                         "app_int8_ms": _best_ms(lambda: app_int8.matmul(x), repeats)})
     return rows
 
 
@@ -196,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in kernel_times(args.repeats):
         print(f"{row['shape']:>11}: float32 x@w.T {row['float32_ms']:.3f} ms · app's float32 kernel "
               f"{row['app_float32_ms']:.3f} ms · int8 weights, bf16 activations {row['int8_bf16_ms']:.3f} ms · "
-              f"per-group int8 dequantised to float32 {row['group_int8_fp32_ms']:.3f} ms")
+              f"per-group int8 dequantised to float32 {row['group_int8_fp32_ms']:.3f} ms · the app's int8 kernel "
+              f"(per group of 32, float32 activations) {row['app_int8_ms']:.3f} ms")
     mixes = tuple((args.group or None, tuple(keep.split(","))) for keep in args.keep)
     for row in accuracy(args.model, mixes=mixes):
         if "max_abs_dw" in row:

@@ -210,8 +210,9 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default=EMBEDDED)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--slider-only", action="store_true", help="only the slider under load")
+    parser.add_argument("--weights", default="auto", help="auto, float32, bfloat16 or int8 (as the bench takes it)")
     args = parser.parse_args(argv)
-    handle = load_model(args.model)
+    handle = load_model(args.model, weights=args.weights)
     layer = handle.arch.num_layers // 2
     for _ in range(args.reps):
         if args.slider_only:

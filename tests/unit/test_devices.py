@@ -107,6 +107,20 @@ def test_train_every_method(capsys, tmp_path, device, method, data):
     assert all(0.0 <= row["prob"] <= 1.0 for row in steered["steered"])
 
 
+@pytest.mark.parametrize("method", list(TRAIN))
+def test_train_every_method_with_int8_weights(capsys, tmp_path, method, data):
+    """Issue #37: every method trains on an int8 model (gradients through the blocks, as TSV and L2S take them,
+    use the dequantised float32 weights) and its vector steers it."""
+    dataset, flags = TRAIN[method]
+    out_file = tmp_path / f"{method}.safetensors"
+    out = run(capsys, "train", "--method", method, "--model", MODEL, "--device", "cpu", "--weights", "int8",
+              "--data", data[dataset], *flags, "--out", out_file)
+    assert out["method"] == method and out_file.is_file()
+    steered = run(capsys, "next-token", "--model", MODEL, "--weights", "int8", "--prompt", "The capital of",
+                  "--vector", out_file, "--alpha", "2")
+    assert all(0.0 <= row["prob"] <= 1.0 for row in steered["steered"])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_detect_with_a_tsv_vector(capsys, tmp_path, device, data):
     vec = tmp_path / "tsv.safetensors"
