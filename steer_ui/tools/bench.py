@@ -284,12 +284,25 @@ def markdown_table(result: dict) -> str:
          f"{result['dtype_accuracy']['dtype']} vs float32 next-token probabilities, "
          f"{result['dtype_accuracy']['prompts']} prompts, top-1 agree {result['dtype_accuracy']['top1_agree']}"),
     ]
+    llama, versus = result.get("llama_cpp", {}), result.get("vs_float32", {})
+    if llama.get("status") == "measured":
+        rows.insert(1, ("vs_llama_cpp",
+                        f"our side-by-side step {llama['ours_ms_per_step']:.1f} ms vs llama.cpp "
+                        f"{llama['llama_cpp_version']}'s steered token {llama['llama_cpp_steered_ms_per_token']:.1f} "
+                        f"ms ({llama['threads']} threads, same GGUF, prompt and {llama['new_tokens']} tokens)"))
+    if versus.get("status") == "measured":
+        rows.append(("step_speedup_vs_float32",
+                     f"{versus['weights']} step {versus['ms_per_step']:.1f} ms vs float32 "
+                     f"{versus['float32_ms_per_step']:.1f} ms ({versus['new_tokens']} tokens, runs alternated); "
+                     f"one-row unembedding {versus['one_row_unembedding_ms']:.1f} vs "
+                     f"{versus['float32_one_row_unembedding_ms']:.1f} ms; same texts: "
+                     f"{'yes' if versus['texts_equal'] else 'no'}"))
     lines = ["| measure | value | target | met | absolute |", "|---|---|---|---|---|"]
     for name, note in rows:
         value = result["ratios"].get(name)
         target = result["targets"].get(name, "")
         met = result["met"].get(name)
-        shown = "n/a" if value is None else f"{value:.2f}"
+        shown = "n/a" if value is None else f"{value:.2g}" if 0 < abs(value) < 0.01 else f"{value:.2f}"
         lines.append(f"| `{name}` | {shown} | {target} | {'' if met is None else ('yes' if met else 'no')} "
                      f"| {note} |")
     return "\n".join(lines)
