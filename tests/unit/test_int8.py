@@ -73,7 +73,12 @@ def test_gradients_flow_to_the_input_through_the_dequantised_weights():
 
 
 def test_the_c_kernel_builds_here():
-    # the machine's C compiler (gcc in CI); without one the torch path serves and this is the only test that says so
+    """With a C compiler on the PATH (.ci/run installs gcc) the kernel must build; without one the torch path
+    serves (every other test here then checks that path) and this test says so."""
+    import shutil
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) here: the torch path serves int8")
     assert kernel_available()
 
 
