@@ -70,13 +70,14 @@ def _decode(handle, ids) -> list[str]:
 
 # ======================================================================= lm_head
 def model_parameters(handle) -> int:
-    """Unique parameters of the model (a tied lm_head counts once, as in the checkpoint)."""
-    return int(sum(p.numel() for p in handle.model.parameters()))
+    """Unique parameters of the model (a tied lm_head counts once, as in the checkpoint; int8 codes count)."""
+    return handle.parameter_count()
 
 
 def lm_head_facts(handle) -> dict:
     """Shape, parameter count, share of the model, tied or not, and memory of the unembedding W_U."""
-    w = handle.arch.unembedding
+    int8 = handle.arch.int8_unembedding  # int8 weights: the facts from the codes, no dequantised copy
+    w = int8.codes if int8 is not None else handle.arch.unembedding
     bias = getattr(handle.arch.lm_head, "bias", None)
     params = int(w.numel()) + (int(bias.numel()) if bias is not None else 0)
     total = model_parameters(handle)
@@ -89,8 +90,8 @@ def lm_head_facts(handle) -> dict:
         "share": params / total if total else float("nan"),
         "tied": bool(handle.arch.tied_lm_head),
         "has_bias": bias is not None,
-        "dtype": str(w.dtype).replace("torch.", ""),
-        "bytes": int(w.numel() * w.element_size()),
+        "dtype": "int8 (float32 scales)" if int8 is not None else str(w.dtype).replace("torch.", ""),
+        "bytes": int(int8.nbytes() if int8 is not None else w.numel() * w.element_size()),
         "logit_softcap": handle.arch.logit_softcap,
     }
 

@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..model.architecture import centred  # the bound's measure, shared with generation's Δlogit limit
+from ..model.architecture import centred, with_dense_unembedding  # centred: the bound's measure, as generation's
 from ..model.prefix import Prefix, for_texts
 from ..model.units import NEUTRAL_PROMPTS, relative_scale
 
@@ -407,6 +407,7 @@ def measure_delta(handle, batches: Sequence[SuffixBatch], added: torch.Tensor, t
 
 
 # ------------------------------------------------------ constrain a vector
+@with_dense_unembedding  # the penalty reads W_U at every step
 def constrain_vector(handle, vector, layer: int | None = None, alpha: float = 1.0,
                      prompts: Sequence[str] | None = None, max_change: float = DEFAULT_MAX_CHANGE, *,
                      relative: bool = False, logit_weight: float = 1.0, kl_weight: float = 0.1,

@@ -317,8 +317,12 @@ def first_token_id(handle, text: str) -> int:
 
 def vocab_projection(handle, vector: torch.Tensor, top_k: int = 15) -> pd.DataFrame:
     """v·W_Uᵀ: the tokens a vector pushes up (+) and down (−) through the unembedding alone."""
-    w = handle.arch.unembedding
-    proj = torch.matmul(w, vector.to(w.device, w.dtype)).float().cpu()
+    int8 = handle.arch.int8_unembedding
+    if int8 is not None:  # the kernel on the codes, not a dequantised 262k-row copy per call
+        proj = int8.matmul(vector.to(int8.device, torch.float32)[None])[0].cpu()
+    else:
+        w = handle.arch.unembedding
+        proj = torch.matmul(w, vector.to(w.device, w.dtype)).float().cpu()
     up, down = torch.topk(proj, top_k), torch.topk(-proj, top_k)
     return pd.DataFrame({
         "direction": ["+"] * top_k + ["-"] * top_k,

@@ -8,9 +8,10 @@ order, so a new family usually needs one line here.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -67,14 +68,32 @@ class Architecture:
     tied_lm_head: bool
     logit_softcap: float | None
     layers_path: str
+    # a dequantised W_U while a training loop that reads it every step runs (int8 weights; dense_unembedding)
+    _dense: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def unembedding(self) -> torch.Tensor:
         """W_U with shape (vocab, hidden): logits = final_norm(h) @ W_U.T.
 
-        With int8 weights this is the dequantised float32 matrix, made afresh on each call (vector analysis,
-        training's logit penalty); the decode paths (:meth:`logits`, :meth:`logits_at`) read the codes."""
+        With int8 weights this is the dequantised float32 matrix, made afresh on each call (vector analysis),
+        or once for a whole training loop (:meth:`dense_unembedding`); the decode paths (:meth:`logits`,
+        :meth:`logits_at`) read the codes."""
+        if self._dense:
+            return self._dense[0]
         return self.lm_head.weight
+
+    @contextlib.contextmanager
+    def dense_unembedding(self):
+        """With int8 weights, dequantise W_U once for the block (a training loop's penalty reads it at every
+        step); float models, and a block inside another, change nothing.  The copy is dropped on leaving."""
+        if self.int8_unembedding is None or self._dense:
+            yield
+            return
+        self._dense.append(self.int8_unembedding.dequantise())
+        try:
+            yield
+        finally:
+            self._dense.clear()
 
     @property
     def int8_unembedding(self):
@@ -432,3 +451,12 @@ def discover(model: nn.Module) -> Architecture:
         logit_softcap=float(softcap) if softcap else None,
         layers_path=layers_path,
     )
+
+
+def with_dense_unembedding(fn):
+    """Run ``fn(handle, ...)`` inside ``handle.arch.dense_unembedding()`` (training loops with a logit penalty)."""
+    @functools.wraps(fn)
+    def run(handle, *args, **kwargs):
+        with handle.arch.dense_unembedding():
+            return fn(handle, *args, **kwargs)
+    return run

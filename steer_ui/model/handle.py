@@ -50,10 +50,14 @@ class ModelHandle:
         int8 = getattr(emb, "int8", None)
         return int8.device if int8 is not None else emb.weight.device
 
+    def parameter_count(self) -> int:
+        """Unique parameters (a tied lm_head counts once), int8 weights' codes included."""
+        count = sum(p.numel() for p in self.model.parameters())
+        int8 = {id(m.int8): m.int8 for m in self.model.modules() if hasattr(m, "int8")}
+        return int(count + sum(w.codes.numel() for w in int8.values()))
+
     def facts(self) -> dict:
-        n_params = sum(p.numel() for p in self.model.parameters())
-        n_params += sum(w.codes.numel() for w in {id(m.int8): m.int8 for m in self.model.modules()
-                                                  if hasattr(m, "int8")}.values())
+        n_params = self.parameter_count()
         return {
             "model_id": self.model_id,
             "model_type": self.arch.model_type,

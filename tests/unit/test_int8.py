@@ -196,3 +196,31 @@ def test_the_default_bound():
     assert not within_default_bound({"max_abs_dp": 0.02, "top1_agree": 6, "prompts": 6})
     assert not within_default_bound({"max_abs_dp": 0.001, "top1_agree": 5, "prompts": 6})
     assert not within_default_bound(None)
+
+
+def test_the_unembedding_facts_and_projection_read_the_codes(tiny):
+    from steer_ui import concepts
+    from steer_ui.model.analysis import vocab_projection
+
+    handle = load_model("tiny:gemma3", device="cpu", weights="int8")
+    facts = concepts.lm_head_facts(handle)
+    int8 = handle.arch.int8_unembedding
+    assert facts["bytes"] == int8.nbytes() and facts["dtype"].startswith("int8")
+    assert 0 < facts["share"] <= 1 and facts["model_parameters"] == tiny("gemma3").parameter_count()
+    v = torch.randn(handle.arch.hidden_size, generator=torch.Generator().manual_seed(6))
+    table = vocab_projection(handle, v, top_k=5)
+    expected = int8.dequantise() @ v
+    assert table["token_id"].tolist()[:5] == torch.topk(expected, 5).indices.tolist()
+
+
+def test_a_training_loop_dequantises_the_unembedding_once_and_lets_it_go():
+    handle = load_model("tiny:gemma3", device="cpu", weights="int8")
+    arch = handle.arch
+    assert arch.unembedding is not arch.unembedding  # outside a loop: a fresh copy per read
+    with arch.dense_unembedding():
+        dense = arch.unembedding
+        assert arch.unembedding is dense and torch.equal(dense, arch.int8_unembedding.dequantise())
+        with arch.dense_unembedding():  # nested: the same copy
+            assert arch.unembedding is dense
+        assert arch.unembedding is dense
+    assert arch.unembedding is not dense

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ...limits import MAX_DELTA_LOGIT_LIMIT
+from ...model.architecture import with_dense_unembedding
 from ...model.units import relative_scale, to_relative
 from ...vector import SteeringVector, dataset_hash
 from .. import constraints as C
@@ -533,6 +534,7 @@ def _layer_sweep(handle, st: TSVSettings, frame, texts, labels, exemplar_rows, u
             "epochs_per_candidate": st.sweep_epochs, "constrained": st.constrained}
 
 
+@with_dense_unembedding  # the logit-change penalty reads W_U at every step
 def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> tuple[SteeringVector, dict]:
     """Train a TSV on labelled (prompt, answer, label) rows; returns (SteeringVector, report).
 
