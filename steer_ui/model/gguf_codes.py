@@ -5,7 +5,8 @@ offset) per block of 16 or 32 inputs: Q8_0 and Q5_0 ``w = d · q`` per 32, Q6_K 
 Q4_K ``w = (d · s_j) · q − dmin · m_j`` per 32, with q in [−128, 127].  Re-quantising the dequantised floats to
 int8 costs ~0.02 in next-token probability on this model (docs/bench.md); these codes cost nothing, because
 they are the model.  The block layouts are unpacked by the ``gguf`` package itself: each block is dequantised
-once as stored, and once with its scale fields set to 1 and its minimum to 0, which leaves the codes.
+with its scale fields set to 1 and its minimum to 0, which leaves the codes (Q8_0's codes are its bytes); the
+scales are read from the fields.
 """
 from __future__ import annotations
 

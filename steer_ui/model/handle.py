@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .architecture import Architecture, discover, fast_cpu_linears
+from .int8 import int8_weights
 
 
 @dataclass
@@ -53,8 +54,7 @@ class ModelHandle:
     def parameter_count(self) -> int:
         """Unique parameters (a tied lm_head counts once), int8 weights' codes included."""
         count = sum(p.numel() for p in self.model.parameters())
-        int8 = {id(m.int8): m.int8 for m in self.model.modules() if hasattr(m, "int8")}
-        return int(count + sum(w.codes.numel() for w in int8.values()))
+        return int(count + sum(w.codes.numel() for w in int8_weights(self.model)))
 
     def facts(self) -> dict:
         n_params = self.parameter_count()

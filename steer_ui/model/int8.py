@@ -10,8 +10,8 @@ scale ``s`` (and, for affine formats, an offset ``o``) per group of inputs of ea
 * otherwise, rounded from the float32 weights with one symmetric scale per output row (``max |w| / 127``).
 
 Only the weights are int8.  Activations, the residual stream (where steering adds α·v), norms, attention
-and every sum stay float32: :func:`matmul` dequantises one weight row at a time into float32 inside a small C
-kernel (``int8_kernel.c``, compiled at first use with the machine's C compiler) and takes float32 dot
+and every sum stay float32: :meth:`Int8Weight.matmul` dequantises each weight into float32 as a small C
+kernel reads it (``int8_kernel.c``, compiled at first use with the machine's C compiler) and takes float32 dot
 products, so on exact codes the result is the float32 product up to the order of its sums.  Without a C
 compiler, or for many rows at once (prefills), it dequantises slabs of rows and multiplies them with torch.
 Calls that need gradients through the weights' inputs (TSV training) use the dequantised float32 matrix.
@@ -98,22 +98,14 @@ class Int8Weight:
 
     def dequantise(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """Rows ``start:end`` as float32 (a multiply, then an add: the same roundings as a GGUF reader)."""
-        codes = self.codes[start:end]
-        rows, cols = codes.shape
-        w = codes.float().view(rows, cols // self.group, self.group).mul_(self.scale[start:end, :, None])
-        if self.offset is not None:
-            w.add_(self.offset[start:end, :, None])
-        return w.view(rows, cols)
+        return _float32(self.slice(start, end))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 rows ``ids`` (embedding lookups, one token's logit), any shape of ids."""
         flat = ids.reshape(-1)
-        codes = self.codes.index_select(0, flat)
-        n, cols = codes.shape
-        w = codes.float().view(n, cols // self.group, self.group).mul_(self.scale.index_select(0, flat)[..., None])
-        if self.offset is not None:
-            w.add_(self.offset.index_select(0, flat)[..., None])
-        return w.view(*ids.shape, cols)
+        picked = Int8Weight(self.codes.index_select(0, flat), self.scale.index_select(0, flat),
+                            None if self.offset is None else self.offset.index_select(0, flat), self.group)
+        return _float32(picked).view(*ids.shape, self.codes.shape[1])
 
     def matmul(self, x: torch.Tensor, pause=None) -> torch.Tensor:
         """``x @ W.T`` for float32 ``x`` of shape (..., in); ``pause`` is called between slabs of the torch path."""
@@ -138,6 +130,20 @@ class Int8Weight:
             end = min(start + _SLAB_ROWS, out_features)
             torch.matmul(flat, self.dequantise(start, end).T, out=out[:, start:end])
         return out.reshape(*shape[:-1], out_features)
+
+
+def _float32(w: Int8Weight) -> torch.Tensor:
+    rows, cols = w.codes.shape
+    out = w.codes.float().view(rows, cols // w.group, w.group).mul_(w.scale[..., None])
+    if w.offset is not None:
+        out.add_(w.offset[..., None])
+    return out.view(rows, cols)
+
+
+def int8_weights(model: nn.Module) -> list[Int8Weight]:
+    """The distinct int8 weights of ``model`` (a tied embedding and unembedding count once)."""
+    return list({id(m.int8): m.int8 for m in model.modules() if isinstance(getattr(m, "int8", None), Int8Weight)}
+                .values())
 
 
 def per_channel(w: torch.Tensor) -> Int8Weight:
@@ -202,7 +208,7 @@ def quantise_model(model: nn.Module, codes: dict[str, Int8Weight] | None = None)
     """Replace every ``nn.Linear`` of ``model`` (the unembedding included) by an :class:`Int8Linear`, in place;
     a tied input embedding becomes an :class:`Int8Embedding` on the same codes.  ``codes``: module name → the
     model's own int8 weights (:func:`gguf_codes.read_codes`), used where given; every other linear is rounded
-    per output row.  Returns {"exact": names on their own codes, "rounded": names rounded, "bytes": int8 size}.
+    per output row.  Returns {"exact": names on their own codes, "rounded": names rounded}.
 
     GPT-2's ``Conv1D`` layers and untied embeddings stay float32 (an embedding lookup reads a few rows a step,
     so int8 would only save memory there, at a cost in accuracy)."""
@@ -231,8 +237,7 @@ def quantise_model(model: nn.Module, codes: dict[str, Int8Weight] | None = None)
             if type(child) is nn.Linear:
                 full = f"{parent_name}.{child_name}" if parent_name else child_name
                 setattr(parent, child_name, Int8Linear(int8_of(full, child.weight), child.bias))
-    made = {id(w): w for w in seen.values()}
-    return {"exact": exact, "rounded": rounded, "bytes": sum(w.nbytes() for w in made.values())}
+    return {"exact": exact, "rounded": rounded}
 
 
 def save_codes(codes: dict[str, Int8Weight], path: Path) -> None:

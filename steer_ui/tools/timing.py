@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from ..model.int8 import int8_weights
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -103,6 +105,5 @@ def parameter_bytes(module: torch.nn.Module, dtype: torch.dtype | None = None) -
         seen.add(key)
         size = torch.empty((), dtype=dtype).element_size() if dtype is not None else p.element_size()
         total += p.numel() * size
-    int8 = {id(m.int8): m.int8 for m in module.modules() if hasattr(m, "int8")}  # int8 weights: codes, scales
-    return total + sum(w.nbytes() for w in int8.values())
+    return total + sum(w.nbytes() for w in int8_weights(module))  # int8 weights: codes, scales, offsets
 
