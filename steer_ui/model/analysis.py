@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from .architecture import argmax_last, centred, topk_last
+from .architecture import argmax_last, topk_last
 from .generation import encode_prompt
 from .hooks import Steer, StepState, steering
 from .units import relative_scale
@@ -164,42 +164,86 @@ def _delta_frame(handle, values: torch.Tensor, ids: torch.Tensor, lu: torch.Tens
     return frame
 
 
-def _likely(logp: torch.Tensor) -> torch.Tensor:
-    """Mask of the tokens ``logp`` gives at least LIKELY_PROB (its top token always: a flat distribution has one)."""
-    mask = logp.exp() >= LIKELY_PROB
-    mask[int(logp.argmax())] = True
+def _likely(logp: torch.Tensor, prob: torch.Tensor) -> torch.Tensor:
+    """Mask of the tokens given at least LIKELY_PROB (its top token always: a flat distribution has one)."""
+    mask = prob >= LIKELY_PROB
+    mask[int(argmax_last(logp.unsqueeze(0))[0])] = True
     return mask
 
 
-def compare_logits(handle, unsteered: torch.Tensor, steered: torch.Tensor, top_k: int = 10) -> NextTokenView:
-    unsteered, steered = unsteered.float(), steered.float()
-    lu, ls = unsteered.log_softmax(-1), steered.log_softmax(-1)
-    delta = steered - unsteered
+@dataclass
+class Reference:
+    """The unsteered side of next-token views: what :func:`compare_logits` needs of it, computed once.
+
+    Every slider move on one prompt and block compares against the same
+    unsteered logits; :func:`unsteered_reference` keeps this beside the
+    prompt's frozen prefix so a move pays only for its steered side.
+    """
+
+    logits: torch.Tensor  # (vocab,) float32
+    logp: torch.Tensor
+    prob: torch.Tensor
+    entropy: float
+    likely: torch.Tensor  # bool (vocab,)
+    frames: dict = field(default_factory=dict)  # top_k -> its top-k frame
+
+    @classmethod
+    def of(cls, logits: torch.Tensor) -> "Reference":
+        logits = logits.float()
+        logp = logits.log_softmax(-1)
+        prob = logp.exp()
+        return cls(logits, logp, prob, float(-(prob * logp).sum()), _likely(logp, prob))
+
+    def frame(self, handle, top_k: int) -> pd.DataFrame:
+        if top_k not in self.frames:
+            self.frames[top_k] = _top_frame(handle, self.logits, top_k, self.logp)
+        return self.frames[top_k].copy()  # a view's frames are its own
+
+
+def unsteered_reference(st: Prefix) -> Reference:
+    """The unsteered side of ``st``'s (first row's) next-token views, kept with the prefix."""
+    ref = st.memo.get("reference")
+    if ref is None:  # two threads may both build it once; the results are equal
+        ref = st.memo["reference"] = Reference.of(st.unsteered_logits[0])
+    return ref
+
+
+def compare_logits(handle, unsteered: torch.Tensor | Reference, steered: torch.Tensor,
+                   top_k: int = 10) -> NextTokenView:
+    """Top-k of both sides, KL(unsteered ‖ steered), entropies and the Δlogit rankings and extremes.
+
+    ``unsteered``: the logits, or their :class:`Reference` (the slider's case: built once per prompt)."""
+    ref = unsteered if isinstance(unsteered, Reference) else Reference.of(unsteered)
+    steered = steered.float()
+    ls = steered.log_softmax(-1)
+    ps = ls.exp()
+    delta = steered - ref.logits
     worst = int(argmax_last(delta.abs().unsqueeze(0))[0])
     moved = float(delta[worst].abs()) > NO_CHANGE
     ranked = top_k if moved else 0  # nothing moved: no Δlogit ranking and no maxima (see NO_CHANGE)
     up_values, up_ids = _topk(delta, ranked)
     down_values, down_ids = _topk(delta, ranked, largest=False)
     # promoted: what steering makes likely; suppressed: what was likely and is pushed down
-    after, before = _likely(ls), _likely(lu)
-    up_pool, down_pool = torch.nonzero(after).flatten(), torch.nonzero(before).flatten()
+    after, before = _likely(ls, ps), ref.likely
+    likely_ids = torch.nonzero(after | before).flatten()  # one pass over the vocabulary; the pools are its parts
+    up_pool, down_pool = likely_ids[after[likely_ids]], likely_ids[before[likely_ids]]
     up_order = up_pool[torch.topk(delta[up_pool], min(ranked, up_pool.numel())).indices]
     down_order = down_pool[torch.topk(-delta[down_pool], min(ranked, down_pool.numel())).indices]
-    likely_ids = torch.nonzero(after | before).flatten()
-    likely_centred = centred(delta.unsqueeze(0))[0][likely_ids].abs()
+    # centred (see architecture.centred), on the likely tokens only: Δlogit minus its vocabulary mean
+    likely_centred = (delta[likely_ids] - delta.mean()).abs()
     likely_worst = int(likely_centred.argmax())
     return NextTokenView(
-        unsteered=_top_frame(handle, unsteered, top_k, lu),
+        unsteered=ref.frame(handle, top_k),
         steered=_top_frame(handle, steered, top_k, ls),
         promoted=_delta_frame(handle, up_values, up_ids),
         suppressed=_delta_frame(handle, down_values, down_ids),
-        kl=float(_kl(lu, ls)),
-        entropy_unsteered=float(_entropy(lu)),
-        entropy_steered=float(_entropy(ls)),
+        kl=float((ref.prob * (ref.logp - ls)).sum()),
+        entropy_unsteered=ref.entropy,
+        entropy_steered=float(-(ps * ls).sum()),
         max_abs_delta_logit=float(delta[worst].abs()) if moved else 0.0,
         max_delta_token=handle.tokenizer.decode([worst]) if moved else "",
-        likely_promoted=_delta_frame(handle, delta[up_order], up_order, lu, ls),
-        likely_suppressed=_delta_frame(handle, delta[down_order], down_order, lu, ls),
+        likely_promoted=_delta_frame(handle, delta[up_order], up_order, ref.logp, ls),
+        likely_suppressed=_delta_frame(handle, delta[down_order], down_order, ref.logp, ls),
         likely_max_abs_delta_logit=float(likely_centred[likely_worst]) if moved else 0.0,
         likely_max_delta_token=handle.tokenizer.decode([int(likely_ids[likely_worst])]) if moved else "",
         likely_tokens=int(likely_ids.numel()),
@@ -230,7 +274,7 @@ class AlphaGrid:
             chunk = self.alphas[start:start + batch]
             logits = self.state.logits([steer.with_alpha(torch.tensor(chunk))], rows=len(chunk))
             for a, row in zip(chunk, logits):
-                self.views[a] = compare_logits(handle, self.state.unsteered_logits[0], row, top_k)
+                self.views[a] = compare_logits(handle, unsteered_reference(self.state), row, top_k)
 
     def nearest(self, alpha: float) -> tuple[float, NextTokenView]:
         """The grid point closest to ``alpha`` and its view (for a slider that snaps to the grid)."""
@@ -246,7 +290,7 @@ class AlphaGrid:
             return found
         if alpha not in self.views:
             logits = self.state.logits([self.steer.with_alpha(alpha)], rows=1)[0]
-            self.views[alpha] = compare_logits(self.handle, self.state.unsteered_logits[0], logits, self.top_k)
+            self.views[alpha] = compare_logits(self.handle, unsteered_reference(self.state), logits, self.top_k)
         return self.views[alpha]
 
 
@@ -262,7 +306,7 @@ def next_token(handle, prompt: str, steers: Sequence[Steer], top_k: int = 10, fa
     if ok:
         st = prefix_state(handle, prompt, layer)
         steered = st.logits(steers, rows=1)[0]
-        unsteered = st.unsteered_logits[0]
+        unsteered = unsteered_reference(st)
     else:
         unsteered = naive_logits(handle, prompt, [])[0]
         steered = naive_logits(handle, prompt, steers)[0] if steers else unsteered

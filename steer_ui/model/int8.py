@@ -33,17 +33,21 @@ from torch import nn
 
 from ..paths import cache_root
 
-KERNEL_MAX_ROWS = 64  # decode steps (3 rows a user), the many-users batch, the slider's re-runs
+KERNEL_MAX_ROWS = 64  # the AVX2 path's limit (decode steps, the many-users batch, the slider's re-runs)
 _SLAB_ROWS = 4096  # the torch path dequantises this many output rows at a time (~10 MB at 640 inputs)
 _SOURCE = Path(__file__).with_name("int8_kernel.c")
 _BUILD_LOCK = threading.Lock()
+_WIDE: dict = {}  # id of a kernel function (kept alive by _kernel's cache) -> whether its build has the AVX-512 path
 
 
-@functools.lru_cache(maxsize=1)
-def _kernel():
-    """The compiled kernel's function, or None where no C compiler works (the torch path is used)."""
+@functools.lru_cache(maxsize=None)
+def _kernel(extra_flags: tuple[str, ...] = ()):
+    """The compiled kernel's function, or None where no C compiler works (the torch path is used).
+
+    ``extra_flags``: added to the compiler's (the tests build the AVX2 path on an AVX-512 machine with
+    ``("-mno-avx512f",)``, since CI's machine may have either)."""
     source = _SOURCE.read_bytes()
-    flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+    flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", *extra_flags]
     cpu = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
     cpu_flags = next((line for line in cpu.splitlines() if line.startswith("flags")), platform.processor())
     key = hashlib.sha256(source + " ".join(flags).encode() + cpu_flags.encode() + platform.machine().encode())
@@ -59,10 +63,13 @@ def _kernel():
             except (OSError, subprocess.SubprocessError):
                 tmp.unlink(missing_ok=True)
                 return None
-    fn = ctypes.CDLL(str(target)).int8_matmul
+    library = ctypes.CDLL(str(target))
+    fn = library.int8_matmul
     fn.restype = ctypes.c_int
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, i64, i64, p, p, p, i64, i64, p, ctypes.c_int]
+    library.int8_wide.restype = ctypes.c_int
+    _WIDE[id(fn)] = bool(library.int8_wide())
     return fn
 
 
@@ -115,13 +122,14 @@ class Int8Weight:
             return (flat @ self.dequantise().T).reshape(*shape[:-1], -1)
         flat = flat.float().contiguous()
         out_features = self.codes.shape[0]
-        fn = _kernel() if flat.device.type == "cpu" and flat.shape[0] <= KERNEL_MAX_ROWS else None
+        fn = _kernel() if flat.device.type == "cpu" else None
+        # past KERNEL_MAX_ROWS, only the AVX-512 path beats torch on dequantised slabs (docs/bench.md), and the
+        # slabs are where a long product pauses for interactive work
+        if fn is not None and flat.shape[0] > KERNEL_MAX_ROWS and (pause is not None or not _WIDE.get(id(fn))):
+            fn = None
         if fn is not None:
-            out = flat.new_empty((flat.shape[0], out_features))
-            status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
-                        None if self.offset is None else self.offset.data_ptr(), self.group, out_features,
-                        out.data_ptr(), torch.get_num_threads())
-            if status == 0:
+            out = self.kernel_product(fn, flat)
+            if out is not None:
                 return out.reshape(*shape[:-1], out_features)
         out = flat.new_empty((flat.shape[0], out_features))
         for start in range(0, out_features, _SLAB_ROWS):
@@ -130,6 +138,16 @@ class Int8Weight:
             end = min(start + _SLAB_ROWS, out_features)
             torch.matmul(flat, self.dequantise(start, end).T, out=out[:, start:end])
         return out.reshape(*shape[:-1], out_features)
+
+
+    def kernel_product(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
+        """``flat @ W.T`` (flat: contiguous float32 (rows, in) on the CPU) by the compiled kernel ``fn``; None if
+        the kernel refuses the shape (inputs not a multiple of the group)."""
+        out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
+        status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
+                    None if self.offset is None else self.offset.data_ptr(), self.group, self.codes.shape[0],
+                    out.data_ptr(), torch.get_num_threads())
+        return out if status == 0 else None
 
 
 def _float32(w: Int8Weight) -> torch.Tensor:

@@ -49,6 +49,8 @@ class Prefix:
     attention_mask: torch.Tensor | None = None  # (rows, seq), 1 for real tokens (left padding)
     final_all: torch.Tensor | None = None  # (rows, seq, width): final residual everywhere, when asked for
     index: list[int] = field(default_factory=list)  # rows of this batch in the caller's list
+    # what other modules derive from this prefix and keep with it (the slider's unsteered side of its views)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -153,8 +155,10 @@ class Prefix:
                 return {k: cut(v) for k, v in x.items()}
             return x
 
-        changes = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name not in ("handle", "layer")}
+        changes = {f.name: cut(getattr(self, f.name)) for f in fields(self)
+                   if f.name not in ("handle", "layer", "memo")}
         changes["index"] = [self.index[r] for r in rows]
+        changes["memo"] = {}  # derived from the rows before the cut
         return replace(self, **changes)
 
 

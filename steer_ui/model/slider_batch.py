@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .analysis import NextTokenView, compare_logits, next_token, prefix_state
+from .analysis import NextTokenView, compare_logits, next_token, prefix_state, unsteered_reference
 from .hooks import Steer, SteeringError
 
 
@@ -48,7 +48,7 @@ class SliderBatcher:
         steer = steers[0]
         st = prefix_state(self.handle, prompt, steer.layer)
         steered = self._steered_logits(prompt, steer)
-        return compare_logits(self.handle, st.unsteered_logits[0], steered, top_k)
+        return compare_logits(self.handle, unsteered_reference(st), steered, top_k)
 
     def _steered_logits(self, prompt: str, steer: Steer) -> torch.Tensor:
         push = float(steer.scalar_alpha) * steer.vector.float()

@@ -113,3 +113,21 @@ def test_the_explosion_flag_reads_the_likely_tokens_not_the_vocabulary_tail(tiny
     view = compare_logits(handle, unsteered, likely)
     assert view.exploding and view.likely_max_delta_token == handle.tokenizer.decode([3])
     assert view.as_dict()["exploding"] is True
+
+
+def test_the_slider_reuses_the_unsteered_side_and_its_views_equal_fresh_ones(tiny):
+    """A slider move compares against the prompt's unsteered side built once (analysis.Reference, kept with the
+    prefix); each view must equal one computed from the raw logits, and a view's frames stay its own."""
+    from steer_ui.model.analysis import compare_logits, prefix_state, unsteered_reference
+
+    handle = tiny("gemma3")
+    v = torch.randn(64, generator=torch.Generator().manual_seed(7))
+    st = prefix_state(handle, "reuse the unsteered side", 1)
+    ref = unsteered_reference(st)
+    for alpha in (0.0, 4.0, -9.0):
+        view = next_token(handle, "reuse the unsteered side", [Steer(layer=1, vector=v, alpha=alpha)], top_k=4)
+        steered = st.logits([Steer(layer=1, vector=v, alpha=alpha)], rows=1)[0]
+        assert view.as_dict() == compare_logits(handle, st.unsteered_logits[0], steered, top_k=4).as_dict()
+        view.unsteered.loc[0, "prob"] = -1.0  # a caller editing its frame leaves the next view alone
+    assert unsteered_reference(st) is ref and ref.frame(handle, 4).prob.iloc[0] > 0
+    assert st.select([0]).memo == {}  # a cut prefix derives its own

@@ -57,12 +57,16 @@ def test_a_rows_result_does_not_depend_on_the_rows_sent_with_it():
     assert torch.equal(w.matmul(x[4:9]), together[4:9])
 
 
-def test_many_rows_take_the_torch_path_and_agree():
+def test_many_rows_agree_with_few_on_the_kernel_and_on_torch_slabs():
+    """Past KERNEL_MAX_ROWS the AVX-512 kernel keeps the product and the AVX2 one hands it to torch on
+    dequantised slabs; a caller that pauses between slabs always gets the slabs (and its pauses)."""
     w = _weight(500, 640, 32, False)
     x = torch.randn(int8_mod.KERNEL_MAX_ROWS + 1, 640, generator=torch.Generator().manual_seed(3))
-    many = w.matmul(x)
     few = torch.cat([w.matmul(x[i:i + 8]) for i in range(0, x.shape[0], 8)])
-    assert torch.allclose(many, few, rtol=1e-5, atol=1e-5 * float(few.abs().max()))
+    pauses = []
+    for many in (w.matmul(x), w.matmul(x, pause=lambda: pauses.append(1))):
+        assert torch.allclose(many, few, rtol=1e-5, atol=1e-5 * float(few.abs().max()))
+    assert pauses  # the paused product ran on slabs
 
 
 def test_gradients_flow_to_the_input_through_the_dequantised_weights():
@@ -80,6 +84,36 @@ def test_the_c_kernel_builds_here():
     if shutil.which("cc") is None:
         pytest.skip("no C compiler (cc) here: the torch path serves int8")
     assert kernel_available()
+
+
+def _avx512_here() -> bool:
+    from pathlib import Path as _Path
+
+    info = _Path("/proc/cpuinfo")
+    return info.is_file() and " avx512f " in info.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("path", ["native", "avx2"])
+@pytest.mark.parametrize("out_features,in_features,group,affine", CASES)
+def test_both_vector_paths_give_the_product_and_row_independent_sums(path, out_features, in_features, group, affine):
+    """The kernel has an AVX-512 path (tiles of 4 weight rows x 4 input rows) and an AVX2 one; -march=native
+    picks one, and CI's machine may have either.  On an AVX-512 machine the AVX2 one is built too
+    (-mno-avx512f), so both are checked wherever the tests run."""
+    import shutil
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) here: the torch path serves int8")
+    if path == "avx2" and not _avx512_here():
+        pytest.skip("this CPU has no AVX-512: the native build is the AVX2 path, checked by the 'native' case")
+    fn = int8_mod._kernel(("-mno-avx512f",) if path == "avx2" else ())
+    assert fn is not None
+    w = _weight(out_features, in_features, group, affine, seed=5)
+    x = torch.randn(13, in_features, generator=torch.Generator().manual_seed(6))
+    together = w.kernel_product(fn, x)
+    expected = (x.double() @ w.dequantise().double().T).float()
+    assert torch.allclose(together, expected, rtol=1e-5, atol=1e-4 * float(expected.abs().max()))
+    for lo, hi in ((0, 1), (1, 4), (4, 9), (12, 13), (3, 13)):  # 1..10 rows: every tile shape and the buffer
+        assert torch.equal(w.kernel_product(fn, x[lo:hi].contiguous()), together[lo:hi]), (lo, hi)
 
 
 def test_per_channel_rounding_is_within_half_a_step():
