@@ -223,7 +223,8 @@ def noise_generator(seed: int, device) -> torch.Generator:
 def gumbel_noise(rng: torch.Generator, vocab: int) -> torch.Tensor:
     """(vocab,) float64 Gumbel noise from ``rng``, on its device: one draw of the sampler for one step of one request."""
     u = torch.rand(vocab, generator=rng, dtype=torch.float64, device=rng.device).clamp_(min=1e-300)
-    return -torch.log(-torch.log(u))
+    # in place: the same values as -log(-log(u)) without three more vocabulary-sized float64 buffers a step
+    return u.log_().neg_().log_().neg_()
 
 
 def choose(processed: torch.Tensor, s: Sampling, noise: torch.Tensor | None) -> torch.Tensor:

@@ -120,6 +120,9 @@ static void dot_rows(const int8_t *q, const float *s, const float *o, int64_t k,
 #endif
 
 #ifdef WIDE
+#ifndef TILE_ROWS
+#define TILE_ROWS 6
+#endif
 #ifndef PREFETCH_TILES
 #define PREFETCH_TILES 2
 #endif
@@ -138,7 +141,7 @@ static inline __attribute__((always_inline)) void tile16(const int nb, const int
         const float *s, const float *o, int64_t k, int64_t group, const float *x, float *out, int64_t n_out,
         const float *w)
 {
-    __m512 a[4][4];
+    __m512 a[4][TILE_ROWS];
     for (int i = 0; i < nb; i++)
         for (int r = 0; r < rows; r++) a[i][r] = _mm512_setzero_ps();
     const int64_t groups = k / group;
@@ -155,7 +158,7 @@ static inline __attribute__((always_inline)) void tile16(const int nb, const int
              * steps): measured, the hardware prefetcher alone left a one-row product at a third of the
              * memory's speed */
             if (!w) _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * k + 4 * j), _MM_HINT_T0);
-            __m512 xv[4];
+            __m512 xv[TILE_ROWS];
             for (int r = 0; r < rows; r++) xv[r] = _mm512_loadu_ps(x + r * k + j);
             for (int i = 0; i < nb; i++) {
                 const __m512 wv = w ? _mm512_load_ps(w + i * k + j)
@@ -176,6 +179,7 @@ static void tile(int nb, int rows, const int8_t *q, const float *s, const float 
     switch (nb * 8 + rows) {
     TILE(1, 1) TILE(1, 2) TILE(1, 3) TILE(1, 4) TILE(2, 1) TILE(2, 2) TILE(2, 3) TILE(2, 4)
     TILE(3, 1) TILE(3, 2) TILE(3, 3) TILE(3, 4) TILE(4, 1) TILE(4, 2) TILE(4, 3) TILE(4, 4)
+    TILE(1, 5) TILE(1, 6) TILE(2, 5) TILE(2, 6) TILE(3, 5) TILE(3, 6) TILE(4, 5) TILE(4, 6)
     default: break;
     }
 }
@@ -205,9 +209,10 @@ static void matmul16(const float *x, int64_t rows, int64_t k, const int8_t *q, c
             const float *sn = scale + n * groups, *on = offset ? offset + n * groups : NULL;
             if (w)
                 for (int i = 0; i < nb; i++) dequantise_row16(qn + i * k, sn + i * groups, on ? on + i * groups : NULL, k, group, w + i * k);
-            for (int64_t r = 0; r < rows; r += 4)
-                tile(nb, rows - r < 4 ? (int)(rows - r) : 4, qn, sn, on, k, group, x + r * k, y + r * n_out + n,
-                     n_out, w);
+            const int step = w ? TILE_ROWS : 4;  /* from the buffer, the registers hold more accumulators */
+            for (int64_t r = 0; r < rows; r += step)
+                tile(nb, rows - r < step ? (int)(rows - r) : step, qn, sn, on, k, group, x + r * k,
+                     y + r * n_out + n, n_out, w);
         }
         free(w);
     }
