@@ -40,18 +40,23 @@ _BUILD_LOCK = threading.Lock()
 _WIDE: dict = {}  # id of a kernel function (kept alive by _kernel's cache) -> whether its build has the AVX-512 path
 
 
+def _kernel_target(extra_flags: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+    """Where the kernel built from this source, with these flags, for this CPU lives; and the flags."""
+    source = _SOURCE.read_bytes()
+    flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", *extra_flags]
+    cpu = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
+    cpu_flags = next((line for line in cpu.splitlines() if line.startswith("flags")), platform.processor())
+    key = hashlib.sha256(source + " ".join(flags).encode() + cpu_flags.encode() + platform.machine().encode())
+    return cache_root() / "kernels" / f"int8_kernel-{key.hexdigest()[:16]}.so", flags
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(extra_flags: tuple[str, ...] = ()):
     """The compiled kernel's function, or None where no C compiler works (the torch path is used).
 
     ``extra_flags``: added to the compiler's (the tests build the AVX2 path on an AVX-512 machine with
     ``("-mno-avx512f",)``, since CI's machine may have either)."""
-    source = _SOURCE.read_bytes()
-    flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", *extra_flags]
-    cpu = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
-    cpu_flags = next((line for line in cpu.splitlines() if line.startswith("flags")), platform.processor())
-    key = hashlib.sha256(source + " ".join(flags).encode() + cpu_flags.encode() + platform.machine().encode())
-    target = cache_root() / "kernels" / f"int8_kernel-{key.hexdigest()[:16]}.so"
+    target, flags = _kernel_target(extra_flags)
     with _BUILD_LOCK:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -75,6 +80,12 @@ def _kernel(extra_flags: tuple[str, ...] = ()):
 
 def kernel_available() -> bool:
     return _kernel() is not None
+
+
+def kernel_identity() -> str:
+    """Which arithmetic int8 products use here: the kernel build (source, flags, CPU) or torch's path.  The
+    order of the float32 sums, and so int8's measured cost against float32, belongs to it."""
+    return _kernel_target()[0].stem if kernel_available() else "torch"
 
 
 @dataclass

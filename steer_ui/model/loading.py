@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..paths import cache_root
-from .int8 import kernel_available, load_codes, quantise_model, save_codes
+from .int8 import kernel_available, kernel_identity, load_codes, quantise_model, save_codes
 from .precision import (PrecisionError, check_weights, cost, fingerprint, read_cost, within_default_bound,
                         write_cost)
 from .handle import ModelHandle, from_model  # noqa: F401  (ModelHandle: re-exported for callers)
@@ -343,7 +343,8 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
     """``handle``'s model with int8 weights (the GGUF's own codes from ``codes_dir`` where there are some), its
     cost against the float32 model measured once (cached beside the codes) and kept on the handle."""
     cost_file = codes_dir / INT8_COST if codes_dir is not None else None
-    measured = read_cost(cost_file) if cost_file is not None else None
+    kernel = kernel_identity()
+    measured = read_cost(cost_file, kernel) if cost_file is not None else None
     reference = None
     if measured is None:
         progress(0.85, "measuring int8 against float32 on fixed prompts (once)")
@@ -363,6 +364,7 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
     if measured is None:
         measured = cost(reference, fingerprint(int8, alpha=reference["alpha"]))
         measured["exact_codes"], measured["rounded"] = len(made["exact"]), len(made["rounded"])
+        measured["kernel"] = kernel
         if cost_file is not None:
             write_cost(cost_file, measured)
     int8.weights, int8.precision_cost = "int8", measured

@@ -116,12 +116,17 @@ def describe(weights: str, measured: dict | None, exact: bool | None = None) -> 
             f"{measured['prompts']}, max |ΔΔlogit| {measured['max_abs_ddlogit']:.2g}")
 
 
-def read_cost(path: Path) -> dict | None:
+def read_cost(path: Path, kernel: str | None = None) -> dict | None:
+    """The cost kept at ``path``, or None when there is none or it was measured with another ``kernel``
+    (:func:`steer_ui.model.int8.kernel_identity`: a rebuilt kernel sums in another order, so it is measured
+    again)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and "max_abs_dp" in data else None
+    if not isinstance(data, dict) or "max_abs_dp" not in data:
+        return None
+    return data if kernel is None or data.get("kernel") == kernel else None
 
 
 def write_cost(path: Path, measured: dict) -> None:

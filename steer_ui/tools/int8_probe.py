@@ -5,6 +5,11 @@ measures the alternatives that led there: symmetric int8 rounded from the float3
 or per group, and torch's kernels for them.
 
     python -m steer_ui.tools.int8_probe [--model embedded] [--repeats 20] [--keep PART[,PART] ...] [--group 32]
+    python -m steer_ui.tools.int8_probe --kernel-rows [--repeats 20]
+
+``--kernel-rows`` prints only the app's kernel over row counts (1 and 3 rows: decode steps; 24 and 32: eight
+users' batch, the slider's re-run of a 32-token prompt), both of its vector paths where this CPU has
+AVX-512, against float32 ``x @ w.T``; docs/bench.md's kernel tables come from it.
 
 Prints, for the embedded model's shapes, the best-of-``repeats`` time of a 3-row product with a float32 weight
 (``x @ w.T`` and the kernels the app picks today: oneDNN's linear for the blocks, :func:`architecture.unembed`
@@ -88,6 +93,35 @@ def kernel_times(repeats: int) -> list[dict]:
                          "group_int8_fp32_ms": _best_ms(lambda: dequantised_product(gq, gs, x), repeats),
                          "app_int8_ms": _best_ms(lambda: app_int8.matmul(x), repeats)})
     return rows
+
+
+def kernel_rows(repeats: int, row_counts=(1, 3, 24, 32), shapes=SHAPES) -> list[dict]:
+    """The app's int8 kernel (per group of 32, float32 activations) on the model's shapes over ``row_counts``:
+    ms and GF/s, the AVX2 path beside the native one where the native one is AVX-512, float32 ``x @ w.T``."""
+    from ..model.int8 import Int8Weight, _WIDE, _kernel
+
+    native = _kernel()
+    paths = {"native": native}
+    if native is not None and _WIDE.get(id(native)):
+        paths["avx2"] = _kernel(("-mno-avx512f",))
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for out_features, in_features in shapes:
+        w = torch.randn(out_features, in_features, generator=gen) * 0.05
+        gq, gs = per_group_int8(w, 32)
+        weight = Int8Weight(gq, gs.contiguous(), None, 32)
+        for n in row_counts:
+            x = torch.randn(n, in_features, generator=gen)
+            flops = 2 * n * out_features * in_features
+            row = {"shape": f"{out_features}x{in_features}", "rows": n,
+                   "float32_ms": _best_ms(lambda: x @ w.T, repeats)}
+            for name, fn in paths.items():
+                if fn is not None:
+                    row[f"{name}_ms"] = _best_ms(lambda: weight.kernel_product(fn, x), repeats)
+            for key in [k for k in row if k.endswith("_ms")]:
+                row[key.replace("_ms", "_gflops")] = round(flops / (row[key] / 1e3) / 1e9, 2)
+            out.append(row)
+    return out
 
 
 def _dequantised(w: torch.Tensor, group: int | None) -> torch.Tensor:
@@ -195,7 +229,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure the unembedding and every block linear in int8 but those whose name "
                              "contains a PART (kept float32); repeatable, e.g. --keep layers.17.mlp.down_proj")
     parser.add_argument("--group", type=int, default=32, help="group size for --keep (0: per output channel)")
+    parser.add_argument("--kernel-rows", action="store_true", help="only the app's kernel over row counts")
     args = parser.parse_args(argv)
+    if args.kernel_rows:
+        for row in kernel_rows(args.repeats):
+            paths = " · ".join(f"{name} {row[name + '_ms']:.3f} ms ({row[name + '_gflops']:.0f} GF/s)"
+                               for name in ("native", "avx2") if name + "_ms" in row)
+            print(f"{row['shape']:>11}, {row['rows']:>2} rows: {paths} · float32 x@w.T {row['float32_ms']:.3f} ms "
+                  f"({row['float32_gflops']:.0f} GF/s)")
+        return 0
     for row in kernel_times(args.repeats):
         print(f"{row['shape']:>11}: float32 x@w.T {row['float32_ms']:.3f} ms · app's float32 kernel "
               f"{row['app_float32_ms']:.3f} ms · int8 weights, bf16 activations {row['int8_bf16_ms']:.3f} ms · "

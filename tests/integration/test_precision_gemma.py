@@ -10,6 +10,7 @@ import torch
 
 from steer_ui.model.generation import DecodeBatch, Request, Sampling, side_by_side
 from steer_ui.model.hooks import Steer
+from steer_ui.model.int8 import kernel_identity
 from steer_ui.model.loading import INT8_CODES, INT8_COST, gguf_cache_dir, embedded_gguf_path, load_model
 from steer_ui.model.precision import PROBE_PROMPTS, next_token_probs, within_default_bound
 
@@ -37,6 +38,7 @@ def test_the_default_on_a_cpu_is_int8_because_its_measured_cost_is_within_the_bo
     assert within_default_bound(cost) and cost["rounded"] == 0 and cost["exact_codes"] > 100
     folder = gguf_cache_dir(embedded_gguf_path())
     assert (folder / INT8_CODES).is_file() and (folder / INT8_COST).is_file()  # kept for the next load
+    assert cost["kernel"] == kernel_identity()  # measured by the arithmetic this machine runs
 
 
 def test_int8_next_token_probabilities_and_greedy_text_match_float32(float32, int8):

@@ -258,3 +258,18 @@ def test_a_training_loop_dequantises_the_unembedding_once_and_lets_it_go():
             assert arch.unembedding is dense
         assert arch.unembedding is dense
     assert arch.unembedding is not dense
+
+
+def test_a_kept_cost_belongs_to_the_kernel_that_measured_it(tmp_path):
+    """int8's cost against float32 depends on the order of the kernel's sums: a cost measured by another
+    build (a changed kernel source, another CPU) is measured again at the next load, not shown."""
+    from steer_ui.model.int8 import kernel_identity
+    from steer_ui.model.precision import read_cost, write_cost
+
+    path = tmp_path / "int8_cost.json"
+    write_cost(path, {"max_abs_dp": 1e-6, "top1_agree": 6, "prompts": 6, "kernel": kernel_identity()})
+    assert read_cost(path, kernel_identity())["max_abs_dp"] == 1e-6
+    assert read_cost(path, "int8_kernel-another-build") is None
+    assert read_cost(path) is not None  # a reader that does not ask about the kernel
+    path.write_text("{not json")
+    assert read_cost(path, kernel_identity()) is None

@@ -49,3 +49,15 @@ def test_accuracy_reports_the_rounding_of_a_tiny_model():
     # finer scales round less: per group of 32 costs less than per output channel on the same layers
     assert by_name["per group of 32 inputs: block linear layers"]["max_abs_dp"] < \
         by_name["per output channel: block linear layers"]["max_abs_dp"]
+
+
+def test_kernel_rows_times_every_path_this_machine_has():
+    from steer_ui.model.int8 import _WIDE, _kernel, kernel_available
+
+    rows = int8_probe.kernel_rows(1, row_counts=(1, 7), shapes=((4096, 64),))
+    assert [(r["shape"], r["rows"]) for r in rows] == [("4096x64", 1), ("4096x64", 7)]
+    for r in rows:
+        assert r["float32_ms"] > 0 and r["float32_gflops"] > 0
+        if kernel_available():
+            assert r["native_ms"] > 0
+            assert ("avx2_ms" in r) == bool(_WIDE.get(id(_kernel())))  # the AVX2 path beside an AVX-512 native one
