@@ -257,16 +257,18 @@ def test_the_panels_follow_the_controls_they_were_made_from(browser, url):
     assert low == -high and abs(high / step - round(high / step)) < 1e-9 and value == "0"  # exact 0 in the middle
     assert "no steering" in _readout(page).lower()  # α = 0: no noise ranked as if it meant something
     box = page.locator("#alpha-slider input[type=number]")
+    # each "before" is read before the action: a fast server can answer before the test reads the readout
+    at_zero = _readout(page)
     box.fill(str(high / 2))
     page.locator("#explore-prompt textarea").click()  # leave the box without Enter
-    at_half = _wait_for_change(page, "#explore-readout", _readout(page))
+    at_half = _wait_for_change(page, "#explore-readout", at_zero)
     page.locator("#explore-prompt textarea").fill("I think the new restaurant downtown is")
     page.locator("#generate-btn").click()
-    _wait_for_change(page, "#explore-readout", at_half)  # the bars and readout follow the new prompt
+    new_prompt = _wait_for_change(page, "#explore-readout", at_half)  # the bars and readout follow the new prompt
     page.locator("#alpha-extend input[type=checkbox]").check()
     box.fill(str(high * 3))
     page.locator("#explore-prompt textarea").click()
-    extended = _wait_for_change(page, "#explore-readout", _readout(page))
+    extended = _wait_for_change(page, "#explore-readout", new_prompt)
     page.locator("#alpha-extend input[type=checkbox]").uncheck()
     _wait_for_change(page, "#explore-readout", extended)  # α clamped to the range: the readout is for that α
     assert float(box.input_value()) == high
