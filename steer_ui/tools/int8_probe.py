@@ -5,7 +5,7 @@ measures the alternatives that led there: symmetric int8 rounded from the float3
 or per group, and torch's kernels for them.
 
     python -m steer_ui.tools.int8_probe [--model embedded] [--repeats 20] [--keep PART[,PART] ...] [--group 32]
-    python -m steer_ui.tools.int8_probe --kernel-rows [--repeats 20]
+    python -m steer_ui.tools.int8_probe --kernel-rows [--repeats 20] [--rows 1,3,24,32]
 
 ``--kernel-rows`` prints only the app's kernel over row counts (1 and 3 rows: decode steps; 24 and 32: eight
 users' batch, the slider's re-run of a 32-token prompt), both of its vector paths where this CPU has
@@ -230,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                              "contains a PART (kept float32); repeatable, e.g. --keep layers.17.mlp.down_proj")
     parser.add_argument("--group", type=int, default=32, help="group size for --keep (0: per output channel)")
     parser.add_argument("--kernel-rows", action="store_true", help="only the app's kernel over row counts")
+    parser.add_argument("--rows", default="1,3,24,32", help="row counts for --kernel-rows, comma-separated")
     args = parser.parse_args(argv)
     if args.kernel_rows:
-        for row in kernel_rows(args.repeats):
+        counts = tuple(int(n) for n in args.rows.split(",") if n.strip())
+        for row in kernel_rows(args.repeats, counts):
             paths = " · ".join(f"{name} {row[name + '_ms']:.3f} ms ({row[name + '_gflops']:.0f} GF/s)"
                                for name in ("native", "avx2") if name + "_ms" in row)
             print(f"{row['shape']:>11}, {row['rows']:>2} rows: {paths} · float32 x@w.T {row['float32_ms']:.3f} ms "
