@@ -73,13 +73,18 @@ def _decode_ids(handle, ids) -> list[str]:
     return texts
 
 
-def _entropy(logp: torch.Tensor) -> torch.Tensor:
-    return -(logp.exp() * logp).sum(-1)
+def _entropy(logp: torch.Tensor, prob: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy in nats along the last axis; ``prob``: ``logp.exp()`` where the caller has it already."""
+    terms = logp.exp().mul_(logp) if prob is None else prob * logp
+    return -terms.sum(-1)
 
 
-def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """KL(p ‖ q) in nats along the last axis."""
-    return (logp.exp() * (logp - logq)).sum(-1)
+def _kl(logp: torch.Tensor, logq: torch.Tensor, p: torch.Tensor | None = None) -> torch.Tensor:
+    """KL(p ‖ q) in nats along the last axis; ``p``: ``logp.exp()`` where the caller has it already.
+
+    One vocabulary-sized temporary the shape of ``logq`` (which ``logp`` broadcasts to): 21 sweep rows of a
+    262k vocabulary are 22 MB a temporary."""
+    return logq.neg().add_(logp).mul_(logp.exp() if p is None else p).sum(-1)
 
 
 # The tokens that matter: those a sampler could pick, before or after steering (the chart's promoted tokens are
@@ -192,7 +197,7 @@ class Reference:
         logits = logits.float()
         logp = logits.log_softmax(-1)
         prob = logp.exp()
-        return cls(logits, logp, prob, float(-(prob * logp).sum()), _likely(logp, prob))
+        return cls(logits, logp, prob, float(_entropy(logp, prob)), _likely(logp, prob))
 
     def frame(self, handle, top_k: int) -> pd.DataFrame:
         if top_k not in self.frames:
@@ -237,9 +242,9 @@ def compare_logits(handle, unsteered: torch.Tensor | Reference, steered: torch.T
         steered=_top_frame(handle, steered, top_k, ls),
         promoted=_delta_frame(handle, up_values, up_ids),
         suppressed=_delta_frame(handle, down_values, down_ids),
-        kl=float((ref.prob * (ref.logp - ls)).sum()),
+        kl=float(_kl(ref.logp, ls, ref.prob)),
         entropy_unsteered=ref.entropy,
-        entropy_steered=float(-(ps * ls).sum()),
+        entropy_steered=float(_entropy(ls, ps)),
         max_abs_delta_logit=float(delta[worst].abs()) if moved else 0.0,
         max_delta_token=handle.tokenizer.decode([worst]) if moved else "",
         likely_promoted=_delta_frame(handle, delta[up_order], up_order, ref.logp, ls),
@@ -323,18 +328,14 @@ def sweep(handle, prompt: str, vector: torch.Tensor, layer: int, alphas: Sequenc
     base = st.unsteered_logits[:1]
     lu, ls = base.log_softmax(-1), logits.log_softmax(-1)
     top1 = argmax_last(ls)
-    # the same values as _kl / _entropy / (logits - base).abs().max(), each with one vocabulary-sized
-    # temporary per row instead of two or three (21 rows of a 262k vocabulary are 22 MB a temporary)
-    kl = ls.neg().add_(lu).mul_(lu.exp()).sum(-1)
-    entropy = -ls.exp().mul_(ls).sum(-1)
     frame = pd.DataFrame({
         "alpha": alphas,
-        "kl": kl.tolist(),
-        "entropy": entropy.tolist(),
+        "kl": _kl(lu, ls).tolist(),
+        "entropy": _entropy(ls).tolist(),
         "top1_token": _decode_ids(handle, top1),
         "top1_token_id": top1.tolist(),
         "top1_prob": ls.gather(1, top1.unsqueeze(1)).squeeze(1).exp().tolist(),
-        "max_abs_delta_logit": (logits - base).abs_().amax(-1).tolist(),
+        "max_abs_delta_logit": (logits - base).abs_().amax(-1).tolist(),  # one temporary, not two
     })
     if target:
         tid = first_token_id(handle, target)

@@ -37,7 +37,6 @@ KERNEL_MAX_ROWS = 64  # the AVX2 path's limit (decode steps, the many-users batc
 _SLAB_ROWS = 4096  # the torch path dequantises this many output rows at a time (~10 MB at 640 inputs)
 _SOURCE = Path(__file__).with_name("int8_kernel.c")
 _BUILD_LOCK = threading.Lock()
-_WIDE: dict = {}  # id of a kernel function (kept alive by _kernel's cache) -> whether its build has the AVX-512 path
 
 
 def _kernel_target(extra_flags: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
@@ -74,7 +73,7 @@ def _kernel(extra_flags: tuple[str, ...] = ()):
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, i64, i64, p, p, p, i64, i64, p, ctypes.c_int]
     library.int8_wide.restype = ctypes.c_int
-    _WIDE[id(fn)] = bool(library.int8_wide())
+    fn.wide = bool(library.int8_wide())  # this build has the AVX-512 path
     return fn
 
 
@@ -136,7 +135,7 @@ class Int8Weight:
         fn = _kernel() if flat.device.type == "cpu" else None
         # past KERNEL_MAX_ROWS, only the AVX-512 path beats torch on dequantised slabs (docs/bench.md), and the
         # slabs are where a long product pauses for interactive work
-        if fn is not None and flat.shape[0] > KERNEL_MAX_ROWS and (pause is not None or not _WIDE.get(id(fn))):
+        if fn is not None and flat.shape[0] > KERNEL_MAX_ROWS and (pause is not None or not fn.wide):
             fn = None
         if fn is not None:
             out = self.kernel_product(fn, flat)
@@ -149,7 +148,6 @@ class Int8Weight:
             end = min(start + _SLAB_ROWS, out_features)
             torch.matmul(flat, self.dequantise(start, end).T, out=out[:, start:end])
         return out.reshape(*shape[:-1], out_features)
-
 
     def kernel_product(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         """``flat @ W.T`` (flat: contiguous float32 (rows, in) on the CPU) by the compiled kernel ``fn``; None if

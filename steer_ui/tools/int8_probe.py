@@ -98,11 +98,11 @@ def kernel_times(repeats: int) -> list[dict]:
 def kernel_rows(repeats: int, row_counts=(1, 3, 24, 32), shapes=SHAPES) -> list[dict]:
     """The app's int8 kernel (per group of 32, float32 activations) on the model's shapes over ``row_counts``:
     ms and GF/s, the AVX2 path beside the native one where the native one is AVX-512, float32 ``x @ w.T``."""
-    from ..model.int8 import Int8Weight, _WIDE, _kernel
+    from ..model.int8 import Int8Weight, _kernel
 
     native = _kernel()
     paths = {"native": native}
-    if native is not None and _WIDE.get(id(native)):
+    if native is not None and native.wide:
         paths["avx2"] = _kernel(("-mno-avx512f",))
     out = []
     gen = torch.Generator().manual_seed(0)

@@ -52,7 +52,7 @@ def test_accuracy_reports_the_rounding_of_a_tiny_model():
 
 
 def test_kernel_rows_times_every_path_this_machine_has():
-    from steer_ui.model.int8 import _WIDE, _kernel, kernel_available
+    from steer_ui.model.int8 import _kernel, kernel_available
 
     rows = int8_probe.kernel_rows(1, row_counts=(1, 7), shapes=((4096, 64),))
     assert [(r["shape"], r["rows"]) for r in rows] == [("4096x64", 1), ("4096x64", 7)]
@@ -60,4 +60,4 @@ def test_kernel_rows_times_every_path_this_machine_has():
         assert r["float32_ms"] > 0 and r["float32_gflops"] > 0
         if kernel_available():
             assert r["native_ms"] > 0
-            assert ("avx2_ms" in r) == bool(_WIDE.get(id(_kernel())))  # the AVX2 path beside an AVX-512 native one
+            assert ("avx2_ms" in r) == _kernel().wide  # the AVX2 path beside an AVX-512 native one
