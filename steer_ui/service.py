@@ -43,6 +43,7 @@ from .paths import cache_root, prune
 from . import guards
 from .guards import Guard
 from .limits import MAX_DELTA_LOGIT_LIMIT
+from .model.cpu_threads import hand_back_after_calls
 from .policy import DTYPES, WEIGHTS, Policy, device_allowed
 from .sessions import Session, Sessions, frame_bytes, vector_bytes
 from .store.library import PUBLIC_ID
@@ -119,6 +120,7 @@ class Frame:
                 "steered": {"text": self.steered_text, "tokens": [t.as_dict() for t in self.steered_tokens]}}
 
 
+@hand_back_after_calls  # a request thread that has computed hands its OpenMP helpers back (model/cpu_threads.py)
 class Service:
     """The shared model, per-session stores, and one method per app feature."""
 

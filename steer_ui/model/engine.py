@@ -35,6 +35,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from .cpu_threads import release_helpers
 from .generation import DecodeBatch, Request, StepEvent
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,7 @@ class Engine:
     def submit(self, request: Request, timeout_seconds: float | None = None) -> Ticket:
         """Queue ``request``; refused with :class:`EngineBusy` when the batch is full and ``max_waiting`` wait."""
         timeout = self.timeout_seconds if timeout_seconds is None else float(timeout_seconds)
+        release_helpers()  # the caller waits while the engine computes: its idle helpers would slow the engine's
         ticket = Ticket(self, request, time.monotonic() + timeout)
         with self._cv:
             if self._closed:
@@ -229,6 +231,7 @@ class Engine:
         try:
             yield
         finally:
+            release_helpers()  # the decode computes next: this thread's idle helpers would slow it
             with self._cv:
                 self._moves -= 1
                 self._move_seconds += _MOVE_MEAN_WEIGHT * (time.monotonic() - start - self._move_seconds)
@@ -301,6 +304,7 @@ class Engine:
             with self._cv:
                 if not self._waiting and not len(batch) and not self._closed:
                     self._release_turn()  # idle: slider moves need not wait for a turn
+                    release_helpers()  # nor share the machine with this thread's idle OpenMP helpers
                 while not self._waiting and not len(batch) and not self._closed:
                     self._cv.wait()
                 if self._closed and not self._waiting and not len(batch):
