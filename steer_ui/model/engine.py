@@ -5,7 +5,8 @@ TGI); this module does the same for side-by-side steered generation.  One
 scheduler thread owns a :class:`~.generation.DecodeBatch` and loops:
 
 1. admit waiting requests (up to ``max_requests`` in the batch; the first
-   ones wait ``gather_seconds`` for company so that a burst shares a prefill);
+   ones wait ``gather_seconds`` for company so that a burst shares prompt
+   passes, one per group of similar lengths: ``generation.prefill_groups``);
 2. sample every request's next tokens and hand each request its event;
 3. drop the requests that are done, cancelled or past their deadline, and run
    one decode step for the rest.
@@ -36,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .cpu_threads import release_helpers
-from .generation import DecodeBatch, Request, StepEvent
+from .generation import DecodeBatch, Request, StepEvent, prefill_groups
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +326,10 @@ class Engine:
         self._give_way()  # take the turn (moves in flight finish first, bounded)
         new = self._take(batch)
         if new:
-            self._admit(batch, new)
+            # prompts of very different lengths run in separate passes: padding them together costs more
+            tickets = {id(t.request): t for t in new}
+            for group in prefill_groups([t.request for t in new], self.handle.input_device):
+                self._admit(batch, [tickets[id(r)] for r in group])
         if not len(batch):
             return
         events = batch.sample()

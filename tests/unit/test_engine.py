@@ -8,7 +8,7 @@ import torch
 
 from steer_ui.model.capture import capture
 from steer_ui.model.engine import Engine, EngineBusy, EngineTimeout
-from steer_ui.model.generation import GenerationError, Request, Sampling, side_by_side
+from steer_ui.model.generation import GenerationError, Request, Sampling, prefill_groups, side_by_side
 from steer_ui.model.hooks import Steer, hook_count, steering
 
 
@@ -63,6 +63,24 @@ def test_eight_concurrent_requests_get_their_solo_results(tiny, family):
     while engine.load["running"] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert hook_count(handle) == 0
+
+
+def test_a_burst_prefills_prompts_of_far_apart_lengths_in_separate_passes(tiny):
+    """Padding a 2-token prompt to 40 tokens costs more on the CPU than a second pass (generation.prefill_groups);
+    elsewhere a burst shares one pass.  Every request lands in exactly one group, and the solo results hold
+    (the test above has prompts of 1 to 15 tokens)."""
+    handle = tiny("llama")
+    short = [Request.make(handle, p, []) for p in ("Hi", "Yo")]
+    long = [Request.make(handle, "word " * 40, []) for _ in range(2)]
+    middle = Request.make(handle, "word " * 39, [])
+    groups = prefill_groups(short + long + [middle], "cpu")
+    assert sorted(len(g) for g in groups) == [2, 3]
+    assert {id(r) for r in groups[0]} == {id(r) for r in short}
+    assert {id(r) for g in groups for r in g} == {id(r) for r in short + long + [middle]}
+    same = [Request.make(handle, "word " * 10, []) for _ in range(4)]
+    assert prefill_groups(same, "cpu") == [same]
+    assert [len(g) for g in prefill_groups(short + long, "cuda")] == [4]
+    assert prefill_groups([], "cpu") == []
 
 
 def test_full_queue_says_busy_and_cancel_frees_the_place(tiny):
