@@ -12,8 +12,10 @@ handed it back (the same decode alone in one thread: 4.0 s); 8 at once 2.4 s and
 
 So a thread hands its team back when it is done: the service's door after every call, a slider move at the
 end of its turn, a client when it hands its work to the engine, and the engine when it goes idle.  The
-next parallel loop in that thread makes a new team (one thread start, tens of microseconds).  Where the
-runtime is not libgomp, or has no ``omp_pause_resource_all``, this is a no-op.
+next parallel loop in that thread makes a new team (one thread start, ~0.3 ms here); a slider move makes
+its team while it waits for its turn (:func:`prepare_helpers`), since a thread started while the decode
+keeps both CPUs busy waits its turn behind it.  Where the runtime is not libgomp, or has no
+``omp_pause_resource_all``, this is a no-op.
 """
 from __future__ import annotations
 
@@ -62,6 +64,22 @@ def release_helpers() -> bool:
         return False
     fn = _runtime_pause()
     return fn is not None and fn(OMP_PAUSE_SOFT) == 0
+
+
+# torch runs an elementwise loop in parallel past 32,768 elements (its grain size): one such loop makes a team
+_TEAM_ELEMENTS = 1 << 16
+
+
+def prepare_helpers() -> None:
+    """Make the calling thread's OpenMP team now, with a trivial parallel loop (a few microseconds once it
+    exists).  A thread that is about to wait for its turn calls this first: a new thread started while both
+    CPUs are busy is queued behind the running ones (Linux places a new task after them), and the first
+    parallel loop waits for it.  Measured with the bench's slider moves while 4 sessions generate
+    (``python -m steer_ui.tools.many_users --slider-only --reps 3``, 20 moves a run): a move that made its team
+    when its turn came took p50 33-36 ms (6 runs), one that made it while waiting 25-28 ms (9 runs)."""
+    import torch
+
+    torch.empty(_TEAM_ELEMENTS).fill_(0.0)
 
 
 _depth = threading.local()

@@ -36,7 +36,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .cpu_threads import release_helpers
+from .cpu_threads import prepare_helpers, release_helpers
 from .generation import DecodeBatch, Request, StepEvent, prefill_groups
 
 log = logging.getLogger(__name__)
@@ -221,6 +221,7 @@ class Engine:
         block, and a user dragging a slider non-stop leaves the decode about a
         third of the machine: generation slows but never stops.
         """
+        prepare_helpers()  # while the decode's turn ends, not when this move's first parallel loop needs them
         with self._cv:
             self._moves_waiting += 1
             try:

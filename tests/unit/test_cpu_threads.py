@@ -67,6 +67,9 @@ def test_a_released_thread_keeps_no_helper_and_an_unreleased_one_does():
     assert released["after"] == released["with_team"] - 1
     again = _in_thread(lambda: (cpu_threads.release_helpers(), _parallel_work()), wait=0.5)
     assert again["after"] == again["with_team"]  # the next parallel loop makes a team again
+    prepared = _in_thread(lambda: (cpu_threads.release_helpers(), time.sleep(0.3), cpu_threads.prepare_helpers()),
+                          wait=0.5)
+    assert prepared["after"] == prepared["with_team"]  # prepare_helpers made the team again, before any work
 
 
 def test_the_service_door_hands_back_after_plain_calls_and_each_generator_step(tiny, tmp_path):
