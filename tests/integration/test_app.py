@@ -312,3 +312,13 @@ def test_the_page_is_not_sent_the_bars_it_already_shows_but_an_api_client_always
     assert other[1] and "plot" in other[1]
     c = client(url)
     assert next_token(c, 0.25)[-1] == next_token(c, 0.25)[-1] is not None  # an API client asks, it gets
+
+
+def test_the_http_generation_timer_times_what_a_visitor_gets(app):
+    """steer_ui.tools.http_generation (docs/bench.md's end-to-end figure) against the running app."""
+    from steer_ui.tools.http_generation import measure
+
+    _, url = app
+    out = measure(url, tokens=5, repeats=2, layer=1)
+    assert out["steps"] == 5 and len(out["seconds"]) == 2 and all(t > 0 for t in out["seconds"])
+    assert out["median_ms_per_step"] == pytest.approx(out["median_s"] / 5 * 1000, rel=0.01)
