@@ -17,7 +17,6 @@ import torch
 
 from ...model.capture import forward, left_pad, length_batches, recording
 from ..base import Progress, noop
-from .cpu import one_thread
 from .pairs import L2SError, Pair, join_text
 
 TARGET_POSITIONS = ("mean", "last")
@@ -88,8 +87,7 @@ def block_outputs(handle, ids, mask, position_ids, layers: Sequence[int],
                   reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
     """``reduce(block output)`` (default: all of it, (rows, seq, D)) at ``layers``, float32 on CPU."""
     keep = reduce or (lambda h: h)
-    dev = handle.input_device
-    with handle.lock, torch.inference_mode(), one_thread(dev):
+    with handle.lock, torch.inference_mode():
         # The second recording's hook on the last layer runs after the first one's has stored it.
         with recording(handle, layers, reduce=lambda h: keep(h).float().cpu()) as store, \
                 recording(handle, [max(layers)], reduce=_stop):

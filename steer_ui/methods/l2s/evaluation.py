@@ -16,7 +16,6 @@ from ...model.hooks import Steer, StepState, steering
 from ...model.units import relative_scale
 from ...vector import SteeringVector
 from .activations import encode, extract
-from .cpu import one_thread
 from .pairs import Pair, join_text
 from .steering import check_positions, layers_of, mlp_of, unit_scale
 
@@ -73,9 +72,8 @@ def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tens
         # the generated positions are steered, while generation reads it at prefill, before them.
         steer = Steer(layer=layer, fn=lambda _ctx, t=per_row: t.to(_ctx.device),
                       context_layer=min(context_layer, layer), alpha=torch.tensor(rows_alpha), positions=positions)
-        dev = handle.input_device
         state = StepState(prompt_len=P)
-        with torch.inference_mode(), one_thread(dev), steering(handle, [steer], state):
+        with torch.inference_mode(), steering(handle, [steer], state):
             out = forward(handle, ids, mask, pos_ids)
         hidden = out.last_hidden_state
         # One unembedding call per batch: per-row calls would stream the (vocab × D) matrix once per row.
