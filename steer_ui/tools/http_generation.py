@@ -6,8 +6,9 @@ the door and the engine.
 
 Each repetition first moves the slider once (a ``/next_token`` call, as a user does before pressing Generate,
 so a request thread has computed), then times one ``/generate`` of ``--tokens`` new tokens, greedy, on the
-bundled random direction at ``--layer`` (default 9, the embedded model's middle block).  Prints one JSON object: every time, the median and the median
-per step.  The bench times the decode inside one process; this is the number a visitor meets.
+bundled random direction at ``--layer`` (default 9, the embedded model's middle block).  Prints one JSON
+object: every time, the median and the median per step.  The bench times the decode inside one process; this
+is the number a visitor meets.
 """
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ from .timing import median
 
 PROMPT = "The weather in Paris today is"
 VECTOR = "random direction"
-
-
 EMBEDDED_MIDDLE = 9  # the embedded Gemma 3 270M's middle block, the bench's steering layer
 
 
