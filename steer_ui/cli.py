@@ -206,7 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="the benchmark (ratios measured in one run)")
     _common(p)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--out", help="also write the JSON here (after every section, so a run cut short leaves what "
+                                  "it measured, marked incomplete)")
+    p.add_argument("--skip", default="", help="comma-separated sections to leave out: "
+                   "training, extract, bf16_lm_head, bf16_model, cold_load, alpha_grid, vs_float32, many_prompts")
     p.add_argument("--decode", choices=("auto", "static", "dynamic"), default=None,
                    help="the decode path of the side-by-side and many-users sections (default: "
                         "$STEER_UI_DECODE or auto: a captured static step on CUDA, the dynamic one elsewhere)")
@@ -414,15 +417,23 @@ def cmd_import(args) -> dict:
 @command("bench")
 def cmd_bench(args) -> dict:
     from .model import static_decode
-    from .tools.bench import run_bench
+    from .tools.bench import SKIPPABLE, run_bench
 
     if args.decode:  # every batch the run makes reads the setting
         os.environ[static_decode.ENV] = args.decode
-    result = run_bench(model=args.model, device=args.device, dtype=args.dtype, quick=args.quick, weights=args.weights,
-                       log=lambda m: print(m, file=sys.stderr, flush=True))
-    if args.out:
+    def write(result: dict) -> None:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+
+    skip = tuple(name.strip() for name in args.skip.split(",") if name.strip())
+    unknown = sorted(set(skip) - set(SKIPPABLE))
+    if unknown:
+        raise CliError(f"--skip: no section {', '.join(unknown)} (choose from {', '.join(SKIPPABLE)})")
+    result = run_bench(model=args.model, device=args.device, dtype=args.dtype, quick=args.quick, weights=args.weights,
+                       log=lambda m: print(m, file=sys.stderr, flush=True), skip=skip,
+                       partial=write if args.out else None)
+    if args.out:
+        write(result)
     return result
 
 

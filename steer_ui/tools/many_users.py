@@ -72,17 +72,27 @@ def _concurrent(engine, handle, specs) -> tuple[float, list]:
     return time.perf_counter() - start, results
 
 
-def _equal(a, b, tol: float = 1e-5) -> bool:
+def _difference(a, b) -> dict:
+    """How two results of one request differ: the first token where either side parts (None if none) and
+    the largest gap of any reported probability before it."""
+    first, max_dp = None, 0.0
     for side in ("unsteered", "steered"):
         x, y = getattr(a, side).tokens, getattr(b, side).tokens
-        if [t.token_id for t in x] != [t.token_id for t in y]:
-            return False
-        for s, t in zip(x, y):
-            if abs(math.exp(s.logprob) - math.exp(t.logprob)) > tol:
-                return False
-            if any(abs(p - q) > tol for (_, p), (_, q) in zip(s.alternatives, t.alternatives)):
-                return False
-    return True
+        for i, (s, t) in enumerate(zip(x, y)):
+            if s.token_id != t.token_id:
+                first = i if first is None else min(first, i)
+                break
+            max_dp = max([max_dp, abs(math.exp(s.logprob) - math.exp(t.logprob))]
+                         + [abs(p - q) for (_, p), (_, q) in zip(s.alternatives, t.alternatives)])
+        if len(x) != len(y) and first is None:
+            first = min(len(x), len(y))
+    return {"first_token_parted": first, "max_abs_delta_prob": max_dp}
+
+
+def _equal(a, b, tol: float = 1e-5) -> bool:
+    """Token for token on both sides, every reported probability within ``tol``."""
+    difference = _difference(a, b)
+    return difference["first_token_parted"] is None and difference["max_abs_delta_prob"] <= tol
 
 
 def _slider_latencies(engine, handle, layer: int, moves: int) -> list[float]:
@@ -136,6 +146,7 @@ def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: i
         seq.append(t_seq)
         conc.append(t_conc)
         exact.append(sum(_equal(a, b) for a, b in zip(together, solo)))
+        differences = [_difference(a, b) for a, b in zip(together, solo)]
     slider = bench_slider_under_load(engine, handle, layer, specs, moves, log)
     engine.close(wait=60)  # the thread ends once the cancelled rows are dropped
     return {
@@ -144,6 +155,8 @@ def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: i
         "sequential_ms_all": [ms(x) for x in seq], "concurrent_ms_all": [ms(x) for x in conc],
         "many_users_speedup": ratio(median(seq), median(conc)),
         "many_users_exact": min(exact), "exact_per_rep": exact,
+        # the last rep's, request by request: where an inexact result parted from its solo run
+        "difference_from_solo": differences,
         **slider,
         "engine": {"peak_requests": engine.stats.peak_requests, "mean_rows_per_step": engine.stats.rows_per_step},
     }

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ from ..model.loading import from_model
 from ..model.precision import PROBE_PROMPTS, final_hidden, next_token_probs  # noqa: F401  (bench and tools read them here)
 from ..model.units import relative_scale, to_raw_alpha
 from ..vector import random_vector
+from .greedy_reference import greedy_vs_reference
 from .timing import cache_dir, median, ms, parameter_bytes, percentile, ratio, sync, timings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -596,14 +598,37 @@ def bench_alpha_grid(handle, steer, layer: int, log, points: int = 41) -> dict:
 
 
 # ------------------------------------------------------------------ precision
-def bench_dtype_accuracy(handle, log) -> dict:
+@contextmanager
+def float32_reference(handle, log):
+    """The model in float32 for the accuracy sections: ``handle`` itself when it is float32, else
+    ``handle.source`` loaded again in float32 on the same device (for ``random:``/``tiny:`` models the same
+    seeded weights before rounding), freed on exit; None for int8 weights (their cost is measured at load).
+    """
+    if handle.weights == "int8":
+        yield None
+        return
+    if handle.dtype == torch.float32:
+        yield handle
+        return
+    from ..model.loading import load_model
+
+    log(f"bench: loading {handle.source} in float32 as the accuracy reference")
+    reference = load_model(handle.source, device=str(handle.device), weights="float32")
+    try:
+        yield reference
+    finally:
+        del reference
+        gc.collect()
+        if handle.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def bench_dtype_accuracy(handle, reference, log) -> dict:
     """What the model's dtype costs: max |Δ probability| of the next token vs the float32 model, on fixed prompts.
 
-    The reference is ``handle.source`` loaded again in float32 on the same
-    device (for a checkpoint, its stored weights; for ``random:``/``tiny:``
-    models the same seeded weights before rounding), so the figure includes
+    ``reference``: :func:`float32_reference`'s model, so the figure includes
     the weights' rounding as well as the arithmetic's.  A float32 model is its
-    own reference: 0, nothing loaded.
+    own reference: 0.
     """
     dtype = str(handle.dtype).replace("torch.", "")
     if handle.weights == "int8":  # measured at load against the float32 model just before quantising
@@ -613,25 +638,31 @@ def bench_dtype_accuracy(handle, log) -> dict:
                 f"{cost.get('prompts')}", "max_abs_delta_delta_logit": cost.get("max_abs_ddlogit"),
                 "reference": "the float32 model before quantising (measured at the first load, cached)",
                 "prompts": cost.get("prompts")}
-    if handle.dtype == torch.float32:
+    if reference is handle:
         return {"status": "measured", "dtype": dtype, "max_abs_delta_prob": 0.0, "top1_agree": "all",
                 "reference": "the model itself (float32)", "prompts": len(PROBE_PROMPTS)}
-    from ..model.loading import load_model
-
     log(f"bench: {dtype} vs float32 next-token distributions ({len(PROBE_PROMPTS)} prompts)")
     probs = next_token_probs(handle)
-    reference = load_model(handle.source, device=str(handle.device), weights="float32")
-    try:
-        ref_probs = next_token_probs(reference)
-    finally:
-        del reference
-        gc.collect()
-        if handle.device.type == "cuda":
-            torch.cuda.empty_cache()
+    ref_probs = next_token_probs(reference)
     agree = int((probs.argmax(-1) == ref_probs.argmax(-1)).sum())
     return {"status": "measured", "dtype": dtype, "max_abs_delta_prob": float((probs - ref_probs).abs().max()),
             "top1_agree": f"{agree}/{len(PROBE_PROMPTS)}", "reference": f"{handle.source} loaded in float32",
             "prompts": len(PROBE_PROMPTS)}
+
+
+def bench_greedy_vs_float32(handle, reference, steer, n_tokens: int, log, prompts: int = 4) -> dict:
+    """The app's default decode against a float32 eager reference, greedy, unsteered and steered
+    (:mod:`.greedy_reference`); skipped for int8 weights, whose cost is measured at load."""
+    if reference is None:
+        return {"status": f"skipped: the model's weights are {handle.weights} (their cost is measured at load)"}
+    log(f"bench: greedy tokens against a float32 eager reference ({prompts} prompts, {n_tokens} tokens)")
+    batch = DecodeBatch(handle)  # the default path, as the app decodes (captured once on CUDA)
+
+    def decode(prompt, steers, n):
+        return _ours(handle, prompt, steers, n, batch)[2]
+
+    result = greedy_vs_reference(handle, reference, steer, PROBE_PROMPTS[:prompts], n_tokens, decode)
+    return {**result, "decode_path": batch.decode_path}
 
 
 # ------------------------------------------------------------------ llama.cpp, same machine, same run
