@@ -73,13 +73,12 @@ default: it attends to the real columns only and adds only the steered blocks.
 from __future__ import annotations
 
 import os
-import threading
 from contextlib import ExitStack
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from . import kv_rows
+from . import cuda_graphs, kv_rows
 from .capture import out_projection, site_width
 from .hooks import HeadSteer, Installed, Steer, between_blocks
 
@@ -87,10 +86,6 @@ DECODE_SETTINGS = ("auto", "static", "dynamic")
 ENV = "STEER_UI_DECODE"
 _FULL, _SLIDING = "full_attention", "sliding_attention"
 _COLUMN_BUCKET = 128  # the store's columns grow in these steps (each growth is a re-build)
-# One CUDA graph capture at a time in the process (torch's documented rule): the engine's batch and a
-# ``side_by_side`` call in a UI thread each capture their own step, and torch.cuda.graph's __enter__ syncs the
-# whole device, which is invalid while another thread's capture is under way.
-_CAPTURE_LOCK = threading.Lock()
 
 
 class StaticDecodeError(ValueError):
@@ -534,19 +529,7 @@ class StaticDecode:
         device = self._device
         if self._stream is None:  # its own stream, as torch.cuda.graph's shared default one may be capturing
             self._stream = torch.cuda.Stream(device=device)
-        graph = torch.cuda.CUDAGraph()
-        # the device: kernels of a model on cuda:1 launched while cuda:0 is current would run on cuda:1's
-        # stream, outside the capture (an empty graph, stale results).  The outer stream context puts this
-        # thread's stream back even when torch.cuda.graph's exit raises before restoring it (a failed capture).
-        with _CAPTURE_LOCK, torch.cuda.device(device), torch.cuda.stream(self._stream):
-            self._stream.wait_stream(torch.cuda.current_stream(device))  # the store's writes on the batch's stream
-            self._forward(every_block=True)
-            # thread_local: the slider's and training's passes in other threads may run (and allocate) while
-            # this one records; their kernels go to their own streams, not this one.  (A device-wide
-            # synchronize in another thread would still break the capture: the serving path makes none.)
-            with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
-                out = self._forward(every_block=True)
-        torch.cuda.current_stream(device).wait_stream(self._stream)
+        graph, out = cuda_graphs.record(device, self._stream, lambda: self._forward(every_block=True))
         self._graph, self._out = graph, out
         self.captures += 1
 

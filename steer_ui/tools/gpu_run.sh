@@ -22,8 +22,10 @@ say() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
 
 if [ -n "${GPU_RUN_DRY:-}" ]; then
   DEVICE=cpu; MODELS="random:llama-mini"; QUICK="--quick"; TEST_LIMIT=300; BENCH_LIMIT=300
+  PROFILED=random:llama-mini; EXACT=random:llama-mini
 else
-  DEVICE=cuda; MODELS="random:llama-1b random:llama-8b"; QUICK=""; TEST_LIMIT=110; BENCH_LIMIT=150
+  DEVICE=cuda; MODELS="${GPU_RUN_MODELS:-random:llama-8b random:llama-1b}"; QUICK=""; TEST_LIMIT=110; BENCH_LIMIT=150
+  PROFILED=random:llama-8b; EXACT=random:llama-1b
   if ls .whl/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       >>"$LOG" 2>&1 && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -40,7 +42,8 @@ torch.cuda.get_device_name(0))"
 say "CUDA tests (the tests that skip without a GPU, named for cuda)"
 timeout "$TEST_LIMIT" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -rfEs -k "cuda or gpu" \
   tests/unit/test_static_decode.py tests/unit/test_devices.py tests/unit/test_random_models.py \
-  tests/unit/test_generation.py tests/unit/test_int8.py tests/unit/test_loading.py >"$OUT/tests.txt" 2>&1
+  tests/unit/test_generation.py tests/unit/test_int8.py tests/unit/test_loading.py tests/unit/test_prefix.py \
+  >"$OUT/tests.txt" 2>&1
 say "tests exit $? ($(tail -1 "$OUT/tests.txt"))"
 
 previous_ok=1
@@ -55,7 +58,7 @@ for model in $MODELS; do
   # that the lease still measures something
   [ "$previous_ok" = 1 ] || decode="--decode dynamic"
   say "bench $model on $DEVICE (skip: $skip) $decode"
-  limit=$BENCH_LIMIT; [ "$name" = llama-1b ] && limit=$((BENCH_LIMIT - 10))
+  limit=$BENCH_LIMIT
   timeout "$limit" "$PY" -m steer_ui bench --model "$model" --device "$DEVICE" --dtype bfloat16 $QUICK \
     --skip "$skip" $decode --json --out "$json" >/dev/null 2>>"$LOG"
   code=$?
@@ -69,4 +72,15 @@ for k, v in (r.get("ratios") or {}).items():
     print(f"  {k}: {v}  met={r.get('met', {}).get(k)}")
 EOF
 done
+say "where the decode step's time goes ($PROFILED)"
+timeout 100 "$PY" -m steer_ui.tools.profile_step --model "$PROFILED" --device "$DEVICE" --dtype bfloat16 \
+  >"$OUT/profile-step.txt" 2>>"$LOG"
+say "profile exit $?"
+
+# many users' exactness in float32: a result that parts from its solo run there is the batching's doing, not
+# bfloat16's rounding (in bfloat16 a batch of another size rounds differently)
+say "many users in float32 ($EXACT)"
+timeout 100 "$PY" -m steer_ui.tools.many_users --model "$EXACT" --device "$DEVICE" --dtype float32 \
+  >"$OUT/many-users-float32.json" 2>>"$LOG"
+say "many users exit $?"
 say "done"

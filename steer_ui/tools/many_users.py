@@ -224,8 +224,11 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--slider-only", action="store_true", help="only the slider under load")
     parser.add_argument("--weights", default="auto", help="auto, float32, bfloat16 or int8 (as the bench takes it)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", help="e.g. float32 on a GPU, to tell the batching's exactness "
+                                                        "from bfloat16's rounding")
     args = parser.parse_args(argv)
-    handle = load_model(args.model, weights=args.weights)
+    handle = load_model(args.model, device=args.device, dtype=args.dtype, weights=args.weights)
     layer = handle.arch.num_layers // 2
     for _ in range(args.reps):
         if args.slider_only:

@@ -45,3 +45,57 @@ def test_a_failing_input_dependent_vector_leaves_no_hook(tiny):
     assert hook_count(handle) == 0
     with pytest.raises(ValueError, match="above a steered block"):
         prefix.logits([Steer(layer=0, vector=torch.ones(64), alpha=1.0)], rows=1)
+
+
+# ------------------------------------------------------------------ CUDA only: the slider's recorded re-run
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _cuda_handle(family: str):
+    from steer_ui.model.handle import from_model
+    from steer_ui.tiny import tiny_model
+
+    model, tok = tiny_model(family, layers=6 if family == "gemma3" else 4)
+    return from_model(model.to("cuda"), tok)
+
+
+@CUDA
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_cuda_slider_rerun_is_recorded_once_and_replays_the_eager_logits(family):
+    handle = _cuda_handle(family)
+    v = torch.randn(handle.arch.hidden_size, generator=torch.Generator().manual_seed(1)).cuda()
+    prompt = "The lighthouse keeper climbed the stairs"
+    # each from a prefix of its own, whose first call runs eagerly
+    eager = {a: for_prompt(handle, prompt, 1).logits([Steer(layer=1, vector=v, alpha=a)], rows=1)
+             for a in (0.0, 1.5, -4.0, 9.0)}
+    prefix = for_prompt(handle, prompt, 1)
+    first = prefix.logits([Steer(layer=1, vector=v, alpha=0.0)], rows=1)  # the first call stays eager
+    assert "rerun_graph" not in prefix.memo
+    for alpha, expected in eager.items():
+        got = prefix.logits([Steer(layer=1, vector=v, alpha=alpha)], rows=1)
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    assert "rerun_graph" in prefix.memo and "rerun_graph_error" not in prefix.memo
+    torch.testing.assert_close(first, eager[0.0], atol=0, rtol=0)
+    # against the full forward with the hook, as the slider's reference
+    torch.testing.assert_close(prefix.logits([Steer(layer=1, vector=v, alpha=1.5)], rows=1),
+                               naive_logits(handle, prompt, [Steer(layer=1, vector=v, alpha=1.5)]), atol=2e-4,
+                               rtol=2e-4)
+    assert hook_count(handle) == 0
+
+
+@CUDA
+def test_cuda_slider_replays_from_threads_at_once_each_get_their_own_alpha():
+    from concurrent.futures import ThreadPoolExecutor
+
+    handle = _cuda_handle("llama")
+    v = torch.randn(handle.arch.hidden_size, generator=torch.Generator().manual_seed(2)).cuda()
+    prompt = "Many visitors, one prompt"
+    alphas = [float(a) for a in range(-8, 8)]
+    expected = {a: for_prompt(handle, prompt, 2).logits([Steer(layer=2, vector=v, alpha=a)], rows=1) for a in alphas}
+    prefix = for_prompt(handle, prompt, 2)
+    prefix.logits([Steer(layer=2, vector=v, alpha=0.0)], rows=1)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda a: (a, prefix.logits([Steer(layer=2, vector=v, alpha=a)], rows=1)), alphas * 4))
+    for alpha, logits in got:
+        torch.testing.assert_close(logits, expected[alpha], atol=0, rtol=0)
+    assert "rerun_graph" in prefix.memo
