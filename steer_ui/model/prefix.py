@@ -141,7 +141,7 @@ class Prefix:
                 replayed = self._replayed_logits(h)
                 if replayed is not None:
                     return replayed
-            return self._logits_above(h)
+            return self._logits_above(h).cpu()
 
     def _logits_above(self, h: torch.Tensor) -> torch.Tensor:
         """Last-position logits (rows, vocab) of blocks ``layer + 1``.. on ``h`` (on the model's device)."""

@@ -6,6 +6,7 @@
 #   GPU_RUN_DRY=1 bash steer_ui/tools/gpu_run.sh /tmp/gpu-dry
 #                                               here, on the CPU: the same steps on random:llama-mini, --quick,
 #                                               so a typo fails on the CPU and not in a GPU lease
+# GPU_RUN_MODELS (default "random:llama-8b random:llama-1b") and GPU_RUN_PROFILE=0 (no profile) shorten a rerun.
 #
 # A lease is minutes long, so every step has its own time limit and a step that fails or runs out leaves the
 # others to run; each bench writes its JSON after every section (marked incomplete until it ends).  The GPU
@@ -72,10 +73,12 @@ for k, v in (r.get("ratios") or {}).items():
     print(f"  {k}: {v}  met={r.get('met', {}).get(k)}")
 EOF
 done
-say "where the decode step's time goes ($PROFILED)"
-timeout 100 "$PY" -m steer_ui.tools.profile_step --model "$PROFILED" --device "$DEVICE" --dtype bfloat16 \
-  >"$OUT/profile-step.txt" 2>>"$LOG"
-say "profile exit $?"
+if [ "${GPU_RUN_PROFILE:-1}" = 1 ]; then
+  say "where the decode step's time goes ($PROFILED)"
+  timeout 100 "$PY" -m steer_ui.tools.profile_step --model "$PROFILED" --device "$DEVICE" --dtype bfloat16 \
+    >"$OUT/profile-step.txt" 2>>"$LOG"
+  say "profile exit $?"
+fi
 
 # many users' exactness in float32: a result that parts from its solo run there is the batching's doing, not
 # bfloat16's rounding (in bfloat16 a batch of another size rounds differently)
