@@ -187,6 +187,8 @@ ALLOWED = {
     ("steer_ui/model/prefix.py", "unsteered_logits", ".cpu()"): "logits for display, kept on the host",
     ("steer_ui/model/precision.py", "next_token_probs", ".cpu()"): "a precision's cost, compared and cached on the host",
     ("steer_ui/model/prefix.py", "logits", ".cpu()"): "logits for display and sweeps, on the host",
+    ("steer_ui/model/prefix.py", "_replayed_logits", ".cpu()"): "the replayed logits, copied out of the recording's "
+                                                                 "output before the next replay overwrites it",
     ("steer_ui/model/capture.py", "out_projection_weight", ".cpu()"):
         "W_O for ITI's per-head directions, which are stored (vectors live on the host)",
     # files other workers own; their device handling is reviewed with them
