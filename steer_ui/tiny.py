@@ -87,11 +87,11 @@ def tiny_model(family: str = "llama", layers: int = 4, hidden: int = 64, seed: i
     return model, byte_tokenizer()
 
 
-def tiny_handle(family: str = "llama", **kwargs):
+def tiny_handle(family: str = "llama", device: torch.device | str = "cpu", **kwargs):
     from .model.handle import from_model
 
     model, tok = tiny_model(family, **kwargs)
-    return from_model(model, tok, model_id=f"tiny:{family}")
+    return from_model(model.to(device), tok, model_id=f"tiny:{family}")
 
 
 # Real shapes for ``random:NAME``: (transformers config class, its arguments).  Llama 3 8B and Llama 3.2 1B as

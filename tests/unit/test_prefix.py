@@ -52,11 +52,9 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"
 
 
 def _cuda_handle(family: str):
-    from steer_ui.model.handle import from_model
-    from steer_ui.tiny import tiny_model
+    from steer_ui.tiny import tiny_handle
 
-    model, tok = tiny_model(family, layers=6 if family == "gemma3" else 4)
-    return from_model(model.to("cuda"), tok)
+    return tiny_handle(family, device="cuda")
 
 
 @CUDA

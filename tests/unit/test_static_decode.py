@@ -359,11 +359,9 @@ def test_bfloat16_static_step_equals_dynamic_step():
 
 # ------------------------------------------------------------------ CUDA only
 def _cuda(family: str):
-    from steer_ui.model.handle import from_model
-    from steer_ui.tiny import tiny_model
+    from steer_ui.tiny import tiny_handle
 
-    model, tok = tiny_model(family, layers=6 if family == "gemma3" else 4)
-    return from_model(model.to("cuda"), tok)
+    return tiny_handle(family, device="cuda", layers=6 if family == "gemma3" else 4)
 
 
 @CUDA
