@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from steer_ui.tools.bench import TARGETS, _verdicts, run_bench, targets_for
+from steer_ui.tools.bench import TARGETS, _verdicts, markdown_table, run_bench, targets_for
 from steer_ui.model.architecture import _UNEMBED_KERNEL, kernel_key, unembed
 from steer_ui.model.generation import Sampling, side_by_side
 from steer_ui.model.hooks import Steer
@@ -187,8 +187,17 @@ def test_quick_run_measures_many_prompts_against_one_after_another(quick_result)
 
 def test_an_int8_run_compares_itself_with_float32_in_the_same_run():
     """Issue #37: a precision other than float32 is timed beside a float32 copy, and says so."""
-    result = run_bench(model="tiny:llama", device="cpu", quick=True, weights="int8", log=lambda _m: None)
+    partials = []
+    result = run_bench(model="tiny:llama", device="cpu", quick=True, weights="int8", log=lambda _m: None,
+                       skip=("many_prompts", "alpha_grid", "extract"), partial=partials.append)
     assert result["conditions"]["weights"] == "int8" and result["model"]["weights"] == "int8"
+    # --skip leaves sections out and says so; the result so far is handed over after every section (--out)
+    assert all(result[name] == {"status": "skipped (--skip)"} for name in ("many_prompts", "alpha_grid", "extract"))
+    assert result["ratios"]["many_prompts_speedup"] is None and "incomplete" not in result
+    assert len(partials) == len(result["section_seconds"]) and all(p["incomplete"] for p in partials)
+    assert "side_by_side" in partials[0] and "many_users" not in partials[0]
+    assert "skipped (--skip)" in markdown_table(result)
+    assert result["greedy_vs_float32"]["status"].startswith("skipped")  # int8's cost is measured at load
     versus = result["vs_float32"]
     assert versus["status"] == "measured" and versus["weights"] == "int8"
     assert _finite(versus["ms_per_step"]) and _finite(versus["float32_ms_per_step"])
@@ -197,3 +206,11 @@ def test_an_int8_run_compares_itself_with_float32_in_the_same_run():
     assert result["llama_cpp"]["status"].startswith("skipped")  # tiny models are built, not GGUF
     assert result["met"]["vs_llama_cpp"] is None
     json.dumps(result, allow_nan=False)
+
+
+def test_bench_refuses_an_unknown_section_to_skip_in_one_json_line(capsys):
+    from steer_ui.cli import main
+
+    code = main(["bench", "--model", "tiny:llama", "--skip", "training,decode", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 2 and "decode" in out["error"] and "\n" not in out["error"]

@@ -6,7 +6,7 @@ import torch
 from steer_ui.cli import main
 from steer_ui.model.loading import load_model
 from steer_ui.tools.bench import markdown_table
-from steer_ui.tools.measures import bench_dtype_accuracy, next_token_probs
+from steer_ui.tools.measures import bench_dtype_accuracy, float32_reference, next_token_probs
 
 
 def test_bench_cli_on_a_random_model_in_bfloat16_reports_the_accuracy_cost(capsys):
@@ -25,9 +25,13 @@ def test_bench_cli_on_a_random_model_in_bfloat16_reports_the_accuracy_cost(capsy
 
 def test_float32_is_its_own_reference_and_a_bfloat16_copy_differs():
     h32 = load_model("random:llama-mini", device="cpu", dtype="float32")
-    assert bench_dtype_accuracy(h32, print)["max_abs_delta_prob"] == 0.0
+    with float32_reference(h32, print) as reference:
+        assert reference is h32
+        assert bench_dtype_accuracy(h32, reference, print)["max_abs_delta_prob"] == 0.0
     h16 = load_model("random:llama-mini", device="cpu", dtype="bfloat16")
-    measured = bench_dtype_accuracy(h16, lambda _m: None)["max_abs_delta_prob"]
+    with float32_reference(h16, lambda _m: None) as reference:
+        assert reference.dtype == torch.float32 and reference.source == h16.source
+        measured = bench_dtype_accuracy(h16, reference, lambda _m: None)["max_abs_delta_prob"]
     direct = float((next_token_probs(h16) - next_token_probs(h32)).abs().max())
     assert measured == direct > 0
     assert next_token_probs(h32).sum(-1).allclose(torch.ones(6))
