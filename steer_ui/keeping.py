@@ -19,6 +19,7 @@ from typing import Any
 
 from .messages import UserError
 from .sessions import Session
+from .store import StoreUnwritable
 
 SHARED_SUFFIX = " (shared)"
 
@@ -59,7 +60,10 @@ class Keeper:
         if owner is None:
             if not issue:
                 return ""
-            token = self.library.issue_owner()
+            try:
+                token = self.library.issue_owner()
+            except StoreUnwritable:  # full or read-only: the visitor works unkept (a save says why), never an error
+                return ""
             owner = self.library.owner_of(token)
         self.bind(s, owner, handle)
         s.owner_token = token
@@ -99,13 +103,11 @@ class Keeper:
         s.stored[name] = item
 
     def keep_dataset(self, s: Session, path: Path, name: str) -> None:
-        """Keep the dataset just loaded; an owner at the datasets quota gives up the oldest other one for it."""
+        """Keep the dataset just loaded; an owner at the datasets quota gives up the oldest other one for it, in
+        the same transaction (a save refused, by a limit or a full store, removes nothing)."""
         if not (self.on and s.owner):
             return
-        others = [i for i in self.library.items(s.owner, "dataset") if i["name"] != name]
-        for oldest in others[: max(0, len(others) - self.library.policy.owner_max_datasets + 1)]:
-            self.library.remove(s.owner, "dataset", oldest["name"])
-        self.library.save(s.owner, "dataset", name, Path(path).read_bytes(), {"file": name}, "any")
+        self.library.save(s.owner, "dataset", name, Path(path).read_bytes(), {"file": name}, "any", make_way=True)
 
     def keep_settings(self, s: Session) -> None:
         if self.on and s.owner:

@@ -11,8 +11,13 @@ Limits (``policy.py``): per owner a number of vectors, datasets and results and 
 store a disk budget.  Housekeeping removes, oldest owner first, the unshared, unlisted vectors and datasets of
 owners who have not come back for ``policy.owner_idle_days``, and when the store is over its budget, the
 unshared, unlisted vectors and datasets of the owners seen longest ago; shared and listed vectors and saved
-results are never removed by it.  Lookups of ids that do not resolve are rate-limited per client, so ids
-cannot be enumerated.
+results are never removed by it.  Every limit is counted inside the save's own transaction
+(:meth:`Database.put_item`), saved results' bytes included.  Lookups of ids that do not resolve are rate-limited
+per client, so ids cannot be enumerated.
+
+A store that cannot be written (full, read-only, locked) refuses a save with one line in the visitor's language
+(:class:`~steer_ui.store.database.StoreUnwritable`); what only records a visit (an owner's last visit, an item's
+last use, the language) is skipped instead, so reading and steering go on as before.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import time
 from typing import Any
 
 from ..messages import UserError
-from .database import Database
+from .database import Database, StoreUnwritable
 
 OWNER_TOKEN = re.compile(r"^[0-9a-f]{32}$")
 PUBLIC_ID = re.compile(r"^[A-Za-z0-9_-]{22}$")  # secrets.token_urlsafe(16): 128 bits
@@ -69,7 +74,10 @@ class Library:
         if found is None:
             return None
         if time.time() - found[2] > SEEN_EVERY:  # an owner's last visit, written at most once a minute
-            self.db.touch_owner(key, time.time())
+            try:
+                self.db.touch_owner(key, time.time())
+            except StoreUnwritable:  # a store that cannot be written still knows its owners
+                pass
         return key
 
     def settings(self, owner: str) -> dict:
@@ -80,33 +88,49 @@ class Library:
             return {}
 
     def save_settings(self, owner: str, settings: dict) -> None:
+        """Keep ``owner``'s settings; a store that cannot be written keeps the ones it has (the session still
+        switches: a language change never fails over the library)."""
         text = json.dumps(settings, ensure_ascii=False)[: self.policy.owner_settings_chars]
-        self.db.touch_owner(owner, time.time(), text)
+        try:
+            self.db.touch_owner(owner, time.time(), text)
+        except StoreUnwritable:
+            pass
 
     # ------------------------------------------------------------------ saving
     def save(self, owner: str | None, kind: str, name: str, data: bytes | None, meta: dict, model: str,
-             listed: bool = False, uses: str | None = None) -> dict:
+             listed: bool = False, uses: str | None = None, make_way: bool = False) -> dict:
         """Keep ``data`` (or only ``meta``) as ``owner``'s ``kind`` named ``name`` (replacing one of that name).
-        ``uses``: the content id of a blob this item needs kept (a saved result's vector)."""
+        ``uses``: the content id of a blob this item needs kept (a saved result's vector); ``make_way``: at the
+        owner's quota of ``kind`` its oldest goes, in the same transaction, instead of a refusal.  A limit reached
+        or a store that cannot be written refuses it with one line (UserError) and changes nothing."""
         p = self.policy
         now = time.time()
-        size = len(data) if data is not None else len(json.dumps(meta))
-        if owner is not None:
-            limit = {"vector": p.owner_max_vectors, "dataset": p.owner_max_datasets, "result": p.owner_max_results}
-            held, _ = self.db.usage(owner)
-            if held + size > p.owner_max_bytes:
-                raise UserError("owner_bytes", limit=p.owner_max_bytes >> 20)
-        self._make_room(size)
+        meta_text = json.dumps(meta, ensure_ascii=False)
+        size = len(data) if data is not None else len(meta_text.encode("utf-8"))  # what the store keeps for it
+        limit = {"vector": p.owner_max_vectors, "dataset": p.owner_max_datasets, "result": p.owner_max_results}
         item = {"item_id": secrets.token_urlsafe(16), "owner": owner, "kind": kind, "name": name,
                 "content_id": content_id(data, model) if data is not None else uses,
-                "meta": json.dumps(meta, ensure_ascii=False), "share_id": None, "listed": int(listed),
+                "meta": meta_text, "share_id": None, "listed": int(listed),
                 "model": model, "size": size, "created": now, "touched": now}
-        if not self.db.put_item(item, data, limit[kind] if owner is not None else None):
+        owned = owner is not None
+        for attempt in range(2):  # over the store's budget: make room once, then try again
+            outcome = self.db.put_item(item, data, max_items=limit[kind] if owned else None,
+                                       owner_max_bytes=p.owner_max_bytes if owned else None,
+                                       store_max_bytes=p.store_max_bytes, make_way=make_way)
+            if outcome != "store_full" or attempt:
+                break
+            self._make_room(size)
+        if outcome == "quota":
             raise UserError("owner_quota", kind=kind, limit=limit[kind])
+        if outcome == "owner_bytes":
+            raise UserError("owner_bytes", limit=p.owner_max_bytes >> 20)
+        if outcome == "store_full":
+            raise UserError("store_full", limit=p.store_max_bytes >> 20)
         return item
 
     def _make_room(self, size: int) -> None:
-        """Keep the store within its budget: remove what the module docstring says may go, oldest first."""
+        """Bring the store to ``size`` bytes under its budget: remove what the module docstring says may go,
+        oldest first; refused when that is not enough."""
         budget = self.policy.store_max_bytes
         used, _ = self.db.usage()
         if used + size <= budget:
@@ -161,7 +185,10 @@ class Library:
         return next((i for i in self.items(owner, kind) if i["name"] == name), None)
 
     def data(self, item: dict) -> bytes:
-        self.db.update_item(item["item_id"], touched=time.time())
+        try:
+            self.db.update_item(item["item_id"], touched=time.time())  # its last use (housekeeping's clock)
+        except StoreUnwritable:  # reading goes on while the store cannot be written
+            pass
         blob = self.db.blob(item["content_id"]) if item.get("content_id") else None
         if blob is None:
             raise UserError("unknown_id")
