@@ -26,12 +26,17 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from ..messages import english
 from ..vector import dataset_hash
 
 MAX_BYTES = 50 * 2**20
 MAX_ROWS = 100_000
 MAX_COLUMNS = 256
 MAX_DECODED_BYTES = 256 * 2**20  # what a compressed upload (Parquet) may inflate to
+# The character gate every cell passes as it is parsed, before anything copies, hashes or tokenises it (the
+# policy's max_prompt_chars, which the service passes); a column's name has its own, smaller one.
+MAX_CELL_CHARS = 4000
+MAX_NAME_CHARS = 256
 KINDS = ("statements", "answers", "pairs")
 SCHEMAS = ("statements", "answers", "truthfulqa", "pairs", "caa")
 LABELLED_COLUMNS = ["prompt", "completion", "label", "group"]
@@ -60,7 +65,24 @@ _TEXT_EXTS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".js
 
 
 class DatasetError(ValueError):
-    """A dataset that cannot be used; the message names file, row and column where it applies."""
+    """A dataset that cannot be used; the message names file, row and column where it applies.
+
+    ``key`` and ``params``, when given, name the message in :mod:`steer_ui.messages`, so a front can say it in
+    the visitor's language (the English text is the exception's own)."""
+
+    def __init__(self, message: str, key: str | None = None, **params: Any):
+        super().__init__(message)
+        self.key, self.params = key, params
+
+
+def _refusal(key: str, **params: Any) -> DatasetError:
+    """A DatasetError whose message is ``key`` of :mod:`steer_ui.messages`, in English here."""
+    return DatasetError(english(key, **params), key, **params)
+
+
+def _shown(column: Any) -> str:
+    """A column's name as a one-line message shows it: at most 40 characters, no line breaks."""
+    return " ".join(str(column)[:40].split())
 
 
 # ------------------------------------------------------------------ record
@@ -183,13 +205,17 @@ def content_hash(frame: pd.DataFrame, kind: str) -> str:
 
 # ------------------------------------------------------------------ entry
 def load_dataset(source: Any, schema: str | None = None, max_bytes: int = MAX_BYTES, max_rows: int = MAX_ROWS,
-                 filename: str | None = None) -> Dataset:
+                 filename: str | None = None, max_cell_chars: int = MAX_CELL_CHARS) -> Dataset:
     """Read and validate a dataset.
 
     ``source``: a path (str / Path), raw ``bytes`` (give ``filename`` so the
     format and messages are right), or a pandas DataFrame.  ``schema``: force
     one of ``statements``, ``answers``, ``truthfulqa``, ``pairs``, ``caa``
-    (detected from the columns when None).  Raises :class:`DatasetError`.
+    (detected from the columns when None).  Every cell (the texts of a JSON
+    list or object cell together) has at most ``max_cell_chars`` characters
+    and every column name at most :data:`MAX_NAME_CHARS`, checked as the file
+    is parsed, before any cell is copied, hashed or tokenised.  Raises
+    :class:`DatasetError`.
     """
     if schema is not None and schema not in SCHEMAS:
         raise DatasetError(f"unknown schema '{schema}' (choose from {', '.join(SCHEMAS)})")
@@ -198,6 +224,7 @@ def load_dataset(source: Any, schema: str | None = None, max_bytes: int = MAX_BY
         name = filename or "<dataframe>"
         if len(source) > max_rows:
             raise DatasetError(f"{name}: {len(source)} rows, over the limit of {max_rows} rows")
+        _bound_cells(source, name, max_cell_chars)
         records = source.copy()
         fmt = "dataframe"
     else:
@@ -217,7 +244,9 @@ def load_dataset(source: Any, schema: str | None = None, max_bytes: int = MAX_BY
             raise DatasetError(f"cannot read a dataset from {type(source).__name__}; give a path, bytes or a DataFrame")
         if len(data) > max_bytes:
             raise DatasetError(f"{name}: file is {len(data) / 2**20:.1f} MB, over the limit of {max_bytes / 2**20:g} MB")
-        records, fmt = _parse_bytes(data, name, warnings)
+        records, fmt = _parse_bytes(data, name, warnings, max_cell_chars)
+        del data  # the parsed table is what is kept from here on
+        _bound_cells(records, name, max_cell_chars)
         if len(records) > max_rows:
             raise DatasetError(f"{name}: {len(records)} rows, over the limit of {max_rows} rows")
     if len(records.columns) == 0:
@@ -228,7 +257,8 @@ def load_dataset(source: Any, schema: str | None = None, max_bytes: int = MAX_BY
 
 
 # ------------------------------------------------------------------ parsing
-def _parse_bytes(data: bytes, name: str, warnings: list[str]) -> tuple[pd.DataFrame, str]:
+def _parse_bytes(data: bytes, name: str, warnings: list[str],
+                 max_cell_chars: int = MAX_CELL_CHARS) -> tuple[pd.DataFrame, str]:
     ext = Path(name).suffix.lower()
     if not data.strip():
         raise DatasetError(f"{name}: the file is empty")
@@ -242,17 +272,40 @@ def _parse_bytes(data: bytes, name: str, warnings: list[str]) -> tuple[pd.DataFr
         raise DatasetError(f"{name}: the file is empty")
     fmt = _TEXT_EXTS.get(ext)
     if fmt is None:
-        first = text.lstrip()[:1]
-        if first in "[{":
+        first_line = _first_line(text)
+        if first_line[:1] in ("[", "{"):
             fmt = "json"
         else:
-            first_line = text.lstrip().splitlines()[0]
             fmt = "tsv" if "\t" in first_line else "csv"
     if fmt == "json":
-        return _read_json(text, name), fmt
+        return _read_json(text, name, max_cell_chars), fmt
     if fmt == "jsonl":
-        return _read_jsonl(text, name), fmt
+        return _read_jsonl(text, name, max_cell_chars), fmt
     return _read_delimited(text, name, "\t" if fmt == "tsv" else ","), fmt
+
+
+def _first_line(text: str) -> str:
+    """The first non-blank line of ``text`` without its leading spaces, copying nothing else of the file."""
+    start = re.compile(r"\s*").match(text).end()
+    brk = _LINE_BREAK.search(text, start)
+    return text[start:] if brk is None else text[start:brk.start()]
+
+
+def _lines(text: str):
+    """(line number, line) of every non-blank line (ended by LF, CRLF or CR), one line copied at a time
+    (``str.splitlines`` would copy the whole file at once, and break lines inside JSON strings at U+2028)."""
+    start, lineno = 0, 0
+    for brk in _LINE_BREAK.finditer(text):
+        lineno += 1
+        line = text[start:brk.start()]
+        start = brk.end()
+        if line.strip():
+            yield lineno, line
+    if start < len(text) and text[start:].strip():
+        yield lineno + 1, text[start:]
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 def _read_parquet(data: bytes, name: str) -> pd.DataFrame:
@@ -307,11 +360,14 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
 
 def _read_delimited(text: str, name: str, sep: str) -> pd.DataFrame:
     kind = "TSV" if sep == "\t" else "CSV"
-    header = text.lstrip().split("\n", 1)[0]
+    header = _first_line(text)
     if header.count(sep) + 1 > MAX_COLUMNS:  # a wide header would make pandas allocate per column first
         raise DatasetError(f"{name}: {header.count(sep) + 1} columns; the limit is {MAX_COLUMNS}")
+    del header
     try:
-        frame = pd.read_csv(io.StringIO(text), sep=sep, dtype=str, keep_default_na=False, skip_blank_lines=True)
+        # as UTF-8 bytes: a text buffer (StringIO) would hold the file at four bytes a character
+        frame = pd.read_csv(io.BytesIO(text.encode("utf-8")), sep=sep, dtype=str, keep_default_na=False,
+                            skip_blank_lines=True, encoding="utf-8")
     except pd.errors.EmptyDataError:
         raise DatasetError(f"{name}: the file is empty") from None
     except (pd.errors.ParserError, ValueError) as exc:
@@ -322,49 +378,144 @@ def _read_delimited(text: str, name: str, sep: str) -> pd.DataFrame:
     return frame
 
 
-def _read_json(text: str, name: str) -> pd.DataFrame:
+def _read_json(text: str, name: str, max_cell_chars: int = MAX_CELL_CHARS) -> pd.DataFrame:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         # A JSON-lines file with a .json name parses line by line.
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        if len(lines) > 1 and all(ln.lstrip().startswith("{") for ln in lines[:5]):
-            return _read_jsonl(text, name)
+        first = [line for _, line in zip(range(5), (ln for _, ln in _lines(text)))]
+        if len(first) > 1 and all(ln.lstrip().startswith("{") for ln in first):
+            return _read_jsonl(text, name, max_cell_chars)
         raise DatasetError(f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except (RecursionError, ValueError) as exc:  # nesting too deep, or a number of thousands of digits
+        raise DatasetError(f"{name}: not a JSON table it can read ({_json_problem(exc)})") from None
     if isinstance(obj, dict):
         lists = [v for v in obj.values() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
         if len(lists) == 1:
             obj = lists[0]
         elif obj and all(isinstance(v, list) for v in obj.values()):
+            for key, values in obj.items():  # columns: each cell bounded before a frame is made of them
+                for i, value in enumerate(values, start=1):
+                    _bound_cell(name, i, key, value, max_cell_chars)
             try:
                 return pd.DataFrame(obj)
             except ValueError as exc:
                 raise DatasetError(f"{name}: JSON columns of unequal length ({exc})") from None
         else:
             raise DatasetError(f"{name}: expected a JSON list of row objects (or an object holding one), "
-                               f"found an object with keys {sorted(obj)[:8]}")
+                               f"found an object with keys {[_shown(k) for k in sorted(obj)[:8]]}")
     if not isinstance(obj, list):
         raise DatasetError(f"{name}: expected a JSON list of row objects, found {type(obj).__name__}")
     for i, row in enumerate(obj, start=1):
         if not isinstance(row, dict):
             raise DatasetError(f"{name}: row {i}: expected an object with named fields, found {type(row).__name__}")
+        _bound_row(name, i, row, max_cell_chars)
     return pd.DataFrame(obj)
 
 
-def _read_jsonl(text: str, name: str) -> pd.DataFrame:
+def _read_jsonl(text: str, name: str, max_cell_chars: int = MAX_CELL_CHARS) -> pd.DataFrame:
     rows = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for lineno, line in _lines(text):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{name}: line {lineno} is not valid JSON ({exc.msg}, column {exc.colno})") from None
+        except (RecursionError, ValueError) as exc:
+            raise DatasetError(f"{name}: line {lineno} is not a JSON row it can read ({_json_problem(exc)})") from None
         if not isinstance(row, dict):
             raise DatasetError(f"{name}: line {lineno}: expected an object with named fields, found "
                                f"{type(row).__name__}")
+        _bound_row(name, len(rows) + 1, row, max_cell_chars)  # as parsed: a long cell stops the file here
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _json_problem(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if "digits" in str(exc):
+        return "a number of thousands of digits"
+    return str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+
+
+# ------------------------------------------------------------------ bounds
+def text_chars(value: Any) -> int:
+    """Characters of one cell: a text's length; for a list or object (JSON, Parquet) the texts within it and
+    its keys together; 0 for numbers and empty cells."""
+    if type(value) is str:
+        return len(value)
+    total, stack = 0, [value]
+    while stack:  # by hand, not recursion: a cell may nest deeply
+        item = stack.pop()
+        if isinstance(item, (str, bytes, bytearray)):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)) or (isinstance(item, np.ndarray) and item.dtype == object):
+            stack.extend(item)
+        elif isinstance(item, np.ndarray) and item.dtype.kind in "US":
+            total += int(np.char.str_len(item).sum())
+    return total
+
+
+def column_chars(series: pd.Series) -> np.ndarray | None:
+    """Characters of each cell of a column (:func:`text_chars`), None for a column that cannot hold text
+    (numbers, booleans, dates).  Text columns backed by Arrow are measured there, without a copy of any text."""
+    dtype = series.dtype
+    if pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype) or \
+            pd.api.types.is_datetime64_any_dtype(dtype):
+        return None
+    if isinstance(dtype, pd.StringDtype) or (isinstance(dtype, pd.ArrowDtype) and pd.api.types.is_string_dtype(dtype)):
+        return series.str.len().fillna(0).to_numpy(dtype=np.int64)
+    values = series.to_numpy(dtype=object) if dtype == object else series
+    return np.fromiter((text_chars(v) for v in values), dtype=np.int64, count=len(series))
+
+
+def first_long_cell(frame: pd.DataFrame, limit: int) -> tuple[int, Any, int] | None:
+    """(row index, column, characters) of the first cell, in reading order (row by row), with more than
+    ``limit`` characters; None when every cell is within it."""
+    first = None
+    for j in range(frame.shape[1]):  # by position: a DataFrame may repeat a column's name
+        column, chars = frame.columns[j], column_chars(frame.iloc[:, j])
+        if chars is None:
+            continue
+        over = np.flatnonzero(chars > limit)
+        if over.size and (first is None or over[0] < first[0]):
+            first = (int(over[0]), column, int(chars[over[0]]))
+    return first
+
+
+def _bound_name(name: str, column: Any) -> None:
+    size = len(str(column))
+    if size > MAX_NAME_CHARS:
+        raise _refusal("column_name_too_long", name=name, column=_shown(column), size=size, limit=MAX_NAME_CHARS)
+
+
+def _bound_cell(name: str, row: int, column: Any, value: Any, limit: int) -> None:
+    size = text_chars(value)
+    if size > limit:
+        _bound_name(name, column)
+        raise _refusal("cell_too_long", name=name, row=row, column=_shown(column), size=size, limit=limit)
+
+
+def _bound_row(name: str, row: int, record: dict, limit: int) -> None:
+    for column, value in record.items():
+        _bound_name(name, column)
+        _bound_cell(name, row, column, value, limit)
+
+
+def _bound_cells(records: pd.DataFrame, name: str, limit: int) -> None:
+    """Every column name and cell of a parsed table within its character bound, or one DatasetError naming
+    the file, the row (data rows from 1) and the column of the first that is not."""
+    if records.columns.size > MAX_COLUMNS:
+        raise DatasetError(f"{name}: {records.columns.size} columns; the limit is {MAX_COLUMNS}")
+    for column in records.columns:
+        _bound_name(name, column)
+    first = first_long_cell(records, limit)
+    if first is not None:
+        row, column, size = first
+        raise _refusal("cell_too_long", name=name, row=row + 1, column=_shown(column), size=size, limit=limit)
 
 
 # ------------------------------------------------------------------ schemas
@@ -398,7 +549,7 @@ def detect_schema(columns: Sequence[Any]) -> str | None:
 
 def _canonical(records: pd.DataFrame, name: str, schema: str | None, warnings: list[str]) -> Dataset:
     records = records.reset_index(drop=True)
-    found = [str(c) for c in records.columns]
+    found = [_shown(c) for c in records.columns]
     detected = detect_schema(records.columns)
     schema = schema or detected
     if schema is None:
@@ -436,7 +587,7 @@ def _canonical(records: pd.DataFrame, name: str, schema: str | None, warnings: l
         else:
             completion = _text_column(records, need(STATEMENT_COLS, "statement"), name)
             prompt = pd.Series([""] * len(records))
-        labels = _parse_labels(records[label_col], name, str(label_col))
+        labels = _parse_labels(records[label_col], name, _shown(label_col))
         frame = pd.DataFrame({"prompt": prompt, "completion": completion, "label": labels})
         if group_col:
             frame["group"] = _text_column(records, group_col, name)
@@ -466,7 +617,7 @@ def _text_column(records: pd.DataFrame, col: Any, name: str) -> pd.Series:
         elif isinstance(v, (int, float, np.integer, np.floating, bool)):
             out.append(str(v))
         else:
-            raise DatasetError(f"{name}: row {i}, column '{col}': expected text, found {type(v).__name__}")
+            raise DatasetError(f"{name}: row {i}, column '{_shown(col)}': expected text, found {type(v).__name__}")
     return pd.Series(out, dtype=object)
 
 
