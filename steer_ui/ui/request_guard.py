@@ -14,6 +14,7 @@ and passes NaN through.  So the app's ``process_api`` is wrapped once (:func:`in
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import gradio as gr
@@ -46,8 +47,28 @@ def _header(request, name: str) -> str | None:
 
 
 def client_address(request) -> str | None:
+    """The address the request came from: the connection's peer, or what X-Forwarded-For says where the peer is
+    a proxy the operator named (``--forwarded-allow-ips``; uvicorn rewrites ``request.client`` then, see
+    :func:`trust_forwarded`).  Headers are never read here: a client cannot name its own address."""
     client = getattr(request, "client", None)
     return getattr(client, "host", None)
+
+
+# uvicorn reads this when gradio's launch builds its Config (gradio passes no forwarded_allow_ips of its own), and
+# trusts X-Forwarded-For from loopback when it is unset: behind a same-host proxy or tunnel that passes a
+# client's header through, every fresh X-Forwarded-For would be a fresh address, past the per-address caps.
+FORWARDED_ENV = "FORWARDED_ALLOW_IPS"
+
+
+def trust_forwarded(addresses) -> None:
+    """Before a launch: honour X-Forwarded-For only from ``addresses`` (IP addresses or networks; none: nobody)."""
+    os.environ[FORWARDED_ENV] = ",".join(addresses)
+
+
+def forwarded_trusted(demo) -> str | None:
+    """After a launch: the proxies the running server takes X-Forwarded-For from, as uvicorn was told."""
+    config = getattr(getattr(demo, "server", None), "config", None)
+    return getattr(config, "forwarded_allow_ips", None)
 
 
 def field_label(block, lang: str) -> str:
@@ -57,7 +78,7 @@ def field_label(block, lang: str) -> str:
     if key and key in i18n.TRANSLATIONS["en"]:
         return i18n.label(lang, key)
     if isinstance(label, str) and label:
-        return label[:60]
+        return label  # whole: a message names its field as the page does
     return getattr(block, "elem_id", None) or "input"
 
 
