@@ -30,13 +30,16 @@ class Policy:
     dtype: str = "auto"
     weights: str = "auto"  # float32, bfloat16, int8 or auto (steer_ui.model.precision); the administrator's too
     # ---- text and generation: a character cap as a cheap first gate, then tokens, which are what costs
-    max_prompt_chars: int = 4000
+    max_prompt_chars: int = 4000  # every dataset cell too, as the file is parsed (data.datasets.load_dataset)
     max_prompt_tokens: int = 1024  # any one text: a prompt, a target, an answer after its prompt, a dataset cell
     # working memory one request may need, by model/budget.py's formula (tokens × rows × the model's shape)
     max_request_bytes: int = 512 << 20
     # the same, summed over the requests running at once; a request waits for room, then hears "busy"
     max_inflight_bytes: int = 512 << 20
     inflight_wait_seconds: float = 30.0
+    # of that budget, what long jobs (a comparison of many prompts) may hold together: slider moves, next-token
+    # calls and single generations always find the rest (steer_ui/admission.py)
+    long_job_share: float = 0.5
     max_new_tokens: int = 256
     max_top_k: int = 100
     max_sweep_points: int = 101
@@ -46,6 +49,9 @@ class Policy:
     # of them in the shared decode batch at once; each place is refilled when its prompt ends, after any visitor
     # already waiting (steerability.generate_all), so a visitor waits at most one prompt's generation
     compare_in_flight: int = 8
+    # one comparison's time limit: refused up front when its estimate at the engine's measured speed passes it,
+    # stopped there (its finished prompts returned) when it runs past it anyway
+    compare_seconds: float = 300.0
     # ---- sessions (one per browser tab or gradio_client.Client; see steer_ui/sessions.py)
     max_sessions: int = 256
     sessions_per_address: int = 64  # kept sessions admitted from one client address

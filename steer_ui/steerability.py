@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -80,23 +81,39 @@ def alpha_grid(alpha_max: float, points: int = GRID_POINTS) -> list[float]:
     return [float(f"{alpha_max * i / half:.12g}") for i in range(-half, half + 1)]
 
 
-def generate_all(engine, requests: Sequence, in_flight: int, prompts: Sequence[str]) -> list[Generated]:
+def generate_all(engine, requests: Sequence, in_flight: int, prompts: Sequence[str],
+                 seconds: float | None = None) -> list[Generated | None]:
     """Every request's final side-by-side result through ``engine``, at most ``in_flight`` of them in the decode
     batch at once (so one comparison never takes the whole batch from other visitors), each place refilled the
     moment its generation ends (continuous batching: a wave no longer waits for its longest member; a visitor who
-    asks meanwhile queues before the comparison's next prompt)."""
-    stop = threading.Event()
+    asks meanwhile queues before the comparison's next prompt).
 
-    def one(i: int) -> Generated:
+    ``seconds``: the whole comparison's time limit.  Past it the prompts still running stop and those not started
+    are skipped: their places in the result (which stays aligned with ``requests``) are None, and the caller
+    says so.  Without it each generation has the engine's own limit, and no place is None.
+    """
+    from .model.engine import EngineTimeout
+
+    stop = threading.Event()
+    deadline = None if seconds is None else time.monotonic() + seconds
+
+    def one(i: int) -> Generated | None:
         if stop.is_set():
             raise RuntimeError("the comparison stopped")
-        ticket = engine.submit(requests[i])
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None
+        ticket = engine.submit(requests[i], timeout_seconds=left)
         try:
             last = None
             for event in ticket:
                 last = event.result
                 if stop.is_set():
                     raise RuntimeError("the comparison stopped")
+        except EngineTimeout:
+            if deadline is None:
+                raise
+            return None  # the comparison's time is up: this prompt is left out
         finally:
             ticket.cancel()
         if last is None:

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import logging
 import queue
+import statistics
 import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from .cpu_threads import prepare_helpers, release_helpers
 from .generation import DecodeBatch, Request, StepEvent, prefill_groups
@@ -119,12 +122,51 @@ class Ticket:
         self._events.put(item)
 
 
+# the engine's speed is the median of its last this many measurements: a first pass (lazy set-up, a cold cache)
+# or one slowed by a burst of slider moves moves it little, and a lasting change shows within seconds
+_SPEED_SAMPLES = 32
+# prefills shorter than this many token rows (3 rows × tokens) say more about a pass's fixed cost than about the
+# cost per token, so they are not used for the per-token rate; one pass of this size measures it when none did
+_LONG_PREFILL_ROWS = 192
+
+
 @dataclass
 class EngineStats:
     steps: int = 0
     rows_per_step: float = 0.0  # running mean
     admitted: int = 0
     peak_requests: int = 0
+    # The engine's measured speed: seconds a prefill takes per token row (prompt tokens × 3 rows, from prefills of
+    # at least _LONG_PREFILL_ROWS) and a decode step per row, each the median of the last _SPEED_SAMPLES.
+    # Admission estimates a job's time from them (:meth:`estimate_seconds`).  A step's time includes the turns it
+    # gives slider moves, so under load the speed reads slower, and estimates err on the long side.
+    prefill_rates: deque = field(default_factory=lambda: deque(maxlen=_SPEED_SAMPLES))
+    decode_rates: deque = field(default_factory=lambda: deque(maxlen=_SPEED_SAMPLES))
+
+    def observe_prefill(self, seconds: float, token_rows: int) -> None:
+        if token_rows >= _LONG_PREFILL_ROWS:
+            self.prefill_rates.append(seconds / token_rows)
+
+    def observe_step(self, seconds: float, rows: int) -> None:
+        if rows > 0:
+            self.decode_rates.append(seconds / rows)
+
+    @property
+    def prefill_seconds_per_token_row(self) -> float | None:
+        return statistics.median(self.prefill_rates) if self.prefill_rates else None
+
+    @property
+    def decode_seconds_per_row(self) -> float | None:
+        return statistics.median(self.decode_rates) if self.decode_rates else None
+
+    def estimate_seconds(self, token_rows: int, decode_rows: int) -> float | None:
+        """Seconds to prefill ``token_rows`` and decode ``decode_rows`` row-steps at the measured speed; None
+        until both have been measured.  Per row, as measured: a batch of more rows than the engine has run
+        costs less per row than this says (the estimate is an upper bound there)."""
+        prefill, decode = self.prefill_seconds_per_token_row, self.decode_seconds_per_row
+        if prefill is None or decode is None:
+            return None
+        return token_rows * prefill + decode_rows * decode
 
 
 class Engine:
@@ -190,6 +232,20 @@ class Engine:
             ticket._put(EngineBusy("the model is being replaced"))
         if wait and thread is not None:
             thread.join(wait)
+
+    def measured(self) -> EngineStats:
+        """The stats, the per-token prefill rate measured first when no prefill long enough has run yet: one pass
+        of _LONG_PREFILL_ROWS token rows (a fraction of a second on a CPU), taken in turn with the decode as a
+        slider move is."""
+        if not self.stats.prefill_rates:
+            tokens = _LONG_PREFILL_ROWS // 3
+            ids = self.handle.tokenizer(" the" * tokens, add_special_tokens=False).input_ids[:tokens]
+            ids = torch.tensor([ids] * 3, device=self.handle.input_device)
+            with self.interactive(), torch.inference_mode():
+                started = time.monotonic()
+                self.handle.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+                self.stats.observe_prefill(time.monotonic() - started, ids.numel())
+        return self.stats
 
     @property
     def load(self) -> dict:
@@ -333,6 +389,7 @@ class Engine:
                 self._admit(batch, [tickets[id(r)] for r in group])
         if not len(batch):
             return
+        started, rows = time.monotonic(), 3 * len(batch)
         events = batch.sample()
         now = time.monotonic()
         for request, event in events:
@@ -346,6 +403,7 @@ class Engine:
                 self._running.pop(id(request))._put(EngineTimeout(
                     "the generation ran past its time limit and was stopped"))
         batch.advance()
+        self.stats.observe_step(time.monotonic() - started, rows)
         # every ticket whose request left the batch (done, cancelled, timed out) gets its end, exactly once
         live = {id(r) for r in batch.requests}
         for key in [k for k in self._running if k not in live]:
@@ -355,8 +413,10 @@ class Engine:
         self.stats.rows_per_step += (rows - self.stats.rows_per_step) / self.stats.steps
 
     def _admit(self, batch: DecodeBatch, tickets: list[Ticket]) -> None:
+        started = time.monotonic()
         try:
             batch.admit([t.request for t in tickets])
+            self.stats.observe_prefill(time.monotonic() - started, 3 * sum(len(t.request.ids) for t in tickets))
         except Exception as exc:  # noqa: BLE001 - the new requests are told; the running batch is untouched
             if len(tickets) > 1:  # one bad request must not fail the others that came with it
                 for ticket in tickets:

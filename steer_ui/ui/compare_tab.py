@@ -49,7 +49,17 @@ def render(lang: str, out: dict) -> tuple:
 
 
 def summary_line(lang: str, summary: dict) -> str:
-    """The sentence a person quotes (issue #31), in the page's language."""
+    """The sentence a person quotes (issue #31), in the page's language; after it, when the comparison stopped at
+    its time limit, the line saying how many prompts it covers."""
+    line = _summary_sentence(lang, summary)
+    stopped = summary.get("stopped")
+    if stopped:
+        line += " " + i18n.message(lang, "compare_stopped", done=stopped["done"], total=stopped["total"],
+                                   limit=stopped["limit"])
+    return line
+
+
+def _summary_sentence(lang: str, summary: dict) -> str:
     def number(value, fallback=0.0):
         return value if isinstance(value, (int, float)) and math.isfinite(value) else fallback
 
