@@ -20,6 +20,7 @@ from ..service import Service
 from . import i18n, panel_keys
 from .common import EXPLORE, SLIDER, as_gr_error, handler, lang_of, sid, table
 from .request_guard import client_address
+from .url_state import JS_SHARE_URL
 
 STORAGE_KEY = "steer_ui_owner"
 SHOW_RESULT = "show_result"  # the session's saved result while the page shows it (set by the page load)
@@ -110,8 +111,8 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
     def share(vector, request: gr.Request):
         lang = lang_of(backend, request)
         share_id = backend.share_vector(sid(request), vector)
-        link = f"{page_url(request)}?vector={share_id}"
-        return share_id, i18n.message(lang, "shared"), gr.update(value=link, visible=True)
+        # the link itself is the page's own (JS_COPY_URL, chained below): the whole view, with the share id
+        return share_id, i18n.message(lang, "shared")
 
     @handler(backend)
     def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, request: gr.Request):
@@ -152,8 +153,12 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
                                                          "vector_seed": settings.get("seed", 0)}, panel_keys.STEERING)
         return (status, made) + saved_generation(lang, {**saved, "generation": frame.as_dict()})[:4]
 
-    explore.share.click(share, [explore.vector], [explore.vector_ref, explore.library_status, explore.link],
-                        api_name="share_button", api_visibility="undocumented", queue=False)
+    # Share gives the same link as Copy link and the address bar (issue #52): the vector as its share id, with the
+    # view's prompt, layer, α, range and units; a stranger who opens it sees the owner's numbers
+    explore.share.click(share, [explore.vector], [explore.vector_ref, explore.library_status],
+                        api_name="share_button", api_visibility="undocumented", queue=False) \
+        .then(None, explore.url_inputs + [explore.link], [explore.link], js=JS_SHARE_URL, queue=False) \
+        .then(lambda: gr.update(visible=True), None, [explore.link], queue=False, api_visibility="undocumented")
     explore.save.click(save, explore.url_inputs, [explore.library_status, explore.link],
                        api_name="save_button", api_visibility="undocumented", **SLIDER)
     explore.run_live.click(run_live, None, [explore.library_status, explore.generations_key, explore.unsteered,

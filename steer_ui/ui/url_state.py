@@ -90,26 +90,32 @@ def fall_back(state: ExploreState, defaults: ExploreState, wanted: str | None, o
     return True
 
 
-# α goes into the link with 4 significant digits, as the page shows it
-JS_SYNC_URL = """
-(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref) => {
-  const q = new URLSearchParams({prompt: prompt ?? "", vector: vector_ref || vector || "", layer: String(layer),
-                                 alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
-                                 alpha_max: String(alpha_max)});
+# The query string of the view, one expression shared by the three scripts below (the address bar, Copy link
+# and Share give the same URL); α goes into the link with 4 significant digits, as the page shows it
+_JS_QUERY = """new URLSearchParams({prompt: prompt ?? "", vector: vector_ref || vector || "", layer: String(layer),
+  alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
+  alpha_max: String(alpha_max)})"""
+_JS_ARGS = "prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref"
+
+# Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
+JS_SYNC_URL = f"""
+({_JS_ARGS}) => {{
+  const q = {_JS_QUERY};
   window.history.replaceState(null, "", window.location.pathname + "?" + q.toString());
-  return [prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref];
-}
+  return [{_JS_ARGS}];
+}}
 """
 
 # "Copy link": the same URL, to the clipboard (and shown, for browsers that refuse clipboard access).
-JS_COPY_URL = """
-(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref) => {
-  const q = new URLSearchParams({prompt: prompt ?? "", vector: vector_ref || vector || "", layer: String(layer),
-                                 alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
-                                 alpha_max: String(alpha_max)});
+_JS_COPY_BODY = f"""
+  const q = {_JS_QUERY};
   const url = window.location.origin + window.location.pathname + "?" + q.toString();
   window.history.replaceState(null, "", url);
-  if (navigator.clipboard) { navigator.clipboard.writeText(url).catch(() => {}); }
+  if (navigator.clipboard) {{ navigator.clipboard.writeText(url).catch(() => {{}}); }}
   return url;
-}
 """
+JS_COPY_URL = f"({_JS_ARGS}) => {{{_JS_COPY_BODY}}}"
+
+# "Share", after the server made the vector's share id: Copy link's URL, now carrying that id.  Without an id (the
+# share was refused; its line says why) the link box keeps what it showed.
+JS_SHARE_URL = f"({_JS_ARGS}, shown) => {{ if (!vector_ref) {{ return shown; }}{_JS_COPY_BODY}}}"

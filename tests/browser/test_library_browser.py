@@ -86,7 +86,13 @@ def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_str
     owner.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText.includes('Shared')",
                             timeout=20_000)
     time.sleep(1.0)  # the readout for the vector's own layer and α range, and the URL that carries its share id
-    link = owner.url
+    # the link Share shows is the whole view, the address bar's URL (issue #52: it was only ?vector=<id>, which
+    # opened the vector at another layer and α range for a stranger)
+    owner.wait_for_function("() => (document.querySelector('#explore-link textarea, #explore-link input')?.value "
+                            "|| '').includes('alpha_max=')", timeout=10_000)
+    link = owner.locator("#explore-link textarea, #explore-link input").first.input_value()
+    assert link == owner.url
+    assert all(f"{key}=" in link for key in ("prompt", "layer", "alpha", "alpha_max", "relative"))
     assert "vector=" in link and name.split()[0] not in link.split("vector=")[1]  # the id, not the name
     # gradio lays a "processing | 1.2s" line over a panel while a request for it runs: read the numbers alone
     owner.wait_for_function("() => !document.querySelector('#explore-readout').innerText.includes('processing')",
