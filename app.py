@@ -54,6 +54,24 @@ def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
     return pairs
 
 
+def parse_forwarded(text: str) -> tuple[str, ...]:
+    """'127.0.0.1,10.0.0.0/8' -> the proxies whose X-Forwarded-For names the client ('' names none).
+
+    Each entry is an IP address or a network, as uvicorn reads them (a network's host bits zero); uvicorn would
+    take anything else as a literal that never matches, so a typo would silently trust nobody."""
+    import ipaddress
+
+    entries = [entry.strip() for entry in str(text).split(",") if entry.strip()]
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry) if "/" in entry else ipaddress.ip_address(entry)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--forwarded-allow-ips takes IP addresses and networks, comma-separated (127.0.0.1, "
+                f"10.0.0.0/8), got '{entry[:60]}'") from None
+    return tuple(entries)
+
+
 def internet_reachable(timeout: float = 3.0) -> bool:
     try:
         with socket.create_connection(SHARE_PROBE, timeout=timeout):
@@ -103,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "where every visitor has the proxy's address)")
     p.add_argument("--new-sessions-per-minute", type=int, default=None,
                    help="new sessions one client address may open a minute, after a burst of 64 (default 60)")
+    p.add_argument("--forwarded-allow-ips", type=parse_forwarded, default=(), metavar="ADDRESSES",
+                   help="proxies whose X-Forwarded-For header names the client, comma-separated addresses or "
+                        "networks (e.g. 127.0.0.1 behind a proxy or tunnel on this machine); default none: every "
+                        "client is the address that connects (README: Sharing safely)")
     return p
 
 
@@ -146,6 +168,9 @@ def startup_message(args, local_url: str, share_url: str | None, has_auth: bool)
     elif args.host in LOOPBACK:
         lines.append("only this machine can open it; to share with colleagues: --host 0.0.0.0 --auth user:pass "
                      "(local network) or --share --auth user:pass (public link)")
+    if getattr(args, "forwarded_allow_ips", ()):
+        lines.append("client addresses: from X-Forwarded-For where the connection comes from "
+                     f"{', '.join(args.forwarded_allow_ips)}")
     lines.append("visitors cannot switch the model" if not args.allow_model_switch else
                  f"visitors may switch the model to: {', '.join(policy_sources(args))}")
     return "\n".join(lines)
@@ -171,6 +196,23 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"warning: {problem}", file=sys.stderr)
 
+    policy = policy_from_args(args)
+    from steer_ui.store import StoreError, default_spec, open_for_serving, where
+
+    # before the heavy imports: a store that is missing, read-only, full or locked is said in one line at once
+    try:
+        library = open_for_serving(args.store, policy)
+    except StoreError as exc:
+        line = getattr(exc, "line", None) or str(exc)
+        if (args.store or "").strip():  # the store the operator named: serving without it is not what was asked
+            print(f"error: --store {where(args.store.strip())}: {line}", file=sys.stderr)
+            return 2
+        # the default place (a newcomer's first run, a read-only home): the app still comes up, keeping nothing
+        print(f"warning: the library at {default_spec()} {line}; serving with keeping off (visitors' work is not "
+              "kept, and the page says so): --store PATH names another place, --store off says it knowingly",
+              file=sys.stderr)
+        library = None
+
     from steer_ui.model import static_decode
     from steer_ui.service import Service, UserError
     from steer_ui.ui.app import build_demo, launch_kwargs
@@ -181,14 +223,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {static_decode.ENV}: {exc}", file=sys.stderr)
         return 2
 
-    policy = policy_from_args(args)
-    from steer_ui.store import StoreError, open_library
-
-    try:
-        library = open_library(args.store, policy)
-    except StoreError as exc:
-        print(f"error: --store: {exc}", file=sys.stderr)
-        return 2
     if library is not None and library.db.moved_aside is not None:
         print(f"warning: the library at {library.db.spec} could not be read; it was moved aside to "
               f"{library.db.moved_aside} (never deleted) and a new, empty one started", file=sys.stderr)
@@ -219,7 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.queue(default_concurrency_limit=4, max_size=policy.queue_max_size, api_open=False)
     # quiet: gradio's own banner suggests share=True in launch(); ours names this app's flags instead
     demo.launch(**launch_kwargs(policy.max_body_bytes, server_name=args.host, server_port=args.port, share=share,
-                                auth=auth, max_file_size=args.max_file_size, prevent_thread_lock=True, quiet=True))
+                                auth=auth, max_file_size=args.max_file_size, prevent_thread_lock=True, quiet=True,
+                                forwarded_allow_ips=args.forwarded_allow_ips))
+    from steer_ui.ui.request_guard import forwarded_trusted
+
+    if forwarded_trusted(demo) != ",".join(args.forwarded_allow_ips):  # a gradio that passes uvicorn its own list
+        print(f"error: the server trusts X-Forwarded-For from '{forwarded_trusted(demo)}', not from what "
+              "--forwarded-allow-ips names; stopping rather than let clients choose their address", file=sys.stderr)
+        demo.close()
+        return 2
     print(startup_message(args, demo.local_url, demo.share_url if share else None, auth is not None), flush=True)
     if share and not demo.share_url:
         print("warning: the public share link could not be created; the app is still served locally.",

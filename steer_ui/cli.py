@@ -461,6 +461,7 @@ def cmd_library(args) -> dict:
                      "model": i["model"], "bytes": i["size"]} for kind in KINDS for i in library.items(owner, kind)]
             return {"owner": bool(owner), "items": rows}
         if args.action == "add":
+            from . import names
             from .formats import read_vector
             from .keeping import native_bytes
             from .model.identity import model_fingerprint
@@ -468,7 +469,7 @@ def cmd_library(args) -> dict:
             handle = load_handle(args)
             path = Path(args.target)
             vector, warnings = read_vector(path, handle)  # checked like an import, against this model
-            name = (args.name or vector.name or path.stem).strip()[:200]
+            name = names.checked((args.name or vector.name or path.stem).strip()[:200])  # listed as it is
             native = library.save(owner, "vector", name, native_bytes(vector), {"method": vector.method},
                                   model_fingerprint(handle), listed=owner is None)
             return {"added": name, "listed": bool(native["listed"]), "warnings": warnings}
@@ -488,11 +489,13 @@ def cmd_library(args) -> dict:
 
 
 def _expected_errors() -> tuple[type, ...]:
-    """Input errors, printed as one line: every core error type is a ValueError except the loader's."""
+    """Input errors, printed as one line: every core error type is a ValueError except the loader's and the
+    service's refusals (a command that goes through the service, such as compare's import)."""
+    from .messages import UserError
     from .model.loading import ModelLoadError
     from .store import StoreError
 
-    return (CliError, ValueError, ModelLoadError, FileNotFoundError, StoreError)
+    return (CliError, ValueError, ModelLoadError, FileNotFoundError, StoreError, UserError)
 
 
 def _stderr_progress(fraction: float, message: str) -> None:

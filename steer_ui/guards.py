@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -27,6 +28,38 @@ TRIM_AFTER_BYTES = 16 * MB  # a request whose working memory was at least this h
 # supported families sums squares in float32 (upcasting half-precision models), so a push is refused when
 # ‖h + α·v‖² could overflow there, not only when α·v itself does.
 NORM_SQUARES_MAX = float(torch.finfo(torch.float32).max)
+# The texts of a dataset a job reads (steer_ui.data.datasets' canonical columns; group and category are keys,
+# never read by the model), and how many characters of them one tokenizer call takes: counting stops within
+# one chunk of passing max_train_tokens.
+READ_COLUMNS = ("prompt", "completion", "positive", "negative")
+TOKENIZE_CHUNK_CHARS = 1 << 16
+_LONGEST_TOKEN: dict[int, tuple[Any, int]] = {}
+
+
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token of ``tokenizer`` can span: its longest vocabulary entry, special tokens
+    included (byte-level and SentencePiece entries spell at least the characters they cover).  So a text of
+    more than ``n × this`` characters is more than ``n`` tokens, known without tokenising it (a tokenizer that
+    maps a whole unknown word to one token can be refused by that bound when it would not by its count)."""
+    held = _LONGEST_TOKEN.get(id(tokenizer))
+    if held is not None and held[0]() is tokenizer:
+        return held[1]
+    try:
+        longest = max(1, max((len(str(entry)) for entry in tokenizer.get_vocab()), default=1))
+    except Exception:  # noqa: BLE001 - a tokenizer without a readable vocabulary: characters imply nothing
+        return 1 << 20
+    try:
+        _LONGEST_TOKEN[id(tokenizer)] = (weakref.ref(tokenizer), longest)
+    except TypeError:  # not weakly referable: measured again next time
+        pass
+    return longest
+
+
+def _cell_text(value: Any) -> str:
+    """A non-text cell as the text a job would read: empty for a missing value (None, NaN, NA)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or type(value).__name__ == "NAType":
+        return ""
+    return str(value)
 
 
 def number(value: Any, what: str, *, integer: bool = False, low: float | None = None,
@@ -74,42 +107,41 @@ def settings_json(value: Any) -> dict:
     """A training method's settings sent as JSON text (or already an object): a dict of plain values.
 
     Bounded before and while parsing: at most :data:`MAX_SETTINGS_CHARS` characters, numbers of at most
-    :data:`MAX_SETTINGS_DIGITS` digits, no NaN or Infinity, nesting that cannot exhaust the parser.
+    :data:`MAX_SETTINGS_DIGITS` digits, no NaN or Infinity, nesting that cannot exhaust the parser.  Each refusal
+    says what is wrong in plain words, in a message of its own (``settings_json_*``, translated), never in the
+    json module's English.
     """
     import json
-
-    def refuse(detail: str):
-        return UserError("settings_json", limit=MAX_SETTINGS_CHARS, digits=MAX_SETTINGS_DIGITS, detail=detail)
 
     if value is None or (isinstance(value, str) and not value.strip()):
         return {}
     if isinstance(value, dict):
         value = json.dumps(value, allow_nan=True)  # parsed below like text, so the same bounds hold
     if not isinstance(value, str):
-        raise refuse("not JSON text")
+        raise UserError("settings_json_not_text")
     if len(value) > MAX_SETTINGS_CHARS:
-        raise refuse(f"{len(value)} characters")
+        raise UserError("settings_json_too_long", size=len(value), limit=MAX_SETTINGS_CHARS)
 
     def bounded(kind):
         def parse(text: str):
             if len(text.lstrip("-")) > MAX_SETTINGS_DIGITS:
-                raise refuse(f"a number of {len(text)} characters")
+                raise UserError("settings_json_long_number", size=len(text), digits=MAX_SETTINGS_DIGITS)
             return kind(text)
         return parse
 
     def no_constant(name: str):
-        raise refuse(f"{name} is not a number it accepts")
+        raise UserError("settings_json_not_finite", name=name)
 
     try:
         parsed = json.loads(value, parse_int=bounded(int), parse_float=bounded(float), parse_constant=no_constant)
     except UserError:
         raise
     except RecursionError:
-        raise refuse("nested too deeply") from None
-    except ValueError as exc:
-        raise refuse(str(exc).splitlines()[0][:80]) from None
+        raise UserError("settings_json_nested") from None
+    except json.JSONDecodeError as exc:  # where, in plain words: exc.msg is the json module's English
+        raise UserError("settings_json_unreadable", line=exc.lineno, column=exc.colno) from None
     if not isinstance(parsed, dict):
-        raise refuse("expected an object like {\"epochs\": 10}")
+        raise UserError("settings_json_not_object")
     return parsed
 
 
@@ -119,27 +151,47 @@ class Guard:
     def __init__(self, policy: Policy):
         self.policy = policy
         self._in_flight = 0  # bytes that running requests hold, by the formula (reserve)
+        self._long_in_flight = 0  # the part of it long jobs hold (at most policy.long_job_share of the budget)
         self._freed = threading.Condition()
 
     @contextmanager
-    def reserve(self, needed: Cost | int) -> Iterator[None]:
+    def reserve(self, needed: Cost | int, long: bool = False, waiting=None) -> Iterator[None]:
         """Hold ``needed`` bytes of the server's working memory (``policy.max_inflight_bytes`` in all) while
         a request runs; wait for others to finish first, up to ``policy.inflight_wait_seconds``, then say
-        busy.  Many concurrent requests each within their own limit can then never add up past the budget."""
+        busy.  Many concurrent requests each within their own limit can then never add up past the budget.
+
+        ``long``: a long job (a comparison), which with the other long jobs holds at most
+        ``policy.long_job_share`` of the budget, so short requests (slider moves) always find room.
+        ``waiting``: called once, with a one-line :class:`UserError` saying what it waits for, if it must wait.
+        """
         p = self.policy
-        size = min(int(getattr(needed, "bytes", needed)), p.max_inflight_bytes)
+        total = p.max_inflight_bytes
+        cap = int(total * p.long_job_share) if long else total
+        size = min(int(getattr(needed, "bytes", needed)), cap)
         deadline = time.monotonic() + p.inflight_wait_seconds
+
+        def full() -> bool:
+            return self._in_flight + size > total or (long and self._long_in_flight + size > cap)
+
         with self._freed:
-            while self._in_flight + size > p.max_inflight_bytes:
+            told = False
+            while full():
+                if waiting is not None and not told:
+                    told = True
+                    waiting(UserError("waiting_for_memory", used=math.ceil(self._in_flight / MB), total=total // MB,
+                                      long=math.ceil(self._long_in_flight / MB)))
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._freed.wait(timeout=left):
-                    raise UserError("memory_busy", limit=p.max_inflight_bytes // MB)
+                    if full():
+                        raise UserError("memory_busy", limit=total // MB)
             self._in_flight += size
+            self._long_in_flight += size if long else 0
         try:
             yield
         finally:
             with self._freed:
                 self._in_flight -= size
+                self._long_in_flight -= size if long else 0
                 self._freed.notify_all()
             if size >= TRIM_AFTER_BYTES:
                 heap.trim()  # its temporaries are free now: give the pages back (steer_ui/heap.py)
@@ -181,25 +233,53 @@ class Guard:
         return needed
 
     def dataset(self, handle, dataset) -> None:
-        """A dataset a long job reads: at most ``policy.max_train_rows`` rows, each text within the token limit,
-        all texts together within ``policy.max_train_tokens`` (training keeps activations per token)."""
+        """A dataset a long job reads: at most ``policy.max_train_rows`` rows; every text within the character
+        gate and each text the job reads within the token limit; those together within
+        ``policy.max_train_tokens`` (training keeps activations per token).
+
+        Never tokenises more than the limits allow: characters are measured first (a text over the gate, or
+        texts together longer than ``max_train_tokens`` of the model's longest tokens could span, are refused
+        without a tokenizer call), then the texts are tokenised a chunk at a time and counting stops as soon as
+        the running total passes its limit."""
+        from .data.datasets import column_chars, first_long_cell
+
         p = self.policy
         frame = dataset.frame
         if len(frame) > p.max_train_rows:
             raise UserError("too_many_rows", rows=len(frame), limit=p.max_train_rows)
+        longest = longest_token_chars(handle.tokenizer)
+        per_text = min(p.max_prompt_chars, p.max_prompt_tokens * longest)  # over it: over one limit or the other
+        first = first_long_cell(frame, per_text)
+        if first is not None:
+            row, column, size = first
+            raise UserError("row_too_many_chars", row=row + 1, column=str(column)[:40], size=size, limit=per_text)
+        read = {}
+        for column in READ_COLUMNS:
+            chars = column_chars(frame[column]) if column in frame.columns else None
+            if chars is not None:
+                read[column] = chars
+        total_chars = sum(int(chars.sum()) for chars in read.values())
+        if total_chars > p.max_train_tokens * longest:
+            raise UserError("data_too_many_chars", chars=total_chars, limit=p.max_train_tokens, longest=longest)
         total = 0
-        for column in frame.columns:
-            if frame[column].dtype != object:
-                continue
-            cells = ["" if v is None else str(v) for v in frame[column].tolist()]
-            lengths = [len(ids) for ids in handle.tokenizer(cells, add_special_tokens=False).input_ids]
-            longest = max(range(len(lengths)), key=lengths.__getitem__, default=None)
-            if longest is not None and lengths[longest] > p.max_prompt_tokens:
-                raise UserError("row_too_long", row=longest + 1, column=str(column)[:40], tokens=lengths[longest],
-                                limit=p.max_prompt_tokens)
-            total += sum(lengths)
-        if total > p.max_train_tokens:
-            raise UserError("data_too_large", tokens=total, limit=p.max_train_tokens)
+        for column, chars in read.items():
+            values = frame[column].tolist()  # each within the gate, all within the bound above
+            start = 0
+            while start < len(values):
+                end, size = start + 1, int(chars[start])
+                while end < len(values) and size + chars[end] <= TOKENIZE_CHUNK_CHARS:
+                    size += int(chars[end])
+                    end += 1
+                texts = [v if isinstance(v, str) else _cell_text(v) for v in values[start:end]]
+                ids = handle.tokenizer(texts, add_special_tokens=False, return_attention_mask=False).input_ids
+                for i, row_ids in enumerate(ids):
+                    if len(row_ids) > p.max_prompt_tokens:
+                        raise UserError("row_too_long", row=start + i + 1, column=str(column)[:40],
+                                        tokens=len(row_ids), limit=p.max_prompt_tokens)
+                total += sum(len(row_ids) for row_ids in ids)
+                if total > p.max_train_tokens:
+                    raise UserError("data_too_large", tokens=total, limit=p.max_train_tokens)
+                start = end
 
     # ------------------------------------------------------------------- pushes
     def pushes(self, handle, steers: Sequence) -> None:

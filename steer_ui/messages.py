@@ -62,6 +62,10 @@ ENGLISH: dict[str, str] = {
     "file_missing": "The file {name} could not be found (the upload may have expired); upload it again.",
     "file_too_large": "{name} is {size} MB, over the {limit} MB limit.",
     "dataset_invalid": "{name} could not be used: {detail}. The previously loaded data is unchanged.",
+    "cell_too_long": "{name} could not be used: row {row}, column '{column}' has {size} characters; this server "
+                     "reads at most {limit} characters per cell. The previously loaded data is unchanged.",
+    "column_name_too_long": "{name} could not be used: the name of column '{column}…' has {size} characters; at "
+                            "most {limit}. The previously loaded data is unchanged.",
     "no_dataset": "No dataset is loaded in this session: use the Data tab first.",
     "training_failed": "Training failed: {detail}",
     "unknown_method": "Unknown method '{method}' (choose one of: {known}).",
@@ -95,6 +99,18 @@ ENGLISH: dict[str, str] = {
     "queue_address_full": "The server is busy: your address already has {count} requests waiting. Try again in a "
                           "moment.",
     "superseded": "Replaced by a newer request of the same kind from this page.",
+    "waiting_for_memory": "Waiting for working memory: {used} of {total} MB is in use ({long} MB of it by long jobs "
+                          "such as comparisons).",
+    "compare_too_large": "One prompt of this comparison ({tokens} tokens and {new_tokens} new ones, 3 rows) needs "
+                         "{need} MB of working memory; comparisons may use {limit} of this server's {total} MB. "
+                         "Shorten the prompts or ask for fewer new tokens.",
+    "compare_too_slow": "This comparison would take about {estimate} s at this server's measured speed ({prompts} "
+                        "prompts, {tokens} prompt tokens, {new_tokens} new tokens each); its time limit is {limit} s. "
+                        "Use at most {fit} prompts, fewer new tokens or shorter prompts.",
+    "compare_timeout": "The comparison reached its time limit ({limit} s) before any prompt finished. Use fewer "
+                       "prompts, fewer new tokens or shorter prompts.",
+    "compare_stopped": "Stopped at the time limit ({limit} s): {done} of {total} prompts finished; the table and "
+                       "charts show those.",
     "memory_busy": "The server is busy: the requests running now use its working memory ({limit} MB in all). "
                    "Try again in a moment.",
     "job_running": "A job is already running in this session: wait for it or cancel it first.",
@@ -118,13 +134,22 @@ ENGLISH: dict[str, str] = {
                          "this server allows {limit} MB per request. Use a shorter text or fewer rows.",
     "row_too_long": "Row {row}'s {column} is {tokens} tokens long; this server takes at most {limit} tokens per "
                     "text.",
-    "data_too_large": "The dataset's texts are {tokens} tokens together; a job on this server reads at most "
+    "row_too_many_chars": "Row {row}'s {column} has {size} characters; this server takes at most {limit} "
+                          "characters per text.",
+    "data_too_large": "The dataset's texts are at least {tokens} tokens together; a job on this server reads at most "
                       "{limit}. Upload a subset.",
+    "data_too_many_chars": "The dataset's texts are {chars} characters together, so over {limit} tokens (no token of "
+                           "this model spans more than {longest} characters); a job on this server reads at most "
+                           "{limit} tokens. Upload a subset.",
     "push_overflows": "α × this vector would push the residual stream to a length of {size}, which overflows "
                       "the model's {dtype} arithmetic: use a smaller α.",
     "owner_quota": "You keep the most {kind}s allowed here ({limit}); remove one to keep another.",
     "owner_bytes": "You keep the most this server allows ({limit} MB); remove something to keep more.",
     "store_full": "The server's library is full ({limit} MB); try again later, or ask its administrator.",
+    "library_full": "The server's library is full (its disk has no room), so this could not be kept; what you "
+                    "kept before is safe. Try again later, or ask the server's administrator.",
+    "library_unwritable": "The server's library cannot be written just now, so this could not be kept; what you "
+                          "kept before is safe. Try again later, or ask the server's administrator.",
     "unknown_id": "There is no shared vector or saved result with that id (or its owner stopped sharing it).",
     "too_many_misses": "Too many ids that do not exist from your address ({limit} a minute); wait a minute.",
     "not_own_vector": "'{name}' is not one of your kept vectors: only your own vectors can be shared.",
@@ -151,8 +176,18 @@ ENGLISH: dict[str, str] = {
                      "to keep it.",
     "concepts_failed": "Could not compute this panel: {detail}",
     "concepts_no_demo": "Run the explosion first (the button above), then the fix.",
-    "settings_json": "The settings must be a JSON object of at most {limit} characters, with numbers of at most "
-                     "{digits} digits: {detail}.",
+    "settings_json_not_text": "The settings must be JSON text: an object such as {{\"epochs\": 10}}.",
+    "settings_json_too_long": "The settings have {size} characters; at most {limit}.",
+    "settings_json_long_number": "A number in the settings is {size} characters long; at most {digits} digits.",
+    "settings_json_not_finite": "The settings hold {name}, which is not a finite number; give a number such as 0.5.",
+    "settings_json_nested": "The settings are nested too deeply; give a flat object such as {{\"epochs\": 10}}.",
+    "settings_json_unreadable": "The settings are not valid JSON (line {line}, column {column}). Write an object such "
+                                "as {{\"epochs\": 10, \"lr\": 0.01}}: names in double quotes, a colon after each "
+                                "name, commas between entries.",
+    "settings_json_not_object": "The settings must be a JSON object of names and values, such as "
+                                "{{\"epochs\": 10}}.",
+    "name_hidden_character": "The name '{name}' holds {code}, a character that is invisible or reorders the text "
+                             "around it, so the name would not show as it is; choose a name without it.",
     "too_many_vectors": "This session already holds {limit} vectors, the most allowed; start a new session "
                         "(reload the page) to train or import more.",
     "session_full": "This session would hold more than {limit} MB of data and vectors, the most allowed; reload "
@@ -218,9 +253,12 @@ FIELDS: dict[str, str] = {
 }
 
 
+MAX_FIELD_CHARS = 200  # a field named by its label is named whole (the page's longest label is far shorter)
+
+
 def field_name(what: str, names: dict[str, str] | None = None) -> str:
     """The name of field ``what`` as a visitor sees it (``names`` in another language, English by default)."""
-    return (names or {}).get(what) or FIELDS.get(what) or str(what)[:40]
+    return (names or {}).get(what) or FIELDS.get(what) or str(what)[:MAX_FIELD_CHARS]
 
 
 def normalise_lang(lang: str | None) -> str:

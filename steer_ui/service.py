@@ -40,7 +40,7 @@ from .keeping import Keeper
 from .lessons import Lessons
 from .messages import UserError, normalise_lang
 from .paths import cache_root, prune
-from . import guards
+from . import admission, guards, names
 from .guards import Guard
 from .limits import MAX_DELTA_LOGIT_LIMIT
 from .model.cpu_threads import hand_back_after_calls
@@ -73,6 +73,15 @@ MAX_REPETITION_PENALTY = 100.0
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _dataset_refusal(name: str, exc: BaseException) -> UserError:
+    """A dataset the readers refused, as one line: in its own message (translated) when the reader named one
+    (a cell over the character gate), else "could not be used" with the reader's detail."""
+    key = getattr(exc, "key", None)
+    if key:
+        return UserError(key, **exc.params)
+    return UserError("dataset_invalid", name=name, detail=_first_line(exc))
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -278,6 +287,9 @@ class Service:
             listed.append((vector.name or path.stem, vector))
         for name, vector in listed:
             name = re.sub(r"\s+", " ", str(name)).strip()[:200] or "listed vector"
+            if names.first_hidden(name) is not None:
+                log.warning("listed vector '%s' skipped: its name holds a hidden character", names.escaped(name))
+                continue
             if name not in self.bundled_vectors and name != RANDOM:
                 self.bundled_vectors[name] = vector
                 self.published.append(name)
@@ -447,7 +459,7 @@ class Service:
             raise UserError("too_many_vectors", limit=self.policy.max_vectors_per_session)
         self.sessions.check_bytes(s, vector_bytes(vector))
         base = name or vector.name or vector.method
-        base = re.sub(r"\s+", " ", str(base)).strip() or "vector"
+        base = names.checked(re.sub(r"\s+", " ", str(base)).strip() or "vector")  # listed as it is, one line
         if base == RANDOM or base in self.bundled_vectors:
             base = f"{base} (saved)"
         unique, n = base, 2
@@ -755,6 +767,7 @@ class Service:
         :mod:`steer_ui.steerability` (margins and steerability when the prompts come with pairs, over ``alphas``
         or a grid over ±``alpha_max``)."""
         from . import steerability
+        from .model.budget import count_tokens
         from .model.engine import EngineBusy
         from .model.hooks import Steer
 
@@ -794,30 +807,43 @@ class Service:
         if pairs and unit_steer is None:
             raise UserError("sweep_unsupported")
         engine = self.engine()
-        in_flight = max(1, min(p.compare_in_flight, p.batch_requests))
+        # the teacher-forced passes: a prompt with a generation (3 rows' worth covers both texts), and a pair's
+        # completions with one row per α of the grid
+        reading_rows = len(alphas or [0]) + 2
+        reading = self.guard.texts(self.handle, texts, "prompt", rows=reading_rows, new_tokens=sampling.max_new_tokens)
+        # its share of the working memory and its time at the engine's measured speed, before any model work
+        plan = admission.plan_comparison(self.handle, engine.measured(), p, [count_tokens(self.handle, t) for t in texts],
+                                         sampling.max_new_tokens, reading_rows)
         try:
             requests = steerability.requests_for(engine.handle, texts, steers, sampling)
         except _expected_errors() as exc:
             raise UserError("generation_failed", detail=_first_line(exc)) from None
         report = progress or (lambda _f, _m="": None)
-        with self.guard.reserve(needed.kv * in_flight):
+        with self.guard.reserve(plan.reserve_bytes, long=True, waiting=lambda wait: report(0.0, str(wait))):
             try:
                 report(0.0, f"generating {len(texts)} prompts")
-                generated = steerability.generate_all(engine, requests, in_flight, texts)
+                generated = steerability.generate_all(engine, requests, plan.in_flight, texts,
+                                                      seconds=p.compare_seconds)
             except EngineBusy as exc:
                 raise UserError("busy", detail=_first_line(exc)) from None
-        # the teacher-forced passes: a prompt with a generation (3 rows' worth covers both texts), and a pair's
-        # completions with one row per α of the grid
-        reading = self.guard.texts(self.handle, texts, "prompt", rows=len(alphas or [0]) + 2,
-                                   new_tokens=sampling.max_new_tokens)
+        finished = [i for i, g in enumerate(generated) if g is not None]
+        if not finished:
+            raise UserError("compare_timeout", limit=int(p.compare_seconds))
+        asked = len(texts)
+        stopped = len(finished) < asked
+        if stopped:  # the time limit came first: the prompts that finished, and a line saying so
+            generated, texts = [generated[i] for i in finished], [texts[i] for i in finished]
+            pairs = [pairs[i] for i in finished] if pairs else pairs
         try:
-            with self.guard.reserve(reading):
+            with self.guard.reserve(reading, long=True):
                 out = steerability.compare(self.handle, generated, steers, unit_steer, scale, pairs, alphas, alpha,
                                            progress=lambda f, m="": report(0.5 + f / 2, m),
                                            vector=self.get_vector(session, vector_name, layer, seed))
         except _expected_errors() as exc:
             raise UserError("explore_failed", detail=_first_line(exc)) from None
         out["summary"]["units"] = "relative" if relative else "raw"
+        if stopped:
+            out["summary"]["stopped"] = {"done": len(finished), "total": asked, "limit": int(p.compare_seconds)}
         # what *Save result* on the Many prompts tab keeps: the table and the settings it was made from
         s = self.session(session)
         s.cache[LAST_COMPARISON] = {"comparison": out, "settings": {
@@ -858,6 +884,7 @@ class Service:
         if not path:
             raise UserError("no_file")
         path = Path(path)
+        names.checked(path.name)  # the dataset's name, shown as it is
         if not path.is_file():
             raise UserError("file_missing", name=path.name)
         size = path.stat().st_size
@@ -866,9 +893,9 @@ class Service:
         from .data import load_dataset
         try:
             dataset = load_dataset(path, schema=None if schema in (None, "", "auto") else schema,
-                                   max_bytes=self.max_file_bytes)
+                                   max_bytes=self.max_file_bytes, max_cell_chars=self.policy.max_prompt_chars)
         except _expected_errors() + (UnicodeDecodeError,) as exc:
-            raise UserError("dataset_invalid", name=path.name, detail=_first_line(exc)) from None
+            raise _dataset_refusal(path.name, exc) from None
         s = self.session(session)
         held = frame_bytes(s.dataset)  # the dataset this one replaces does not count
         self.sessions.check_bytes(s, frame_bytes(dataset) - held)
@@ -1012,6 +1039,7 @@ class Service:
         s = self.session(session)
         if s.dataset is None:
             raise UserError("no_dataset")
+        names.checked(name)  # before the job, not after it
         m, parsed = self.parse_method_settings(method, settings, layer)
         handle = self.handle
         self.guard.dataset(handle, s.dataset)
@@ -1042,9 +1070,10 @@ class Service:
             from .data import load_dataset
 
             try:
-                dataset = load_dataset(Path(path), max_bytes=self.max_file_bytes)
+                dataset = load_dataset(Path(path), max_bytes=self.max_file_bytes,
+                                       max_cell_chars=self.policy.max_prompt_chars)
             except _expected_errors() + (UnicodeDecodeError,) as exc:
-                raise UserError("dataset_invalid", name=Path(path).name, detail=_first_line(exc)) from None
+                raise _dataset_refusal(Path(path).name, exc) from None
             self.guard.dataset(self.handle, dataset)
         else:
             try:

@@ -362,6 +362,9 @@ MESSAGES: dict[str, dict[str, str]] = {
         "file_missing": "找不到文件 {name}（上传可能已过期）；请重新上传。",
         "file_too_large": "{name} 大小为 {size} MB，超过了 {limit} MB 的上限。",
         "dataset_invalid": "无法使用 {name}：{detail}。之前加载的数据保持不变。",
+        "cell_too_long": "无法使用 {name}：第 {row} 行“{column}”列有 {size} 个字符；此服务器每个单元格最多读取 {limit} "
+                         "个字符。之前加载的数据保持不变。",
+        "column_name_too_long": "无法使用 {name}：列“{column}…”的列名有 {size} 个字符；上限为 {limit}。之前加载的数据保持不变。",
         "no_dataset": "本会话还没有加载数据集：请先使用“数据”页。",
         "training_failed": "训练失败：{detail}",
         "unknown_method": "未知方法“{method}”（可选：{known}）。",
@@ -387,6 +390,13 @@ MESSAGES: dict[str, dict[str, str]] = {
         "queue_session_full": "服务器正忙：此页面已有 {count} 个请求在等待或运行。请等它们完成。",
         "queue_address_full": "服务器正忙：你的地址已有 {count} 个请求在等待。请稍后再试。",
         "superseded": "已被此页面的一个更新的同类请求取代。",
+        "waiting_for_memory": "正在等待工作内存：已占用 {used} / {total} MB（其中 {long} MB 被比较等长任务占用）。",
+        "compare_too_large": "此比较中的一个提示（{tokens} 个词元加 {new_tokens} 个新词元，3 行）需要 {need} MB 工作内存；"
+                             "比较最多可用此服务器 {total} MB 中的 {limit} MB。请缩短提示或减少新词元数。",
+        "compare_too_slow": "按此服务器实测的速度，此比较约需 {estimate} 秒（{prompts} 个提示，共 {tokens} 个提示词元，"
+                            "每个 {new_tokens} 个新词元）；时间上限为 {limit} 秒。请最多使用 {fit} 个提示，或减少新词元、缩短提示。",
+        "compare_timeout": "比较在任何提示完成之前就达到了时间上限（{limit} 秒）。请减少提示或新词元，或缩短提示。",
+        "compare_stopped": "已在时间上限（{limit} 秒）处停止：{total} 个提示中完成了 {done} 个；表格和图表显示的是这些。",
         "memory_busy": "服务器正忙：正在运行的请求占用了它的工作内存（共 {limit} MB）。请稍后再试。",
         "job_running": "此会话已有一个任务在运行：请等待它完成或先取消。",
         "number_not_a_number": "{what}必须是数值，收到 {value}。",
@@ -408,11 +418,16 @@ MESSAGES: dict[str, dict[str, str]] = {
         "request_too_large": "此请求（{tokens} 个词元 × {rows} 行）约需 {need} MB 工作内存；此服务器每个请求最多允许 "
                              "{limit} MB。请使用更短的文本或更少的行。",
         "row_too_long": "第 {row} 行的 {column} 长 {tokens} 个词元；此服务器每段文本最多接受 {limit} 个词元。",
-        "data_too_large": "数据集的文本共 {tokens} 个词元；此服务器上的任务最多读取 {limit} 个。请上传一个子集。",
+        "row_too_many_chars": "第 {row} 行的 {column} 有 {size} 个字符；此服务器每段文本最多接受 {limit} 个字符。",
+        "data_too_large": "数据集的文本共至少 {tokens} 个词元；此服务器上的任务最多读取 {limit} 个。请上传一个子集。",
+        "data_too_many_chars": "数据集的文本共 {chars} 个字符，因此超过 {limit} 个词元（该模型的任何词元都不超过 {longest} "
+                               "个字符）；此服务器上的任务最多读取 {limit} 个词元。请上传一个子集。",
         "push_overflows": "α × 该向量会把残差流推到长度 {size}，超出模型 {dtype} 运算的数值范围：请使用更小的 α。",
         "owner_quota": "你保存的{kind}已达此处上限（{limit} 个）；请删除一个再保存。",
         "owner_bytes": "你保存的内容已达此服务器的上限（{limit} MB）；请删除一些再保存。",
         "store_full": "服务器的库已满（{limit} MB）；请稍后再试，或联系管理员。",
+        "library_full": "服务器的库已满（磁盘没有空间），因此这项内容无法保存；你之前保存的内容都还在。请稍后再试，或联系服务器管理员。",
+        "library_unwritable": "服务器的库暂时无法写入，因此这项内容无法保存；你之前保存的内容都还在。请稍后再试，或联系服务器管理员。",
         "unknown_id": "没有该 id 的共享向量或已保存结果（或其所有者已停止分享）。",
         "too_many_misses": "来自你的地址的不存在的 id 过多（每分钟 {limit} 个）；请等一分钟。",
         "not_own_vector": "“{name}”不是你保存的向量：只能分享你自己的向量。",
@@ -437,7 +452,17 @@ MESSAGES: dict[str, dict[str, str]] = {
         "work_not_kept": "此服务器不保存你的工作：它只存在于本页面的会话中。请导出文件以保留它。",
         "concepts_failed": "无法计算此面板：{detail}",
         "concepts_no_demo": "请先运行爆炸演示（上面的按钮），再进行修复。",
-        "settings_json": "设置必须是最多 {limit} 个字符的 JSON 对象，数字最多 {digits} 位：{detail}。",
+        "settings_json_not_text": "设置必须是 JSON 文本：形如 {{\"epochs\": 10}} 的对象。",
+        "settings_json_too_long": "设置有 {size} 个字符；最多 {limit} 个。",
+        "settings_json_long_number": "设置中的一个数字长 {size} 个字符；最多 {digits} 位。",
+        "settings_json_not_finite": "设置中含有 {name}，它不是有限的数字；请给出像 0.5 这样的数字。",
+        "settings_json_nested": "设置嵌套过深；请给出像 {{\"epochs\": 10}} 这样的扁平对象。",
+        "settings_json_unreadable": "设置不是有效的 JSON（第 {line} 行，第 {column} 列）。请写成形如 "
+                                    "{{\"epochs\": 10, \"lr\": 0.01}} 的对象：名称用双引号括起，每个名称后加冒号，"
+                                    "各项之间用逗号分隔。",
+        "settings_json_not_object": "设置必须是由名称和值组成的 JSON 对象，例如 {{\"epochs\": 10}}。",
+        "name_hidden_character": "名称“{name}”含有 {code}：这个字符不可见，或会改变周围文字的顺序，名称因此无法按原样"
+                                 "显示；请换一个不含它的名称。",
         "too_many_vectors": "此会话已有 {limit} 个向量，已达上限；请刷新页面开始新会话以训练或导入更多向量。",
         "session_full": "此会话的数据和向量将超过 {limit} MB 的上限；请刷新页面开始新会话。",
         "server_full": "此服务器保存的访客数据和向量已达上限（共 {limit} MB）；请稍后再试，或联系管理员。",

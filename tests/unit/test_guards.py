@@ -88,15 +88,17 @@ def test_a_push_that_overflows_the_residual_arithmetic_is_refused(tiny):
     assert torch.isfinite(naive_logits(handle, "hello", [steer])).all()
 
 
-@pytest.mark.parametrize("text, word", [("[" * 60_000, "nested"), ('{"a": ' + "9" * 5000 + "}", "number of"),
-                                        ('{"a": NaN}', "NaN"), ('{"a": Infinity}', "Infinity"),
-                                        ("x" * 70_000, "70000 characters"), ("[1, 2]", "object"),
-                                        ("{oops", "Expecting")], ids=lambda v: str(v)[:12])
-def test_settings_json_is_bounded_while_it_is_parsed(text, word):
+@pytest.mark.parametrize("text, key, word", [
+    ("[" * 60_000, "nested", "nested"), ('{"a": ' + "9" * 5000 + "}", "long_number", "5000 characters"),
+    ('{"a": NaN}', "not_finite", "NaN"), ('{"a": Infinity}', "not_finite", "Infinity"),
+    ("x" * 70_000, "too_long", "70000 characters"), ("[1, 2]", "not_object", "object"),
+    ("{oops", "unreadable", "line 1, column 2"), (7, "not_text", "JSON text")], ids=lambda v: str(v)[:12])
+def test_settings_json_is_bounded_while_it_is_parsed(text, key, word):
     with pytest.raises(UserError) as info:
         settings_json(text)
-    assert info.value.key == "settings_json" and word in str(info.value)
+    assert info.value.key == "settings_json_" + key and word in str(info.value)
     assert "Error" not in str(info.value).replace("UserError", "")
+    assert "Expecting" not in str(info.value)  # plain words, not the json module's
 
 
 def test_settings_json_reads_plain_objects():
