@@ -88,14 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--weights", default="auto", choices=("auto", "float32", "bfloat16", "int8"),
                    help="auto (default): int8 on a CPU for a GGUF's own codes when their measured cost against "
-                        "float32 is within the bound (README: Weight precision), else float32")
+                        "float32 is within the bound (docs/models.md: Weight precision), else float32")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for the local network)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="also create a public gradio.live link (needs internet)")
     p.add_argument("--auth", help="user:password, or a file with one user:password per line")
     p.add_argument("--max-file-size", type=parse_size, default="50MB", help="upload limit, e.g. 50MB (default)")
     p.add_argument("--wait", action="store_true", help="load the model before serving instead of in the background")
-    # --- sharing safely (see README "Sharing safely"); defaults live in steer_ui/policy.py
+    # --- sharing safely (see docs/sharing.md, "Sharing safely"); defaults live in steer_ui/policy.py
     p.add_argument("--allow-model-switch", action="store_true",
                    help="let visitors switch the shared model (only to --model-choices); off by default")
     p.add_argument("--model-choices", default=None,
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--forwarded-allow-ips", type=parse_forwarded, default=(), metavar="ADDRESSES",
                    help="proxies whose X-Forwarded-For header names the client, comma-separated addresses or "
                         "networks (e.g. 127.0.0.1 behind a proxy or tunnel on this machine); default none: every "
-                        "client is the address that connects (README: Sharing safely)")
+                        "client is the address that connects (docs/sharing.md: Sharing safely)")
     return p
 
 
@@ -139,7 +139,7 @@ def exposure_problem(args) -> str | None:
     where = "a public gradio.live link" if args.share else f"every machine that can reach {args.host}"
     return (f"this would serve the app to {where} with no password. Add --auth user:password (or a file of them), "
             "or pass --public to do it knowingly. Visitors can never switch the model, read host files or change "
-            "what other visitors see (README: Sharing safely).")
+            "what other visitors see (docs/sharing.md: Sharing safely).")
 
 
 def policy_from_args(args):
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: the library at {library.db.spec} could not be read; it was moved aside to "
               f"{library.db.moved_aside} (never deleted) and a new, empty one started", file=sys.stderr)
     if library is not None:
-        library.keep_tidy()  # lifetimes and the disk budget (README: What is kept)
+        library.keep_tidy()  # lifetimes and the disk budget (docs/sharing.md: What is kept)
     backend = Service(max_file_bytes=args.max_file_size, policy=policy, default_view=True, library=library)
     if args.vectors:
         backend.publish_from = Path(args.vectors).expanduser()

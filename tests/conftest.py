@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 TRUTHFULQA = SHARED / "data" / "truthfulqa" / "TruthfulQA.csv"
 # TruthfulQA (Apache-2.0) stays outside the project: these tests use it where a checkout has ../shared beside
-# it, and a clone of the project alone skips them (README: where to get the file).
+# it, and a clone of the project alone skips them (docs/tsv.md: where to get the file).
 NEEDS_TRUTHFULQA = pytest.mark.skipif(not TRUTHFULQA.is_file(), reason=f"TruthfulQA.csv is not at {TRUTHFULQA} "
-                                      "(it is not part of this repository; README 'TSV' says where to get it)")
+                                      "(it is not part of this repository; docs/tsv.md says where to get it)")
 DATASETS = ROOT / "assets" / "datasets"
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -259,7 +259,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
 
 
 def markdown_table(result: dict) -> str:
-    """The headline ratios of a :func:`run_bench` result as a Markdown table (for the README)."""
+    """The headline ratios of a :func:`run_bench` result as a Markdown table (for docs/bench.md)."""
     sbs, slider, sweep_, hook = result["side_by_side"], result["slider"], result["sweep"], result["hook"]
     extract = result.get("extract", {})
     users = result["many_users"]

@@ -1,4 +1,4 @@
-"""Each weight precision against float32 on the fixed prompts: the README's Weight precision table, measured.
+"""Each weight precision against float32 on the fixed prompts: docs/models.md's Weight precision table, measured.
 
     python -m steer_ui.tools.precision_table [--model embedded] [--tokens 16]
 

@@ -1,9 +1,9 @@
 """Issue #37 on the embedded Gemma 3 270M: each weight precision against float32, and the default chosen by numbers.
 
 int8 on this model is the GGUF's own codes, so its dequantised weights are the float32 model's, bit for bit; what
-differs is only the order of float32 sums inside the kernel.  Its stated bound (README: Weight precision) is
+differs is only the order of float32 sums inside the kernel.  Its stated bound (docs/models.md: Weight precision) is
 max |Δp| ≤ 1e-4 and greedy text identical.  bfloat16 computes in bfloat16 throughout; its stated bound is
-max |Δp| ≤ 0.03 (measured 0.0085 to 0.0203), and where its greedy text parts from float32 is the README's to say.
+max |Δp| ≤ 0.03 (measured 0.0085 to 0.0203), and where its greedy text parts from float32 is docs/models.md's to say.
 """
 import pytest
 import torch

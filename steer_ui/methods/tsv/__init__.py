@@ -22,7 +22,7 @@ Training, as in the paper:
 One module per concern: :mod:`.maths` (tensors only), :mod:`.data` (rows,
 the safe prompt template, the split), :mod:`.settings`, :mod:`.training`
 (the loop, baselines, the report), :mod:`.scoring` (checking a vector,
-detection), :mod:`.labelling` (generate-and-label).  The README tables and
+detection), :mod:`.labelling` (generate-and-label).  The docs/tsv.md tables and
 their command live in :mod:`steer_ui.tools.tsv_tables`.
 """
 from __future__ import annotations
