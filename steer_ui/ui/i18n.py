@@ -2,7 +2,7 @@
 
 The strings are data, one file per language: ``steer_ui/locales/en.json`` and
 ``steer_ui/locales/zh-CN.json`` (UTF-8 JSON, keys sorted), each with the same
-namespaces and keys.  The core (:mod:`steer_ui.messages`) reads the English
+namespaces and keys (but for ``method_settings``, below).  The core (:mod:`steer_ui.messages`) reads the English
 file for its messages; this module (the UI's) reads every language.
 
 Kinds of text:
@@ -16,6 +16,9 @@ Kinds of text:
   ``plots``) and field names (``FIELD_NAMES``, ``fields``): made on the server
   (errors, status lines, plot titles) in the session's language, which the
   switch also sends to the server (:meth:`Service.set_language`).
+* **Train settings** (namespace ``method_settings``, other languages only):
+  the label and help of each method's generated setting; the English is
+  the method's own SettingSpec (:mod:`steer_ui.ui.settings_zh` reads them).
 
 Numbers and token strings are inserted as they are, never translated.
 

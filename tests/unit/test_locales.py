@@ -3,8 +3,9 @@ the same {placeholders}, and no key that nothing uses.
 
 "Used" means the key appears as a quoted literal ("key" or 'key') in the Python code of steer_ui/ or in app.py, or
 is made at run time by one of the few dynamic patterns listed in DYNAMIC below (each with the code that makes it
-and the only suffixes it can produce).  The checks are functions of the data, so the tests at the end plant a
-violation and see it caught.
+and the only suffixes it can produce).  The namespaces whose English is in code (ENGLISH_IN_CODE: the generated
+Train settings) are in the other languages only, checked against the registered settings.  The checks are
+functions of the data, so the tests at the end plant a violation and see it caught.
 """
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCALES = ROOT / "steer_ui" / "locales"
 LANGS = ("en", "zh-CN")
 NAMESPACES = ("fields", "messages", "plots", "ui")
+# Namespaces only the other languages have, because their English is in code: namespace -> why.
+ENGLISH_IN_CODE = {
+    "method_settings": "the Train form's settings are generated from each method's SettingSpec, whose label and "
+                       "help are the English (the CLI's --help and the API show them too); the other languages give "
+                       "'<method>.<setting>': {label, help} for every registered setting but the layer",
+}
 
 
 def _code() -> str:
@@ -95,9 +102,10 @@ def language_problems(locales: dict[str, dict]) -> list[str]:
     problems = []
     english = flat(locales["en"])
     for lang, data in locales.items():
-        if set(data) != set(NAMESPACES):
-            problems.append(f"{lang}: namespaces {sorted(data)}, not {list(NAMESPACES)}")
-        mine = flat(data)
+        wanted = set(NAMESPACES) | (set() if lang == "en" else set(ENGLISH_IN_CODE))
+        if set(data) != wanted:
+            problems.append(f"{lang}: namespaces {sorted(data)}, not {sorted(wanted)}")
+        mine = flat({ns: table for ns, table in data.items() if ns not in ENGLISH_IN_CODE})
         problems += [f"{lang}: no {'/'.join(k)}" for k in sorted(set(english) - set(mine))]
         problems += [f"{lang}: {'/'.join(k)} has no English" for k in sorted(set(mine) - set(english))]
         for key in sorted(set(english) & set(mine)):
@@ -143,6 +151,29 @@ def test_every_key_has_every_language_with_the_same_placeholders():
     assert language_problems(load()) == []
 
 
+def method_settings_problems(locales: dict[str, dict]) -> list[str]:
+    """The namespace whose English is in code: exactly the registered settings (none missing, none left over)."""
+    import steer_ui.methods  # noqa: F401 (registers the methods)
+    from steer_ui.methods.base import get, names, specs
+
+    wanted = {f"{m}.{s.name}" for m in names() for s in specs(get(m).Settings) if s.name != "layer"}
+    problems = []
+    for lang, data in locales.items():
+        if lang == "en":
+            continue
+        table = data.get("method_settings", {})
+        problems += [f"{lang}: no method_settings/{k}" for k in sorted(wanted - set(table))]
+        problems += [f"{lang}: method_settings/{k} is no setting" for k in sorted(set(table) - wanted)]
+        problems += [f"{lang}: method_settings/{k} is not a label and a help" for k, entry in table.items()
+                     if not (isinstance(entry, dict) and set(entry) == {"label", "help"} and
+                             all(isinstance(v, str) and v.strip() for v in entry.values()))]
+    return problems
+
+
+def test_every_method_setting_has_its_text_in_every_other_language():
+    assert method_settings_problems(load()) == []
+
+
 def test_no_string_is_unused():
     assert unused_keys(load()["en"], _code()) == []
 
@@ -180,6 +211,8 @@ def test_the_core_strings_need_no_ui():
     (lambda d: d["zh-CN"]["plots"]["bars"].pop("title"), "zh-CN: no plots/bars/title"),
     (lambda d: d["zh-CN"]["messages"].update(bad_layer="第 {layer} 层不存在"), "zh-CN: messages/bad_layer has"),
     (lambda d: d["zh-CN"]["fields"].update(alpha=""), "zh-CN: fields/alpha is not text"),
+    (lambda d: d["zh-CN"].pop("method_settings"), "zh-CN: namespaces"),
+    (lambda d: d["en"].update(method_settings={}), "en: namespaces"),
 ])
 def test_a_missing_or_different_key_is_caught(plant, expected):
     locales = copy.deepcopy(load())
@@ -201,3 +234,15 @@ def test_an_unused_plot_text_is_caught():
     data = copy.deepcopy(load()["en"])
     data["plots"]["bars"]["never_drawn_label"] = "text"
     assert unused_keys(data, _code()) == ["plots/bars/never_drawn_label"]
+
+
+@pytest.mark.parametrize("plant, expected", [
+    (lambda d: d["zh-CN"]["method_settings"].pop("probe.C"), "zh-CN: no method_settings/probe.C"),
+    (lambda d: d["zh-CN"]["method_settings"].update({"probe.gone": {"label": "x", "help": "y"}}),
+     "zh-CN: method_settings/probe.gone is no setting"),
+    (lambda d: d["zh-CN"]["method_settings"]["probe.C"].pop("help"), "zh-CN: method_settings/probe.C is not"),
+])
+def test_a_missing_method_setting_is_caught(plant, expected):
+    locales = copy.deepcopy(load())
+    plant(locales)
+    assert any(p.startswith(expected) for p in method_settings_problems(locales))
