@@ -22,7 +22,6 @@ from pathlib import Path
 
 from .guards import Guard
 from .keeping import Keeper
-from .lessons import Lessons
 from .messages import UserError, normalise_lang
 from .model.cpu_threads import hand_back_after_calls
 from .policy import Policy
@@ -31,6 +30,7 @@ from .rooms.datasets import DATASETS_DIR, Datasets, bundled_datasets
 from .rooms.detection import Detection
 from .rooms.evaluation import Evaluation
 from .rooms.explore import Explore, Frame
+from .rooms.lessons import Lessons
 from .rooms.library import LAST_COMPARISON, Library
 from .rooms.models import Models
 from .rooms.training import Training, method_names, methods_schema
@@ -65,7 +65,7 @@ class Service:
         self.training = Training(shared, self.models, self.library)
         self.detection = Detection(shared, self.models, self.library, self.datasets, self.training)
         self.transfer = Transfer(shared, self.models, self.library)
-        self.lessons = Lessons(self)  # the Concepts tab's lessons, bounded and run as jobs
+        self.lessons = Lessons(shared, self.models, self.training)  # the Concepts tab's, run as jobs
 
     # ================================================================ sessions and owners (kept at the door)
     def session(self, session: str | None, client: str | None = None) -> Session:
@@ -269,9 +269,6 @@ class Service:
     # ================================================================ training (rooms/training.py)
     method_names = staticmethod(method_names)
     methods_schema = staticmethod(methods_schema)
-
-    def _job(self, s: Session, handle, progress=None):
-        return self.training.job(s, handle, progress)
 
     def cancel(self, session) -> bool:
         return self.training.cancel(session)

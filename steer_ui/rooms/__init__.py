@@ -7,7 +7,8 @@
 * :mod:`.evaluation`: one vector over many prompts (margins, steerability);
 * :mod:`.training`: methods and their settings, training, probes, jobs and Cancel;
 * :mod:`.detection`: scoring answers with a detector vector;
-* :mod:`.transfer`: importing and exporting vector files.
+* :mod:`.transfer`: importing and exporting vector files;
+* :mod:`.lessons`: the Concepts tab's lessons, bounded and run as jobs.
 
 A room takes plain values (a session id, a prompt, numbers) and returns plain values or data frames; it never
 imports a front (the UI, the CLI) nor the door.  Rooms find a session through the finder the door hands them,
