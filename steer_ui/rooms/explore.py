@@ -196,13 +196,6 @@ class Explore:
                         "relative": relative, "seed": seed, "sampling": dataclasses.asdict(sampling)}
             yield from _frames(s, prompt, ticket, settings)
 
-    def generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,
-                 relative: bool = True, seed: int = 0, sampling=None) -> Frame:
-        frame = None
-        for frame in self.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling):
-            pass
-        return frame
-
     def sweep(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
               alpha_max: float = 1.0, relative: bool = True, seed: int = 0, points: int = 21,
               target: str | None = None) -> pd.DataFrame:
@@ -233,6 +226,14 @@ class Explore:
         frame = frame.rename(columns={"alpha": "raw_alpha"})
         frame.insert(0, "alpha", alphas)
         return frame
+
+
+def last_frame(frames: Iterator[Frame]) -> Frame | None:
+    """A whole generation: the final frame of a stream (each frame before it is the one the consumer skipped)."""
+    frame = None
+    for frame in frames:
+        pass
+    return frame
 
 
 def _frames(s: Session, prompt: str, ticket, settings: dict | None = None) -> Iterator[Frame]:
