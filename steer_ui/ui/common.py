@@ -11,7 +11,7 @@ import gradio as gr
 
 from ..policy import ANONYMOUS_PREFIX, valid_session_id
 from ..service import UserError
-from . import i18n
+from . import i18n, panel_keys
 
 log = logging.getLogger("steer_ui.ui")
 
@@ -112,7 +112,8 @@ def handler(backend, status=None):
 
     An API client gets it as the call's error (gr.Error); the page gets it as a toast and, when ``status`` (a
     component among the event's outputs) is given, in that status line, with every other output untouched.
-    Works for plain functions and generators; keeps the signature so gradio still injects ``gr.Request`` and
+    An API client's answer carries each panel's key as data where the page gets its stale-note element
+    (:func:`panel_keys.for_caller`).  Works for plain functions and generators; keeps the signature so gradio still injects ``gr.Request`` and
     ``gr.Progress``.
     """
 
@@ -121,8 +122,10 @@ def handler(backend, status=None):
             @functools.wraps(fn)
             def gen(*args, **kwargs):
                 request = _find_request(args, kwargs)
+                page = from_page(request)
                 try:
-                    yield from fn(*args, **kwargs)
+                    for outputs in fn(*args, **kwargs):
+                        yield panel_keys.for_caller(outputs, page)
                 except Exception as exc:
                     if not from_page(request):
                         raise as_gr_error(backend, request, exc) from None
@@ -133,7 +136,7 @@ def handler(backend, status=None):
         def call(*args, **kwargs):
             request = _find_request(args, kwargs)
             try:
-                return fn(*args, **kwargs)
+                return panel_keys.for_caller(fn(*args, **kwargs), from_page(request))
             except Exception as exc:
                 if not from_page(request):
                     raise as_gr_error(backend, request, exc) from None

@@ -1,7 +1,7 @@
 """Concepts: lm_head, sampling, the logit explosion and the KV cache, computed on the loaded model.
 
 Every number comes from :mod:`steer_ui.concepts` through the service's
-lessons (:mod:`steer_ui.lessons`: bounded inputs, run as jobs); this module
+lessons (:mod:`steer_ui.rooms.lessons`: bounded inputs, run as jobs); this module
 only wires components to them and formats the results in the session's
 language.  Named endpoints: ``/concepts_lm_head``, ``/concepts_sampling``,
 ``/concepts_sample``, ``/concepts_explode``, ``/concepts_fix``,

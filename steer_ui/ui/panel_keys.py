@@ -81,15 +81,37 @@ def key_of(panel: str, values: dict, fields: tuple | None = None) -> dict:
     return {name: _plain(values.get(name)) for name in (fields or PANELS[panel])}
 
 
-def made_for(lang: str, panel: str, values: dict, fields: tuple | None = None) -> str:
+class MadeFor(str):
+    """The page's element for a panel's key (the HTML itself), carrying the key as data for an API client: an
+    API answer holds what the panel was made for, not the page's markup (see :func:`for_caller`)."""
+
+    data: str = ""
+
+
+def made_for(lang: str, panel: str, values: dict, fields: tuple | None = None) -> MadeFor:
     """The element recording what ``panel`` was just computed from (its stale note in ``lang``).  ``fields``
     defaults to ``PANELS[panel]``; panels outside Explore name theirs (their controls are per method or per
     table)."""
-    key = html.escape(json.dumps(key_of(panel, values, fields), ensure_ascii=False), quote=True)
+    settings = key_of(panel, values, fields)
+    key = html.escape(json.dumps(settings, ensure_ascii=False), quote=True)
     note = html.escape(i18n.message(lang, NOTES[panel]), quote=False)
     view = VIEW_OF.get(panel, "explore")
-    return (f'<div class="made-for" data-panel="{panel}" data-view="{view}" data-key="{key}">'
-            f'<span class="stale-note" role="status">⚠ {note}</span></div>')
+    element = MadeFor(f'<div class="made-for" data-panel="{panel}" data-view="{view}" data-key="{key}">'
+                      f'<span class="stale-note" role="status">⚠ {note}</span></div>')
+    element.data = json.dumps({"panel": panel, "made_for": settings}, ensure_ascii=False)
+    return element
+
+
+def for_caller(outputs: Any, page: bool) -> Any:
+    """A handler's outputs as its caller reads them: the page gets each panel's element, an API client the
+    panel's key as JSON text (``{"panel": ..., "made_for": {...}}``) in its place."""
+    if page:
+        return outputs
+    if isinstance(outputs, MadeFor):
+        return outputs.data
+    if isinstance(outputs, tuple) and any(isinstance(o, MadeFor) for o in outputs):
+        return tuple(o.data if isinstance(o, MadeFor) else o for o in outputs)
+    return outputs
 
 
 # Compares each panel's key with its view's controls (the arguments, in ``names`` order).  Numbers are equal when

@@ -314,6 +314,19 @@ def test_the_page_is_not_sent_the_bars_it_already_shows_but_an_api_client_always
     assert next_token(c, 0.25)[-1] == next_token(c, 0.25)[-1] is not None  # an API client asks, it gets
 
 
+def test_an_api_answer_carries_the_panel_key_as_data_and_the_page_its_element(app):
+    """Issue #47: the stale note's HTML is the page's; an API client reads what the panel was made for."""
+    import json
+
+    _, url = app
+    made_for = json.loads(next_token(client(url), 0.25)[0])
+    assert made_for["panel"] == "bars" and made_for["made_for"]["alpha"] == 0.25
+    assert made_for["made_for"]["prompt"] == PROMPT
+    page = _page_call(url, "next_token", [PROMPT, RANDOM, 1, 0.25, True, 0, False], "element-page")
+    assert page[0]["value"].startswith('<div class="made-for"') if isinstance(page[0], dict) else \
+        page[0].startswith('<div class="made-for"')
+
+
 def test_the_http_generation_timer_times_what_a_visitor_gets(app):
     """steer_ui.tools.http_generation (docs/bench.md's end-to-end figure) against the running app."""
     from steer_ui.tools.http_generation import measure

@@ -1,7 +1,11 @@
 """The house rules, checked on the code's own imports (parsed, not run), so the structure stays clean.
 
 * no import cycles among modules of ``steer_ui`` (a function-level import counts too);
+* the layers: fronts (``steer_ui/ui/``, ``steer_ui/cli.py``, ``app.py``) -> the door (``steer_ui/service.py``) ->
+  the rooms (``steer_ui/rooms/``) -> the core (model, store, methods, data, ...); no import runs upward, and no
+  front reaches past the door into a room;
 * gradio and ``steer_ui.ui`` are imported only inside ``steer_ui/ui/``;
+* no class in ``steer_ui`` is over 400 lines, and the door stays thin (300 lines);
 * ``steer_ui.tools`` (benchmark, report builders) is imported only by the CLI (and ``__main__`` aliases);
 * nothing in ``steer_ui/methods/`` takes argparse;
 * forward hooks are registered only by the activation reader, the interventions and the prefix engine;
@@ -35,8 +39,13 @@ def imports_of(name: str) -> set[str]:
     """Every module (of any package) that ``name`` imports, resolved to the longest known module name."""
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    return imports_in(TREES[name], package)
+
+
+def imports_in(tree: ast.AST, package: str) -> set[str]:
+    """Every module that the parsed module ``tree``, a module of ``package``, imports."""
     found: set[str] = set()
-    for node in ast.walk(TREES[name]):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -148,3 +157,96 @@ def test_method_names_are_not_branched_on_outside_methods():
                     if any(isinstance(v, ast.Constant) and v.value in METHOD_NAMES for v in values):
                         hits.append(f"{name}:{node.lineno}")
     assert len(hits) <= 2, hits
+
+
+# ------------------------------------------------------------------ layers
+FRONTS = ("steer_ui.ui", "steer_ui.cli", "steer_ui.__main__", "app")
+DOOR = ("steer_ui.service", "steer_ui.backend")  # backend: the door's old name, an alias
+ROOMS = ("steer_ui.rooms",)
+FRONT, DOOR_LAYER, ROOM, CORE = 3, 2, 1, 0
+MAX_CLASS_LINES = 400
+MAX_DOOR_LINES = 300
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def layer_of(name: str) -> int:
+    if _under(name, FRONTS):
+        return FRONT
+    if _under(name, DOOR):
+        return DOOR_LAYER
+    if _under(name, ROOMS):
+        return ROOM
+    return CORE
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that runs upward (a room or the core importing the door or a front, the core a room), or
+    that reaches from a front past the door into a room, as "importer -> imported"."""
+    breaks = []
+    for importer, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            if not target.startswith("steer_ui"):
+                continue
+            here, there = layer_of(importer), layer_of(target)
+            if there > here or (here == FRONT and there == ROOM):
+                breaks.append(f"{importer} -> {target}")
+    return breaks
+
+
+def _house_graph() -> dict[str, set[str]]:
+    """The package's imports and ``app.py``'s (a front outside the package)."""
+    graph = {name: set(deps) for name, deps in GRAPH.items()}
+    app = ROOT / "app.py"
+    graph["app"] = {m for m in imports_in(ast.parse(app.read_text(), filename=str(app)), "") if m in MODULES}
+    return graph
+
+
+def test_the_layer_checker_flags_a_planted_break():
+    planted = ast.parse("from ..rooms.explore import Explore\nfrom ..service import Service\n")
+    front = {m for m in imports_in(planted, "steer_ui.ui")}  # a tab that reaches past the door
+    assert layer_breaks({"steer_ui.ui.some_tab": front}) == ["steer_ui.ui.some_tab -> steer_ui.rooms.explore"]
+    upward = imports_in(ast.parse("from ..service import Service\nfrom ..ui import app\n"), "steer_ui.rooms")
+    assert layer_breaks({"steer_ui.rooms.explore": upward}) == ["steer_ui.rooms.explore -> steer_ui.service",
+                                                                "steer_ui.rooms.explore -> steer_ui.ui",
+                                                                "steer_ui.rooms.explore -> steer_ui.ui.app"]
+    assert layer_breaks({"steer_ui.model.prefix": {"steer_ui.rooms.models"}}) == [
+        "steer_ui.model.prefix -> steer_ui.rooms.models"]
+    assert layer_breaks({"steer_ui.ui.app": {"steer_ui.service", "steer_ui.plots"},
+                         "steer_ui.service": {"steer_ui.rooms.models"}, "steer_ui.rooms.models": {"steer_ui.model"}}) == []
+
+
+def test_imports_run_down_the_layers():
+    assert layer_breaks(_house_graph()) == []
+
+
+def test_gradio_stays_out_of_app_py_top_level_and_the_rooms():
+    app = ROOT / "app.py"
+    assert "gradio" not in imports_in(ast.parse(app.read_text()), "")
+    assert [n for n in MODULES if _under(n, ROOMS + DOOR) and "gradio" in imports_of(n)] == []
+
+
+def long_classes(trees: dict[str, ast.AST], limit: int = MAX_CLASS_LINES) -> list[str]:
+    """Every class over ``limit`` lines (its decorators included), as "module.Class: N lines"."""
+    out = []
+    for name, tree in sorted(trees.items()):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                lines = node.end_lineno - start + 1
+                if lines > limit:
+                    out.append(f"{name}.{node.name}: {lines} lines")
+    return out
+
+
+def test_the_class_length_check_sees_a_long_class():
+    body = "\n".join(f"    x{i} = {i}" for i in range(12))
+    assert long_classes({"m": ast.parse(f"class Big:\n{body}\n")}, limit=10) == ["m.Big: 13 lines"]
+    assert long_classes({"m": ast.parse(f"class Big:\n{body}\n")}, limit=13) == []
+
+
+def test_no_class_is_over_400_lines_and_the_door_is_thin():
+    assert long_classes(TREES) == []
+    assert len(MODULES["steer_ui.service"].read_text().splitlines()) <= MAX_DOOR_LINES

@@ -1,4 +1,4 @@
-"""The Concepts tab's lessons behind the service's door: their inputs are bounded like every other request's
+"""The Concepts tab's lessons: their inputs are bounded like every other request's
 (texts in tokens, numbers as numbers), and each runs as a job (one at a time on the model, within the job
 time limit, stopped by Cancel).
 
@@ -6,8 +6,13 @@ The maths lives in :mod:`steer_ui.concepts`; this module decides what a visitor 
 """
 from __future__ import annotations
 
-from . import concepts
-from .messages import UserError
+from dataclasses import dataclass
+
+from .. import concepts
+from ..messages import UserError
+from .common import Shared
+from .models import Models
+from .training import Training
 
 MAX_BINS = 1000  # histogram bins of the lm_head row norms
 MAX_DRAWS = 100_000  # next-token draws of the sampling lesson (one uniform each: cheap)
@@ -25,16 +30,17 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else "the input could not be used"
 
 
+@dataclass
 class Lessons:
-    def __init__(self, service):
-        self.service = service  # the steer_ui.service.Service that owns these lessons: sessions, guard, jobs
+    shared: Shared
+    models: Models
+    training: Training
 
     def _run(self, session: str | None, work, progress=None):
         """``work(handle, report)`` as a job of ``session``; a core refusal becomes one plain line."""
-        service = self.service
-        s = service.session(session)
-        handle = service.handle
-        with service._job(s, handle, progress) as report:
+        s = self.shared.find(session)
+        handle = self.models.handle
+        with self.training.job(s, handle, progress) as report:
             try:
                 return work(handle, report)
             except UserError:
@@ -43,7 +49,7 @@ class Lessons:
                 raise UserError("concepts_failed", detail=_first_line(exc)) from None
 
     def _sampling(self, temperature, top_k, top_p, repetition) -> dict:
-        number = self.service.guard.number
+        number = self.shared.guard.number
         return {"temperature": number(temperature, "temperature", low=0, high=100),
                 "top_k": number(top_k or 0, "top_k", integer=True, low=0, high=1 << 20),
                 "top_p": number(top_p, "top_p", low=0, high=1),
@@ -51,19 +57,19 @@ class Lessons:
 
     # ------------------------------------------------------------------ lessons
     def lm_head(self, session: str | None, bins=60):
-        bins = self.service.guard.number(bins if bins not in (None, "") else 60, "bins", integer=True, low=1,
+        bins = self.shared.guard.number(bins if bins not in (None, "") else 60, "bins", integer=True, low=1,
                                          high=MAX_BINS)
         return self._run(session, lambda h, _r: (concepts.lm_head_facts(h), concepts.row_norms(h, bins=bins)))
 
     def sampling(self, session: str | None, prompt, temperature=1.0, top_k=0, top_p=1.0, repetition=1.0):
-        self.service.guard.prompt(self.service.handle, prompt)
+        self.shared.guard.prompt(self.models.handle, prompt)
         settings = self._sampling(temperature, top_k, top_p, repetition)
         return self._run(session, lambda h, _r: concepts.sampling_filters(h, prompt, **settings))
 
     def sample(self, session: str | None, prompt, temperature=1.0, top_k=0, top_p=1.0, repetition=1.0, n=100,
                seed=0):
-        guard = self.service.guard
-        guard.prompt(self.service.handle, prompt)
+        guard = self.shared.guard
+        guard.prompt(self.models.handle, prompt)
         settings = self._sampling(temperature, top_k, top_p, repetition)
         n = guard.number(100 if n in (None, "") else n, "draws", integer=True, low=1, high=MAX_DRAWS)
         seed = guard.seed(seed)
@@ -71,30 +77,29 @@ class Lessons:
 
     def explode(self, session: str | None, prompt, layer=None, alpha=concepts.DEFAULT_EXPLOSION_ALPHA, token=None):
         """Steer along one token's unembedding row; the demo is kept in the session for :meth:`fix`."""
-        from . import guards
+        from .. import guards
 
-        service = self.service
-        handle = service.handle
-        service.guard.prompt(handle, prompt, rows=3, new_tokens=concepts.DEMO_TOKENS)
-        layer = None if layer in (None, "") else service.guard.layer(handle, layer)
-        alpha = service.guard.alpha(concepts.DEFAULT_EXPLOSION_ALPHA if alpha in (None, "") else alpha)
+        guard, handle = self.shared.guard, self.models.handle
+        guard.prompt(handle, prompt, rows=3, new_tokens=concepts.DEMO_TOKENS)
+        layer = None if layer in (None, "") else guard.layer(handle, layer)
+        alpha = guard.alpha(concepts.DEFAULT_EXPLOSION_ALPHA if alpha in (None, "") else alpha)
         if not alpha > 0:
             raise UserError("number_not_positive", what="alpha", value=str(alpha))
         token = guards.text(token, "token", MAX_TOKEN_CHARS, allow_empty=True) or None
         demo = self._run(session, lambda h, _r: concepts.explode(h, prompt, layer, alpha, token,
                                                                  concepts.DEMO_TOKENS))
-        service.session(session).cache[DEMO_KEY] = demo
+        self.shared.find(session).cache[DEMO_KEY] = demo
         return demo
 
     def fix(self, session: str | None, bound=2.0, steps=concepts.DEFAULT_FIX_STEPS, progress=None):
         """Constrain the session's last explosion so that no logit moves more than ``bound``."""
-        guard = self.service.guard
+        guard = self.shared.guard
         bound = guard.number(2.0 if bound in (None, "") else bound, "bound", low=0, high=MAX_BOUND)
         if not bound > 0:
             raise UserError("number_not_positive", what="bound", value=str(bound))
         steps = guard.number(concepts.DEFAULT_FIX_STEPS if steps in (None, "") else steps, "steps", integer=True,
                              low=1, high=MAX_FIX_STEPS)
-        demo = self.service.session(session).cache.get(DEMO_KEY)
+        demo = self.shared.find(session).cache.get(DEMO_KEY)
         if demo is None:
             raise UserError("concepts_no_demo")
         return self._run(session, lambda h, report: concepts.fix_explosion(
@@ -103,7 +108,7 @@ class Lessons:
 
     def kv(self, session: str | None, seq_len=4096, batch=1, dtype="bfloat16") -> dict:
         """The KV-cache formula for this model at ``seq_len`` × ``batch`` in ``dtype``, beside a measured cache."""
-        guard = self.service.guard
+        guard = self.shared.guard
         seq_len = guard.number(seq_len, "seq_len", integer=True, low=1, high=MAX_KV_SEQ)
         batch = guard.number(batch, "batch", integer=True, low=1, high=MAX_KV_BATCH)
         if dtype not in concepts.DTYPE_BYTES:
@@ -118,6 +123,6 @@ class Lessons:
         return self._run(session, work)
 
     def time_cache(self, session: str | None, n_tokens=24):
-        n_tokens = self.service.guard.number(24 if n_tokens in (None, "") else n_tokens, "tokens", integer=True,
+        n_tokens = self.shared.guard.number(24 if n_tokens in (None, "") else n_tokens, "tokens", integer=True,
                                              low=1, high=MAX_TIMED_TOKENS)
         return self._run(session, lambda h, report: concepts.time_cache(h, n_tokens, progress=report))

@@ -1,0 +1,57 @@
+"""What every room shares: the request-wide collaborators and the one-line error helpers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..guards import Guard
+from ..keeping import Keeper
+from ..messages import UserError
+from ..policy import Policy
+from ..sessions import Session, Sessions
+
+RANDOM = "random direction"
+Progress = Callable[[float, str], None]
+
+
+def noop(_f: float, _m: str = "") -> None:
+    pass
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def expected_errors() -> tuple[type[BaseException], ...]:
+    """Exception types whose message is already written for a user (core and method modules).
+
+    Every one of them is a ValueError except the loader's, so the tuple stays short.
+    """
+    from ..model.loading import ModelLoadError
+
+    return (ValueError, ModelLoadError, FileNotFoundError)
+
+
+def dataset_refusal(name: str, exc: BaseException) -> UserError:
+    """A dataset the readers refused, as one line: in its own message (translated) when the reader named one
+    (a cell over the character gate), else "could not be used" with the reader's detail."""
+    key = getattr(exc, "key", None)
+    if key:
+        return UserError(key, **exc.params)
+    return UserError("dataset_invalid", name=name, detail=first_line(exc))
+
+
+@dataclass
+class Shared:
+    """The server-wide things every room reads: limits, the request guard, the sessions, the library keeper,
+    and ``find``, the door's way to a session's store (``find(session_id, client)``)."""
+
+    policy: Policy
+    guard: Guard
+    sessions: Sessions
+    keeper: Keeper
+    find: Callable[..., Session]
+    max_file_bytes: int
+    workdir: Path

@@ -1,0 +1,183 @@
+"""The vectors a session can use and what it keeps in the library: its own vectors, the shared and listed ones,
+share ids, and saved results (an Explore view or a Many prompts comparison), over :mod:`steer_ui.keeping`."""
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from dataclasses import dataclass
+
+from .. import guards, names
+from ..messages import UserError
+from ..sessions import vector_bytes
+from ..steering import steering_kind
+from ..store.library import PUBLIC_ID
+from .common import RANDOM, Shared, expected_errors, first_line
+from .models import Models
+
+LAST_COMPARISON = "last_comparison"  # Session.cache key: the last Many prompts comparison, for Save result
+
+
+@dataclass
+class Library:
+    shared: Shared
+    models: Models
+
+    # ------------------------------------------------------------ shares
+    def share_vector(self, session: str | None, name: str) -> str:
+        """Share the session's own kept vector ``name``: its unguessable share id (the same one each time)."""
+        return self.shared.keeper.share(self.shared.find(session), guards.text(name, "vector", 200))
+
+    def unshare_vector(self, session: str | None, name: str) -> bool:
+        return self.shared.keeper.unshare(self.shared.find(session), guards.text(name, "vector", 200))
+
+    def open_shared(self, session: str | None, share_id, client: str | None = None) -> str:
+        """Add the vector shared under ``share_id`` to the session, read-only; its name in the session's list."""
+        return self.shared.keeper.open_shared(self.shared.find(session), share_id, client, self.models.handle)
+
+    def share_id_of(self, session: str | None, name: str | None) -> str:
+        return self.shared.keeper.share_id_of(self.shared.find(session), name) if name else ""
+
+    # ----------------------------------------------------------- vectors
+    def vectors(self, session: str | None) -> list[dict]:
+        """What this session can use, each with where it comes from (own / shared / listed / bundled / random)."""
+        s = self.shared.find(session)
+        own = list(dict.fromkeys([n for n in s.vectors if n not in s.shared] + list(s.stored)))
+        rows = [{"name": RANDOM, "kind": "random"}]
+        rows += [{"name": n, "kind": "listed" if n in self.models.published else "bundled"}
+                 for n in self.models.bundled_vectors]
+        rows += [{"name": n, "kind": "own", "share_id": self.shared.keeper.share_id_of(s, n) or None} for n in own]
+        rows += [{"name": n, "kind": "shared", "share_id": i} for n, i in s.shared.items()]
+        return rows
+
+    def vector_names(self, session: str | None) -> list[str]:
+        """Every vector this session can use: the random direction, the server's bundled and listed ones, its own
+        (kept in the library too), and those opened by a share link."""
+        return [row["name"] for row in self.vectors(session)]
+
+    def add_vector(self, session: str | None, vector, name: str | None = None, report: dict | None = None) -> str:
+        s = self.shared.find(session)
+        policy, bundled = self.shared.policy, self.models.bundled_vectors
+        if len(s.vectors) >= policy.max_vectors_per_session:
+            raise UserError("too_many_vectors", limit=policy.max_vectors_per_session)
+        self.shared.sessions.check_bytes(s, vector_bytes(vector))
+        base = name or vector.name or vector.method
+        base = names.checked(re.sub(r"\s+", " ", str(base)).strip() or "vector")  # listed as it is, one line
+        if base == RANDOM or base in bundled:
+            base = f"{base} (saved)"
+        unique, n = base, 2
+        while unique in s.vectors or unique in s.stored or unique in bundled:
+            unique, n = f"{base} ({n})", n + 1
+        if not vector.name:
+            vector.name = unique
+        self.shared.keeper.keep_vector(s, unique, vector, self.models.current)  # first: a refused save changes nothing
+        s.vectors[unique] = vector
+        if report is not None:
+            s.reports[unique] = report
+        return unique
+
+    def get_vector(self, session: str | None, name: str | None, layer: int | None = None, seed: int = 0):
+        """The session's vector ``name``, or a seeded random direction at ``layer`` for :data:`RANDOM`."""
+        from ..vector import random_vector
+
+        guard, keeper = self.shared.guard, self.shared.keeper
+        if not name or name == RANDOM:
+            handle = self.models.handle
+            layer = guard.layer(handle, layer if layer is not None else handle.arch.num_layers // 2)
+            return random_vector(handle.arch.hidden_size, layer, seed=guard.seed(seed), model_id=handle.model_id,
+                                 model_type=handle.model_type)
+        s = self.shared.find(session)
+        if name in s.vectors:
+            return s.vectors[name]
+        if name in self.models.bundled_vectors:  # shared and read-only: nothing a session does changes them
+            return self.models.bundled_vectors[name]
+        kept = keeper.stored_vector(s, name, self.models.handle) if isinstance(name, str) else None
+        if kept is not None:
+            return kept
+        if keeper.on and isinstance(name, str) and PUBLIC_ID.match(name):  # every endpoint takes a share id
+            return self.get_vector(session, self.open_shared(session, name, s.client))  # its name in the session
+        raise UserError("unknown_vector", name=str(name)[:80], known=", ".join(self.vector_names(session)[1:]) or
+                        "none")
+
+    def vector_info(self, session: str | None, name: str | None) -> dict:
+        """Metadata of a vector (layers, method, recommended α range, metrics) for the pickers."""
+        if not name or name == RANDOM:
+            handle = self.models.handle
+            return {"name": RANDOM, "method": "random", "layers": [handle.arch.num_layers // 2],
+                    "alpha_range": None, "input_dependent": False}
+        vector = self.get_vector(session, name)
+        meta = vector.metadata()
+        meta["input_dependent"] = steering_kind(vector) == "input"
+        meta["steering"] = steering_kind(vector)
+        return meta
+
+    @staticmethod
+    def _vector_layer(vector, layer) -> int | None:
+        """Single-layer vectors move to the chosen layer; multi-layer and input-dependent ones keep theirs."""
+        if layer is None or steering_kind(vector) != "static" or len(vector.layers) > 1:
+            return None
+        return int(layer)
+
+    def steers(self, session: str | None, vector_name: str | None, layer: int | None, alpha: float,
+               relative: bool = True, seed: int = 0, positions: str | None = None) -> list:
+        """Hook specs for the chosen vector, layer and α (raw or relative units)."""
+        from ..steering import build_steers
+
+        guard, handle = self.shared.guard, self.models.handle
+        if layer is not None:
+            layer = guard.layer(handle, layer)
+        vector = self.get_vector(session, vector_name, layer, seed)
+        alpha = guard.alpha(alpha)
+        try:
+            steers = build_steers(handle, vector, alpha, layer=self._vector_layer(vector, layer),
+                                  relative=guards.flag(relative, "relative"), positions=positions)
+        except UserError:
+            raise
+        except expected_errors() as exc:
+            raise UserError("steering_failed", detail=first_line(exc)) from None
+        guard.pushes(handle, steers)
+        return steers
+
+    # ---------------------------------------------------- saved results
+    def _freeze(self, s, payload: dict, vector_name) -> str:
+        """Keep ``payload`` (stamped with the model and the time) as a saved result; its id."""
+        payload = {**payload, "model_id": self.models.handle.model_id,
+                   "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        text = json.dumps(payload)
+        limit = self.shared.policy.max_result_chars
+        if len(text) > limit:
+            raise UserError("text_too_long", what="result", size=len(text), limit=limit)
+        return self.shared.keeper.save_result(s, payload, vector_name, self.models.handle)
+
+    def save_result(self, session: str | None, view: dict) -> str:
+        """Freeze the session's last Explore view (``view``: its settings and next-token numbers) with its last
+        generation; its id opens it for anyone, without running the model."""
+        s = self.shared.find(session)
+        if not s.last_generation:
+            raise UserError("no_generation")
+        return self._freeze(s, {"view": view, "generation": s.last_generation}, view.get("vector"))
+
+    def save_comparison(self, session: str | None) -> str:
+        """Freeze the session's last *Many prompts* comparison (its settings, every row and the summary); its id
+        opens the whole table for anyone, without running the model."""
+        s = self.shared.find(session)
+        last = s.cache.get(LAST_COMPARISON)
+        if not last:
+            raise UserError("no_comparison")
+        return self._freeze(s, {"kind": "comparison", "comparison": last["comparison"], "settings": last["settings"]},
+                            last["settings"].get("vector"))
+
+    def open_result_vector(self, session: str | None, result_id, client: str | None = None) -> str | None:
+        """Put the vector a saved result was made with into the session (read-only, as a shared one is), so the
+        result can run live; its name there, or None when the result used a bundled or random vector."""
+        vector = self.shared.keeper.result_vector(result_id, client, self.models.handle)
+        if vector is None:
+            return None
+        s = self.shared.find(session)
+        name = f"{vector.name} (saved result)"
+        s.vectors.setdefault(name, vector)
+        return name
+
+    def result(self, result_id, client: str | None = None) -> dict:
+        """A saved result as it was saved, read without running the model."""
+        return self.shared.keeper.result(result_id, client)
