@@ -4,11 +4,12 @@ no component shows an "Error" state (walk_kit.py: the actions and the check)."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
 from browser_kit import NEEDS_CHROMIUM, browser, free_port, upload_statements  # noqa: F401 (fixture)
-from walk_kit import Walk, settle
+from walk_kit import Walk, controls, settle
 
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
 
@@ -22,6 +23,25 @@ def _app(handle, workdir):
     port = free_port()
     demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
     return demo, f"http://127.0.0.1:{port}/"
+
+
+def _steady(demo, page, timeout: float = 60.0) -> None:
+    """Wait until Explore's controls read the same twice, two seconds apart, with the queue empty.
+
+    A trained vector reaches Explore through a chain of events (the vector list, the new vector picked, its own
+    layer and α range), and a chain's next part is sent only once the page has drawn the previous one: on two
+    busy cores its last part (the layer) came after the walk's first step had started (stop 54's full run: bars
+    made for layer 9 under a layer slider the trained vector had just moved to 8, rightly marked stale, but
+    the step had promised them fresh)."""
+    deadline = time.monotonic() + timeout
+    before = controls(page)
+    while True:
+        time.sleep(2.0)
+        settle(demo, page)
+        now = controls(page)
+        if now == before or time.monotonic() > deadline:
+            return
+        before = now
 
 
 def _vector_names(page) -> list[str]:
@@ -47,6 +67,7 @@ def _walk(browser, demo, url, tmp_path, steps: int, seed: int, train: bool = Tru
         settle(demo, page)
     page.locator("#explore-sampling .label-wrap").first.click()  # the sampling controls are part of the key
     page.locator("#explore-max-tokens").wait_for(timeout=10_000)
+    _steady(demo, page)
     tokens = page.locator("#explore-max-tokens input[type=number]")  # short generations: more steps a minute
     tokens.fill("6")
     tokens.press("Tab")
