@@ -51,7 +51,7 @@ def _bf16_spacing(x: float) -> float:
     return 2.0 ** (math.floor(math.log2(abs(x))) - 7)
 
 
-def _divergence(handle, reference, ids, steers, ours: list[int], ref: list[int], ref_logits) -> dict | None:
+def _divergence(handle, ids, steers, ours: list[int], ref: list[int], ref_logits) -> dict | None:
     """What decided the first token where ``ours`` and ``ref`` part (None where they never do)."""
     at = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), None)
     if at is None:
@@ -91,7 +91,7 @@ def greedy_vs_reference(handle, reference, steer, prompts, n_tokens: int, decode
                                      ("steered", [steer], result.steered.tokens)):
             ours = [t.token_id for t in tokens][:n_tokens]
             ref, ref_logits = eager_greedy(reference, ids, steers, n_tokens)
-            divergence = _divergence(handle, reference, ids, steers, ours, ref, ref_logits)
+            divergence = _divergence(handle, ids, steers, ours, ref, ref_logits)
             sequences.append({"prompt": prompt, "side": side, "equal": divergence is None,
                               "matched_tokens": n_tokens if divergence is None else divergence["at_token"],
                               "divergence": divergence})
