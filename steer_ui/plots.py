@@ -96,6 +96,8 @@ MODEBAR_PX = 30  # plotly's toolbar row at the top: titles start below it, so it
 
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kwargs) -> go.Figure:
+    if "<br>" not in title:  # plotly does not wrap: a long title was cut at a half-width chart's edge (issue #52)
+        title = wrap_title(title)
     # plotly lifts a title with a <sup> line about 10 px above its anchor, under the chart's own label: lowered
     below = MODEBAR_PX + (12 if "<sup>" in title else 0)
     top = below + 40 + 18 * title.count("<br>")  # room for the toolbar and every title line
@@ -327,9 +329,10 @@ def training_curves(curves: pd.DataFrame, x: str = "epoch", labels: Mapping[str,
     groups = curves.groupby("stage", sort=False) if "stage" in curves else [(None, curves)]
     for stage, part in groups:
         for column in metrics:
-            name = column if stage is None else f"{column} ({stage})"
+            shown = _label(labels, column, column)  # a column's name in words where the labels have one
+            name = shown if stage is None else f"{shown} ({stage})"
             fig.add_trace(go.Scatter(x=part[x], y=part[column], mode="lines+markers", name=name))
-    fig.update_xaxes(title_text=x)
+    fig.update_xaxes(title_text=_label(labels, x, x))
     return _layout(fig, _label(labels, "title", "Training curves"))
 
 

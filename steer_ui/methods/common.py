@@ -112,10 +112,11 @@ def projection_metrics(direction: torch.Tensor, x: torch.Tensor, y: np.ndarray, 
     scores = (x.double() @ direction.double()).numpy()
     tr, te = np.asarray(train_idx), np.asarray(test_idx)
     mid = 0.5 * (scores[tr][y[tr] == 1].mean() + scores[tr][y[tr] == 0].mean())
+    # the names spelled out: the page shows each in words by its name (plots/results in steer_ui/locales)
     out = {}
-    for name, idx in (("train", tr), ("test", te)):
-        out[f"{name}_auroc"] = auroc(scores[idx], y[idx])
-        out[f"{name}_accuracy"] = float(((scores[idx] > mid).astype(int) == y[idx]).mean())
+    for auroc_name, accuracy_name, idx in (("train_auroc", "train_accuracy", tr), ("test_auroc", "test_accuracy", te)):
+        out[auroc_name] = auroc(scores[idx], y[idx])
+        out[accuracy_name] = float(((scores[idx] > mid).astype(int) == y[idx]).mean())
     return out
 
 

@@ -54,6 +54,18 @@ body:not(.dark) .gradio-container span.punctuation { color: #3f5050; }
 }
 #explore-readout { min-height: 2.5em; }
 .steer-header { align-items: center; }
+/* a phone's first screen is for the prompt, α and the bars (issue #52: title, help and model line took 60 % of
+   it): a smaller title, the help in small print, the language choice without its box label */
+@media (max-width: 760px) {
+  #app-title h1 { font-size: 1.35rem; margin: 0; }
+  #app-subtitle p { font-size: 0.8rem; line-height: 1.3; margin: 0; }
+  #lang-switch { padding: 0 !important; border: none !important; background: none !important; }
+  #lang-switch > span[data-testid="block-info"], #lang-switch .block-title { display: none; }
+  #model-banner p { font-size: 0.8rem; line-height: 1.3; }
+  #explore-essentials .row:has(#generate-btn) { flex-wrap: nowrap; }  /* Generate and Sweep side by side */
+  #explore-essentials .row:has(#generate-btn) > * { min-width: 0 !important; font-size: 0.95rem;
+                                                     padding: 6px 8px; }
+}
 .steer-hidden { display: none !important; }
 """ + panel_keys.CSS
 
@@ -149,8 +161,8 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
     with gr.Blocks(title="steer_ui", analytics_enabled=False, delete_cache=(600, 3600)) as demo:
         with gr.Row(elem_classes="steer-header"):
             with gr.Column(scale=4):
-                gr.Markdown(T("app.title"))
-                gr.Markdown(T("app.subtitle"))
+                gr.Markdown(T("app.title"), elem_id="app-title")
+                gr.Markdown(T("app.subtitle"), elem_id="app-subtitle")
             lang = gr.Radio([("English", "en"), ("简体中文", "zh-CN")], value="en", label=T("app.language"), scale=1,
                             elem_id="lang-switch")
         banner = gr.Markdown(elem_id="model-banner")
@@ -222,7 +234,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             middle = handle.arch.num_layers // 2
             choices = backend.vector_names(sid(request))
             picker = gr.update(choices=choices)
-            return (status_markdown(backend, lang), gr.update(maximum=top, value=middle),
+            return (status_markdown(backend, lang, short=True), gr.update(maximum=top, value=middle),
                     gr.update(maximum=top, value=middle), picker, picker, picker)
 
         dependent_outputs = [banner, explore.layer, train.layer] + vector_pickers
@@ -241,7 +253,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         def page_status(request: gr.Request):
             lang_ = backend.language(sid(request))
             if backend.model_ready:
-                return (status_markdown(backend, lang_),) + tuple(model_view(backend, lang_))
+                return (status_markdown(backend, lang_, short=True),) + tuple(model_view(backend, lang_))
             note = status_markdown(backend, lang_)
             return note, note, None, None
 
@@ -274,7 +286,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             fell_back = not query.get("result") and fall_back(state, defaults, query.get("vector"),
                                                               linked["vector_ref"])
             picker = gr.update(choices=choices)
-            banner_text = status_markdown(backend, lang_)
+            banner_text = status_markdown(backend, lang_, short=True)
             if state.notices:
                 banner_text += "\n\n" + i18n.markdown(lang_, "link_notice", detail="; ".join(state.notices))
             for notice in linked["notices"]:

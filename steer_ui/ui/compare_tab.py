@@ -22,6 +22,7 @@ from .request_guard import client_address
 SHOWN = "shown_comparison"  # Session.cache key: the comparison the tab shows (live or saved), for opening a row
 
 COLUMNS = ["prompt", "unsteered", "steered", "kl", "fluency", "distinct", "concept_score", "steerability"]
+COLUMN_WIDTHS = ["22%", "20%", "20%", "7%", "8%", "7%", "8%", "8%"]
 
 
 @dataclass
@@ -98,8 +99,10 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
             with gr.Row():
                 curves = gr.Plot(label=T("compare.curves"), elem_id="compare-curves")
                 histogram = gr.Plot(label=T("compare.histogram"), elem_id="compare-histogram")
+            # widths that add up to the panel: the texts wrap in their columns, the numbers keep theirs (with
+            # gradio's own widths the prompt column pushed the scores past the panel's edge, issue #52)
             rows = gr.Dataframe(label=T("compare.table"), interactive=False, wrap=True, headers=COLUMNS,
-                                elem_id="compare-table")
+                                elem_id="compare-table", column_widths=COLUMN_WIDTHS)
     outputs = [compare_key, summary, curves, histogram, rows]
     inputs = [prompts, use_dataset, explore.vector, explore.layer, explore.alpha, explore.relative,
               explore.vector_seed, explore.alpha_max, max_tokens]

@@ -38,17 +38,27 @@ def weights_text(lang: str, facts: dict) -> str:
     cost = facts.get("precision_cost")
     if not cost:
         return kind
-    numbers = {"dp": f"{cost['max_abs_dp']:.2g}", "top1": f"{cost['top1_agree']}/{cost['prompts']}",
-               "ddlogit": f"{cost['max_abs_ddlogit']:.2g}", "prompts": cost["prompts"]}
+    # in words a person reads (issue #52): the same top token on so many test prompts, the largest probability
+    # change as the bound; the full measurement stays in the model's facts (JSON) and docs/models.md
+    numbers = {"dp": f"{cost['max_abs_dp']:.2g}", "agree": cost["top1_agree"], "prompts": cost["prompts"]}
     if weights != "int8":  # auto measured int8 and kept float32
         return i18n.message(lang, "weights_int8_declined", kind=kind, **numbers)
     return i18n.message(lang, "weights_cost", kind=kind, **numbers)
 
 
-def status_markdown(backend: Service, lang: str) -> str:
+def banner_markdown(lang: str, facts: dict) -> str:
+    """The page's model line: which model, how deep, what precision, in one short line (the Model tab has the
+    rest); a long line of facts took a phone's first screen (issue #52)."""
+    return i18n.markdown(lang, "model_banner", model_id=facts.get("model_id"), num_layers=facts.get("num_layers"),
+                         weights=weights_text(lang, facts))
+
+
+def status_markdown(backend: Service, lang: str, short: bool = False) -> str:
+    """The model's state: its facts when loaded (``short``: the banner's one line), else loading or failed."""
     status = backend.model_status()
     if status["ready"]:
-        return facts_markdown(lang, backend.model_facts())
+        facts = backend.model_facts()
+        return banner_markdown(lang, facts) if short else facts_markdown(lang, facts)
     if status["error"]:
         return i18n.markdown(lang, "model_load_failed", detail=status["error"])
     if status["loading"]:

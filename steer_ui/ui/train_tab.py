@@ -195,7 +195,22 @@ def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple
     check = (report.get("runs") or {}).get("constrained", {}).get("bound_check")
     if isinstance(check, dict) and isinstance(check.get("note"), str):  # TSV: where the held-out rows kept the bound
         status += "\n\n" + check["note"]
-    return status, curves_fig, table(find_results(report)), _jsonable(report)
+    return status, curves_fig, table(results_in_words(lang, find_results(report))), _jsonable(report)
+
+
+def results_in_words(lang: str, frame: pd.DataFrame | None) -> pd.DataFrame | None:
+    """A metrics table (``name``, ``value``) as a person reads it: each metric's name in words in ``lang``
+    (a method's unknown key with its underscores as spaces), and the length before normalising only when it
+    differs from the length (an unnormalised vector listed the same number twice, issue #52)."""
+    if frame is None or list(frame.columns) != ["name", "value"]:
+        return frame
+    values = dict(zip(frame["name"], frame["value"]))
+    if "raw_norm" in values and "norm" in values and abs(values["raw_norm"] - values["norm"]) <= \
+            1e-6 * max(abs(values["norm"]), 1e-12):
+        frame = frame[frame["name"] != "raw_norm"]
+    words = i18n.plot_labels(lang, "results")
+    return pd.DataFrame({words["metric"]: [words.get(n, str(n).replace("_", " ")) for n in frame["name"]],
+                         words["value"]: list(frame["value"])})
 
 
 def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab:

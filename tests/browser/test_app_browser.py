@@ -408,6 +408,9 @@ def test_the_layout_puts_what_matters_on_the_first_screen(browser, url):
     top = _box(phone, "#explore-prompt")["y"]
     slider, bars = _box(phone, "#alpha-slider"), _box(phone, "#next-token-bars")
     assert top < slider["y"] < bars["y"] and bars["y"] + bars["height"] - top <= 844
+    # issue #52: the header and model line leave the first screen to the controls: the prompt starts in its upper
+    # half and the whole α slider is on it (not on its bottom edge)
+    assert top <= 0.5 * 844 and slider["y"] + slider["height"] <= 844 - 40
     phone.close()
 
 
@@ -430,6 +433,12 @@ def test_many_prompts_reports_every_held_out_prompt_and_a_line_to_quote(browser,
     curves = page.evaluate("() => document.querySelector('#compare-curves .js-plotly-plot')._fullData.length")
     prompts = int(re.search(r"Steers \d+ of (\d+)", page.locator("#compare-summary").inner_text()).group(1))
     assert prompts >= 2 and curves >= prompts  # a thin line per prompt (and the mean)
+    # the table fits its panel: every column on screen, none behind a sideways scroll (issue #52)
+    wider = page.evaluate("""() => { const t = document.querySelector('#compare-table');
+        const edge = t.getBoundingClientRect().right;
+        return Array.from(t.querySelectorAll('table, th, td')).filter(e => e.getBoundingClientRect().right > edge + 1)
+            .length; }""")
+    assert wider == 0
     assert _error_pills(page) == []
     page.close()
 

@@ -104,9 +104,11 @@ def test_the_many_users_batch_is_exact_against_solo_runs_in_int8(int8):
 
 
 def test_the_model_line_says_the_precision_and_its_cost(gemma):
-    from steer_ui.ui.model_tab import facts_markdown
+    from steer_ui.ui.model_tab import banner_markdown, facts_markdown
 
     line = facts_markdown("en", gemma.facts()).replace("\\", "")  # as the page shows it, Markdown's escapes read
-    assert "int8 weights (the GGUF's own codes), float32 arithmetic" in line
-    assert "against float32, max" in line and "top-1 6/6" in line
-    assert "int8 权重" in facts_markdown("zh-CN", gemma.facts())
+    # in words a person reads (issue #52), the numbers still there
+    assert "8-bit weights from the file's own quantisation" in line
+    assert "same top token as full precision on 6 of 6 test prompts (probabilities within" in line
+    assert "8 位权重" in facts_markdown("zh-CN", gemma.facts())
+    assert "8-bit weights from the file's own quantisation" in banner_markdown("en", gemma.facts())

@@ -54,3 +54,20 @@ def test_l2s_loss_curve_and_recommendation_reach_the_train_tab():
     assert find_loss_curve({"curves": []}) is None
     plain_status, *_ = train_outputs(None, "en", "v", {"metrics": {"test_auroc": 0.9}})
     assert "mean steering" not in plain_status
+
+
+def test_training_results_name_their_measures_in_words_and_skip_a_length_said_twice():
+    """Issue #52: the Train tab listed raw keys (train_auroc) and raw_norm beside an equal norm."""
+    from steer_ui.ui.train_tab import results_in_words, train_outputs
+
+    same = {"metrics": {"test_auroc": 0.9, "raw_norm": 2.5, "norm": 2.5, "odd_key": 1.0},
+            "alpha_sweep": [{"alpha": -1.0, "kl": 0.2}, {"alpha": 1.0, "kl": 0.3}]}
+    _, fig, results, _ = train_outputs(None, "en", "v", same)
+    assert list(results.columns) == ["measure", "value"]
+    assert list(results.measure) == ["AUROC, held-out rows", "vector length (L2)", "odd key"]
+    # the sweep's chart: its long title on two lines inside the chart, its axis and line in words
+    assert "<br>" in fig.layout.title.text and fig.layout.xaxis.title.text == "α"
+    assert [t.name for t in fig.data] == ["mean KL (nats)"]
+    normalised = find_results({"metrics": {"raw_norm": 7.0, "norm": 1.0}})
+    assert list(results_in_words("zh-CN", normalised)["指标"]) == ["归一化前的长度", "向量长度（L2）"]
+    assert results_in_words("en", None) is None
