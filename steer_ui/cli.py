@@ -43,7 +43,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
 
-def _steering_args(p: argparse.ArgumentParser) -> None:
+def _steering_args(p: argparse.ArgumentParser, spec: bool = True) -> None:
+    if spec:
+        p.add_argument("--steering", metavar="SPEC", help='several vectors at once: JSON such as {"vectors": '
+                       '[{"source": "v.safetensors", "scale": 0.3, "layers": [6], "normalize": true}, ...]} or a '
+                       'file of it (docs/cli.md); instead of --vector/--random-vector/--layer/--alpha/--relative')
     p.add_argument("--vector", help="a steering-vector file (any supported format)")
     p.add_argument("--random-vector", type=int, metavar="SEED", help="a seeded unit random direction")
     p.add_argument("--layer", type=int, help="decoder block whose output is steered (default: the vector's, or the middle)")
@@ -142,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="dose-response table over alphas from one batched pass")
     _common(p)
-    _steering_args(p)
+    _steering_args(p, spec=False)
     p.add_argument("--prompt", required=True)
     p.add_argument("--alphas", default="-1,-0.5,-0.25,0,0.25,0.5,1", help="comma-separated alphas")
     p.add_argument("--target", help="report this token's probability")
@@ -150,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="one vector over many prompts: both generations of each, and with a pairs "
                                        "dataset each held-out prompt's margin over alpha and its steerability")
     _common(p)
-    _steering_args(p)
+    _steering_args(p, spec=False)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", metavar="FILE", help="a text file, one prompt per line")
     source.add_argument("--data", metavar="FILE", help="a pairs dataset (prompt, positive, negative): its held-out "
@@ -224,91 +228,108 @@ def load_handle(args: argparse.Namespace):
                       weights=args.weights)
 
 
-def resolve_vector(args: argparse.Namespace, handle):
-    """(vector or None, layer, warnings) from --vector / --random-vector / --layer."""
-    from .formats import read_vector
-    from .vector import random_vector
+CLI_SESSION = "cli-local-session"  # the command's one session at the door
 
-    warnings: list[str] = []
-    layer = args.layer
+
+def open_door(args: argparse.Namespace, handle=None):
+    """(the door over the loaded model, the CLI's session): a command asks what the app's fronts ask, checked by
+    the same rules (with a local user's room: :meth:`Policy.local`), so `generate` here and Generate on the page
+    are one request.  The door's scratch folder goes when the command ends."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from .policy import Policy
+    from .service import Service
+
+    workdir = tempfile.mkdtemp(prefix="steer_ui-cli-")
+    atexit.register(shutil.rmtree, workdir, True)
+    door = Service(handle or load_handle(args), max_file_bytes=1 << 40, workdir=workdir, policy=Policy.local())
+    return door, CLI_SESSION
+
+
+def steering_from_args(args: argparse.Namespace, service, session: str):
+    """(the command's steering spec, warnings): ``--steering`` (JSON text, or a file of it) or today's one-vector
+    flags.  A vector file it names is imported through the door first, which takes names and never paths."""
+    from . import steering_spec
+
+    text = getattr(args, "steering", None)
+    if text:
+        if not text.lstrip().startswith("{"):
+            try:
+                text = Path(text).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise CliError(f"--steering: {exc}") from None
+        spec = steering_spec.parse(text, service.policy.max_steering_terms, service.handle.arch.num_layers)
+        terms, warnings = [], []
+        for term in spec.terms:
+            if not term.random and Path(term.source).is_file():
+                name, more = service.import_vector(session, term.source)
+                term, warnings = dataclasses.replace(term, source=name), warnings + list(more)
+            terms.append(term)
+        return steering_spec.Spec(tuple(terms)), warnings
+    warnings: list = []
     if getattr(args, "vector", None):
-        vector, warnings = read_vector(args.vector, handle)
+        source, warnings = service.import_vector(session, args.vector)
+        seed = 0
     elif getattr(args, "random_vector", None) is not None:
-        layer = handle.arch.num_layers // 2 if layer is None else layer
-        vector = random_vector(handle.arch.hidden_size, layer, seed=args.random_vector,
-                               model_id=handle.model_id, model_type=handle.model_type)
-    else:
-        return None, layer, warnings
-    return vector, layer, warnings
+        source, seed = steering_spec.RANDOM_SOURCE, args.random_vector
+    else:  # no vector: both sides the same model (α = 0 adds exactly nothing)
+        source, seed = steering_spec.RANDOM_SOURCE, 0
+        return steering_spec.one(source, 0.0, args.layer, args.relative, seed), warnings
+    return steering_spec.one(source, args.alpha, args.layer, args.relative, seed, args.positions), list(warnings)
 
 
-def steers_from_args(args, handle):
-    from .steering import build_steers
-
-    vector, layer, warnings = resolve_vector(args, handle)
-    if vector is None:
-        return [], None, None, warnings
-    steers = build_steers(handle, vector, args.alpha, layer=layer, relative=args.relative, positions=args.positions)
-    return steers, vector, layer if layer is not None else vector.layer, warnings
+def _steering_report(args, service, session, spec, warnings) -> dict:
+    """What every steering command reports beside its numbers: the model, where and how strongly it steered."""
+    steers = service.steers_for(session, spec)
+    layers = sorted({s.layer for s in steers if hasattr(s, "layer")})
+    return {"model": service.handle.model_id, "layer": layers[0] if len(layers) == 1 else layers or None,
+            "alpha": args.alpha, "relative": args.relative, "steering": spec.as_dict(),
+            "raw_alpha": [float(s.alpha.reshape(-1)[0]) for s in steers], "warnings": warnings}
 
 
 # ----------------------------------------------------------------- commands
 @command("generate")
 def cmd_generate(args) -> dict:
-    from .model.generation import Sampling, side_by_side
+    from .service import last_frame
 
-    handle = load_handle(args)
-    steers, vector, layer, warnings = steers_from_args(args, handle)
-    limit = args.max_delta_logit
-    if limit is None:
-        limit = vector.max_delta_logit if vector is not None and vector.max_delta_logit is not None else 0.0
-    sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop,
-                        max_delta_logit=limit)
-    result = side_by_side(handle, args.prompt, steers, sampling).as_dict()
-    result.update({"model": handle.model_id, "layer": layer, "alpha": args.alpha, "relative": args.relative,
-                   "raw_alpha": [float(s.alpha.reshape(-1)[0]) for s in steers], "max_delta_logit": limit,
-                   "warnings": warnings})
+    service, session = open_door(args)
+    spec, warnings = steering_from_args(args, service, session)
+    limit = service.delta_limit(session, spec, args.max_delta_logit)
+    sampling = service.sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                                max_delta_logit=limit, stop=args.stop)
+    result = last_frame(service.stream_generate_for(session, args.prompt, spec, sampling)).as_dict()
+    result.update(_steering_report(args, service, session, spec, warnings), max_delta_logit=sampling.max_delta_logit)
     return result
 
 
 @command("next-token")
 def cmd_next_token(args) -> dict:
-    from .model.analysis import next_token
-
-    handle = load_handle(args)
-    steers, vector, layer, warnings = steers_from_args(args, handle)
-    view = next_token(handle, args.prompt, steers, top_k=args.top_k)
-    out = view.as_dict()
-    out.update({"model": handle.model_id, "layer": layer, "alpha": args.alpha, "relative": args.relative,
-                "warnings": warnings})
+    service, session = open_door(args)
+    spec, warnings = steering_from_args(args, service, session)
+    out = service.next_token_for(session, args.prompt, spec, top_k=args.top_k).as_dict()
+    out.update(_steering_report(args, service, session, spec, warnings))
     return out
 
 
 @command("sweep")
 def cmd_sweep(args) -> dict:
-    from .model.analysis import sweep
-    from .steering import build_steers, steering_kind
-
-    handle = load_handle(args)
-    vector, layer, warnings = resolve_vector(args, handle)
-    if vector is None:
+    service, session = open_door(args)
+    if not (args.vector or args.random_vector is not None):
         raise CliError("sweep needs --vector FILE or --random-vector SEED")
+    spec, warnings = steering_from_args(args, service, session)
     try:
         alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
     except ValueError:
         raise CliError(f"--alphas must be comma-separated numbers, got '{args.alphas}'") from None
-    steers = build_steers(handle, vector, 1.0, layer=layer, relative=args.relative, positions=args.positions)
-    if len(steers) != 1 or getattr(steers[0], "vector", None) is None:
-        raise CliError(f"sweep needs a single fixed direction; this {vector.method} vector steers "
-                       + ("per input" if steering_kind(vector) == "input" else "at several sites")
-                       + " (use next-token with --alpha for each value instead)")
-    unit_steer = steers[0]
-    scale = float(unit_steer.alpha.reshape(-1)[0])
-    frame = sweep(handle, args.prompt, unit_steer.vector, unit_steer.layer, [a * scale for a in alphas],
-                  positions=unit_steer.positions, target=args.target)
-    frame.insert(0, "alpha_requested", alphas)
-    return {"model": handle.model_id, "layer": unit_steer.layer, "relative": args.relative,
+    term = spec.terms[0]
+    frame = service.sweep(session, args.prompt, term.source if not term.random else None, args.layer,
+                          relative=args.relative, seed=term.seed, target=args.target, alphas=alphas)
+    frame = frame.rename(columns={"alpha": "alpha_requested", "raw_alpha": "alpha"})
+    layer = service.steers_for(session, spec)[0].layer
+    return {"model": service.handle.model_id, "layer": layer, "relative": args.relative,
             "rows": frame.to_dict("records"), "warnings": warnings}
 
 
@@ -351,45 +372,39 @@ def cmd_compare(args) -> dict:
 
 @command("probe-layers")
 def cmd_probe_layers(args) -> dict:
-    from .data import load_dataset
-    from .methods import probe_layers
-
-    dataset = load_dataset(args.data, schema=args.schema)
-    handle = load_handle(args)
-    return probe_layers(handle, dataset, position=args.position, seed=args.seed)
+    service, session = open_door(args)
+    service.upload_dataset(session, args.data, schema=args.schema)
+    return service.probe_layers(session, position=args.position, seed=args.seed, progress=_stderr_progress)
 
 
 @command("train")
 def cmd_train(args) -> dict:
-    from .data import load_dataset
     from .methods import get, parse_settings
 
     method = get(args.method)
     values = {name: getattr(args, name) for name in args._settings if getattr(args, name) is not None}
-    try:  # converts the typed text with this method's types and bounds; refuses flags it has no setting for
-        settings = parse_settings(method.Settings, values)
-        dataset = load_dataset(args.data, schema=args.schema)
-        handle = load_handle(args)
-        vector, report = method.train(handle, dataset, settings, _stderr_progress)
+    try:  # the typed text with this method's types and bounds, before the model loads; refuses unknown flags
+        parse_settings(method.Settings, values)
     except ValueError as exc:
         raise CliError(_flag_names(str(exc).splitlines()[0] if str(exc) else "bad settings")) from None
+    from .messages import UserError
+
+    service, session = open_door(args)
+    service.upload_dataset(session, args.data, schema=args.schema)
+    try:
+        name, report = service.train(session, args.method, progress=_stderr_progress, settings=values)
+    except UserError as exc:  # a setting named in the refusal is named as its flag here
+        raise CliError(_flag_names(str(exc).splitlines()[0])) from None
+    vector = service.get_vector(session, name)
     vector.save(args.out)
     return {"out": args.out, **vector.metadata(), **({"report": report} if report else {})}
 
 
 @command("detect")
 def cmd_detect(args) -> dict:
-    from .data import load_dataset
-    from .formats import read_vector
-    from .methods import method_of
-
-    dataset = load_dataset(args.data, schema=args.schema)
-    handle = load_handle(args)
-    vector, warnings = read_vector(args.vector, handle)
-    method = method_of(vector)
-    if method is None or not hasattr(method, "detect"):  # only detector methods (TSV) score answers
-        raise CliError(f"detect needs a detector vector (TSV); this one was made by '{vector.method}'")
-    out = method.detect(handle, vector, dataset)
+    service, session = open_door(args)
+    name, warnings = service.import_vector(session, args.vector)
+    out = service.detect(session, name, path=args.data, schema=args.schema)
     out["warnings"] = warnings
     return out
 

@@ -59,6 +59,7 @@ class Policy:
     new_sessions_per_minute: int = 60  # ... and then this many a minute
     session_grace_seconds: float = 60.0  # an empty session used this recently is not evicted for a newcomer
     max_vectors_per_session: int = 32
+    max_steering_terms: int = 8  # vectors one request steers with at once (steering_spec.MAX_TERMS)
     max_session_bytes: int = 256 << 20  # tensors of the session's vectors plus its dataset
     max_total_session_bytes: int = 1 << 30  # the same, summed over every session: what all visitors may hold
     session_idle_seconds: float = 4 * 3600.0
@@ -95,6 +96,16 @@ class Policy:
     export_keep_seconds: float = 3600.0
     activation_cache_max_bytes: int = 2 << 30
 
+
+    @classmethod
+    def local(cls) -> "Policy":
+        """One person at their own machine (the CLI): the same checks, with room for long texts, long jobs and
+        large files; what keeps a shared app safe for strangers (sessions, queues, quotas) stays as it is."""
+        day = 24 * 3600.0
+        return cls(max_prompt_tokens=32_768, max_request_bytes=16 << 30, max_inflight_bytes=16 << 30,
+                   max_new_tokens=8192, max_top_k=1 << 20, compare_seconds=day, job_seconds=day,
+                   max_train_rows=10_000_000, max_train_tokens=1 << 32, max_prompt_chars=1 << 20,
+                   generation_seconds=day, max_detect_answers=1 << 20, max_compare_prompts=1 << 16)
 
 
 def device_allowed(device: str | None) -> bool:

@@ -1,18 +1,12 @@
 """The only door: everything the app does, reachable from Python without gradio.
 
 The fronts (the UI in :mod:`steer_ui.ui`, whose named events are the HTTP API, and the CLI) call this class and
-nothing behind it.  :class:`Service` finds the session and hands the request to the room named for what it
-keeps or does (:mod:`steer_ui.rooms`): ``models``, ``library``, ``datasets``, ``explore``, ``evaluation``,
-``training``, ``detection``, ``transfer``.  Validation and limits live in the rooms, once; a refusal is a
-:class:`UserError` with a plain message that leaves the session's data and vectors as they were.
-
-Rules kept behind this door so no front can forget them:
-
-* steering hooks act only in the thread that installed them, so sessions running the model at once never see
-  each other's steering; long jobs (training, probing, detection) take ``handle.lock`` one at a time, and
-  generation and the slider never wait for them;
-* generation joins one decode batch shared by every session (:mod:`steer_ui.model.engine`); a browser that
-  disconnects mid-stream frees its rows at the next step.
+nothing behind it.  :class:`Service` finds the session and hands the request to the room named for what it keeps
+or does (:mod:`steer_ui.rooms`).  Validation and limits live in the rooms, once; a refusal is a
+:class:`UserError` with a plain message that leaves the session's data and vectors as they were.  Behind the door,
+steering hooks act only in the thread that installed them (sessions running at once never see each other's
+steering), long jobs take ``handle.lock`` one at a time, and generation joins one decode batch shared by every
+session (:mod:`steer_ui.model.engine`), whose rows a disconnected browser frees at the next step.
 """
 from __future__ import annotations
 
@@ -40,7 +34,7 @@ from .sessions import Session, Sessions
 DEFAULT_MAX_FILE_BYTES = 50 * 1024 * 1024
 
 __all__ = ["DATASETS_DIR", "DEFAULT_MAX_FILE_BYTES", "FORMATS", "Frame", "LAST_COMPARISON", "RANDOM", "Service",
-           "Session", "UserError"]
+           "Session", "UserError", "last_frame"]
 
 
 @hand_back_after_calls  # a request thread that has computed hands its OpenMP helpers back (model/cpu_threads.py)
@@ -204,6 +198,10 @@ class Service:
     def steers(self, session, vector_name, layer, alpha, relative=True, seed=0, positions=None):
         return self.library.steers(session, vector_name, layer, alpha, relative, seed, positions)
 
+    def steers_for(self, session, steering):
+        """Hook specs for a steering spec of one or more vectors (:mod:`steer_ui.steering_spec`)."""
+        return self.library.steers_for(session, steering)
+
     def save_result(self, session, view: dict) -> str:
         return self.library.save_result(session, view)
 
@@ -231,12 +229,12 @@ class Service:
     def class_balance(self, session):
         return self.datasets.class_balance(session)
 
-    def _held_out_pairs(self, session) -> list:
-        return self.datasets.held_out_pairs(session)
-
     # ================================================================ explore (rooms/explore.py)
     def next_token(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, top_k=10):
         return self.explore.next_token(session, prompt, vector_name, layer, alpha, relative, seed, top_k)
+
+    def next_token_for(self, session, prompt, steering, top_k=10):
+        return self.explore.next_token_for(session, prompt, steering, top_k)
 
     def calibrated_alpha_max(self, session, prompt, vector_name, layer, seed=0) -> float:
         return self.explore.calibrated_alpha_max(session, prompt, vector_name, layer, seed)
@@ -254,13 +252,17 @@ class Service:
     def stream_generate(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, sampling=None):
         yield from self.explore.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling)
 
+    def stream_generate_for(self, session, prompt, steering, sampling=None):
+        yield from self.explore.stream_generate_for(session, prompt, steering, sampling)
+
     def generate(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, sampling=None) -> Frame:
         # through this door's stream_generate, so whatever wraps the door's stream (a test's spy) sees the run
         return last_frame(self.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling))
 
     def sweep(self, session, prompt, vector_name, layer, alpha_max=1.0, relative=True, seed=0, points=21,
-              target=None):
-        return self.explore.sweep(session, prompt, vector_name, layer, alpha_max, relative, seed, points, target)
+              target=None, alphas=None):
+        return self.explore.sweep(session, prompt, vector_name, layer, alpha_max, relative, seed, points, target,
+                                  alphas)
 
     # ================================================================ evaluation (rooms/evaluation.py)
     def compare(self, session, *args, **kwargs) -> dict:
@@ -287,8 +289,8 @@ class Service:
         return self.training.train(session, method, layer, progress, name, settings)
 
     # ================================================================ detection (rooms/detection.py)
-    def detect(self, session, vector_name, answers=None, path=None) -> dict:
-        return self.detection.detect(session, vector_name, answers, path)
+    def detect(self, session, vector_name, answers=None, path=None, schema=None) -> dict:
+        return self.detection.detect(session, vector_name, answers, path, schema)
 
     # ================================================================ transfer (rooms/transfer.py)
     def export_vector(self, session, vector_name, fmt, layer=None, seed=0):

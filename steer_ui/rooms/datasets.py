@@ -32,12 +32,13 @@ class Datasets:
             raise UserError("no_dataset")
         return s
 
-    def read(self, path: Path):
+    def read(self, path: Path, schema: str | None = None):
         """A dataset file read and validated within the upload limits (one line when refused)."""
         from ..data import load_dataset
 
         try:
-            return load_dataset(path, max_bytes=self.shared.max_file_bytes,
+            return load_dataset(path, schema=None if schema in (None, "", "auto") else schema,
+                                max_bytes=self.shared.max_file_bytes,
                                 max_cell_chars=self.shared.policy.max_prompt_chars)
         except expected_errors() + (UnicodeDecodeError,) as exc:
             raise dataset_refusal(path.name, exc) from None

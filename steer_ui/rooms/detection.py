@@ -36,7 +36,7 @@ class Detection:
         return pairs
 
     def detect(self, session: str | None, vector_name: str, answers: list[tuple[str, str]] | None = None,
-               path: str | Path | None = None) -> dict:
+               path: str | Path | None = None, schema: str | None = None) -> dict:
         """p(truthful) per (prompt, answer) from a detector vector (TSV); AUROC when a labelled file is given."""
         from ..methods.base import method_of
 
@@ -46,7 +46,7 @@ class Detection:
             raise UserError("not_tsv", name=vector_name, method=vector.method)
         s = self.shared.find(session)
         if path:  # a labelled file: read within the upload limits, at most max_train_rows rows
-            dataset = self.datasets.read(Path(path))
+            dataset = self.datasets.read(Path(path), schema)
             self.shared.guard.dataset(self.models.handle, dataset)
         else:
             pairs = self._pairs(answers)

@@ -21,6 +21,7 @@ MAX_VOCAB_TOP_K = 1 << 20  # no vocabulary is larger; a bigger top-k is a mistak
 MAX_TARGET_CHARS = 200  # a sweep's target token, typed as text (only its first token counts)
 MAX_TEMPERATURE = 100.0  # far past uniform sampling already
 MAX_REPETITION_PENALTY = 100.0
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 4, 200  # OpenAI's API takes up to 4 stop sequences
 
 
 @dataclass
@@ -67,10 +68,22 @@ class Explore:
     def next_token(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None, alpha: float,
                    relative: bool = True, seed: int = 0, top_k: int = 10):
         """Top-k next tokens unsteered vs steered, KL, entropies, Δlogit extremes (analysis fast path)."""
+        return self.next_token_for(session, prompt, self._one(vector_name, layer, alpha, relative, seed), top_k)
+
+    @staticmethod
+    def _one(vector_name, layer, alpha, relative, seed):
+        """Today's one-vector arguments as a spec of one term (checked with every other spec)."""
+        from ..steering_spec import RANDOM_SOURCE, one
+
+        source = RANDOM_SOURCE if not vector_name or vector_name == RANDOM else vector_name
+        return one(source, alpha, layer, relative, seed)
+
+    def next_token_for(self, session: str | None, prompt: str, steering, top_k: int = 10):
+        """The next-token view for a steering spec of one or more terms (:mod:`steer_ui.steering_spec`)."""
         guard = self.shared.guard
         needed = guard.prompt(self.models.handle, prompt, rows=2)  # the unsteered and the steered row
         top_k = guard.number(top_k, "top_k", integer=True, low=1, high=self.shared.policy.max_top_k)
-        steers = self.library.steers(session, vector_name, layer, alpha, relative, seed)
+        steers = self.library.steers_for(session, steering)
         try:
             engine, slider = self.models.explore_workers()
             # the decode batch pauses between steps for a slider move
@@ -125,10 +138,14 @@ class Explore:
 
     def sampling(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, seed: int = 0, greedy: bool | None = None,
-                 max_delta_logit: float = 0.0):
+                 max_delta_logit: float = 0.0, stop=()):
         from ..model.generation import GenerationError, Sampling
 
         number = self.shared.guard.number
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, (list, tuple)) or len(stop) > MAX_STOP_STRINGS:
+            raise UserError("bad_stop", limit=MAX_STOP_STRINGS)
+        stop = tuple(guards.text(x, "stop", MAX_STOP_CHARS) for x in stop)
         s = Sampling(max_new_tokens=number(max_new_tokens, "max_new_tokens", integer=True, low=1,
                                            high=self.shared.policy.max_new_tokens),
                      temperature=0.0 if guards.flag(greedy or False, "greedy") else
@@ -139,7 +156,7 @@ class Explore:
                                                high=MAX_REPETITION_PENALTY),
                      seed=self.shared.guard.seed(seed),
                      max_delta_logit=number(max_delta_logit or 0.0, "max_delta_logit", low=0,
-                                            high=MAX_DELTA_LOGIT_LIMIT))
+                                            high=MAX_DELTA_LOGIT_LIMIT), stop=stop)
         try:
             s.validate()  # the open ends: top-p and the repetition penalty above 0
         except GenerationError as exc:
@@ -153,8 +170,13 @@ class Explore:
         ``requested`` is checked with the other sampling values (:meth:`sampling`); ``None`` or ``""`` is "not
         given" (an empty field, or a client that sends the arguments from before the limit existed).
         """
+        from ..steering_spec import Spec
+
         if requested is not None and requested != "":
             return requested
+        if isinstance(vector_name, Spec):  # several vectors: the tightest bound any of them states
+            bounds = [self.delta_limit(session, None if t.random else t.source) for t in vector_name.terms]
+            return min([b for b in bounds if b > 0], default=0.0)
         if not vector_name or vector_name == RANDOM:
             return 0.0
         own = self.library.get_vector(session, vector_name).max_delta_logit
@@ -171,14 +193,24 @@ class Explore:
         model); closing it early drops the request's rows at the next step.
         A session has at most ``policy.generations_per_session`` at once.
         """
+        settings = {"vector": vector_name or RANDOM, "layer": layer, "alpha": alpha, "relative": relative,
+                    "seed": seed}
+        yield from self.stream_generate_for(session, prompt, self._one(vector_name, layer, alpha, relative, seed),
+                                            sampling, settings)
+
+    def stream_generate_for(self, session: str | None, prompt: str, steering, sampling=None,
+                            settings: dict | None = None) -> Iterator[Frame]:
+        """:meth:`stream_generate` for a steering spec of one or more terms; ``settings`` (the one-vector
+        request's, where it was one) is kept with the last generation for Save result."""
         from ..model.engine import EngineBusy
         from ..model.generation import Request
+        from ..steering_spec import parse
 
         sampling = sampling or self.sampling()
         guard = self.shared.guard
         # three rows (unsteered, steered, counterfactual) over the prompt and every new token
         needed = guard.prompt(self.models.handle, prompt, rows=3, new_tokens=sampling.max_new_tokens)
-        steers = self.library.steers(session, vector_name, layer, alpha, relative, seed)
+        steers = self.library.steers_for(session, steering)
         engine = self.models.engine()
         try:
             request = Request.make(engine.handle, prompt, steers, sampling)
@@ -192,30 +224,35 @@ class Explore:
                 ticket = engine.submit(request)
             except EngineBusy as exc:
                 raise UserError("busy", detail=first_line(exc)) from None
-            settings = {"prompt": prompt, "vector": vector_name or RANDOM, "layer": layer, "alpha": alpha,
-                        "relative": relative, "seed": seed, "sampling": dataclasses.asdict(sampling)}
-            yield from _frames(s, prompt, ticket, settings)
+            kept = {"prompt": prompt, **(settings or {}), "steering": parse(steering).as_dict(),
+                    "sampling": dataclasses.asdict(sampling)}
+            yield from _frames(s, prompt, ticket, kept)
 
     def sweep(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
               alpha_max: float = 1.0, relative: bool = True, seed: int = 0, points: int = 21,
-              target: str | None = None) -> pd.DataFrame:
-        """Dose-response over α in [-alpha_max, alpha_max] (user units) from one batched pass."""
+              target: str | None = None, alphas=None) -> pd.DataFrame:
+        """Dose-response over α in [-alpha_max, alpha_max] (user units) from one batched pass, or over the
+        given ``alphas`` (the CLI's list)."""
         from ..model.analysis import sweep
         from ..model.hooks import Steer
 
-        guard = self.shared.guard
-        points = guard.number(points, "points", integer=True, low=3, high=self.shared.policy.max_sweep_points)
-        alpha_max = abs(guard.alpha(alpha_max, "alpha_max"))
-        if alpha_max == 0:
-            raise UserError("number_not_positive", what="alpha_max", value="0")
-        needed = guard.prompt(self.models.handle, prompt, rows=points)  # one row per α
+        guard, limit = self.shared.guard, self.shared.policy.max_sweep_points
+        if alphas is None:
+            points = guard.number(points, "points", integer=True, low=3, high=limit)
+            alpha_max = abs(guard.alpha(alpha_max, "alpha_max"))
+            if alpha_max == 0:
+                raise UserError("number_not_positive", what="alpha_max", value="0")
+            alphas = [alpha_max * (2 * i / (points - 1) - 1) for i in range(points)]
+        elif not isinstance(alphas, (list, tuple)) or not 1 <= len(alphas) <= limit:
+            raise UserError("bad_alphas", limit=limit)
+        alphas = [guard.alpha(a) for a in alphas]
+        needed = guard.prompt(self.models.handle, prompt, rows=len(alphas))  # one row per α
         target = guards.text(target, "target", MAX_TARGET_CHARS, allow_empty=True).strip() or None
         unit = self.library.steers(session, vector_name, layer, 1.0, relative, seed)
         if len(unit) != 1 or not isinstance(unit[0], Steer) or unit[0].vector is None:
             raise UserError("sweep_unsupported")
         steer = unit[0]
         scale = float(steer.alpha.reshape(-1)[0])
-        alphas = [alpha_max * (2 * i / (points - 1) - 1) for i in range(points)]
         handle = self.models.handle
         try:
             with guard.reserve(needed):

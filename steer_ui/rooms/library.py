@@ -11,6 +11,7 @@ from .. import guards, names
 from ..messages import UserError
 from ..sessions import vector_bytes
 from ..steering import steering_kind
+from ..steering_spec import RANDOM_SOURCE
 from ..store.library import PUBLIC_ID
 from .common import RANDOM, Shared, expected_errors, first_line
 from .models import Models
@@ -63,7 +64,7 @@ class Library:
         self.shared.sessions.check_bytes(s, vector_bytes(vector))
         base = name or vector.name or vector.method
         base = names.checked(re.sub(r"\s+", " ", str(base)).strip() or "vector")  # listed as it is, one line
-        if base == RANDOM or base in bundled:
+        if base in (RANDOM, RANDOM_SOURCE) or base in bundled:  # "random" in a steering spec is the random direction
             base = f"{base} (saved)"
         unique, n = base, 2
         while unique in s.vectors or unique in s.stored or unique in bundled:
@@ -136,6 +137,24 @@ class Library:
         except expected_errors() as exc:
             raise UserError("steering_failed", detail=first_line(exc)) from None
         guard.pushes(handle, steers)
+        return steers
+
+    def steers_for(self, session: str | None, steering) -> list:
+        """Hook specs for a steering spec of several terms (:mod:`steer_ui.steering_spec`): each term's vector by
+        its own method, at each of its layers (a movable one-layer direction may act at several; other vectors
+        keep their own sites); terms at one layer add, since their hooks add in turn."""
+        from .. import steering_spec
+
+        handle = self.models.handle
+        spec = steering_spec.parse(steering, self.shared.policy.max_steering_terms, handle.arch.num_layers)
+        steers: list = []
+        for term in spec.terms:
+            source = RANDOM if term.random else term.source
+            vector = self.get_vector(session, source, term.layers[0] if term.layers else None, term.seed)
+            movable = term.random or self._vector_layer(vector, 0) is not None
+            for layer in (term.layers if movable and term.layers else (term.layers[:1] or (None,))):
+                steers += self.steers(session, source, layer, term.scale, term.normalize, term.seed, term.positions)
+        self.shared.guard.pushes(handle, steers)  # terms at one layer add: their sum must stay finite too
         return steers
 
     # ---------------------------------------------------- saved results

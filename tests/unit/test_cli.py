@@ -33,7 +33,8 @@ def test_generate_with_a_delta_logit_limit(capsys):
     tokens = json.loads(out)["steered"]["tokens"]
     assert all(t["kept"] * t["max_delta_logit"] <= 0.2 + 1e-4 for t in tokens) and any(t["kept"] < 1 for t in tokens)
     code, out, _ = run(capsys, *args, "--max-delta-logit", "-1")
-    assert code == 2 and json.loads(out)["error"].startswith("the Δlogit limit must be in 0..1000")
+    # the CLI asks through the app's door, so it refuses in the app's words
+    assert code == 2 and json.loads(out)["error"] == "The Δlogit limit must be at least 0, got -1.0."
 
 
 def test_generate_holds_the_bound_a_vector_states_unless_told_otherwise(capsys, tiny, tmp_path):
@@ -71,7 +72,7 @@ def test_sweep_json(capsys):
 
 def test_errors_are_one_line_json(capsys, tmp_path):
     code, out, err = run(capsys, "generate", "--model", "tiny:llama", "--prompt", " ", "--json")
-    assert code == 2 and json.loads(out) == {"error": "the prompt is empty: type some text to continue"}
+    assert code == 2 and json.loads(out) == {"error": "The prompt is empty: type some text to continue."}
     assert "Traceback" not in err
     wrong = random_vector(32, 1, seed=0).save(tmp_path / "small.safetensors")
     code, out, _ = run(capsys, "next-token", "--model", "tiny:llama", "--prompt", "x", "--vector", str(wrong),
@@ -103,7 +104,7 @@ def test_sweep_refuses_input_dependent_vectors_in_one_line(capsys, tmp_path, tin
     vector, _ = l2s.train(handle, pairs, layer=2, context_layer=1, hidden=16, epochs=2, eval_limit=2)
     path = vector.save(tmp_path / "l2s.safetensors")
     code, out, _ = run(capsys, "sweep", "--model", "tiny:llama", "--prompt", "hi", "--vector", str(path), "--json")
-    assert code == 2 and "per input" in json.loads(out)["error"]
+    assert code == 2 and "input-dependent" in json.loads(out)["error"]
 
 
 def test_bench_decode_flag_picks_the_decode_path(capsys, monkeypatch):
@@ -135,3 +136,38 @@ def test_compare_reports_rows_and_summary_as_json_and_csv(capsys, tmp_path):
     assert code == 0 and header.split(",")[-2:] == ["margins", "steerability"]
     code, out, _ = run(capsys, "compare", *common, "--prompts", str(tmp_path / "missing.txt"), "--json")
     assert code == 2 and "--prompts" in json.loads(out)["error"]
+
+
+def test_steering_spec_on_the_command_line_combines_vector_files_as_their_sum(capsys, tiny, tmp_path):
+    """Issue #48: --steering takes several vectors (files here, on the command line only) in EasySteer's words;
+    two at one layer give what their weighted sum saved as one file gives."""
+    hidden = tiny("llama").arch.hidden_size
+    v1, v2 = random_vector(hidden, 1, seed=1), random_vector(hidden, 1, seed=2)
+    p1, p2 = v1.save(tmp_path / "v1.safetensors"), v2.save(tmp_path / "v2.safetensors")
+    both = dataclasses.replace(v1, directions={1: 2.0 * v1.direction(1) - 1.5 * v2.direction(1)})
+    summed = both.save(tmp_path / "sum.safetensors")
+    spec = {"vectors": [{"source": str(p1), "scale": 2.0, "normalize": False},
+                        {"source": str(p2), "alpha": -1.5, "layer": 1, "normalize": False}]}
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    common = ("--model", "tiny:llama", "--prompt", "The weather today is", "--json")
+    code, out, _ = run(capsys, "next-token", *common, "--steering", str(spec_file))
+    two = json.loads(out)
+    sources = [t["source"] for t in two["steering"]["vectors"]]
+    assert code == 0 and len(set(sources)) == 2 and not any("/" in s for s in sources)  # imported, then by name
+    code, out, _ = run(capsys, "next-token", *common, "--vector", str(summed), "--alpha", "1")
+    one = json.loads(out)
+    assert two["kl"] == pytest.approx(one["kl"], abs=1e-5) and one["kl"] > 1e-4
+    assert [t["token"] for t in two["steered"]] == [t["token"] for t in one["steered"]]
+    code, out, _ = run(capsys, "generate", *common, "--steering", json.dumps(spec), "--max-new-tokens", "6")
+    code_one, out_one, _ = run(capsys, "generate", *common, "--vector", str(summed), "--alpha", "1",
+                               "--max-new-tokens", "6")
+    assert code == code_one == 0
+    assert json.loads(out)["steered"]["text"] == json.loads(out_one)["steered"]["text"]
+    assert json.loads(out)["raw_alpha"] == [2.0, -1.5]
+
+
+def test_a_bad_steering_spec_is_one_line(capsys):
+    code, out, _ = run(capsys, "next-token", "--model", "tiny:llama", "--prompt", "hi", "--json", "--steering",
+                       '{"vectors": [{"source": "random", "scale": 1, "algorithm": "direct"}]}')
+    assert code == 2 and json.loads(out)["error"].startswith("Steering term 1 has a field this app does not take")

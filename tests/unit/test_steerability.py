@@ -66,7 +66,7 @@ def test_pairs_give_margins_over_alpha_and_each_prompt_s_slope(tiny):
     summary = out["summary"]
     alphas = summary["alphas"]
     assert alphas == steerability.alpha_grid(1.0) and alphas[len(alphas) // 2] == 0.0
-    held_out = service._held_out_pairs("cmp-bbbbbbbb")
+    held_out = service.datasets.held_out_pairs("cmp-bbbbbbbb")
     assert [r["prompt"] for r in out["rows"]] == [p.prompt for p in held_out][:64]
     unit = service.steers("cmp-bbbbbbbb", RANDOM, 1, 1.0)[0]
     scale = float(unit.alpha.reshape(-1)[0])

@@ -40,7 +40,7 @@ def test_detect_with_a_non_tsv_vector_is_a_one_line_error(tmp_path, capsys):
     code = cli.main(["detect", "--model", "tiny:llama", "--vector", str(vec), "--data", str(_csv(tmp_path)),
                      "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert code == 2 and "detector vector (TSV)" in out["error"]
+    assert code == 2 and "detection needs a TSV vector" in out["error"]  # the app's words: the CLI asks its door
 
 
 def test_constraint_bound_and_weights_reach_training_and_bad_ones_are_refused(tmp_path, capsys):

@@ -1,0 +1,140 @@
+"""One steering spec for several vectors at once, in the vocabulary of EasySteer's OpenAI server (issue #48).
+
+    {"vectors": [{"source": "positive sentiment", "scale": 0.3, "layers": [6], "normalize": true,
+                  "apply": {"phases": ["prompt", "generation"]}},
+                 {"source": "random", "seed": 3, "scale": -0.1, "layers": [9], "normalize": true}]}
+
+Each term names a vector (``source``: a name from the session's list, a share id, ``"random"`` for the seeded random
+direction, or, on the command line only, a vector file), its strength (``scale``; aliases ``alpha``, ``coefficient``),
+where it acts (``layers``, alias ``layer``; empty or absent: the vector's own), its units (``normalize``: true is
+this app's relative α, a multiple of the layer's typical residual norm; false is raw), and when (``apply.phases``:
+the prompt's positions, the generated ones, or both).  Terms at one layer add; terms at different layers act at
+theirs; each vector acts through its own method's steers (fixed directions, ITI's heads, L2S's per-input vectors).
+Beyond EasySteer's words, ``"apply": {"positions": "last"}`` names the hooks' positions directly (the last prompt
+token and the generated ones, which phases cannot say).
+
+This module only reads and bounds the spec's shape (the same rules for the page, the CLI, links, saved results and
+the API); what a source names and whether a layer exists is the library room's to check against the model.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from . import guards
+from .messages import UserError
+from .vector import POSITIONS
+
+MAX_TERMS = 8  # like LoRA slots: a bound on what one request can ask the batch to carry
+MAX_SOURCE_CHARS = 200
+MAX_SPEC_CHARS = 16_384  # eight terms with long names fit many times over
+RANDOM_SOURCE = "random"
+PHASES = ("prompt", "generation")
+# apply.phases -> the hook's positions (steer_ui.model.hooks.Steer)
+POSITIONS_OF = {("prompt",): "prompt", ("generation",): "generated", ("generation", "prompt"): "all"}
+PHASES_OF = {"prompt": ["prompt"], "generated": ["generation"], "all": ["prompt", "generation"]}
+ALIASES = {"alpha": "scale", "coefficient": "scale", "layer": "layers"}
+FIELDS = ("source", "scale", "layers", "normalize", "apply", "seed")
+
+
+@dataclass(frozen=True)
+class Term:
+    """One vector of a spec: ``layers`` empty means the vector's own; ``positions`` in the hooks' words, None for
+    the vector's own (ITI's, say, steers the last prompt position and the generated ones)."""
+
+    source: str
+    scale: Any
+    layers: tuple = ()
+    normalize: Any = True
+    positions: str | None = None
+    seed: Any = 0
+
+    @property
+    def random(self) -> bool:
+        return self.source == RANDOM_SOURCE
+
+    def as_dict(self) -> dict:
+        out = {"source": self.source, "scale": self.scale, "layers": list(self.layers), "normalize": self.normalize}
+        if self.positions is not None:
+            out["apply"] = {"phases": PHASES_OF[self.positions]} if self.positions in PHASES_OF else \
+                {"positions": self.positions}
+        if self.random:
+            out["seed"] = self.seed
+        return out
+
+
+@dataclass(frozen=True)
+class Spec:
+    terms: tuple[Term, ...]
+
+    def as_dict(self) -> dict:
+        return {"vectors": [t.as_dict() for t in self.terms]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), ensure_ascii=False, separators=(",", ":"))
+
+
+def parse(value: Any, max_terms: int = MAX_TERMS, max_layer_count: int = 64) -> Spec:
+    """A spec from JSON text or an already-parsed object, every field checked; a refusal is one line naming the
+    term (1-based) and the field."""
+    if isinstance(value, Spec):
+        return value
+    if isinstance(value, str):
+        text = guards.text(value, "steering", MAX_SPEC_CHARS)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError("steering_not_json", position=exc.pos) from None
+    if not isinstance(value, dict) or set(value) != {"vectors"} or not isinstance(value["vectors"], list) \
+            or not 1 <= len(value["vectors"]) <= max_terms:
+        raise UserError("steering_shape", limit=max_terms)
+    return Spec(tuple(_term(i + 1, raw, max_layer_count) for i, raw in enumerate(value["vectors"])))
+
+
+def one(source: str, scale, layer=None, normalize=True, seed=0, positions: str | None = None) -> Spec:
+    """Today's one-vector request (a name, an α, a layer) as a spec of one term, its values as given: the library
+    room checks them as it checks every term's (α, layer, units and seed of a caller are not trusted here)."""
+    return Spec((Term(source=source, scale=scale, layers=() if layer is None else (layer,), normalize=normalize,
+                      positions=positions, seed=seed),))
+
+
+def _term(n: int, raw: Any, max_layer_count: int) -> Term:
+    if not isinstance(raw, dict):
+        raise UserError("steering_term_not_object", term=n)
+    fields: dict[str, Any] = {}
+    for key, item in raw.items():
+        name = ALIASES.get(key, key)
+        if name not in FIELDS:
+            raise UserError("steering_unknown_field", term=n, field=str(key)[:40])
+        if name in fields:  # "alpha" and "scale" both given: which one was meant?
+            raise UserError("steering_field_twice", term=n, field=name)
+        fields[name] = item
+    source = fields.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise UserError("steering_no_source", term=n)
+    source = guards.text(source, "vector", MAX_SOURCE_CHARS).strip()
+    if "scale" not in fields:
+        raise UserError("steering_no_scale", term=n)
+    scale = float(guards.number(fields["scale"], "alpha"))
+    layers = fields.get("layers", [])
+    if layers is None:
+        layers = []
+    if isinstance(layers, (int, float)) and not isinstance(layers, bool):
+        layers = [layers]
+    if not isinstance(layers, list) or len(layers) > max_layer_count:
+        raise UserError("steering_bad_layers", term=n, limit=max_layer_count)
+    layers = tuple(dict.fromkeys(int(guards.number(x, "layer", integer=True, low=0)) for x in layers))
+    normalize = guards.flag(fields.get("normalize", True), "relative")
+    positions = None  # no "apply": where the vector's own method steers
+    if "apply" in fields:
+        apply = fields["apply"]
+        if isinstance(apply, dict) and set(apply) == {"positions"} and apply["positions"] in POSITIONS:
+            positions = apply["positions"]  # this app's own words, for what phases cannot say ("last")
+        else:
+            phases = apply.get("phases") if isinstance(apply, dict) and set(apply) == {"phases"} else None
+            if not isinstance(phases, list) or not phases or any(p not in PHASES for p in phases):
+                raise UserError("steering_bad_phases", term=n)
+            positions = POSITIONS_OF[tuple(sorted(set(phases)))]
+    seed = int(guards.number(fields.get("seed", 0), "seed", integer=True, low=0, high=2 ** 63 - 1))
+    return Term(source=source, scale=scale, layers=layers, normalize=normalize, positions=positions, seed=seed)
