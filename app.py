@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "where every visitor has the proxy's address)")
     p.add_argument("--new-sessions-per-minute", type=int, default=None,
                    help="new sessions one client address may open a minute, after a burst of 64 (default 60)")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="a key for the OpenAI-compatible API at /v1 (repeatable): clients send Authorization: "
+                        "Bearer KEY; with --api-key or --auth set, /v1 needs one (docs/api.md)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template for chat requests, over the model's own (docs/api.md)")
     p.add_argument("--forwarded-allow-ips", type=parse_forwarded, default=(), metavar="ADDRESSES",
                    help="proxies whose X-Forwarded-For header names the client, comma-separated addresses or "
                         "networks (e.g. 127.0.0.1 behind a proxy or tunnel on this machine); default none: every "
@@ -197,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {problem}", file=sys.stderr)
 
     policy = policy_from_args(args)
+    chat_template = None
+    if args.chat_template:
+        try:
+            chat_template = Path(args.chat_template).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"error: --chat-template: {exc}", file=sys.stderr)
+            return 2
     from steer_ui.store import StoreError, default_spec, open_for_serving, where
 
     # before the heavy imports: a store that is missing, read-only, full or locked is said in one line at once
@@ -228,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{library.db.moved_aside} (never deleted) and a new, empty one started", file=sys.stderr)
     if library is not None:
         library.keep_tidy()  # lifetimes and the disk budget (docs/sharing.md: What is kept)
-    backend = Service(max_file_bytes=args.max_file_size, policy=policy, default_view=True, library=library)
-    if args.vectors:
-        backend.publish_from = Path(args.vectors).expanduser()
+    backend = Service(max_file_bytes=args.max_file_size, policy=policy, default_view=True, library=library,
+                      vectors_dir=Path(args.vectors).expanduser() if args.vectors else None,
+                      chat_template=chat_template)
     if args.wait or args.model.startswith("tiny:"):
         try:
             backend.load_model(args.model, args.device, args.dtype, weights=args.weights,
@@ -255,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.launch(**launch_kwargs(policy.max_body_bytes, server_name=args.host, server_port=args.port, share=share,
                                 auth=auth, max_file_size=args.max_file_size, prevent_thread_lock=True, quiet=True,
                                 forwarded_allow_ips=args.forwarded_allow_ips))
+    from steer_ui.openai_api.server import install
     from steer_ui.ui.request_guard import forwarded_trusted
+
+    install(demo.app, backend, args.api_key, auth or ())  # /v1, OpenAI's shape, on the same server
 
     if forwarded_trusted(demo) != ",".join(args.forwarded_allow_ips):  # a gradio that passes uvicorn its own list
         print(f"error: the server trusts X-Forwarded-For from '{forwarded_trusted(demo)}', not from what "

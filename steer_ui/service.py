@@ -42,7 +42,8 @@ class Service:
     """The door: the session is found here, the work is done in the rooms (each method says which)."""
 
     def __init__(self, handle=None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, workdir: str | Path | None = None,
-                 policy: Policy | None = None, default_view: bool = False, library=None):
+                 policy: Policy | None = None, default_view: bool = False, library=None,
+                 vectors_dir: Path | None = None, chat_template: str | None = None):  # app.py --vectors, --chat-template
         self.policy = policy or Policy()
         self.sessions = Sessions(self.policy)
         self.guard = Guard(self.policy)
@@ -51,7 +52,7 @@ class Service:
         self.keeper = Keeper(library, self.max_file_bytes)  # owners' work in the library (off without one)
         shared = Shared(self.policy, self.guard, self.sessions, self.keeper, self.session, self.max_file_bytes,
                         self.workdir)
-        self.models = Models(shared, handle, default_view)
+        self.models = Models(shared, handle, default_view, vectors_dir, chat_template)
         self.library = Library(shared, self.models)
         self.datasets = Datasets(shared)
         self.explore = Explore(shared, self.models, self.library)
@@ -133,14 +134,6 @@ class Service:
     def published(self) -> list:
         return self.models.published
 
-    @property
-    def publish_from(self) -> Path | None:
-        return self.models.publish_from
-
-    @publish_from.setter
-    def publish_from(self, folder: Path | None) -> None:
-        self.models.publish_from = folder
-
     def model_status(self) -> dict:
         return self.models.status()
 
@@ -157,6 +150,10 @@ class Service:
 
     def model_facts(self) -> dict:
         return self.models.facts()
+
+    def chat_prompt(self, messages) -> str:
+        """A conversation (OpenAI's messages) as the prompt the model continues, through its chat template."""
+        return self.models.chat_prompt(messages)
 
     def layer_norm_frame(self):
         return self.models.layer_norm_frame()
@@ -201,6 +198,9 @@ class Service:
     def steers_for(self, session, steering):
         """Hook specs for a steering spec of one or more vectors (:mod:`steer_ui.steering_spec`)."""
         return self.library.steers_for(session, steering)
+
+    def applied(self, session, steering) -> dict:
+        return self.library.applied(session, steering)
 
     def save_result(self, session, view: dict) -> str:
         return self.library.save_result(session, view)

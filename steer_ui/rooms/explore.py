@@ -22,6 +22,7 @@ MAX_TARGET_CHARS = 200  # a sweep's target token, typed as text (only its first 
 MAX_TEMPERATURE = 100.0  # far past uniform sampling already
 MAX_REPETITION_PENALTY = 100.0
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 4, 200  # OpenAI's API takes up to 4 stop sequences
+MAX_ALTERNATIVES = 20  # the most top log-probabilities per token OpenAI's API returns
 
 
 @dataclass
@@ -35,6 +36,10 @@ class Frame:
     steered_tokens: list
     done: bool
     steps: int
+    # why each side stopped once it has ("eos", "stop", "length"; None while it runs), and the prompt's length
+    prompt_tokens: int = 0
+    unsteered_finished: str | None = None
+    steered_finished: str | None = None
 
     def token_frame(self) -> pd.DataFrame:
         """Per steered token: position, token, logprob, Δlogit (actual and direct), top alternatives; with a
@@ -138,7 +143,7 @@ class Explore:
 
     def sampling(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, seed: int = 0, greedy: bool | None = None,
-                 max_delta_logit: float = 0.0, stop=()):
+                 max_delta_logit: float = 0.0, stop=(), alternatives: int = 5):
         from ..model.generation import GenerationError, Sampling
 
         number = self.shared.guard.number
@@ -156,7 +161,8 @@ class Explore:
                                                high=MAX_REPETITION_PENALTY),
                      seed=self.shared.guard.seed(seed),
                      max_delta_logit=number(max_delta_logit or 0.0, "max_delta_logit", low=0,
-                                            high=MAX_DELTA_LOGIT_LIMIT), stop=stop)
+                                            high=MAX_DELTA_LOGIT_LIMIT), stop=stop,
+                     alternatives=number(alternatives, "top_logprobs", integer=True, low=0, high=MAX_ALTERNATIVES))
         try:
             s.validate()  # the open ends: top-p and the repetition penalty above 0
         except GenerationError as exc:
@@ -226,7 +232,7 @@ class Explore:
                 raise UserError("busy", detail=first_line(exc)) from None
             kept = {"prompt": prompt, **(settings or {}), "steering": parse(steering).as_dict(),
                     "sampling": dataclasses.asdict(sampling)}
-            yield from _frames(s, prompt, ticket, kept)
+            yield from _frames(s, prompt, ticket, kept, len(request.ids))
 
     def sweep(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
               alpha_max: float = 1.0, relative: bool = True, seed: int = 0, points: int = 21,
@@ -273,14 +279,15 @@ def last_frame(frames: Iterator[Frame]) -> Frame | None:
     return frame
 
 
-def _frames(s: Session, prompt: str, ticket, settings: dict | None = None) -> Iterator[Frame]:
+def _frames(s: Session, prompt: str, ticket, settings: dict | None = None, prompt_tokens: int = 0) -> Iterator[Frame]:
     """A ticket's events as frames (the newest each time), then the final one; errors as one line each."""
     from ..model.engine import EngineBusy, EngineTimeout
 
     def frame(result, done: bool) -> Frame:
         return Frame(prompt=prompt, unsteered_text=result.unsteered.text, steered_text=result.steered.text,
                      unsteered_tokens=list(result.unsteered.tokens), steered_tokens=list(result.steered.tokens),
-                     done=done, steps=result.steps)
+                     done=done, steps=result.steps, prompt_tokens=prompt_tokens,
+                     unsteered_finished=result.unsteered.finished, steered_finished=result.steered.finished)
 
     last = None
     try:

@@ -157,6 +157,31 @@ class Library:
         self.shared.guard.pushes(handle, steers)  # terms at one layer add: their sum must stay finite too
         return steers
 
+    def applied(self, session: str | None, steering) -> dict:
+        """What a spec steers with, term by term, as an answer echoes it: the source as asked and the name it
+        resolved to, and each hook's layer with α in both units (raw; relative to the layer's typical residual
+        norm, where the hook is one direction)."""
+        from .. import steering_spec
+        from ..model.hooks import Steer
+        from ..model.units import relative_scale
+
+        handle = self.models.handle
+        spec = steering_spec.parse(steering, self.shared.policy.max_steering_terms, handle.arch.num_layers)
+        terms = []
+        for term in spec.terms:
+            one = steering_spec.Spec((term,))
+            hooks = []
+            for s in self.steers_for(session, one):
+                raw = float(s.alpha.reshape(-1)[0])
+                if isinstance(s, Steer) and s.fn is None and s.vector.ndim == 1:  # one direction at one block
+                    relative = raw * float(s.vector.norm()) / max(relative_scale(handle, s.layer), 1e-12)
+                    hooks.append({"layer": s.layer, "raw_alpha": raw, "relative_alpha": relative})
+                else:  # per input (L2S) or per head (ITI): no one length to measure against the layer's norm
+                    layers = [s.layer] if isinstance(s, Steer) else sorted(s.shifts)
+                    hooks += [{"layer": int(layer), "raw_alpha": raw, "relative_alpha": None} for layer in layers]
+            terms.append({**term.as_dict(), "resolved": RANDOM if term.random else term.source, "hooks": hooks})
+        return {"vectors": terms}
+
     # ---------------------------------------------------- saved results
     def _freeze(self, s, payload: dict, vector_name) -> str:
         """Keep ``payload`` (stamped with the model and the time) as a saved result; its id."""

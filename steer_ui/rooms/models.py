@@ -22,14 +22,16 @@ log = logging.getLogger(__name__)
 class Models:
     """The one shared :class:`ModelHandle` (loaded, loading or failed) and what is made with each model."""
 
-    def __init__(self, shared: Shared, handle=None, default_view: bool = False):
+    def __init__(self, shared: Shared, handle=None, default_view: bool = False, vectors_dir: Path | None = None,
+                 chat_template: str | None = None):
         self.shared = shared
         # The view a fresh page opens on (steer_ui.default_view), made at model load when asked for.
         self.want_default_view = default_view
         self.default_view = None
         self.bundled_vectors: "OrderedDict[str, Any]" = OrderedDict()
         self.published: list = []  # names of the host's listed vectors (app.py --vectors DIR, `library add`)
-        self.publish_from: Path | None = None  # app.py --vectors DIR: read at each model load
+        self.publish_from: Path | None = vectors_dir  # app.py --vectors DIR: read at each model load
+        self.chat_template = chat_template  # app.py --chat-template FILE's text, over the model's own
         self.current = handle  # None until a model is loaded
         self._load_error: str | None = None
         self._loading = threading.Event()
@@ -197,6 +199,26 @@ class Models:
         thread = threading.Thread(target=run, name="steer_ui-load", daemon=True)
         thread.start()
         return thread
+
+    def chat_prompt(self, messages) -> str:
+        """``messages`` rendered through the chat template (steer_ui/chat.py), within the prompt's token bound; a
+        conversation over it is told how many of its earliest turns to drop to fit."""
+        from .. import chat
+
+        handle = self.handle
+        messages = chat.checked(messages)
+        text = chat.render(handle, messages, self.chat_template)
+        limit = self.shared.policy.max_prompt_tokens
+        tokens = len(handle.tokenizer(text).input_ids)
+        if tokens > limit:
+            system = 1 if messages[0]["role"] == "system" else 0
+            drop = next((k for k in range(1, len(messages) - system)
+                         if len(handle.tokenizer(chat.render(handle, messages[:system] + messages[system + k:],
+                                                             self.chat_template)).input_ids) <= limit), None)
+            if drop is None:
+                raise UserError("too_many_tokens", what="message", tokens=tokens, limit=limit)
+            raise UserError("chat_too_long", tokens=tokens, limit=limit, drop=drop)
+        return text
 
     def facts(self) -> dict:
         facts = dict(self.handle.facts())
