@@ -187,3 +187,22 @@ def test_a_client_that_leaves_mid_stream_frees_its_rows(client, app):
     while backend.engine_load()["running"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert backend.engine_load()["running"] == 0
+
+
+def test_the_page_s_slider_answers_while_api_streams_run(client, app):
+    """The API's generations join the decode batch; a slider move (the page's /next_token) pauses the batch at a
+    block boundary and answers while the streams are still running."""
+    from gradio_client import Client
+
+    backend, url = app
+    page = Client(url + "/", verbose=False)
+    streams = [client.completions.create(model="tiny", prompt=f"Tale {i}:", max_tokens=200, temperature=0,
+                                         stream=True, extra_body={"steering": spec(seed=i)}) for i in range(3)]
+    firsts = [next(iter(s)) for s in streams]  # every stream has started
+    assert all(f.choices for f in firsts) and backend.engine_load()["running"] == 3
+    view = page.predict("The capital of France is", "random direction", 2, 0.5, True, 0, False,
+                        api_name="/next_token")
+    assert backend.engine_load()["running"] == 3  # answered while all three still decode
+    assert view[3] and "KL" in str(view[3])
+    for s in streams:
+        s.close()
