@@ -9,7 +9,7 @@ keeps or does (:mod:`steer_ui.rooms`): ``models``, ``library``, ``datasets``, ``
 Rules kept behind this door so no front can forget them:
 
 * steering hooks act only in the thread that installed them, so sessions running the model at once never see
-  each other's steering; long jobs (training, probing, detection) take ``handle.lock`` one at a time, and
+  each other's steering; long jobs run one at a time in a line the page shows (:mod:`steer_ui.jobs`), and
   generation and the slider never wait for them;
 * generation joins one decode batch shared by every session (:mod:`steer_ui.model.engine`); a browser that
   disconnects mid-stream frees its rows at the next step.
@@ -61,8 +61,8 @@ class Service:
         self.library = Library(shared, self.models)
         self.datasets = Datasets(shared)
         self.explore = Explore(shared, self.models, self.library)
-        self.evaluation = Evaluation(shared, self.models, self.library, self.datasets, self.explore)
-        self.training = Training(shared, self.models, self.library)
+        self.training = Training(shared, self.models, self.library)  # its line of long jobs is everyone's
+        self.evaluation = Evaluation(shared, self.models, self.library, self.datasets, self.explore, self.training)
         self.detection = Detection(shared, self.models, self.library, self.datasets, self.training)
         self.transfer = Transfer(shared, self.models, self.library)
         self.lessons = Lessons(shared, self.models, self.training)  # the Concepts tab's, run as jobs
@@ -268,14 +268,16 @@ class Service:
         return self.evaluation.compare(session, *args, **kwargs)
 
     # ================================================================ training (rooms/training.py)
-    method_names = staticmethod(method_names)
-    methods_schema = staticmethod(methods_schema)
+    method_names, methods_schema = staticmethod(method_names), staticmethod(methods_schema)
 
     def cancel(self, session) -> bool:
         return self.training.cancel(session)
 
     def job_outcome(self, session, wait: float = 0.0) -> str:
         return self.training.job_outcome(session, wait)
+
+    def job_view(self, session) -> dict | None:  # where the session's job stands in the line
+        return self.training.job_view(session)
 
     def parse_method_settings(self, method, values, layer=None):
         return self.training.parse_method_settings(method, values, layer)
