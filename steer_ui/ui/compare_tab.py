@@ -86,7 +86,7 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
             prompts = gr.Textbox(lines=8, max_lines=20, label=T("compare.prompts"), elem_id="compare-prompts")
             use_dataset = gr.Checkbox(value=False, label=T("compare.use_dataset"), info=T("compare.use_dataset_info"),
                                       elem_id="compare-use-dataset")
-            max_tokens = gr.Slider(1, 128, value=24, step=1, label=T("compare.max_tokens"))
+            max_tokens = gr.Slider(1, 128, value=24, step=1, label=T("compare.max_tokens"), elem_id="compare-max-tokens")
             with gr.Row():
                 run = gr.Button(T("compare.run"), variant="primary", elem_id="compare-run")
                 cancel = gr.Button(T("compare.cancel"), variant="stop", elem_id="compare-cancel")

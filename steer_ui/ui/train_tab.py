@@ -211,13 +211,14 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
             method = gr.Radio([m["name"] for m in methods], value=default, label=T("train.method"),
                               info=T("train.method_info"), elem_id="train-method")
             with gr.Row():
-                auto_layer = gr.Checkbox(value=True, label=T("train.auto_layer"))
-                layer = gr.Slider(0, top, value=(num_layers or 12) // 2, step=1, label=T("train.layer"))
+                auto_layer = gr.Checkbox(value=True, label=T("train.auto_layer"), elem_id="train-auto-layer")
+                layer = gr.Slider(0, top, value=(num_layers or 12) // 2, step=1, label=T("train.layer"),
+                                  elem_id="train-layer")
             # the buttons and the job's status (its progress bar) above the settings: under a tall form (TSV's is
             # ~2,000 px) the click and its progress were off-screen (issue #36)
             with gr.Column(elem_id="train-actions"):
                 with gr.Row():
-                    probe_btn = gr.Button(T("train.probe"))
+                    probe_btn = gr.Button(T("train.probe"), elem_id="train-probe")
                     train_btn = gr.Button(T("train.train"), variant="primary", elem_id="train-btn")
                     cancel_btn = gr.Button(T("train.cancel"), variant="stop", elem_id="train-cancel")
                 status = gr.Markdown(T("train.empty"), elem_id="train-status")
