@@ -39,10 +39,10 @@ class Training:
 
     # ------------------------------------------------------------- jobs
     def job(self, s: Session, handle, progress: Progress | None = None, kind: str = "job", detail: str = "",
-            seconds: float | None = None, model_lock: bool = True):
+            model_lock: bool = True):
         """A long job of session ``s`` (:func:`steer_ui.jobs.job`) in the server's line, within its time limit."""
-        limit = self.shared.policy.job_seconds if seconds is None else seconds
-        return job(s, handle, limit, progress, line=self.line, kind=kind, detail=detail, model_lock=model_lock)
+        return job(s, handle, self.shared.policy.job_seconds, progress, line=self.line, kind=kind, detail=detail,
+                   model_lock=model_lock)
 
     def job_view(self, session: str | None) -> dict | None:
         """The session's job as the page shows it (:meth:`steer_ui.jobs.JobLine.view`); None when it has none."""
