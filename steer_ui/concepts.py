@@ -38,7 +38,7 @@ from .methods.base import Progress, noop
 from .model.budget import KVLayout, kv_layout  # noqa: F401 - the KV lesson's layout, read where costs are
 from .model.generation import GenerationError, Sampling, choose, encode_prompt, process_logits, side_by_side
 from .model.hooks import Steer
-from .model.units import NEUTRAL_PROMPTS, to_raw_alpha
+from .model.units import to_raw_alpha
 
 DEFAULT_PROMPT = "The capital of France is"
 # The cache timing needs a context worth caching: with a handful of tokens the lm_head matmul dominates
@@ -53,10 +53,12 @@ LONG_PROMPT = (
     "the story of the city in its streets, from the oldest stones near the water to the glass towers of the "
     "business district. The most famous monument in the city is"
 )
-# The explosion demo's defaults (see docs/concepts.md for the numbers they give on Gemma 3 270M).
+# The explosion demo's defaults (see docs/concepts.md for the numbers they give on Gemma 3 270M): the whole lesson
+# (explode, then fix) within ~30 s on a 2-core CPU, the explosion plain in the generation (issue #52).
 DEFAULT_EXPLOSION_ALPHA = 0.07  # relative units: 7% of the layer's mean residual norm
-DEFAULT_FIX_STEPS = 150  # the max-hinge reaches |Δlogit| <= 2 slowly (docs/concepts.md)
-DEMO_TOKENS = 12  # greedy tokens generated per side
+DEFAULT_FIX_BOUND = 3.0  # on Gemma at the last block the max-hinge reaches 3 in ~40 steps, 2 only in ~150
+DEFAULT_FIX_STEPS = 40
+DEMO_TOKENS = 8  # greedy tokens generated per side: enough to see t repeat
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 
 
@@ -474,14 +476,15 @@ def explode(handle, prompt: str = DEFAULT_PROMPT, layer: int | None = None, alph
                          alpha=alpha, alpha_raw=alpha_raw, vector=vector, exploded=run)
 
 
-def fix_explosion(handle, demo: ExplosionDemo, max_change: float = 2.0, steps: int = DEFAULT_FIX_STEPS,
+def fix_explosion(handle, demo: ExplosionDemo, max_change: float = DEFAULT_FIX_BOUND, steps: int = DEFAULT_FIX_STEPS,
                   prompts: Sequence[str] | None = None, max_new_tokens: int = DEMO_TOKENS,
                   progress: Progress | None = None, reduction: str = "max", lr: float = 0.01) -> ExplosionDemo:
     """Rotate the demo's vector (same layer, same strength) until no logit moves more than ``max_change``.
 
     Uses ``constraints.constrain_vector`` (hinge on the real and direct-path
-    |Δlogit| plus a KL term) on the demo prompt and two neutral sentences,
-    then re-measures everything the explosion showed.  Fills ``demo.fixed``.
+    |Δlogit| plus a KL term) on ``prompts`` (default: the demo's own prompt; each
+    more prompt costs a pass through the 262k-row lm_head per step), then
+    re-measures everything the explosion showed.  Fills ``demo.fixed``.
     ``reduction="max"`` penalises the worst token only: the bound is on the
     worst token, and on Gemma 3 270M the summed hinge over 262k tokens
     stalled near |Δlogit| ≈ 10 where the max reached the bound (docs/concepts.md).
@@ -490,7 +493,7 @@ def fix_explosion(handle, demo: ExplosionDemo, max_change: float = 2.0, steps: i
 
     if not max_change > 0:
         raise ConceptsError(f"the bound on |Δlogit| must be > 0, got {max_change!r}")
-    prompts = list(prompts) if prompts else [demo.prompt] + list(NEUTRAL_PROMPTS[:2])
+    prompts = list(prompts) if prompts else [demo.prompt]
     new_vector, report = constrain_vector(handle, demo.vector, demo.layer, alpha=demo.alpha_raw, prompts=prompts,
                                           max_change=float(max_change), steps=int(steps), reduction=reduction, lr=lr,
                                           progress=progress or noop)

@@ -5,8 +5,9 @@ nothing behind it.  :class:`Service` finds the session and hands the request to 
 or does (:mod:`steer_ui.rooms`).  Validation and limits live in the rooms, once; a refusal is a
 :class:`UserError` with a plain message that leaves the session's data and vectors as they were.  Behind the door,
 steering hooks act only in the thread that installed them (sessions running at once never see each other's
-steering), long jobs take ``handle.lock`` one at a time, and generation joins one decode batch shared by every
-session (:mod:`steer_ui.model.engine`), whose rows a disconnected browser frees at the next step.
+steering), long jobs run one at a time in a line the page shows (:mod:`steer_ui.jobs`), and generation joins one
+decode batch shared by every session (:mod:`steer_ui.model.engine`), whose rows a disconnected client frees at the
+next step.
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ class Service:
         self.library = Library(shared, self.models)
         self.datasets = Datasets(shared)
         self.explore = Explore(shared, self.models, self.library)
-        self.evaluation = Evaluation(shared, self.models, self.library, self.datasets, self.explore)
-        self.training = Training(shared, self.models, self.library)
+        self.training = Training(shared, self.models, self.library)  # its line of long jobs is everyone's
+        self.evaluation = Evaluation(shared, self.models, self.library, self.datasets, self.explore, self.training)
         self.detection = Detection(shared, self.models, self.library, self.datasets, self.training)
         self.transfer = Transfer(shared, self.models, self.library)
         self.lessons = Lessons(shared, self.models, self.training)  # the Concepts tab's, run as jobs
@@ -125,14 +126,6 @@ class Service:
     @property
     def default_view(self):
         return self.models.default_view
-
-    @property
-    def bundled_vectors(self):
-        return self.models.bundled_vectors
-
-    @property
-    def published(self) -> list:
-        return self.models.published
 
     def model_status(self) -> dict:
         return self.models.status()
@@ -270,14 +263,16 @@ class Service:
         return self.evaluation.compare(session, *args, **kwargs)
 
     # ================================================================ training (rooms/training.py)
-    method_names = staticmethod(method_names)
-    methods_schema = staticmethod(methods_schema)
+    method_names, methods_schema = staticmethod(method_names), staticmethod(methods_schema)
 
     def cancel(self, session) -> bool:
         return self.training.cancel(session)
 
     def job_outcome(self, session, wait: float = 0.0) -> str:
         return self.training.job_outcome(session, wait)
+
+    def job_view(self, session) -> dict | None:  # where the session's job stands in the line
+        return self.training.job_view(session)
 
     def parse_method_settings(self, method, values, layer=None):
         return self.training.parse_method_settings(method, values, layer)

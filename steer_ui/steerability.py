@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -81,8 +81,12 @@ def alpha_grid(alpha_max: float, points: int = GRID_POINTS) -> list[float]:
     return [float(f"{alpha_max * i / half:.12g}") for i in range(-half, half + 1)]
 
 
+PROGRESS_POLL_S = 0.5  # how often a comparison reports while no prompt finishes (its Cancel is read there)
+
+
 def generate_all(engine, requests: Sequence, in_flight: int, prompts: Sequence[str],
-                 seconds: float | None = None) -> list[Generated | None]:
+                 seconds: float | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> list[Generated | None]:
     """Every request's final side-by-side result through ``engine``, at most ``in_flight`` of them in the decode
     batch at once (so one comparison never takes the whole batch from other visitors), each place refilled the
     moment its generation ends (continuous batching: a wave no longer waits for its longest member; a visitor who
@@ -91,6 +95,9 @@ def generate_all(engine, requests: Sequence, in_flight: int, prompts: Sequence[s
     ``seconds``: the whole comparison's time limit.  Past it the prompts still running stop and those not started
     are skipped: their places in the result (which stays aligned with ``requests``) are None, and the caller
     says so.  Without it each generation has the engine's own limit, and no place is None.
+
+    ``progress(done, total)`` is told as prompts finish (and every ``PROGRESS_POLL_S`` meanwhile); raising from it
+    (a Cancel) stops the comparison as any failure does.
     """
     from .model.engine import EngineTimeout
 
@@ -124,6 +131,11 @@ def generate_all(engine, requests: Sequence, in_flight: int, prompts: Sequence[s
                             thread_name_prefix="compare") as pool:
         futures = [pool.submit(one, i) for i in range(len(requests))]
         try:
+            pending = set(futures)
+            while pending:
+                _done, pending = wait(pending, timeout=PROGRESS_POLL_S, return_when=FIRST_COMPLETED)
+                if progress is not None:
+                    progress(len(futures) - len(pending), len(futures))
             return [future.result() for future in futures]
         except BaseException:
             stop.set()  # the others give up their places at their next step

@@ -54,7 +54,7 @@ class Detection:
         try:
             # one job at a time on the model: Cancel and the time limit reach it while it waits for the model;
             # scoring itself is bounded by policy.max_detect_answers
-            with self.training.job(s, handle):
+            with self.training.job(s, handle, kind="detect"):
                 if path:
                     out = method.detect(handle, vector, dataset)
                 else:

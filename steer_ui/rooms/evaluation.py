@@ -12,6 +12,7 @@ from .datasets import Datasets
 from .explore import Explore
 from .library import LAST_COMPARISON, Library
 from .models import Models
+from .training import Training
 
 
 @dataclass
@@ -21,6 +22,7 @@ class Evaluation:
     library: Library
     datasets: Datasets
     explore: Explore
+    training: Training  # its line of long jobs: a comparison takes its turn there and ends on Cancel
 
     def _prompts(self, session: str | None, prompts: Any, use_dataset: bool) -> tuple[list[str], list | None]:
         """The prompts to compare (pasted, one per line, or the dataset's held-out pairs) and their pairs."""
@@ -94,34 +96,36 @@ class Evaluation:
             requests = steerability.requests_for(engine.handle, texts, steers, sampling)
         except expected_errors() as exc:
             raise UserError("generation_failed", detail=first_line(exc)) from None
-        report = progress or (lambda _f, _m="": None)
-        with guard.reserve(plan.reserve_bytes, long=True, waiting=lambda wait: report(0.0, str(wait))):
+        s = self.shared.find(session)
+        # a long job like any other: its turn in the line (the decode batch, not the model's lock), Cancel
+        with self.training.job(s, handle, progress, kind="compare", model_lock=False) as report:
+            with guard.reserve(plan.reserve_bytes, long=True, waiting=lambda wait: report(0.0, str(wait))):
+                try:
+                    report(0.0, f"generating {len(texts)} prompts")
+                    generated = steerability.generate_all(
+                        engine, requests, plan.in_flight, texts, seconds=p.compare_seconds,
+                        progress=lambda done, total: report(0.5 * done / total, f"{done} of {total} prompts"))
+                except EngineBusy as exc:
+                    raise UserError("busy", detail=first_line(exc)) from None
+            finished = [i for i, g in enumerate(generated) if g is not None]
+            if not finished:
+                raise UserError("compare_timeout", limit=int(p.compare_seconds))
+            asked = len(texts)
+            stopped = len(finished) < asked
+            if stopped:  # the time limit came first: the prompts that finished, and a line saying so
+                generated, texts = [generated[i] for i in finished], [texts[i] for i in finished]
+                pairs = [pairs[i] for i in finished] if pairs else pairs
             try:
-                report(0.0, f"generating {len(texts)} prompts")
-                generated = steerability.generate_all(engine, requests, plan.in_flight, texts,
-                                                      seconds=p.compare_seconds)
-            except EngineBusy as exc:
-                raise UserError("busy", detail=first_line(exc)) from None
-        finished = [i for i, g in enumerate(generated) if g is not None]
-        if not finished:
-            raise UserError("compare_timeout", limit=int(p.compare_seconds))
-        asked = len(texts)
-        stopped = len(finished) < asked
-        if stopped:  # the time limit came first: the prompts that finished, and a line saying so
-            generated, texts = [generated[i] for i in finished], [texts[i] for i in finished]
-            pairs = [pairs[i] for i in finished] if pairs else pairs
-        try:
-            with guard.reserve(reading, long=True):
-                out = steerability.compare(self.models.handle, generated, steers, unit_steer, scale, pairs, alphas,
-                                           alpha, progress=lambda f, m="": report(0.5 + f / 2, m),
-                                           vector=self.library.get_vector(session, vector_name, layer, seed))
-        except expected_errors() as exc:
-            raise UserError("explore_failed", detail=first_line(exc)) from None
+                with guard.reserve(reading, long=True):
+                    out = steerability.compare(self.models.handle, generated, steers, unit_steer, scale, pairs,
+                                               alphas, alpha, progress=lambda f, m="": report(0.5 + f / 2, m),
+                                               vector=self.library.get_vector(session, vector_name, layer, seed))
+            except expected_errors() as exc:
+                raise UserError("explore_failed", detail=first_line(exc)) from None
         out["summary"]["units"] = "relative" if relative else "raw"
         if stopped:
             out["summary"]["stopped"] = {"done": len(finished), "total": asked, "limit": int(p.compare_seconds)}
         # what *Save result* on the Many prompts tab keeps: the table and the settings it was made from
-        s = self.shared.find(session)
         s.cache[LAST_COMPARISON] = {"comparison": out, "settings": {
             "prompts": texts, "use_dataset": flag, "vector": vector_name, "layer": layer, "alpha": alpha,
             "relative": bool(relative), "seed": int(seed or 0), "alpha_max": top,

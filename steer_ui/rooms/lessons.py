@@ -36,11 +36,12 @@ class Lessons:
     models: Models
     training: Training
 
-    def _run(self, session: str | None, work, progress=None):
-        """``work(handle, report)`` as a job of ``session``; a core refusal becomes one plain line."""
+    def _run(self, session: str | None, kind: str, work, progress=None):
+        """``work(handle, report)`` as a job of ``session`` named ``kind`` in the line; a core refusal becomes one
+        plain line."""
         s = self.shared.find(session)
         handle = self.models.handle
-        with self.training.job(s, handle, progress) as report:
+        with self.training.job(s, handle, progress, kind=kind) as report:
             try:
                 return work(handle, report)
             except UserError:
@@ -59,12 +60,13 @@ class Lessons:
     def lm_head(self, session: str | None, bins=60):
         bins = self.shared.guard.number(bins if bins not in (None, "") else 60, "bins", integer=True, low=1,
                                          high=MAX_BINS)
-        return self._run(session, lambda h, _r: (concepts.lm_head_facts(h), concepts.row_norms(h, bins=bins)))
+        return self._run(session, "concepts_lm_head",
+                         lambda h, _r: (concepts.lm_head_facts(h), concepts.row_norms(h, bins=bins)))
 
     def sampling(self, session: str | None, prompt, temperature=1.0, top_k=0, top_p=1.0, repetition=1.0):
         self.shared.guard.prompt(self.models.handle, prompt)
         settings = self._sampling(temperature, top_k, top_p, repetition)
-        return self._run(session, lambda h, _r: concepts.sampling_filters(h, prompt, **settings))
+        return self._run(session, "concepts_sampling", lambda h, _r: concepts.sampling_filters(h, prompt, **settings))
 
     def sample(self, session: str | None, prompt, temperature=1.0, top_k=0, top_p=1.0, repetition=1.0, n=100,
                seed=0):
@@ -73,7 +75,8 @@ class Lessons:
         settings = self._sampling(temperature, top_k, top_p, repetition)
         n = guard.number(100 if n in (None, "") else n, "draws", integer=True, low=1, high=MAX_DRAWS)
         seed = guard.seed(seed)
-        return self._run(session, lambda h, _r: concepts.sample_many(h, prompt, n=n, seed=seed, **settings))
+        return self._run(session, "concepts_sample",
+                         lambda h, _r: concepts.sample_many(h, prompt, n=n, seed=seed, **settings))
 
     def explode(self, session: str | None, prompt, layer=None, alpha=concepts.DEFAULT_EXPLOSION_ALPHA, token=None):
         """Steer along one token's unembedding row; the demo is kept in the session for :meth:`fix`."""
@@ -86,15 +89,17 @@ class Lessons:
         if not alpha > 0:
             raise UserError("number_not_positive", what="alpha", value=str(alpha))
         token = guards.text(token, "token", MAX_TOKEN_CHARS, allow_empty=True) or None
-        demo = self._run(session, lambda h, _r: concepts.explode(h, prompt, layer, alpha, token,
-                                                                 concepts.DEMO_TOKENS))
+        demo = self._run(session, "concepts_explode",
+                         lambda h, _r: concepts.explode(h, prompt, layer, alpha, token, concepts.DEMO_TOKENS))
         self.shared.find(session).cache[DEMO_KEY] = demo
         return demo
 
-    def fix(self, session: str | None, bound=2.0, steps=concepts.DEFAULT_FIX_STEPS, progress=None):
+    def fix(self, session: str | None, bound=concepts.DEFAULT_FIX_BOUND, steps=concepts.DEFAULT_FIX_STEPS,
+            progress=None):
         """Constrain the session's last explosion so that no logit moves more than ``bound``."""
         guard = self.shared.guard
-        bound = guard.number(2.0 if bound in (None, "") else bound, "bound", low=0, high=MAX_BOUND)
+        bound = guard.number(concepts.DEFAULT_FIX_BOUND if bound in (None, "") else bound, "bound", low=0,
+                             high=MAX_BOUND)
         if not bound > 0:
             raise UserError("number_not_positive", what="bound", value=str(bound))
         steps = guard.number(concepts.DEFAULT_FIX_STEPS if steps in (None, "") else steps, "steps", integer=True,
@@ -102,7 +107,7 @@ class Lessons:
         demo = self.shared.find(session).cache.get(DEMO_KEY)
         if demo is None:
             raise UserError("concepts_no_demo")
-        return self._run(session, lambda h, report: concepts.fix_explosion(
+        return self._run(session, "concepts_fix", lambda h, report: concepts.fix_explosion(
             h, demo, max_change=bound, steps=steps, max_new_tokens=concepts.DEMO_TOKENS, progress=report),
             progress)
 
@@ -120,9 +125,10 @@ class Lessons:
             return {"layout": layout, "seq_len": seq_len, "batch": batch, "dtype": dtype, "measured": measured,
                     "table": concepts.kv_cache_table(layout, batch=batch, dtype=dtype)}
 
-        return self._run(session, work)
+        return self._run(session, "concepts_kv", work)
 
     def time_cache(self, session: str | None, n_tokens=24):
         n_tokens = self.shared.guard.number(24 if n_tokens in (None, "") else n_tokens, "tokens", integer=True,
                                              low=1, high=MAX_TIMED_TOKENS)
-        return self._run(session, lambda h, report: concepts.time_cache(h, n_tokens, progress=report))
+        return self._run(session, "concepts_kv_time",
+                         lambda h, report: concepts.time_cache(h, n_tokens, progress=report))

@@ -3,11 +3,11 @@ layer, and the long jobs they run as (one at a time on the model, within the tim
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import names
-from ..jobs import job
+from ..jobs import JobLine, job
 from ..messages import UserError
 from ..paths import cache_root, prune
 from ..sessions import Session
@@ -35,14 +35,22 @@ class Training:
     shared: Shared
     models: Models
     library: Library
+    line: JobLine = field(default_factory=JobLine)  # the server's long jobs: who runs, who waits
 
     # ------------------------------------------------------------- jobs
-    def job(self, s: Session, handle, progress: Progress | None = None):
-        """A long job of session ``s`` (:func:`steer_ui.jobs.job`) within this server's time limit."""
-        return job(s, handle, self.shared.policy.job_seconds, progress)
+    def job(self, s: Session, handle, progress: Progress | None = None, kind: str = "job", detail: str = "",
+            model_lock: bool = True):
+        """A long job of session ``s`` (:func:`steer_ui.jobs.job`) in the server's line, within its time limit."""
+        return job(s, handle, self.shared.policy.job_seconds, progress, line=self.line, kind=kind, detail=detail,
+                   model_lock=model_lock)
+
+    def job_view(self, session: str | None) -> dict | None:
+        """The session's job as the page shows it (:meth:`steer_ui.jobs.JobLine.view`); None when it has none."""
+        return self.line.view(self.shared.sessions.peek(session))
 
     def cancel(self, session: str | None) -> bool:
-        """Ask the session's running job to stop at its next progress report; True if one was running."""
+        """Ask the session's job to stop at its next progress report, or to leave the line if it waits; True if
+        it had one."""
         s = self.shared.sessions.peek(session)
         if s is None or not s.running:
             return False
@@ -78,7 +86,7 @@ class Training:
         handle = self.models.handle
         self.shared.guard.dataset(handle, s.dataset)
         try:
-            with self.job(s, handle, progress) as report:
+            with self.job(s, handle, progress, kind="probe") as report:
                 result = probe_layers(handle, s.dataset, position=position, seed=self.shared.guard.seed(seed),
                                       progress=report)
         except expected_errors() as exc:
@@ -124,7 +132,7 @@ class Training:
         handle = self.models.handle
         self.shared.guard.dataset(handle, s.dataset)
         try:
-            with self.job(s, handle, progress) as job_progress:
+            with self.job(s, handle, progress, kind="train", detail=m.name) as job_progress:
                 vector, report = m.train(handle, s.dataset, parsed, job_progress)
         except UserError:
             raise

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import json
 import logging
 
@@ -138,15 +139,25 @@ def js_open_tab(tab_id: str, only_if: str = "true") -> str:
 
 
 def fan_out(fn, copies: int):
-    """Repeat ``fn``'s last output ``copies`` times (one vector-list update for every vector picker)."""
+    """Repeat ``fn``'s last output ``copies`` times (one vector-list update for every vector picker); ``fn`` may
+    be a long job's event (an async generator, ui/job_line.py), whose status lines pass as they are."""
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        if isinstance(out, dict):  # a refusal on the page: gr.skip() or only its status line
+    def spread(out):
+        if isinstance(out, dict):  # a status line, or a refusal on the page: gr.skip() or only its status line
             return out
         # one copy per output: gradio consumes update dicts while post-processing them
         return tuple(out[:-1]) + tuple(copy.deepcopy(out[-1]) for _ in range(copies))
+
+    if inspect.isasyncgenfunction(fn):
+        @functools.wraps(fn)
+        async def stream(*args, **kwargs):
+            async for out in fn(*args, **kwargs):
+                yield spread(out)
+        return stream
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return spread(fn(*args, **kwargs))
 
     return wrapper
 
@@ -193,7 +204,10 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
 
         # ----------------------------------------------------- cross-tab events
         train.train.click(fan_out(train.train_fn, n_pickers), train.train_inputs, train.train_outputs + vector_pickers,
-                          api_name="train_form", api_visibility="undocumented", **MODEL)
+                          api_name="train_form", api_visibility="undocumented", show_progress="hidden", **MODEL)
+        for i, loaded in enumerate(data.loaded_events):  # the Train tab's status line says what it would train on
+            loaded.then(train.ready_fn, None, [train.status], api_name=f"train_ready_{i}",
+                        api_visibility="undocumented", queue=False)
 
         # ------------------------------------------------ API-only endpoints
         def train_api(method: str, layer: float | None, auto_layer: bool, settings: str,

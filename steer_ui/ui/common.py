@@ -15,9 +15,12 @@ from . import i18n, panel_keys
 
 log = logging.getLogger("steer_ui.ui")
 
-# Long jobs (training, probing, detection, the Concepts tab's lessons) share one queue slot: the service runs
-# them one at a time anyway, and gradio then shows "queued" instead of a spinner that hangs on the lock.
-MODEL = dict(concurrency_id="model", concurrency_limit=1)
+# Long jobs (training, probing, comparisons, the Concepts tab's lessons): the service runs them one at a time in
+# its own line, which the page shows ("waiting for another job (…) — 2nd in line", ui/job_line.py), so gradio
+# lets several in at once to wait there visibly (its own queue would only say "queue: 1/1"); the limit bounds
+# how many wait so (a page's job waits without a thread, an API call with one).
+MODEL = dict(concurrency_id="model", concurrency_limit=8)
+CANCELLED = ("job_cancelled", "job_dequeued")  # a job its owner stopped: told as information, not as an error
 # Explore events (slider, generate, sweep) of many sessions run at once: generations join one decode batch
 # (steer_ui/model/engine.py) and the slider's passes run side by side, since hooks act only in their own
 # thread. The limit bounds the threads and memory they take; long jobs keep the "model" slot above.
@@ -100,7 +103,7 @@ def _refused_on_page(backend, request, exc: BaseException, status):
     failed, which is what made unrelated pickers and tables turn into red "Error" pills)."""
     line = refusal_line(backend, request, exc)
     lang = lang_of(backend, request)
-    if isinstance(exc, UserError) and exc.key == "job_cancelled":
+    if isinstance(exc, UserError) and exc.key in CANCELLED:
         gr.Info(html.escape(line, quote=False), title=i18n.message(lang, "cancelled_title"))
     else:
         gr.Warning(html.escape(line, quote=False), title=i18n.message(lang, "error_title"))
@@ -113,11 +116,25 @@ def handler(backend, status=None):
     An API client gets it as the call's error (gr.Error); the page gets it as a toast and, when ``status`` (a
     component among the event's outputs) is given, in that status line, with every other output untouched.
     An API client's answer carries each panel's key as data where the page gets its stale-note element
-    (:func:`panel_keys.for_caller`).  Works for plain functions and generators; keeps the signature so gradio still injects ``gr.Request`` and
-    ``gr.Progress``.
+    (:func:`panel_keys.for_caller`).  Works for plain functions and (async) generators; keeps the signature so
+    gradio still injects ``gr.Request`` and ``gr.Progress``.
     """
 
     def wrap(fn):
+        if inspect.isasyncgenfunction(fn):  # a long job's event (ui/job_line.py): its line, then its outputs
+            @functools.wraps(fn)
+            async def agen(*args, **kwargs):
+                request = _find_request(args, kwargs)
+                page = from_page(request)
+                try:
+                    async for outputs in fn(*args, **kwargs):
+                        yield panel_keys.for_caller(outputs, page)
+                except Exception as exc:
+                    if not page:
+                        raise as_gr_error(backend, request, exc) from None
+                    yield _refused_on_page(backend, request, exc, status)
+            return agen
+
         if inspect.isgeneratorfunction(fn):
             @functools.wraps(fn)
             def gen(*args, **kwargs):

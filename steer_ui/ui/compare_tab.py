@@ -13,7 +13,8 @@ import pandas as pd
 from .. import plots
 from ..service import Service
 from . import i18n, panel_keys
-from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
+from .common import MODEL, T, handler, lang_of, sid, table
+from .job_line import cancel_fn, follow
 from ..service import LAST_COMPARISON
 from .explore_tab import alpha_slider
 from .library_ui import SHOW_COMPARISON, page_url, plain_api
@@ -86,11 +87,13 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
             prompts = gr.Textbox(lines=8, max_lines=20, label=T("compare.prompts"), elem_id="compare-prompts")
             use_dataset = gr.Checkbox(value=False, label=T("compare.use_dataset"), info=T("compare.use_dataset_info"),
                                       elem_id="compare-use-dataset")
-            max_tokens = gr.Slider(1, 128, value=24, step=1, label=T("compare.max_tokens"))
+            max_tokens = gr.Slider(1, 128, value=24, step=1, label=T("compare.max_tokens"), elem_id="compare-max-tokens")
             with gr.Row():
                 run = gr.Button(T("compare.run"), variant="primary", elem_id="compare-run")
+                cancel = gr.Button(T("compare.cancel"), variant="stop", elem_id="compare-cancel")
                 save_btn = gr.Button(T("compare.save"), elem_id="compare-save")
-            # the summary sits under the button: progress and the result show where the click was
+            # the summary sits under the button: the job's one progress line and then its result show where the
+            # click was
             summary = gr.Markdown(T("compare.empty"), elem_id="compare-summary")
             link = gr.Textbox(label=T("compare.link"), interactive=False, max_lines=1, elem_id="compare-link",
                               visible=False)
@@ -108,23 +111,26 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
               explore.vector_seed, explore.alpha_max, max_tokens]
     panel_keys.watch("compare", dict(zip(panel_keys.PANELS["compare"], inputs)))
 
-    def compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_, request,
-                progress=None) -> dict:
+    def compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_,
+                request) -> dict:
         return backend.compare(sid(request), prompts_, use_dataset_, vector, layer, alpha, relative, seed,
-                               alpha_max, sampling=backend.sampling(max_new_tokens=max_tokens_),
-                               progress=progress_adapter(progress) if progress is not None else None)
+                               alpha_max, sampling=backend.sampling(max_new_tokens=max_tokens_))
 
     @handler(backend, status=summary)
-    def compare_view(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_,
-                     request: gr.Request, progress=gr.Progress()):
-        out = compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_, request,
-                      progress)
-        last = backend.session(sid(request)).cache.get(LAST_COMPARISON) or {}
-        backend.session(sid(request)).cache[SHOWN] = {"settings": last.get("settings") or {}, "rows": out["rows"]}
-        lang = lang_of(backend, request)
-        key = panel_keys.made_for_inputs(lang, "compare", (prompts_, use_dataset_, vector, layer, alpha, relative,
-                                                           seed, alpha_max, max_tokens_))
-        return (key,) + render(lang, out) + (gr.update(visible=False),)
+    async def compare_view(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_,
+                           request: gr.Request):
+        def work():
+            out = compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_,
+                          request)
+            last = backend.session(sid(request)).cache.get(LAST_COMPARISON) or {}
+            backend.session(sid(request)).cache[SHOWN] = {"settings": last.get("settings") or {}, "rows": out["rows"]}
+            lang = lang_of(backend, request)
+            key = panel_keys.made_for_inputs(lang, "compare", (prompts_, use_dataset_, vector, layer, alpha, relative,
+                                                               seed, alpha_max, max_tokens_))
+            return (key,) + render(lang, out) + (gr.update(visible=False),)
+
+        async for out in follow(backend, request, summary, work):
+            yield out
 
     @handler(backend, status=summary)
     def save(request: gr.Request):
@@ -159,7 +165,9 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
                        request)
 
     run.click(compare_view, inputs, outputs + [link], api_name="compare_view", api_visibility="undocumented",
-              **MODEL)
+              show_progress="hidden", **MODEL)
+    cancel.click(cancel_fn(backend), None, [summary], api_name="compare_cancel", api_visibility="undocumented",
+                 queue=False)
     save_btn.click(save, None, [summary, link], api_name="save_comparison_button", api_visibility="undocumented",
                    queue=False)
     gr.api(compare_api, api_name="compare", **MODEL)

@@ -16,7 +16,8 @@ import gradio as gr
 from .. import concepts, plots, plots_concepts
 from ..service import Service
 from . import i18n
-from .common import MODEL, T, handler, lang_of, progress_adapter, sid, table
+from .common import MODEL, OptionalNumberBox, T, from_page, handler, lang_of, sid, table
+from .job_line import cancel_fn, follow
 
 @dataclass
 class ConceptsTab:
@@ -40,12 +41,14 @@ class ConceptsTab:
     s_sample_summary: gr.Markdown
     s_sample_chart: gr.Plot
     e_prompt: gr.Textbox
-    e_layer: gr.Number
+    e_layer: OptionalNumberBox
     e_alpha: gr.Number
     e_token: gr.Textbox
     e_bound: gr.Number
     e_steps: gr.Slider
     e_run: gr.Button
+    e_cancel: gr.Button
+    e_status: gr.Markdown
     e_summary: gr.Markdown
     e_chart: gr.Plot
     e_curve: gr.Plot
@@ -63,6 +66,7 @@ class ConceptsTab:
     kv_chart: gr.Plot
     kv_tokens: gr.Slider
     kv_time: gr.Button
+    kv_cancel: gr.Button
     kv_timing: gr.Markdown
     kv_timing_chart: gr.Plot
 
@@ -210,17 +214,24 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
             with gr.Column(scale=1, min_width=300):
                 e_prompt = gr.Textbox(value=concepts.DEFAULT_PROMPT, lines=2, label=T("concepts.prompt"))
                 with gr.Row():
-                    e_layer = gr.Number(value=None, precision=0, minimum=0, label=T("concepts.explosion.layer"),
-                                        info=T("concepts.explosion.layer_info"))
+                    # empty = the last block (a gr.Number cannot be empty: the page sent 0, and layer 0 shows no
+                                    # explosion at the default α)
+                    e_layer = OptionalNumberBox(value="", max_lines=1, label=T("concepts.explosion.layer"),
+                                                info=T("concepts.explosion.layer_info"),
+                                                elem_id="concepts-explosion-layer")
                     e_alpha = gr.Number(value=concepts.DEFAULT_EXPLOSION_ALPHA, minimum=0.0001,
                                         label=T("concepts.explosion.alpha"), info=T("concepts.explosion.alpha_info"))
                 e_token = gr.Textbox(value=" zebra", max_lines=1, label=T("concepts.explosion.token"),
                                      info=T("concepts.explosion.token_info"))
                 with gr.Row():
-                    e_bound = gr.Number(value=2.0, minimum=0.01, label=T("concepts.explosion.bound"))
+                    e_bound = gr.Number(value=concepts.DEFAULT_FIX_BOUND, minimum=0.01,
+                                        label=T("concepts.explosion.bound"))
                     e_steps = gr.Slider(5, 300, value=concepts.DEFAULT_FIX_STEPS, step=5,
                                         label=T("concepts.explosion.steps"))
-                e_run = gr.Button(T("concepts.explosion.run"), variant="primary", elem_id="concepts-explode")
+                with gr.Row():
+                    e_run = gr.Button(T("concepts.explosion.run"), variant="primary", elem_id="concepts-explode")
+                    e_cancel = gr.Button(T("concepts.cancel"), variant="stop", elem_id="concepts-explode-cancel")
+                e_status = gr.Markdown(elem_id="concepts-explosion-status")  # the lesson's one progress line
             with gr.Column(scale=2):
                 e_summary = gr.Markdown(elem_id="concepts-explosion-summary")
                 with gr.Row():
@@ -251,6 +262,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
         with gr.Row():
             kv_tokens = gr.Slider(1, 128, value=24, step=1, label=T("concepts.kv.tokens"))
             kv_time = gr.Button(T("concepts.kv.time"), elem_id="concepts-kv-time")
+            kv_cancel = gr.Button(T("concepts.cancel"), variant="stop", elem_id="concepts-kv-cancel")
         kv_timing = gr.Markdown(elem_id="concepts-kv-timing")
         kv_timing_chart = gr.Plot(label=T("concepts.kv.timing_chart"))
 
@@ -294,15 +306,29 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
         return (explosion_markdown(lang, demo, max_new_tokens), chart, curve, bars, bars_fixed,
                 exploded.unsteered_text, exploded.steered_text, fixed.steered_text if fixed else "", demo.as_dict())
 
-    @handler(backend)
-    def explode(prompt, layer, alpha, token, request: gr.Request):
-        demo = backend.lessons.explode(sid(request), prompt, layer, alpha, token)
-        return _explosion_views(lang_of(backend, request), demo, concepts.DEMO_TOKENS)
+    @handler(backend, status=e_status)
+    async def explode(prompt, layer, alpha, token, request: gr.Request):
+        def work():
+            demo = backend.lessons.explode(sid(request), prompt, layer, alpha, token)
+            return _explosion_views(lang_of(backend, request), demo, concepts.DEMO_TOKENS) + ("",)
 
-    @handler(backend)
-    def fix(bound, steps, request: gr.Request, progress=gr.Progress()):
-        demo = backend.lessons.fix(sid(request), bound, steps, progress=progress_adapter(progress))
-        return _explosion_views(lang_of(backend, request), demo, concepts.DEMO_TOKENS)
+        async for out in follow(backend, request, e_status, work):
+            yield out
+
+    @handler(backend, status=e_status)
+    async def fix(bound, steps, request: gr.Request):
+        # on the page the fix follows the explosion (.success), which a refusal does not stop (the page's
+        # refusals are a line, not an error): an explosion that was cancelled or failed leaves its line standing
+        if from_page(request) and backend.job_outcome(sid(request)) in ("cancelled", "failed"):
+            yield gr.skip()
+            return
+
+        def work():
+            demo = backend.lessons.fix(sid(request), bound, steps)
+            return _explosion_views(lang_of(backend, request), demo, concepts.DEMO_TOKENS) + ("",)
+
+        async for out in follow(backend, request, e_status, work):
+            yield out
 
     @handler(backend)
     def kv(seq_len, batch, dtype, request: gr.Request):
@@ -312,30 +338,45 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
                                             labels=i18n.plot_labels(lang, "concepts_kv"))
         return kv_markdown(lang, out["layout"], out["seq_len"], out["batch"], out["dtype"], out["measured"]), fig
 
-    @handler(backend)
-    def kv_time_fn(n_tokens, request: gr.Request):
-        lang = lang_of(backend, request)
-        summary, steps = backend.lessons.time_cache(sid(request), n_tokens)
-        fig = plots_concepts.cache_timing_chart(steps, labels=i18n.plot_labels(lang, "concepts_timing"))
-        return timing_markdown(lang, summary), fig
+    @handler(backend, status=kv_timing)
+    async def kv_time_fn(n_tokens, request: gr.Request):
+        def work():
+            lang = lang_of(backend, request)
+            summary, steps = backend.lessons.time_cache(sid(request), n_tokens)
+            fig = plots_concepts.cache_timing_chart(steps, labels=i18n.plot_labels(lang, "concepts_timing"))
+            return timing_markdown(lang, summary), fig
+
+        async for out in follow(backend, request, kv_timing, work):
+            yield out
 
     # -------------------------------------------------------------- events
-    lm_run.click(lm_head, [lm_bins], [lm_facts, lm_hist, lm_extremes], api_name="concepts_lm_head", **MODEL)
+    # one progress indicator per job: a quick lesson's on its first output, a long one's its status line
+    lm_run.click(lm_head, [lm_bins], [lm_facts, lm_hist, lm_extremes], api_name="concepts_lm_head",
+                 show_progress_on=[lm_facts], **MODEL)
     s_inputs = [s_prompt, s_temperature, s_top_k, s_top_p, s_repetition]
     s_outputs = [s_summary, s_chart, s_table]
-    s_run.click(sampling, s_inputs, s_outputs, api_name="concepts_sampling", **MODEL)
+    s_run.click(sampling, s_inputs, s_outputs, api_name="concepts_sampling", show_progress_on=[s_summary], **MODEL)
     s_prompt.submit(sampling, s_inputs, s_outputs, api_name="concepts_sampling_on_submit",
-                    api_visibility="undocumented", **MODEL)
+                    api_visibility="undocumented", show_progress_on=[s_summary], **MODEL)
     for i, control in enumerate((s_temperature, s_top_p, s_repetition)):
         control.release(sampling, s_inputs, s_outputs, api_name=f"concepts_sampling_on_slider_{i}",
                         api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **MODEL)
     s_top_k.submit(sampling, s_inputs, s_outputs, api_name="concepts_sampling_on_top_k",
-                   api_visibility="undocumented", **MODEL)
+                   api_visibility="undocumented", show_progress_on=[s_summary], **MODEL)
     s_sample.click(sample, s_inputs + [s_n, s_seed], [s_sample_summary, s_sample_chart], api_name="concepts_sample",
-                   **MODEL)
-    e_outputs = [e_summary, e_chart, e_curve, e_bars, e_bars_fixed, e_unsteered, e_exploded, e_fixed, e_details]
-    e_run.click(explode, [e_prompt, e_layer, e_alpha, e_token], e_outputs, api_name="concepts_explode", **MODEL) \
-        .success(fix, [e_bound, e_steps], e_outputs, api_name="concepts_fix", **MODEL)
-    kv_run.click(kv, [kv_seq, kv_batch, kv_dtype], [kv_summary, kv_chart], api_name="concepts_kv", **MODEL)
-    kv_time.click(kv_time_fn, [kv_tokens], [kv_timing, kv_timing_chart], api_name="concepts_kv_time", **MODEL)
+                   show_progress_on=[s_sample_summary], **MODEL)
+    e_outputs = [e_summary, e_chart, e_curve, e_bars, e_bars_fixed, e_unsteered, e_exploded, e_fixed, e_details,
+                 e_status]
+    e_run.click(explode, [e_prompt, e_layer, e_alpha, e_token], e_outputs, api_name="concepts_explode",
+                show_progress="hidden", **MODEL) \
+        .success(fix, [e_bound, e_steps], e_outputs, api_name="concepts_fix", show_progress="hidden", **MODEL)
+    kv_run.click(kv, [kv_seq, kv_batch, kv_dtype], [kv_summary, kv_chart], api_name="concepts_kv",
+                 show_progress_on=[kv_summary], **MODEL)
+    kv_time.click(kv_time_fn, [kv_tokens], [kv_timing, kv_timing_chart], api_name="concepts_kv_time",
+                  show_progress="hidden", **MODEL)
+    # Cancel, outside the queue: a session runs one job at a time, so either button stops the lesson under way
+    e_cancel.click(cancel_fn(backend), None, [e_status], api_name="concepts_cancel", api_visibility="undocumented",
+                   queue=False)
+    kv_cancel.click(cancel_fn(backend), None, [kv_timing], api_name="concepts_kv_cancel",
+                    api_visibility="undocumented", queue=False)
     return tab

@@ -72,7 +72,8 @@ def build_data_tab(backend: Service) -> DataTab:
         return view(request)
 
     outputs = [summary, preview, balance, info]
-    # .upload, not .change: clearing the file box must not look like a failed upload.
-    file.upload(upload_dataset, [file, schema], outputs, api_name="upload_dataset")
-    use_bundled.click(bundled_dataset, [bundled, schema], outputs, api_name="bundled_dataset")
+    # .upload, not .change: clearing the file box must not look like a failed upload.  The events, for the tabs
+    # that follow the data (Train's status line)
+    tab.loaded_events = [file.upload(upload_dataset, [file, schema], outputs, api_name="upload_dataset"),
+                         use_bundled.click(bundled_dataset, [bundled, schema], outputs, api_name="bundled_dataset")]
     return tab

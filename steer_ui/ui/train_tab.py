@@ -9,11 +9,10 @@ import gradio as gr
 import pandas as pd
 
 from .. import plots
-from ..service import Service
+from ..service import Service, UserError
 from . import i18n, panel_keys
-from .common import MODEL, T, from_page, handler, lang_of, progress_adapter, sid, table
-
-CANCEL_WAIT_S = 3.0  # how long Cancel waits for the job to stop at its next progress report
+from .common import MODEL, T, handler, lang_of, sid, table
+from .job_line import cancel_fn, follow
 # Keys of a method's report that hold its main result table, best first.
 RESULT_KEYS = ("table", "auroc_table", "comparison", "results", "layers")
 
@@ -227,13 +226,14 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
             method = gr.Radio([m["name"] for m in methods], value=default, label=T("train.method"),
                               info=T("train.method_info"), elem_id="train-method")
             with gr.Row():
-                auto_layer = gr.Checkbox(value=True, label=T("train.auto_layer"))
-                layer = gr.Slider(0, top, value=(num_layers or 12) // 2, step=1, label=T("train.layer"))
+                auto_layer = gr.Checkbox(value=True, label=T("train.auto_layer"), elem_id="train-auto-layer")
+                layer = gr.Slider(0, top, value=(num_layers or 12) // 2, step=1, label=T("train.layer"),
+                                  elem_id="train-layer")
             # the buttons and the job's status (its progress bar) above the settings: under a tall form (TSV's is
             # ~2,000 px) the click and its progress were off-screen (issue #36)
             with gr.Column(elem_id="train-actions"):
                 with gr.Row():
-                    probe_btn = gr.Button(T("train.probe"))
+                    probe_btn = gr.Button(T("train.probe"), elem_id="train-probe")
                     train_btn = gr.Button(T("train.train"), variant="primary", elem_id="train-btn")
                     cancel_btn = gr.Button(T("train.cancel"), variant="stop", elem_id="train-cancel")
                 status = gr.Markdown(T("train.empty"), elem_id="train-status")
@@ -272,72 +272,71 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
     def show_groups(chosen):
         return tuple(gr.update(visible=name == chosen) for name in groups)
 
-    @handler(backend)
-    def probe_layers(position, seed, request: gr.Request, progress=gr.Progress()):
-        result = backend.probe_layers(sid(request), position=position or "last", seed=seed,
-                                      progress=progress_adapter(progress))
-        frame = pd.DataFrame(result.get("layers", []))
-        best = result.get("best_layer")
-        fig = plots.probe_layers(frame, best, labels=i18n.plot_labels(lang_of(backend, request), "probe")) \
-            if len(frame) else plots.empty_figure()
-        update = gr.update(value=best) if best is not None else gr.skip()
-        values = {f"{default}.position": position, f"{default}.seed": seed}  # the default method's, as wired
-        key = panel_keys.made_for(lang_of(backend, request), "probe", values, tuple(values))
-        return key, fig, table(frame), update, gr.update(value=False) if best is not None else gr.skip()
+    @handler(backend, status=status)
+    async def probe_layers(position, seed, request: gr.Request):
+        def work():
+            result = backend.probe_layers(sid(request), position=position or "last", seed=seed)
+            lang = lang_of(backend, request)
+            frame = pd.DataFrame(result.get("layers", []))
+            best = result.get("best_layer")
+            fig = plots.probe_layers(frame, best, labels=i18n.plot_labels(lang, "probe")) \
+                if len(frame) else plots.empty_figure()
+            values = {f"{default}.position": position, f"{default}.seed": seed}  # the default method's, as wired
+            key = panel_keys.made_for(lang, "probe", values, tuple(values))
+            line = i18n.message(lang, "probed", layer=best) if best is not None else ""
+            return (key, fig, table(frame), gr.update(value=best) if best is not None else gr.skip(),
+                    gr.update(value=False) if best is not None else gr.skip(), line)
+
+        async for out in follow(backend, request, status, work):
+            yield out
 
     @handler(backend, status=status)
-    def train(data: dict, request: gr.Request, progress=gr.Progress()):
+    async def train(data: dict, request: gr.Request):
         """The form's Train button; ``data`` maps every input component to its value (a set of inputs)."""
-        chosen = data[method]
-        mine = [(spec, data[component]) for name, spec, component in fields if name == chosen]
-        settings = form_values([s for s, _ in mine], [v for _, v in mine])
-        name, result = backend.train(sid(request), chosen, None if data[auto_layer] else data[layer],
-                                     progress=progress_adapter(progress), settings=settings)
-        choices = backend.vector_names(sid(request))
+        def work():
+            chosen = data[method]
+            mine = [(spec, data[component]) for name, spec, component in fields if name == chosen]
+            settings = form_values([s for s, _ in mine], [v for _, v in mine])
+            name, result = backend.train(sid(request), chosen, None if data[auto_layer] else data[layer],
+                                         settings=settings)
+            choices = backend.vector_names(sid(request))
+            lang = lang_of(backend, request)
+            values = {name_: data[component] for name_, component in key_controls.items()}
+            key_fields = ("method", "auto_layer") + (() if data[auto_layer] else ("layer",)) + \
+                tuple(name_ for name_ in key_controls if name_.startswith(f"{chosen}."))
+            key = panel_keys.made_for(lang, "train", values, key_fields)
+            trained = result.get("layer")  # the layer the method chose (auto) or was given: the slider says it
+            at = gr.update(value=trained) if isinstance(trained, int) and not isinstance(trained, bool) else gr.skip()
+            return (key,) + train_outputs(backend, lang, name, result) + (at, gr.update(choices=choices, value=name))
+
+        async for out in follow(backend, request, status, work):
+            yield out
+
+    def ready(request: gr.Request):
+        """The status line for the session's data: what is loaded and that it can be trained on."""
         lang = lang_of(backend, request)
-        values = {name_: data[component] for name_, component in key_controls.items()}
-        key_fields = ("method", "auto_layer") + (() if data[auto_layer] else ("layer",)) + \
-            tuple(name_ for name_ in key_controls if name_.startswith(f"{chosen}."))
-        key = panel_keys.made_for(lang, "train", values, key_fields)
-        return (key,) + train_outputs(backend, lang, name, result) + (gr.update(choices=choices, value=name),)
-
-    @handler(backend)
-    def cancel(request: gr.Request):
-        """The status line ends final whichever answer reaches the page first (this one, outside the queue, or
-        the job's own end).  A job stops within a step, so wait for it and write how it ended; a job still
-        running after that, or one that finished before it saw the flag, writes its own end, so the page gets
-        a note and the line is left to the job.  An API client always gets a line."""
-        lang = lang_of(backend, request)
-        page = from_page(request)
-
-        def note(key: str):
-            if not page:
-                return i18n.message(lang, key)
-            gr.Info(i18n.message(lang, key), title=i18n.message(lang, "notice_title"))
-            return gr.skip()
-
-        if not backend.cancel(sid(request)):
-            return note("nothing_to_cancel")
-        outcome = backend.job_outcome(sid(request), wait=CANCEL_WAIT_S)
-        if outcome == "cancelled":
-            return i18n.message(lang, "job_cancelled")  # the line the job's own end writes
-        if outcome == "running":
-            return note("cancel_asked")
-        return note("nothing_to_cancel")  # it finished (or failed) before it saw the flag: its own line stands
+        try:
+            info = backend.dataset_summary(sid(request))
+        except UserError:
+            return i18n.label(lang, "train.empty")
+        return i18n.markdown(lang, "train_ready", name=info["name"], rows=info["rows"])
 
     method.change(show_groups, [method], list(groups.values()), api_name="train_method_options",
                   api_visibility="undocumented", queue=False)
     auto_layer.change(lambda auto: gr.update(interactive=not auto), [auto_layer], [layer], api_name="auto_layer",
                       api_visibility="undocumented", queue=False)
     probe_inputs = [c for c in (position, seed) if c is not None]
+    # one progress line per job, the status under the buttons (ui/job_line.py): no output draws its own
     tab.probe_event = probe_btn.click(probe_layers, probe_inputs, [probe_key, probe_plot, probe_table, layer,
-                                                                   auto_layer], api_name="probe_layers", **MODEL)
-    # Cancel runs outside the model queue (queue=False): it only raises a flag that the running job's next
-    # progress report sees, so the job stops within a step and the session keeps what it had.
-    cancel_btn.click(cancel, None, [status], api_name="cancel", queue=False)
+                                                                   auto_layer, status], api_name="probe_layers",
+                                      show_progress="hidden", **MODEL)
+    # Cancel runs outside the model queue (queue=False): it only raises a flag that the job's next progress
+    # report sees (or its wait in line), so the job stops within a step and the session keeps what it had.
+    cancel_btn.click(cancel_fn(backend), None, [status], api_name="cancel", queue=False)
     tab.train_inputs = {method, layer, auto_layer} | {c for _n, _s, c in fields}
     tab.train_fn = train
-    tab.train_outputs = [train_key, status, curves, results, report]
+    tab.ready_fn = ready
+    tab.train_outputs = [train_key, status, curves, results, report, layer]
     # the results answer to the method, its layer (unless chosen by the probe) and that method's own settings;
     # the probe chart to the default method's position and seed, which it runs with
     panel_keys.watch("train", key_controls)

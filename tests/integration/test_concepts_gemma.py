@@ -44,7 +44,8 @@ def test_logit_explosion_and_its_fix(gemma):
     assert run.delta_logit >= 30 and run.max_delta_token == " zebra"
     assert run.top.token.iloc[0] == " zebra" and run.prob_steered > 0.5 > 100 * run.prob_unsteered
     assert run.repeats >= 4
-    # Bound 3 keeps this test to 60 steps; the tab's default (bound 2) takes ~150 (docs/concepts.md).
+    # Bound 3 in 60 steps on the three prompts; the tab's defaults (bound 3, 40 steps, its own prompt) in the
+    # lesson test below (docs/concepts.md).
     concepts.fix_explosion(gemma, demo, max_change=3.0, steps=60, prompts=[PROMPT], max_new_tokens=6)
     # the hinge bounds the change of logits centred over the vocabulary (a uniform shift of every logit
     # changes no probability); the raw change may exceed the bound by that shift
@@ -62,3 +63,29 @@ def test_the_explosion_lesson_s_defaults_show_what_its_text_says(gemma):
     run = demo.exploded
     assert run.prob_steered > 0.5 and run.prob_unsteered < 1e-3
     assert demo.token in run.steered_tokens and run.repeats >= 3
+
+
+def test_the_explode_then_fix_lesson_with_its_defaults_shows_the_explosion_and_tames_it(gemma, capsys):
+    """Issue #52: the lesson as the tab runs it (through the service, every setting left at its default) shows t
+    among the generated tokens, then a fix that no longer generates it; its time is recorded, not asserted
+    (speed targets live in the benchmark; docs/concepts.md has the numbers)."""
+    import time
+
+    from steer_ui.service import Service
+
+    service = Service(gemma)
+    started = time.perf_counter()
+    demo = service.lessons.explode("lesson-visitor", PROMPT, None, None, " zebra")
+    exploded_s = time.perf_counter() - started
+    run = demo.exploded
+    assert demo.layer == gemma.arch.num_layers - 1 and demo.alpha == concepts.DEFAULT_EXPLOSION_ALPHA
+    assert " zebra" in run.steered_tokens and run.repeats >= concepts.DEMO_TOKENS // 2
+    assert run.prob_steered > 0.5 > 1e6 * run.prob_unsteered
+    service.lessons.fix("lesson-visitor")
+    total_s = time.perf_counter() - started
+    after = demo.report["after"]["max_abs_centred_delta_logit"]
+    assert demo.fixed.repeats == 0 and after < run.max_abs_centred_delta_logit / 5
+    with capsys.disabled():
+        print(f"\nexplode-then-fix lesson, defaults: explode {exploded_s:.1f} s, whole lesson {total_s:.1f} s; "
+              f"max centred |Δlogit| {run.max_abs_centred_delta_logit:.1f} -> {after:.2f} "
+              f"(bound {concepts.DEFAULT_FIX_BOUND:g}, {concepts.DEFAULT_FIX_STEPS} steps)")
