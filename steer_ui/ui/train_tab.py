@@ -10,7 +10,7 @@ import pandas as pd
 
 from .. import plots
 from ..service import Service
-from . import i18n, panel_keys
+from . import i18n, panel_keys, relabel
 from .common import MODEL, T, from_page, handler, lang_of, progress_adapter, sid, table
 
 CANCEL_WAIT_S = 3.0  # how long Cancel waits for the job to stop at its next progress report
@@ -30,6 +30,13 @@ class TrainTab:
     report: gr.JSON
     probe_plot: gr.Plot
     probe_table: gr.Dataframe
+    train_key: gr.HTML | None = None
+    probe_key: gr.HTML | None = None
+
+    @property
+    def relabelled(self) -> list:
+        """The outputs a language switch redraws (ui/relabel.py)."""
+        return [self.train_key, self.status, self.curves, self.results, self.report, self.probe_key, self.probe_plot]
 
 
 def _records(value: Any) -> pd.DataFrame | None:
@@ -167,7 +174,7 @@ def form_values(specs_: list, values: list) -> dict[str, Any]:
     return out
 
 
-def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple:
+def train_outputs(backend: Service | None, lang: str, name: str, report: dict) -> tuple:
     """(status, curves figure, results table, report) shown after any training run.
 
     A method's own verdict (``report["recommendation"]``, e.g. L2S saying it did not beat mean steering) is
@@ -196,6 +203,19 @@ def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple
     if isinstance(check, dict) and isinstance(check.get("note"), str):  # TSV: where the held-out rows kept the bound
         status += "\n\n" + check["note"]
     return status, curves_fig, table(find_results(report)), _jsonable(report)
+
+
+def train_panel(lang: str, made_for: dict, fields: tuple, name: str, report: dict) -> tuple:
+    """(made-for element, status, curves, results, report) of one training run in ``lang``, from its report (no
+    model work)."""
+    return (panel_keys.made_for(lang, "train", made_for, fields),) + train_outputs(None, lang, name, report)
+
+
+def probe_panel(lang: str, made_for: dict, frame, best) -> tuple:
+    """(made-for element, per-layer probe chart) in ``lang``."""
+    fig = plots.probe_layers(frame, best, labels=i18n.plot_labels(lang, "probe")) if len(frame) else \
+        plots.empty_figure()
+    return panel_keys.made_for(lang, "probe", made_for, tuple(made_for)), fig
 
 
 def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab:
@@ -248,7 +268,8 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
                 report = gr.JSON(label=T("train.report"))
 
     tab = TrainTab(method=method, layer=layer, auto_layer=auto_layer, train=train_btn, status=status, curves=curves,
-                   results=results, report=report, probe_plot=probe_plot, probe_table=probe_table)
+                   results=results, report=report, probe_plot=probe_plot, probe_table=probe_table,
+                   train_key=train_key, probe_key=probe_key)
     key_controls = {"method": method, "auto_layer": auto_layer, "layer": layer} | {
         f"{name}.{spec.name}": component for name, spec, component in fields}
     position = next((c for name, spec, c in fields if name == default and spec.name == "position"), None)
@@ -263,11 +284,10 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
                                       progress=progress_adapter(progress))
         frame = pd.DataFrame(result.get("layers", []))
         best = result.get("best_layer")
-        fig = plots.probe_layers(frame, best, labels=i18n.plot_labels(lang_of(backend, request), "probe")) \
-            if len(frame) else plots.empty_figure()
         update = gr.update(value=best) if best is not None else gr.skip()
         values = {f"{default}.position": position, f"{default}.seed": seed}  # the default method's, as wired
-        key = panel_keys.made_for(lang_of(backend, request), "probe", values, tuple(values))
+        key, fig = relabel.keep(backend, sid(request), [probe_key, probe_plot], probe_panel,
+                                panel_keys.key_of("probe", values, tuple(values)), frame, best)
         return key, fig, table(frame), update, gr.update(value=False) if best is not None else gr.skip()
 
     @handler(backend, status=status)
@@ -279,12 +299,12 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
         name, result = backend.train(sid(request), chosen, None if data[auto_layer] else data[layer],
                                      progress=progress_adapter(progress), settings=settings)
         choices = backend.vector_names(sid(request))
-        lang = lang_of(backend, request)
         values = {name_: data[component] for name_, component in key_controls.items()}
         key_fields = ("method", "auto_layer") + (() if data[auto_layer] else ("layer",)) + \
             tuple(name_ for name_ in key_controls if name_.startswith(f"{chosen}."))
-        key = panel_keys.made_for(lang, "train", values, key_fields)
-        return (key,) + train_outputs(backend, lang, name, result) + (gr.update(choices=choices, value=name),)
+        return relabel.keep(backend, sid(request), [train_key, status, curves, results, report], train_panel,
+                            panel_keys.key_of("train", values, key_fields), key_fields, name, result) + (
+            gr.update(choices=choices, value=name),)
 
     @handler(backend)
     def cancel(request: gr.Request):
@@ -304,8 +324,8 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
         if not backend.cancel(sid(request)):
             return note("nothing_to_cancel")
         outcome = backend.job_outcome(sid(request), wait=CANCEL_WAIT_S)
-        if outcome == "cancelled":
-            return i18n.message(lang, "job_cancelled")  # the line the job's own end writes
+        if outcome == "cancelled":  # the line the job's own end writes
+            return relabel.keep(backend, sid(request), [status], *relabel.text("job_cancelled"))
         if outcome == "running":
             return note("cancel_asked")
         return note("nothing_to_cancel")  # it finished (or failed) before it saw the flag: its own line stands
