@@ -59,8 +59,8 @@ def build_export_tab(backend: Service) -> ExportTab:
         with gr.Column():
             gr.Markdown(T("export.import_title"))
             upload = gr.File(label=T("export.upload"), type="filepath", elem_id="import-file")
-            import_status = gr.Markdown()
-            info = gr.JSON(label=T("export.info"))
+            import_status = gr.Markdown(elem_id="import-status")
+            info = gr.JSON(label=T("export.info"), elem_id="import-info")
     tab = ExportTab(vector=vector, fmt=fmt, files=files, export_status=export_status, upload=upload,
                     import_status=import_status, info=info)
 
