@@ -71,7 +71,7 @@ class ConceptsTab:
         """The outputs a language switch redraws (ui/relabel.py)."""
         return [self.lm_facts, self.lm_hist, self.s_summary, self.s_chart, self.s_sample_summary,
                 self.s_sample_chart, self.e_summary, self.e_chart, self.e_curve, self.e_bars, self.e_bars_fixed,
-                self.e_unsteered, self.e_exploded, self.e_fixed, self.e_details, self.kv_summary, self.kv_chart,
+                self.kv_summary, self.kv_chart,
                 self.kv_timing, self.kv_timing_chart]
 
 

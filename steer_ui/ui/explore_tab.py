@@ -101,10 +101,11 @@ class ExploreTab:
 
     @property
     def relabelled(self) -> list:
-        """What a language switch may redraw (ui/relabel.py): every output whose drawing is kept."""
-        return [self.bars_key, self.bars, self.delta, self.readout, self.details, self.generations_key,
-                self.unsteered, self.steered, self.per_token, self.tokens, self.dose_key, self.dose,
-                self.token_detail, self.library_status]
+        """What a language switch redraws (ui/relabel.py): the outputs with words in them.  The generated texts,
+        the token table and the raw numbers have none, and being an event's output costs the page (app.py's
+        JS_TAB_LABELS says why), so a drawing that also wrote them is redrawn without them."""
+        return [self.bars_key, self.bars, self.delta, self.readout, self.generations_key, self.per_token,
+                self.dose_key, self.dose, self.token_detail, self.library_status]
 
     @property
     def url_inputs(self) -> list:

@@ -24,7 +24,7 @@ class ModelTab:
     @property
     def relabelled(self) -> list:
         """The outputs a language switch redraws (ui/relabel.py)."""
-        return [self.status, self.facts, self.norms]
+        return [self.status, self.norms]
 
 
 def facts_markdown(lang: str, facts: dict) -> str:
@@ -85,7 +85,8 @@ def build_model_tab(backend: Service) -> ModelTab:
     @handler(backend, status=status)
     def load_model(source, device, dtype, request: gr.Request, progress=gr.Progress()):
         facts = backend.switch_model(source, device, dtype, progress=progress_adapter(progress))
-        return relabel.keep(backend, sid(request), tab.relabelled, model_panels, facts, backend.layer_norm_frame())
+        return relabel.keep(backend, sid(request), [tab.status, tab.facts, tab.norms], model_panels, facts,
+                            backend.layer_norm_frame())
 
     tab.load_event = load.click(load_model, [source, device, dtype], [status, facts, norms], api_name="load_model",
                                 concurrency_id="model", concurrency_limit=1)
@@ -102,5 +103,5 @@ def model_view(backend: Service, session_id: str | None, tab: ModelTab):
     if not backend.model_ready:
         lang = backend.language(session_id)
         return status_markdown(backend, lang), None, plots.empty_figure(status_markdown(backend, lang))
-    return relabel.keep(backend, session_id, tab.relabelled, model_panels, backend.model_facts(),
+    return relabel.keep(backend, session_id, [tab.status, tab.facts, tab.norms], model_panels, backend.model_facts(),
                         backend.layer_norm_frame())

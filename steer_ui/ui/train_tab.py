@@ -36,7 +36,7 @@ class TrainTab:
     @property
     def relabelled(self) -> list:
         """The outputs a language switch redraws (ui/relabel.py)."""
-        return [self.train_key, self.status, self.curves, self.results, self.report, self.probe_key, self.probe_plot]
+        return [self.train_key, self.status, self.curves, self.probe_key, self.probe_plot]
 
 
 def _records(value: Any) -> pd.DataFrame | None:
