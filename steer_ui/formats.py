@@ -53,7 +53,7 @@ import torch
 
 from . import limits
 from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, first_line, parse_json,
-                     read_safetensors)
+                     read_safetensors, refused)
 
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 SUFFIXES = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json", "caa": ""}
@@ -180,7 +180,7 @@ def detect_format(path: str | Path, max_bytes: int = MAX_VECTOR_FILE_BYTES) -> s
         raise VectorError(f"vector file not found: {path}")
     size = path.stat().st_size
     if size == 0:
-        raise VectorError(f"{path.name}: the file is empty")
+        raise refused("vector_file_empty", name=path.name)
     _check_size(path, size, max_bytes)
     with open(path, "rb") as f:
         head = f.read(64)
@@ -195,12 +195,10 @@ def detect_format(path: str | Path, max_bytes: int = MAX_VECTOR_FILE_BYTES) -> s
     text = head.lstrip()
     if text[:1] in (b"{", b"["):
         return "neuronpedia"
+    # the file's own first bytes are not shown: as Python writes them (b'this is ') they say nothing to a person
     if path.suffix in (".pt", ".pth", ".bin"):
-        raise VectorError(f"{path.name}: named {path.suffix} but is not a torch.save file (starts with {head[:8]!r})")
-    raise VectorError(
-        f"{path.name}: not a steering-vector file (starts with {head[:8]!r}); expected native safetensors, "
-        "a GGUF control vector, a steering-vectors or CAA .pt file, or Neuronpedia JSON"
-    )
+        raise refused("vector_misnamed_torch", name=path.name, suffix=path.suffix)
+    raise refused("vector_unknown_format", name=path.name)
 
 
 def validate_for_model(vector: SteeringVector, handle) -> list[str]:
@@ -293,8 +291,8 @@ def _read_gguf(path: Path) -> tuple[SteeringVector, list[str]]:
     _check_gguf_header(path)
     try:
         reader = GGUFReader(str(path))
-    except Exception as exc:
-        raise VectorError(f"{path.name}: not a readable GGUF file ({first_line(exc)})") from None
+    except Exception:  # the reader's own words name its internals
+        raise refused("vector_unreadable_gguf", name=path.name) from None
     arch = _gguf_value(reader, "general.architecture")
     if arch != GGUF_ARCH:
         raise VectorError(f"{path.name}: GGUF architecture is '{arch}', not '{GGUF_ARCH}': this is a model file, "
@@ -727,8 +725,8 @@ def _check_torch_file(path: Path) -> None:
         try:
             with zipfile.ZipFile(path) as z:
                 entries = z.infolist()
-        except (zipfile.BadZipFile, OSError, ValueError) as exc:
-            raise VectorError(f"{name}: not a readable torch.save file ({first_line(exc)})") from None
+        except (zipfile.BadZipFile, OSError, ValueError):
+            raise refused("vector_unreadable_torch", name=name) from None
         if len(entries) > limits.MAX_LAYERS + limits.MAX_EXTRAS + 16:
             raise VectorError(f"{name}: a torch.save file with {len(entries)} entries; refused")
         pickles = sum(e.file_size for e in entries if e.filename.endswith(".pkl"))
@@ -760,7 +758,7 @@ def _torch_load(path: Path) -> Any:
                 f"{path.name}: refused: the file holds Python objects other than tensors and dicts "
                 f"({_unsupported_global(exc) or text}); vector files are never unpickled"
             ) from None
-        raise VectorError(f"{path.name}: not a readable torch.save file ({text})") from None
+        raise refused("vector_unreadable_torch", name=path.name) from None
     total = _check_plain(obj, path.name)
     if total > limits.MAX_VECTOR_BYTES:
         raise VectorError(f"{path.name}: its tensors take {total / 2**20:.1f} MB (aliased views count each time); "

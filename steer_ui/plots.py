@@ -332,7 +332,7 @@ def training_curves(curves: pd.DataFrame, x: str = "epoch", labels: Mapping[str,
             shown = _label(labels, column, column)  # a column's name in words where the labels have one
             name = shown if stage is None else f"{shown} ({stage})"
             fig.add_trace(go.Scatter(x=part[x], y=part[column], mode="lines+markers", name=name))
-    fig.update_xaxes(title_text=_label(labels, x, x))
+    fig.update_xaxes(title_text=_label(labels, "x_title", _label(labels, x, x)))
     return _layout(fig, _label(labels, "title", "Training curves"))
 
 
@@ -348,8 +348,8 @@ def loss_curve(curve: pd.DataFrame, best_epoch: int | None = None,
                                      line=dict(color=color), marker=dict(size=4)))
     if best_epoch is not None:
         fig.add_vline(x=best_epoch, line_dash="dash", line_color=UNSTEERED_COLOR,
-                      annotation_text=_label(labels, "kept", f"kept: epoch {best_epoch}"))
-    fig.update_xaxes(title_text=_label(labels, "epoch", "epoch"))
+                      annotation_text=_label(labels, "kept", "kept: epoch {epoch}").format(epoch=best_epoch))
+    fig.update_xaxes(title_text=_label(labels, "x_title", "epoch"))
     fig.update_yaxes(title_text=_label(labels, "loss", "loss"))
     return _layout(fig, _label(labels, "title", "Training curves"))
 
@@ -368,9 +368,10 @@ def head_heatmap(accuracy: pd.DataFrame, labels: Mapping[str, str] | None = None
 
 def class_balance(counts: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
     """Bars of ``count`` per ``label``, optionally split by ``split`` (train/test)."""
-    if "split" in counts:
-        fig = go.Figure([go.Bar(name=_text(split), x=[_text(v) for v in part.label], y=part["count"])
-                         for split, part in counts.groupby("split", sort=False)])
+    if "split" in counts:  # the split's name in the chart's language (the data's own labels stay as they are)
+        names = {"train": _label(labels, "split_train", "train"), "test": _label(labels, "split_test", "test")}
+        fig = go.Figure([go.Bar(name=names.get(split, _text(split)), x=[_text(v) for v in part.label],
+                                y=part["count"]) for split, part in counts.groupby("split", sort=False)])
     else:
         fig = go.Figure(go.Bar(x=[_text(v) for v in counts.label], y=counts["count"], marker_color=DIRECT_COLOR))
     fig.update_xaxes(type="category")

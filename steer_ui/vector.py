@@ -43,7 +43,21 @@ _IDENTIFIER = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:+\-]{{0,{limits.MAX_IDENTIFI
 
 
 class VectorError(ValueError):
-    """A vector file or record that cannot be used as asked."""
+    """A vector file or record that cannot be used as asked.
+
+    ``key`` and ``params``, when given, name the message in :mod:`steer_ui.messages`, so a front can say it in
+    the visitor's language (the English text is the exception's own)."""
+
+    def __init__(self, message: str, key: str | None = None, **params: Any):
+        super().__init__(message)
+        self.key, self.params = key, params
+
+
+def refused(key: str, **params: Any) -> VectorError:
+    """A VectorError whose message is ``key`` of :mod:`steer_ui.messages`, in English here."""
+    from .messages import english
+
+    return VectorError(english(key, **params), key, **params)
 
 
 def _now() -> str:
@@ -257,14 +271,15 @@ def parse_json(text: str | bytes, where: str) -> Any:
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise VectorError(f"{where}: not valid UTF-8 text ({first_line(exc)})") from None
+            line = text[:exc.start].count(b"\n") + 1
+            raise refused("vector_not_utf8", name=where, line=line) from None
     tokens = sum(text.count(c) for c in ",:[{")
     if tokens > limits.MAX_JSON_TOKENS:
         raise VectorError(f"{where}: the JSON has {tokens} values and keys; the limit is {limits.MAX_JSON_TOKENS}")
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise VectorError(f"{where}: invalid JSON ({exc})") from None
+    except json.JSONDecodeError as exc:  # its own words ("Expecting value: line 1 column 1 (char 0)") say less
+        raise refused("vector_invalid_json", name=where, line=exc.lineno, column=exc.colno) from None
     except RecursionError:
         raise VectorError(f"{where}: the JSON is nested too deeply") from None
 
@@ -415,8 +430,8 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as exc:  # safetensors raises several types for junk
-        raise VectorError(f"{path.name}: not a valid safetensors file ({first_line(exc)})") from None
+    except Exception:  # safetensors raises several types for junk, in its own words
+        raise refused("vector_unreadable_safetensors", name=path.name) from None
     return tensors, header
 
 

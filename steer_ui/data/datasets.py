@@ -319,8 +319,8 @@ def _read_parquet(data: bytes, name: str) -> pd.DataFrame:
 
     try:
         meta = pq.ParquetFile(io.BytesIO(data)).metadata
-    except Exception as exc:  # pyarrow raises several types for junk
-        raise DatasetError(f"{name}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    except Exception:  # pyarrow raises several types for junk, in its own words
+        raise _refusal("data_not_parquet", name=name) from None
     if meta.num_columns > MAX_COLUMNS:
         raise DatasetError(f"{name}: {meta.num_columns} columns; the limit is {MAX_COLUMNS}")
     if meta.num_rows > MAX_ROWS:
@@ -331,8 +331,8 @@ def _read_parquet(data: bytes, name: str) -> pd.DataFrame:
                            f"{MAX_DECODED_BYTES / 2**20:g} MB")
     try:
         return pd.read_parquet(io.BytesIO(data))
-    except Exception as exc:
-        raise DatasetError(f"{name}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    except Exception:
+        raise _refusal("data_not_parquet", name=name) from None
 
 
 def _decode(data: bytes, name: str, warnings: list[str]) -> str:
@@ -340,7 +340,7 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
         try:
             text = data.decode("utf-16")
         except UnicodeDecodeError:
-            raise DatasetError(f"{name}: starts with a UTF-16 byte-order mark but is not valid UTF-16") from None
+            raise _refusal("data_not_utf16", name=name) from None
         warnings.append(f"{name}: read as UTF-16 (byte-order mark found); UTF-8 is preferred")
         return text
     if data.startswith(b"\xef\xbb\xbf"):
@@ -354,8 +354,7 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
-        raise DatasetError(f"{name}: not valid UTF-8 (byte 0x{data[exc.start]:02x} on line {line}); "
-                           "re-save the file as UTF-8") from None
+        raise _refusal("data_not_utf8", name=name, byte=f"0x{data[exc.start]:02x}", line=line) from None
 
 
 def _read_delimited(text: str, name: str, sep: str) -> pd.DataFrame:
@@ -371,11 +370,38 @@ def _read_delimited(text: str, name: str, sep: str) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise DatasetError(f"{name}: the file is empty") from None
     except (pd.errors.ParserError, ValueError) as exc:
-        msg = str(exc).strip().splitlines()[0]
-        m = re.search(r"line (\d+)", msg)
-        where = f" (line {m.group(1)})" if m else ""
-        raise DatasetError(f"{name}: could not parse as {kind}{where}: {msg}") from None
+        key, params = table_problem(str(exc))
+        raise _refusal(key, name=name, kind=kind, **params) from None
     return frame
+
+
+def table_problem(message: str) -> tuple[str, dict[str, int]]:
+    """pandas' CSV/TSV parser message as (message key, params) in plain words: the library's own text ("Error
+    tokenizing data. C error: EOF inside string starting at row 3") says how its tokenizer failed, not what is
+    wrong with the file.  Its "row" counts lines from 0, the header included."""
+    opened = re.search(r"EOF inside string starting at row (\d+)", message)
+    if opened:
+        return "data_open_quote", {"line": int(opened.group(1)) + 1}
+    cells = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", message)
+    if cells:
+        return "data_cell_count", {"line": int(cells.group(2)), "saw": int(cells.group(3)),
+                                   "expected": int(cells.group(1))}
+    return "data_not_a_table", {}
+
+
+# json's messages, by their start, and what each means for the person who wrote the file
+JSON_PROBLEMS = (("Unterminated string", "json_open_string"), ("Expecting ',' delimiter", "json_missing_comma"),
+                 ("Expecting ':' delimiter", "json_missing_colon"), ("Expecting property name", "json_field_name"),
+                 ("Expecting value", "json_missing_value"), ("Extra data", "json_extra_data"),
+                 ("Invalid control character", "json_control_character"), ("Invalid \\u", "json_bad_escape"),
+                 ("Invalid \\escape", "json_bad_escape"))
+
+
+def json_problem(exc: json.JSONDecodeError, line: int | None = None) -> tuple[str, dict[str, int]]:
+    """A JSON syntax error as (message key, params) in plain words, where it is (``line``: the file's line for
+    a JSON-lines row, whose parser counts from its own first line)."""
+    key = next((k for start, k in JSON_PROBLEMS if exc.msg.startswith(start)), "json_syntax")
+    return key, {"line": exc.lineno if line is None else line, "column": exc.colno}
 
 
 def _read_json(text: str, name: str, max_cell_chars: int = MAX_CELL_CHARS) -> pd.DataFrame:
@@ -386,9 +412,10 @@ def _read_json(text: str, name: str, max_cell_chars: int = MAX_CELL_CHARS) -> pd
         first = [line for _, line in zip(range(5), (ln for _, ln in _lines(text)))]
         if len(first) > 1 and all(ln.lstrip().startswith("{") for ln in first):
             return _read_jsonl(text, name, max_cell_chars)
-        raise DatasetError(f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        key, params = json_problem(exc)
+        raise _refusal(key, name=name, **params) from None
     except (RecursionError, ValueError) as exc:  # nesting too deep, or a number of thousands of digits
-        raise DatasetError(f"{name}: not a JSON table it can read ({_json_problem(exc)})") from None
+        raise _refusal(_json_problem(exc), name=name, line=1) from None
     if isinstance(obj, dict):
         lists = [v for v in obj.values() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
         if len(lists) == 1:
@@ -419,9 +446,10 @@ def _read_jsonl(text: str, name: str, max_cell_chars: int = MAX_CELL_CHARS) -> p
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"{name}: line {lineno} is not valid JSON ({exc.msg}, column {exc.colno})") from None
+            key, params = json_problem(exc, lineno)
+            raise _refusal(key, name=name, **params) from None
         except (RecursionError, ValueError) as exc:
-            raise DatasetError(f"{name}: line {lineno} is not a JSON row it can read ({_json_problem(exc)})") from None
+            raise _refusal(_json_problem(exc), name=name, line=lineno) from None
         if not isinstance(row, dict):
             raise DatasetError(f"{name}: line {lineno}: expected an object with named fields, found "
                                f"{type(row).__name__}")
@@ -431,11 +459,13 @@ def _read_jsonl(text: str, name: str, max_cell_chars: int = MAX_CELL_CHARS) -> p
 
 
 def _json_problem(exc: BaseException) -> str:
+    """The message key for JSON that parses but cannot be read (the parser's own words name its internals,
+    such as sys.set_int_max_str_digits)."""
     if isinstance(exc, RecursionError):
-        return "nested too deeply"
+        return "json_too_deep"
     if "digits" in str(exc):
-        return "a number of thousands of digits"
-    return str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+        return "json_huge_number"
+    return "json_unreadable"
 
 
 # ------------------------------------------------------------------ bounds

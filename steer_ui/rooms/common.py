@@ -34,13 +34,18 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, ModelLoadError, FileNotFoundError)
 
 
+def refusal(exc: BaseException, key: str, **params) -> UserError:
+    """A file a reader refused, as one line: in the reader's own message (translated) when it named one (a
+    DatasetError's or VectorError's key), else ``key`` with the reader's English ``detail``."""
+    own = getattr(exc, "key", None)
+    if own:
+        return UserError(own, **exc.params)
+    return UserError(key, **params, detail=first_line(exc))
+
+
 def dataset_refusal(name: str, exc: BaseException) -> UserError:
-    """A dataset the readers refused, as one line: in its own message (translated) when the reader named one
-    (a cell over the character gate), else "could not be used" with the reader's detail."""
-    key = getattr(exc, "key", None)
-    if key:
-        return UserError(key, **exc.params)
-    return UserError("dataset_invalid", name=name, detail=first_line(exc))
+    """A dataset the readers refused, as one line (:func:`refusal`; else "could not be used" with the detail)."""
+    return refusal(exc, "dataset_invalid", name=name)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..messages import UserError
 from ..paths import prune
-from .common import Shared, expected_errors, first_line
+from .common import Shared, expected_errors, first_line, refusal
 from .library import Library
 from .models import Models
 
@@ -63,5 +63,5 @@ class Transfer:
         try:
             vector, warnings = read_vector(path, handle, max_bytes=limit)  # validates against the model
         except expected_errors() + (OSError, KeyError, TypeError) as exc:
-            raise UserError("import_failed", name=path.name, detail=first_line(exc)) from None
+            raise refusal(exc, "import_failed", name=path.name) from None
         return self.library.add_vector(session, vector, name or vector.name or path.stem), list(warnings)

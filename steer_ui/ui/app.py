@@ -12,7 +12,7 @@ import gradio as gr
 from ..service import RANDOM, Service
 from .. import guards
 from ..policy import Policy
-from . import fair_queue, i18n, library_ui, panel_keys, request_guard
+from . import fair_queue, i18n, library_ui, panel_keys, relabel, request_guard
 from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
@@ -97,10 +97,12 @@ async (lang) => {
 # components under the tabs, each step of the page took ~40 % longer (a profile of issue #36's walk).  So tabs are
 # never outputs here: labels are set by this observer (it also relabels buttons gradio re-creates, e.g. in the
 # overflow menu of a narrow screen) and tabs are opened by clicking their buttons (``js_open_tab``).
+# The same observer words the toasts' titles: gradio 6 titles a toast by its kind in English ("Warning", whatever
+# title the server gives), so the page puts the kind's word in its language over it.
 JS_TAB_LABELS = """
 () => {
   if (window.__steerTabLabels) return;
-  const labels = %s;
+  const labels = %s, toastTitles = %s;
   const idOf = {};  // the overflow menu's buttons carry no tab id: they are known by their label, in any language
   Object.values(labels).forEach((m) => Object.entries(m).forEach(([id, label]) => { idOf[label] = id; }));
   window.__steerTabLabels = () => {
@@ -108,6 +110,12 @@ JS_TAB_LABELS = """
     document.querySelectorAll('[data-tab-id], .overflow-dropdown button').forEach((el) => {
       const want = mine[el.dataset.tabId || idOf[el.textContent.trim()]];
       if (want && el.textContent.trim() !== want) { el.textContent = want; }
+    });
+    const titles = toastTitles[window.__steerLang || 'en'] || toastTitles.en;
+    document.querySelectorAll('.toast-title').forEach((el) => {
+      const word = titles[Object.keys(titles).find((kind) => el.classList.contains(kind))];
+      const text = el.firstChild;  // the kind's word; a count "(2)" follows in its own element
+      if (word && text && text.nodeType === 3 && text.nodeValue.trim() !== word) { text.nodeValue = word + ' '; }
     });
   };
   // a tab's button: in the bar, or (on a narrow screen) in the overflow menu, which is in the page while closed
@@ -123,19 +131,45 @@ JS_TAB_LABELS = """
 
 TABS = ("model", "data", "train", "explore", "compare", "concepts", "detect", "export")  # ids, in page order
 TAB_LABELS = {lang: {tab: i18n.label(lang, f"tab.{tab}") for tab in TABS} for lang in i18n.TRANSLATIONS}
+# a toast's title by its kind (gradio's class on the title), in each language
+TOAST_TITLES = {lang: {"warning": i18n.message(lang, "warning_title"), "info": i18n.message(lang, "notice_title"),
+                       "error": i18n.message(lang, "error_title")} for lang in i18n.TRANSLATIONS}
 
 
 # The page-load script: installs the page's own key handling and its tab labels, then returns the language gradio
 # chose for the page (html lang, kept in sync by gradio) or the browser's.
 JS_BROWSER_LANG = ("() => { (%s)(); (%s)(); return (document.documentElement.lang || navigator.language || 'en'); }"
                    % (panel_keys.JS_ENTER_COMMITS.strip(),
-                      JS_TAB_LABELS.strip() % json.dumps(TAB_LABELS, ensure_ascii=False)))
+                      JS_TAB_LABELS.strip() % (json.dumps(TAB_LABELS, ensure_ascii=False),
+                                               json.dumps(TOAST_TITLES, ensure_ascii=False))))
 
 
 def js_open_tab(tab_id: str, only_if: str = "true") -> str:
     """Page script that opens the tab ``tab_id`` when the expression ``only_if`` holds (it may read the event's
     inputs as ``args``); JS_TAB_LABELS installs the opener."""
     return "(...args) => { if (%s) window.__steerOpenTab(%s); }" % (only_if, json.dumps(tab_id))
+
+
+def status_markdown_of(lang: str, backend: Service) -> str:
+    """The model's short status line in ``lang`` (a drawing for ui/relabel.py: the language first)."""
+    return status_markdown(backend, lang, short=True)
+
+
+def banner_markdown(lang: str, backend: Service, notices: tuple = (), linked: tuple = (), fell_back: str | None = None
+                    ) -> str:
+    """The banner over the tabs in ``lang``: the model's status, then what a link could not restore (``notices``
+    and ``linked``: :class:`url_state.Notice`), what is shown instead (``fell_back``), and whether work is kept."""
+    text = status_markdown(backend, lang, short=True)
+    if notices:
+        text += "\n\n" + i18n.markdown(lang, "link_notice",
+                                       detail="; ".join(i18n.message(lang, n.key, **n.params) for n in notices))
+    for notice in linked:
+        text += "\n\n" + i18n.plain(i18n.message(lang, notice.key, **notice.params))
+    if fell_back:  # say what is shown instead of the link's vector, and that its own settings are used
+        text += "\n\n" + i18n.markdown(lang, "link_fallback", shown=fell_back)
+    if not backend.keeps_work:
+        text += "\n\n" + i18n.message(lang, "work_not_kept")
+    return text
 
 
 def fan_out(fn, copies: int):
@@ -193,7 +227,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             with gr.Tab(T("tab.compare"), id="compare"):
                 compare = build_compare_tab(backend, explore)
             with gr.Tab(T("tab.concepts"), id="concepts"):
-                build_concepts_tab(backend)
+                concepts = build_concepts_tab(backend)
             with gr.Tab(T("tab.detect"), id="detect"):
                 detect = build_detect_tab(backend)
             with gr.Tab(T("tab.export"), id="export"):
@@ -242,13 +276,13 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         @handler(backend)
         def model_dependent(request: gr.Request):
             """Layer sliders, banner and vector lists for whatever model is loaded (waits for a load)."""
-            lang = backend.language(sid(request))
             handle = backend.handle
             top = handle.arch.num_layers - 1
             middle = handle.arch.num_layers // 2
             choices = backend.vector_names(sid(request))
             picker = gr.update(choices=choices)
-            return (status_markdown(backend, lang, short=True), gr.update(maximum=top, value=middle),
+            return (relabel.keep(backend, sid(request), [banner], status_markdown_of, backend),
+                    gr.update(maximum=top, value=middle),
                     gr.update(maximum=top, value=middle), picker, picker, picker)
 
         dependent_outputs = [banner, explore.layer, train.layer] + vector_pickers
@@ -260,16 +294,26 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         def set_language(lang, request: gr.Request):
             return backend.set_language(sid(request), lang)
 
-        lang.change(set_language, [lang], [lang], js=JS_SWITCH_LOCALE, api_name="set_language", queue=False)
+        # every panel the page filled, re-worded from what it shows (no model work), after gradio re-translates its
+        # labels (which also puts each panel's first text, e.g. the readout's "drag α", back: redrawn here)
+        relabelled = [banner] + model.relabelled + data.relabelled + train.relabelled + explore.relabelled \
+            + compare.relabelled + concepts.relabelled + detect.relabelled + export.relabelled
+        relabelled = list({id(c): c for c in relabelled if c is not None}.values())
+
+        def relabel_page(request: gr.Request):
+            return relabel.redraw(backend, sid(request), relabelled)
+
+        lang.change(set_language, [lang], [lang], js=JS_SWITCH_LOCALE, api_name="set_language", queue=False) \
+            .then(relabel_page, None, relabelled, api_name="relabel", api_visibility="undocumented", queue=False,
+                  show_progress="hidden")
 
         # ---------------------------------------------------------- page load
         @handler(backend)
         def page_status(request: gr.Request):
-            lang_ = backend.language(sid(request))
+            banner_text = relabel.keep(backend, sid(request), [banner], status_markdown_of, backend)
             if backend.model_ready:
-                return (status_markdown(backend, lang_, short=True),) + tuple(model_view(backend, lang_))
-            note = status_markdown(backend, lang_)
-            return note, note, None, None
+                return (banner_text,) + tuple(model_view(backend, sid(request), model))
+            return banner_text, banner_text, None, None
 
         def browser_lang(value):
             return i18n.normalise_lang(value)
@@ -285,7 +329,6 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         @handler(backend)
         def page_view(request: gr.Request):
             """Everything that depends on the loaded model, and the Explore controls from the URL or the default."""
-            lang_ = backend.language(sid(request))
             handle = backend.handle
             n = handle.arch.num_layers
             choices = backend.vector_names(sid(request))
@@ -295,20 +338,13 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                                     alpha=view.alpha if view else 0.0, alpha_max=view.alpha_max if view else 1.0)
             query = dict(getattr(request, "query_params", {}) or {})
             state = from_query(query, defaults, choices, n, backend.policy.max_prompt_chars)
-            linked = library_ui.open_from_link(backend, request, query, state, choices, lang_)
+            linked = library_ui.open_from_link(backend, request, query, state, choices)
             choices = backend.vector_names(sid(request))  # a shared vector or a saved result's may have joined
             fell_back = not query.get("result") and fall_back(state, defaults, query.get("vector"),
                                                               linked["vector_ref"])
             picker = gr.update(choices=choices)
-            banner_text = status_markdown(backend, lang_, short=True)
-            if state.notices:
-                banner_text += "\n\n" + i18n.markdown(lang_, "link_notice", detail="; ".join(state.notices))
-            for notice in linked["notices"]:
-                banner_text += "\n\n" + i18n.plain(notice)
-            if fell_back:  # say what is shown instead of the link's vector, and that its own settings are used
-                banner_text += "\n\n" + i18n.markdown(lang_, "link_fallback", shown=state.vector)
-            if not backend.keeps_work:
-                banner_text += "\n\n" + i18n.message(lang_, "work_not_kept")
+            banner_text = relabel.keep(backend, sid(request), [banner], banner_markdown, backend, tuple(state.notices),
+                                       tuple(linked["notices"]), state.vector if fell_back else None)
             top, step = alpha_slider(state.alpha_max)
             return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
                     gr.update(choices=choices, value=state.vector), picker, picker,
@@ -322,6 +358,8 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         # (streamed) and the dose-response chart.
         # A saved result's page (?result=) draws its panels from the saved numbers instead of running the model.
         saved_or = functools.partial(library_ui.unless_saved, backend)
+        next_token_outputs = [explore.bars_key, explore.bars, explore.delta, explore.readout, explore.details]
+        sweep_outputs = [explore.dose_key, explore.dose, explore.tokens]
         load.then(claim_owner, [owner], [owner], api_name="page_owner", api_visibility="undocumented") \
             .then(page_status, None, [banner, model.status, model.facts, model.norms], api_name="page_status",
                   api_visibility="undocumented") \
@@ -329,16 +367,14 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             .then(compare.show_saved, None, [opens_tab, compare.prompts] + compare.outputs,
                   api_name="page_comparison", api_visibility="undocumented", queue=False) \
             .then(None, [opens_tab], None, js=js_open_tab("compare", "args[0] === 'compare'")) \
-            .then(saved_or(explore.next_token_fn, lambda lang_, saved: library_ui.saved_next_token(explore, lang_,
-                                                                                                   saved), "bars"),
-                  explore.next_token_inputs, [explore.bars_key, explore.bars, explore.delta, explore.readout,
-                                              explore.details],
+            .then(saved_or(explore.next_token_fn, functools.partial(library_ui.saved_next_token, explore), "bars",
+                           next_token_outputs), explore.next_token_inputs, next_token_outputs,
                   api_name="page_next_token", api_visibility="undocumented", show_progress="hidden", **SLIDER) \
-            .then(saved_or(explore.generate_fn, library_ui.saved_generation, "generations"),
+            .then(saved_or(explore.generate_fn, library_ui.saved_generation, "generations", explore.gen_outputs),
                   explore.steering_inputs + explore.sampling_inputs, explore.gen_outputs,
                   api_name="page_generate", api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
-            .then(saved_or(explore.sweep_fn, library_ui.no_sweep, "dose"), explore.sweep_inputs,
-                  [explore.dose_key, explore.dose, explore.tokens],
+            .then(saved_or(explore.sweep_fn, library_ui.no_sweep, "dose", sweep_outputs), explore.sweep_inputs,
+                  sweep_outputs,
                   api_name="page_sweep", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
         library_ui.wire(backend, explore, owner)
         wire_open_in_explore(compare, explore, js_open_tab("explore"))

@@ -5,13 +5,16 @@ import functools
 import html
 import inspect
 import logging
+import threading
+import time
 import uuid
+from collections import OrderedDict
 
 import gradio as gr
 
 from ..policy import ANONYMOUS_PREFIX, valid_session_id
 from ..service import UserError
-from . import i18n, panel_keys
+from . import i18n, panel_keys, relabel
 
 log = logging.getLogger("steer_ui.ui")
 
@@ -68,15 +71,24 @@ def _find_request(args, kwargs) -> gr.Request | None:
 def refusal_line(backend, request, exc: BaseException) -> str:
     """One plain line in the session's language: a refusal as written, anything else as "something went wrong"
     (its traceback goes to the server log, never to the visitor: it may name files or internals)."""
+    if not isinstance(exc, (gr.Error, UserError)):
+        log.error("unexpected error in the app", exc_info=exc)
+    return refusal_text(lang_of(backend, request), exc)
+
+
+def refusal_text(lang: str, exc: BaseException) -> str:
+    """:func:`refusal_line`'s words in ``lang`` (pure: a language switch re-words a shown refusal with it)."""
     if isinstance(exc, gr.Error):
-        return str(exc.message)
-    lang = lang_of(backend, request)
-    if isinstance(exc, UserError):
+        text = str(exc.message)
+    elif isinstance(exc, UserError):
         text = i18n.message(lang, exc.key, **exc.params)
     else:
-        log.error("unexpected error in the app", exc_info=exc)
         text = i18n.message(lang, "unexpected")
     return text.splitlines()[0] if text else text
+
+
+def _status_line(lang: str, exc: BaseException) -> str:
+    return i18n.plain(refusal_text(lang, exc))
 
 
 def as_gr_error(backend, request, exc: BaseException) -> gr.Error:
@@ -97,24 +109,64 @@ def from_page(request: gr.Request | None) -> bool:
     return headers is not None and headers.get("x-gradio-user") == "app"
 
 
-def _refused_on_page(backend, request, exc: BaseException, status):
-    """A refusal on the page touches one line: a toast (info for a cancelled job, a warning otherwise) and the
-    tab's status line; every other output keeps what it showed (a raised gr.Error would mark all of them as
-    failed, which is what made unrelated pickers and tables turn into red "Error" pills)."""
+# A toast stays this long (gradio's default for a warning); the same refusal again within it is not toasted twice
+TOAST_SECONDS = 10.0
+
+
+class Toasted:
+    """Per page (gradio session): the refusal last toasted and when.  One action may fire several events that
+    each refuse the same input (Generate asks for the generations and the bars; a prompt's Enter, the bars then
+    the generations): the page shows one toast for it, while each event's status line still says it."""
+
+    def __init__(self, pages: int = 4096):
+        self._pages, self._last = pages, OrderedDict()
+        self._lock = threading.Lock()
+
+    def first(self, page: str | None, line: str, now: float | None = None) -> bool:
+        """Whether ``line`` is new on ``page`` (not toasted there in the last TOAST_SECONDS); records it."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            last = self._last.get(page)
+            if last is not None and last[0] == line and now - last[1] < TOAST_SECONDS:
+                return False
+            self._last[page] = (line, now)
+            self._last.move_to_end(page)
+            while len(self._last) > self._pages:
+                self._last.popitem(last=False)
+            return True
+
+
+TOASTED = Toasted()
+
+
+def _refused_on_page(backend, request, exc: BaseException, status, clear=()):
+    """A refusal on the page touches one line: a toast (info for a cancelled job, a warning otherwise; one per
+    refusal however many events of one action refused it) and the tab's status line; every other output keeps
+    what it showed (a raised gr.Error would mark all of them as failed, which is what made unrelated pickers and
+    tables turn into red "Error" pills).  gradio titles a toast by its kind; the page's script words the title
+    in the page's language (app.JS_TAB_LABELS)."""
     line = refusal_line(backend, request, exc)
     lang = lang_of(backend, request)
-    if isinstance(exc, UserError) and exc.key in CANCELLED:
-        gr.Info(html.escape(line, quote=False), title=i18n.message(lang, "cancelled_title"))
-    else:
-        gr.Warning(html.escape(line, quote=False), title=i18n.message(lang, "error_title"))
-    return {status: i18n.plain(line)} if status is not None else gr.skip()
+    if TOASTED.first(sid(request), line):
+        if isinstance(exc, UserError) and exc.key in CANCELLED:
+            gr.Info(html.escape(line, quote=False), title=i18n.message(lang, "cancelled_title"),
+                    duration=TOAST_SECONDS)
+        else:
+            gr.Warning(html.escape(line, quote=False), title=i18n.message(lang, "error_title"),
+                       duration=TOAST_SECONDS)
+    out = {component: None for component in clear}
+    if status is not None:
+        out[status] = relabel.keep(backend, sid(request), [status], _status_line, exc)
+    return out or gr.skip()
 
 
-def handler(backend, status=None):
+def handler(backend, status=None, clear=()):
     """Decorator: turn UserError (and any crash) into one plain line in the session's language.
 
     An API client gets it as the call's error (gr.Error); the page gets it as a toast and, when ``status`` (a
-    component among the event's outputs) is given, in that status line, with every other output untouched.
+    component among the event's outputs) is given, in that status line, with every other output untouched but
+    those in ``clear`` (emptied: they showed the previous input's result, which beside the refusal reads as
+    this input's).
     An API client's answer carries each panel's key as data where the page gets its stale-note element
     (:func:`panel_keys.for_caller`).  Works for plain functions and (async) generators; keeps the signature so
     gradio still injects ``gr.Request`` and ``gr.Progress``.
@@ -132,7 +184,7 @@ def handler(backend, status=None):
                 except Exception as exc:
                     if not page:
                         raise as_gr_error(backend, request, exc) from None
-                    yield _refused_on_page(backend, request, exc, status)
+                    yield _refused_on_page(backend, request, exc, status, clear)
             return agen
 
         if inspect.isgeneratorfunction(fn):
@@ -146,7 +198,7 @@ def handler(backend, status=None):
                 except Exception as exc:
                     if not from_page(request):
                         raise as_gr_error(backend, request, exc) from None
-                    yield _refused_on_page(backend, request, exc, status)
+                    yield _refused_on_page(backend, request, exc, status, clear)
             return gen
 
         @functools.wraps(fn)
@@ -157,7 +209,7 @@ def handler(backend, status=None):
             except Exception as exc:
                 if not from_page(request):
                     raise as_gr_error(backend, request, exc) from None
-                return _refused_on_page(backend, request, exc, status)
+                return _refused_on_page(backend, request, exc, status, clear)
         return call
 
     return wrap

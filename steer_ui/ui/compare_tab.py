@@ -12,8 +12,8 @@ import pandas as pd
 
 from .. import plots
 from ..service import Service
-from . import i18n, panel_keys
-from .common import MODEL, T, handler, lang_of, sid, table
+from . import i18n, panel_keys, relabel
+from .common import MODEL, T, handler, sid, table
 from .job_line import cancel_fn, follow
 from ..service import LAST_COMPARISON
 from .explore_tab import alpha_slider
@@ -35,6 +35,11 @@ class CompareTab:
     show_saved: object  # the page-load step that draws a saved comparison (?result=)
     open_row: object  # a table row's select event -> its prompt with the comparison's settings, on Explore
 
+    @property
+    def relabelled(self) -> list:
+        """The outputs a language switch redraws (ui/relabel.py)."""
+        return self.outputs
+
 
 def render(lang: str, out: dict) -> tuple:
     """The summary line, both charts and the table of one comparison (``{"rows", "summary"}``)."""
@@ -48,6 +53,11 @@ def render(lang: str, out: dict) -> tuple:
     else:
         curves_fig = slopes_fig = plots.empty_figure(i18n.message(lang, "compare_needs_pairs_chart"))
     return i18n.plain(summary_line(lang, s)), curves_fig, slopes_fig, table(frame)
+
+
+def compare_panel(lang: str, made_for: dict, fields: tuple | None, out: dict) -> tuple:
+    """(made-for element, summary, both charts, table) of one comparison in ``lang``."""
+    return (panel_keys.made_for(lang, "compare", made_for, fields),) + render(lang, out)
 
 
 def summary_line(lang: str, summary: dict) -> str:
@@ -124,10 +134,10 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
                           request)
             last = backend.session(sid(request)).cache.get(LAST_COMPARISON) or {}
             backend.session(sid(request)).cache[SHOWN] = {"settings": last.get("settings") or {}, "rows": out["rows"]}
-            lang = lang_of(backend, request)
-            key = panel_keys.made_for_inputs(lang, "compare", (prompts_, use_dataset_, vector, layer, alpha, relative,
-                                                               seed, alpha_max, max_tokens_))
-            return (key,) + render(lang, out) + (gr.update(visible=False),)
+            made_for = panel_keys.key_of("compare", dict(zip(panel_keys.PANELS["compare"], (
+                prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_))))
+            return relabel.keep(backend, sid(request), outputs, compare_panel, made_for, None, out) + (
+                gr.update(visible=False),)
 
         async for out in follow(backend, request, summary, work):
             yield out
@@ -136,7 +146,8 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
     def save(request: gr.Request):
         result_id = backend.save_comparison(sid(request))
         link = f"{page_url(request)}?result={result_id}"
-        return i18n.message(lang_of(backend, request), "saved_comparison"), gr.update(value=link, visible=True)
+        return (relabel.keep(backend, sid(request), [summary], *relabel.text("saved_comparison")),
+                gr.update(value=link, visible=True))
 
     @handler(backend)
     def show_saved(request: gr.Request):
@@ -151,11 +162,12 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
             settings["vector"] = backend.open_result_vector(sid(request), saved["id"], client_address(request)) \
                 or settings.get("vector")
         session.cache[SHOWN] = {"settings": settings, "rows": saved["comparison"]["rows"]}
-        lang, text = lang_of(backend, request), "\n".join(settings.get("prompts") or [])
+        text = "\n".join(settings.get("prompts") or [])
         # a saved comparison claims only its prompts (put in the box here): its summary line names the vector
         # and α it ran with, which Explore's controls need not show
-        key = panel_keys.made_for(lang, "compare", {"prompts": text}, ("prompts",))
-        return ("compare", text, key) + render(lang, saved["comparison"])
+        return ("compare", text) + relabel.keep(backend, sid(request), outputs, compare_panel,
+                                                panel_keys.key_of("compare", {"prompts": text}, ("prompts",)),
+                                                ("prompts",), saved["comparison"])
 
     @handler(backend)
     def compare_api(prompts_: str, use_dataset_: bool, vector: str, layer: float, alpha: float, relative: bool,

@@ -15,8 +15,8 @@ import gradio as gr
 
 from .. import concepts, plots, plots_concepts
 from ..service import Service
-from . import i18n
-from .common import MODEL, OptionalNumberBox, T, from_page, handler, lang_of, sid, table
+from . import i18n, relabel
+from .common import MODEL, OptionalNumberBox, T, from_page, handler, sid, table
 from .job_line import cancel_fn, follow
 
 @dataclass
@@ -69,6 +69,14 @@ class ConceptsTab:
     kv_cancel: gr.Button
     kv_timing: gr.Markdown
     kv_timing_chart: gr.Plot
+
+    @property
+    def relabelled(self) -> list:
+        """The outputs a language switch redraws (ui/relabel.py)."""
+        return [self.lm_facts, self.lm_hist, self.s_summary, self.s_chart, self.s_sample_summary,
+                self.s_sample_chart, self.e_summary, self.e_chart, self.e_curve, self.e_bars, self.e_bars_fixed,
+                self.kv_summary, self.kv_chart,
+                self.kv_timing, self.kv_timing_chart]
 
 
 def _num(x, digits: int = 4) -> str:
@@ -267,30 +275,39 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
         kv_timing_chart = gr.Plot(label=T("concepts.kv.timing_chart"))
 
     tab = ConceptsTab(**{k: v for k, v in locals().items() if k in ConceptsTab.__dataclass_fields__})
+    e_views = [e_summary, e_chart, e_curve, e_bars, e_bars_fixed, e_unsteered, e_exploded, e_fixed, e_details]
 
     # ------------------------------------------------------------ handlers
-    @handler(backend)
-    def lm_head(bins, request: gr.Request):
-        lang = lang_of(backend, request)
-        facts, norms = backend.lessons.lm_head(sid(request), bins)
+    # each draws through relabel.keep: a language switch redraws the lesson's text and charts from its numbers
+    def lm_head_view(lang, facts, norms):
         fig = plots_concepts.row_norm_histogram(norms.histogram, norms.stats,
                                                 labels=i18n.plot_labels(lang, "concepts_norms"))
-        return lm_head_markdown(lang, facts, norms.stats), fig, table(norms.extremes)
+        return lm_head_markdown(lang, facts, norms.stats), fig
+
+    @handler(backend)
+    def lm_head(bins, request: gr.Request):
+        facts, norms = backend.lessons.lm_head(sid(request), bins)
+        return relabel.keep(backend, sid(request), [lm_facts, lm_hist], lm_head_view, facts, norms) + (
+            table(norms.extremes),)
+
+    def sampling_view(lang, view):
+        fig = plots_concepts.sampling_bars(view.frame, labels=i18n.plot_labels(lang, "concepts_sampling"))
+        return sampling_markdown(lang, view), fig
 
     @handler(backend)
     def sampling(prompt, temperature, top_k, top_p, repetition, request: gr.Request):
-        lang = lang_of(backend, request)
         view = backend.lessons.sampling(sid(request), prompt, temperature, top_k, top_p, repetition)
-        fig = plots_concepts.sampling_bars(view.frame, labels=i18n.plot_labels(lang, "concepts_sampling"))
-        return sampling_markdown(lang, view), fig, table(view.frame)
+        return relabel.keep(backend, sid(request), [s_summary, s_chart], sampling_view, view) + (table(view.frame),)
 
-    @handler(backend)
-    def sample(prompt, temperature, top_k, top_p, repetition, n, seed, request: gr.Request):
-        lang = lang_of(backend, request)
-        frame = backend.lessons.sample(sid(request), prompt, temperature, top_k, top_p, repetition, n, seed)
+    def sample_view(lang, frame):
         text = i18n.message(lang, "concepts_sampled", n=frame.attrs["n"], seed=frame.attrs["seed"],
                             distinct=frame.attrs["distinct"], tv=_num(frame.attrs["total_variation"], 3))
         return text, plots_concepts.sample_bars(frame, labels=i18n.plot_labels(lang, "concepts_sample"))
+
+    @handler(backend)
+    def sample(prompt, temperature, top_k, top_p, repetition, n, seed, request: gr.Request):
+        frame = backend.lessons.sample(sid(request), prompt, temperature, top_k, top_p, repetition, n, seed)
+        return relabel.keep(backend, sid(request), [s_sample_summary, s_sample_chart], sample_view, frame)
 
     def _explosion_views(lang, demo, max_new_tokens):
         bar_labels = i18n.plot_labels(lang, "bars")
@@ -310,7 +327,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
     async def explode(prompt, layer, alpha, token, request: gr.Request):
         def work():
             demo = backend.lessons.explode(sid(request), prompt, layer, alpha, token)
-            return _explosion_views(lang_of(backend, request), demo, concepts.DEMO_TOKENS) + ("",)
+            return relabel.keep(backend, sid(request), e_views, _explosion_views, demo, concepts.DEMO_TOKENS) + ("",)
 
         async for out in follow(backend, request, e_status, work):
             yield out
@@ -325,26 +342,30 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
 
         def work():
             demo = backend.lessons.fix(sid(request), bound, steps)
-            return _explosion_views(lang_of(backend, request), demo, concepts.DEMO_TOKENS) + ("",)
+            return relabel.keep(backend, sid(request), e_views, _explosion_views, demo, concepts.DEMO_TOKENS) + ("",)
 
         async for out in follow(backend, request, e_status, work):
             yield out
 
-    @handler(backend)
-    def kv(seq_len, batch, dtype, request: gr.Request):
-        lang = lang_of(backend, request)
-        out = backend.lessons.kv(sid(request), seq_len, batch, dtype)
+    def kv_view(lang, out):
         fig = plots_concepts.kv_cache_chart(out["table"], current=out["seq_len"],
                                             labels=i18n.plot_labels(lang, "concepts_kv"))
         return kv_markdown(lang, out["layout"], out["seq_len"], out["batch"], out["dtype"], out["measured"]), fig
 
+    @handler(backend)
+    def kv(seq_len, batch, dtype, request: gr.Request):
+        out = backend.lessons.kv(sid(request), seq_len, batch, dtype)
+        return relabel.keep(backend, sid(request), [kv_summary, kv_chart], kv_view, out)
+
+    def kv_time_view(lang, summary, steps):
+        fig = plots_concepts.cache_timing_chart(steps, labels=i18n.plot_labels(lang, "concepts_timing"))
+        return timing_markdown(lang, summary), fig
+
     @handler(backend, status=kv_timing)
     async def kv_time_fn(n_tokens, request: gr.Request):
         def work():
-            lang = lang_of(backend, request)
             summary, steps = backend.lessons.time_cache(sid(request), n_tokens)
-            fig = plots_concepts.cache_timing_chart(steps, labels=i18n.plot_labels(lang, "concepts_timing"))
-            return timing_markdown(lang, summary), fig
+            return relabel.keep(backend, sid(request), [kv_timing, kv_timing_chart], kv_time_view, summary, steps)
 
         async for out in follow(backend, request, kv_timing, work):
             yield out
@@ -365,8 +386,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
                    api_visibility="undocumented", show_progress_on=[s_summary], **MODEL)
     s_sample.click(sample, s_inputs + [s_n, s_seed], [s_sample_summary, s_sample_chart], api_name="concepts_sample",
                    show_progress_on=[s_sample_summary], **MODEL)
-    e_outputs = [e_summary, e_chart, e_curve, e_bars, e_bars_fixed, e_unsteered, e_exploded, e_fixed, e_details,
-                 e_status]
+    e_outputs = e_views + [e_status]
     e_run.click(explode, [e_prompt, e_layer, e_alpha, e_token], e_outputs, api_name="concepts_explode",
                 show_progress="hidden", **MODEL) \
         .success(fix, [e_bound, e_steps], e_outputs, api_name="concepts_fix", show_progress="hidden", **MODEL)

@@ -7,8 +7,8 @@ import gradio as gr
 
 from .. import plots
 from ..service import Service
-from . import i18n
-from .common import T, handler, lang_of, sid, table
+from . import i18n, relabel
+from .common import T, handler, sid, table
 
 SCHEMAS = ["auto", "statements", "answers", "truthfulqa", "pairs", "caa"]
 
@@ -23,6 +23,11 @@ class DataTab:
     balance: gr.Plot
     info: gr.JSON
 
+    @property
+    def relabelled(self) -> list:
+        """The outputs a language switch redraws (ui/relabel.py)."""
+        return [self.summary, self.balance]
+
 
 def summary_markdown(lang: str, info: dict) -> str:
     text = i18n.markdown(lang, "dataset_summary", name=info["name"], kind=info.get("kind") or "?", rows=info["rows"],
@@ -30,6 +35,11 @@ def summary_markdown(lang: str, info: dict) -> str:
     for warning in info.get("warnings", []):
         text += "\n\n" + i18n.markdown(lang, "dataset_warning", detail=warning)
     return text
+
+
+def data_panel(lang: str, summary: dict, balance) -> tuple:
+    """(summary, class-balance chart) of the loaded dataset in ``lang``."""
+    return summary_markdown(lang, summary), plots.class_balance(balance, labels=i18n.plot_labels(lang, "balance"))
 
 
 def build_data_tab(backend: Service) -> DataTab:
@@ -56,10 +66,10 @@ def build_data_tab(backend: Service) -> DataTab:
 
     def view(request):
         session = sid(request)
-        lang = lang_of(backend, request)
         summary_ = backend.dataset_summary(session)
-        return (summary_markdown(lang, summary_), table(backend.dataset_preview(session)),
-                plots.class_balance(backend.class_balance(session), labels=i18n.plot_labels(lang, "balance")), summary_)
+        text, chart = relabel.keep(backend, session, [summary, balance], data_panel, summary_,
+                                   backend.class_balance(session))
+        return text, table(backend.dataset_preview(session)), chart, summary_
 
     @handler(backend)
     def upload_dataset(file, schema, request: gr.Request):

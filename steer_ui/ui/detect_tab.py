@@ -9,8 +9,8 @@ import pandas as pd
 
 from .. import plots
 from ..service import RANDOM, Service, UserError
-from . import i18n, panel_keys
-from .common import T, handler, lang_of, sid, table
+from . import i18n, panel_keys, relabel
+from .common import T, handler, sid, table
 
 
 @dataclass
@@ -22,6 +22,12 @@ class DetectTab:
     scores: gr.Dataframe
     histogram: gr.Plot
     details: gr.JSON
+    key: gr.HTML | None = None
+
+    @property
+    def relabelled(self) -> list:
+        """The outputs a language switch redraws (ui/relabel.py)."""
+        return [self.key, self.summary, self.histogram]
 
 
 def _frame(value) -> pd.DataFrame:
@@ -53,6 +59,14 @@ def table_rows(value) -> list[list]:
     return frame.astype(object).where(frame.notna(), None).values.tolist()
 
 
+def detect_panel(lang: str, made_for: dict, n: int, auroc: float | None, frame: pd.DataFrame) -> tuple:
+    """(made-for element, summary, score histogram) of one detection in ``lang``."""
+    text = i18n.message(lang, "detect_summary", n=n, auroc="—" if auroc is None else f"{auroc:.3f}")
+    fig = plots.detection_scores(frame, labels=i18n.plot_labels(lang, "detect")) if len(frame) else \
+        plots.empty_figure()
+    return panel_keys.made_for(lang, "detect", made_for), text, fig
+
+
 def build_detect_tab(backend: Service) -> DetectTab:
     with gr.Row():
         with gr.Column(scale=1, min_width=320):
@@ -72,23 +86,19 @@ def build_detect_tab(backend: Service) -> DetectTab:
             with gr.Accordion(T("detect.details"), open=False):
                 details = gr.JSON()
     tab = DetectTab(vector=vector, answers=answers, file=file, summary=summary, scores=scores, histogram=histogram,
-                    details=details)
+                    details=details, key=detect_key)
 
     @handler(backend)
     def detect(vector, answers, file, request: gr.Request):
-        lang = lang_of(backend, request)
         if not vector or vector == RANDOM:
             raise UserError("pick_tsv")
         pairs = None if file else answers_from_table(answers)
         out = backend.detect(sid(request), vector, pairs, path=file)
         frame = pd.DataFrame(out.get("scores", []))
-        auroc = out.get("auroc")
-        text = i18n.message(lang, "detect_summary", n=len(frame),
-                            auroc="—" if auroc is None else f"{auroc:.3f}")
-        fig = plots.detection_scores(frame, labels=i18n.plot_labels(lang, "detect")) if len(frame) else \
-            plots.empty_figure()
-        key = panel_keys.made_for(lang, "detect", {"vector": vector, "answers": table_rows(answers),
-                                                   "file": Path(file).name if file else None})
+        made_for = panel_keys.key_of("detect", {"vector": vector, "answers": table_rows(answers),
+                                                "file": Path(file).name if file else None})
+        key, text, fig = relabel.keep(backend, sid(request), [detect_key, summary, histogram], detect_panel, made_for,
+                                      len(frame), out.get("auroc"), frame)
         return key, text, table(frame), fig, out
 
     @handler(backend)

@@ -18,7 +18,7 @@ import gradio as gr
 from .. import plots
 from ..model.analysis import EXPLOSION_THRESHOLD
 from ..service import RANDOM, Service
-from . import i18n, panel_keys
+from . import i18n, panel_keys, relabel
 from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
                      table)
 from .drawn import Drawn
@@ -80,6 +80,7 @@ class ExploreTab:
     save: gr.Button | None = None
     run_live: gr.Button | None = None
     library_status: gr.Markdown | None = None
+    token_detail: gr.Markdown | None = None
     # handlers and their wiring, for the page-load chain in app.py
     next_token_fn: object = None
     generate_fn: object = None
@@ -97,6 +98,14 @@ class ExploreTab:
     def next_token_inputs(self) -> list:
         """The steering inputs and the Δlogit chart's scope: what the next-token view is made from."""
         return self.steering_inputs + [self.whole_vocabulary]
+
+    @property
+    def relabelled(self) -> list:
+        """What a language switch redraws (ui/relabel.py): the outputs with words in them.  The generated texts,
+        the token table and the raw numbers have none, and being an event's output costs the page (app.py's
+        JS_TAB_LABELS says why), so a drawing that also wrote them is redrawn without them."""
+        return [self.bars_key, self.bars, self.delta, self.readout, self.generations_key, self.per_token,
+                self.dose_key, self.dose, self.token_detail, self.library_status]
 
     @property
     def url_inputs(self) -> list:
@@ -127,6 +136,30 @@ def delta_figure(lang: str, view, whole_vocabulary: bool):
     return plots.delta_logit_bars(view.likely_promoted, view.likely_suppressed, view.likely_max_abs_delta_logit,
                                   view.likely_max_delta_token, labels=labels, exploding=view.exploding,
                                   rule=labels["rule"])
+
+
+def bars_panel(lang: str, made_for: dict, view, whole_vocabulary: bool) -> tuple:
+    """(made-for element, bars, Δlogit chart, readout) of one next-token view in ``lang``: pure, so a language
+    switch redraws them from the same view (ui/relabel.py)."""
+    key = panel_keys.made_for(lang, "bars", made_for)
+    bars_fig = plots.next_token_bars(view.unsteered, view.steered, labels=_plot_labels(lang, "bars"))
+    if float(made_for.get("alpha") or 0) == 0:  # nothing moved: say so rather than rank arbitrary zero-change tokens
+        nothing = i18n.message(lang, "no_steering")
+        return key, bars_fig, plots.empty_figure(nothing), nothing
+    return key, bars_fig, delta_figure(lang, view, bool(whole_vocabulary)), readout_markdown(lang, view)
+
+
+def generations_panel(lang: str, made_for: dict, tokens_frame) -> tuple:
+    """(made-for element, per-token Δlogit chart) of a finished generation, in ``lang``."""
+    fig = (plots.per_token_delta(tokens_frame, labels=_plot_labels(lang, "per_token")) if len(tokens_frame)
+           else plots.empty_figure(i18n.message(lang, "no_tokens")))
+    return panel_keys.made_for(lang, "generations", made_for), fig
+
+
+def dose_panel(lang: str, made_for: dict, frame, current_alpha: float) -> tuple:
+    """(made-for element, dose-response chart with α marked), in ``lang``."""
+    return (panel_keys.made_for(lang, "dose", made_for),
+            plots.dose_response(frame, current_alpha=current_alpha, labels=_plot_labels(lang, "dose")))
 
 
 def highlighted(frame) -> list[tuple[str, float | None]]:
@@ -227,7 +260,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                      steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details, link=link,
                      whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, share=share, save=save,
                      run_live=run_live, library_status=library_status, bars_key=bars_key,
-                     generations_key=generations_key, dose_key=dose_key)
+                     generations_key=generations_key, dose_key=dose_key, token_detail=token_detail)
 
     # ---------------------------------------------------------------- handlers
     drawn = Drawn()
@@ -245,22 +278,18 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             return (gr.skip(),) * len(nt_outputs)  # the page shows these numbers or is about to: no redraw
         token = drawn.start(page, "bars", drawing)
         try:
-            answer = _next_token_view(lang, key, session, prompt, vector, layer, alpha, relative, vector_seed,
-                                      whole_vocabulary)
+            answer = _next_token_view(session, panel_keys.key_of("bars", locals()), prompt, vector, layer, alpha,
+                                      relative, vector_seed, whole_vocabulary)
         except BaseException:
             drawn.finish(page, "bars", drawing, token, ok=False)
             raise
         drawn.finish(page, "bars", drawing, token, ok=True)
         return answer
 
-    def _next_token_view(lang, key, session, prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary):
+    def _next_token_view(session, made_for, prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary):
         view = backend.next_token(session, prompt, vector, layer, alpha, relative, vector_seed)
-        bars_fig = plots.next_token_bars(view.unsteered, view.steered, labels=_plot_labels(lang, "bars"))
-        if float(alpha or 0) == 0:  # nothing moved: say so rather than rank arbitrary zero-change tokens
-            nothing = i18n.message(lang, "no_steering")
-            return key, bars_fig, plots.empty_figure(nothing), nothing, view.as_dict()
-        return key, bars_fig, delta_figure(lang, view, bool(whole_vocabulary)), readout_markdown(lang, view), \
-            view.as_dict()
+        return relabel.keep(backend, session, [bars_key, bars, delta, readout], bars_panel, made_for, view,
+                            bool(whole_vocabulary)) + (view.as_dict(),)
 
     @handler(backend)
     def generate(prompt, vector, layer, alpha, relative, vector_seed, greedy, temperature, top_k, top_p, repetition,
@@ -268,6 +297,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         session = sid(request)
         lang = lang_of(backend, request)
         key = panel_keys.made_for(lang, "generations", locals())
+        made_for = panel_keys.key_of("generations", locals())
         sampling = backend.sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                     repetition_penalty=repetition, seed=seed, greedy=greedy,
                                     max_delta_logit=backend.delta_limit(session, vector, delta_limit))
@@ -280,8 +310,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 yield key, frame.unsteered_text, highlighted(frame), gr.skip(), gr.skip(), gr.skip()
                 continue
             tokens_frame = frame.token_frame()
-            fig = (plots.per_token_delta(tokens_frame, labels=_plot_labels(lang, "per_token")) if len(tokens_frame)
-                   else plots.empty_figure(i18n.message(lang, "no_tokens")))
+            key, fig = relabel.keep(backend, session, [generations_key, per_token], generations_panel, made_for,
+                                    tokens_frame)
             yield key, frame.unsteered_text, highlighted(frame), fig, table(tokens_frame), frame.as_dict()
 
     def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended):
@@ -293,14 +323,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
               request: gr.Request = None):
         """The dose-response over the slider's whole range (the extended one when *Extend range* is on)."""
         session = sid(request)
-        lang = lang_of(backend, request)
-        key = panel_keys.made_for(lang, "dose", locals())
+        made_for = panel_keys.key_of("dose", locals())
         top = backend.guard.alpha(alpha_max) * (EXTEND if extended else 1.0)
         frame = backend.sweep(session, prompt, vector, layer, top, relative, vector_seed, target=target or None)
         backend.session(session).cache["sweep"] = (_sweep_key(prompt, vector, layer, relative, vector_seed,
                                                               alpha_max, target, extended), frame)
-        labels = _plot_labels(lang, "dose")
-        return key, plots.dose_response(frame, current_alpha=backend.guard.alpha(alpha), labels=labels), table(frame)
+        return relabel.keep(backend, session, [dose_key, dose], dose_panel, made_for, frame,
+                            backend.guard.alpha(alpha)) + (table(frame),)
 
     @handler(backend)
     def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False,
@@ -310,10 +339,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended)
         if cached is None or cached[0] != key:
             return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, request)[:2]
-        lang = lang_of(backend, request)
-        labels = _plot_labels(lang, "dose")
-        return panel_keys.made_for(lang, "dose", locals()), \
-            plots.dose_response(cached[1], current_alpha=backend.guard.alpha(alpha), labels=labels)
+        return relabel.keep(backend, sid(request), [dose_key, dose], dose_panel, panel_keys.key_of("dose", locals()),
+                            cached[1], backend.guard.alpha(alpha))
 
     @handler(backend)
     def alpha_range(alpha, alpha_max, extended):
@@ -356,8 +383,9 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         t = steered_tokens[index]
         # token strings go into Markdown: shown as text, or '<pad>' would be swallowed as an HTML tag
         alternatives = ", ".join(f"{a['token']!r} {a['prob']:.3f}" for a in t["alternatives"])
-        return i18n.markdown(lang_of(backend, request), "token_detail", token=repr(t["token"]), logprob=t["logprob"],
-                   delta=t.get("delta_logit") or 0.0, direct=t.get("direct_delta_logit") or 0.0, alts=alternatives)
+        return relabel.keep(backend, sid(request), [token_detail], *relabel.text(
+            "token_detail", True, token=repr(t["token"]), logprob=t["logprob"], delta=t.get("delta_logit") or 0.0,
+            direct=t.get("direct_delta_logit") or 0.0, alts=alternatives))
 
     # ------------------------------------------------------------------ events
     steering_inputs = tab.steering_inputs

@@ -8,7 +8,7 @@ import gradio as gr
 
 from ..formats import export_notes
 from ..service import FORMATS, RANDOM, Service
-from . import i18n
+from . import i18n, relabel
 from .common import T, handler, lang_of, sid
 
 
@@ -21,6 +21,28 @@ class ExportTab:
     upload: gr.File
     import_status: gr.Markdown
     info: gr.JSON
+
+    @property
+    def relabelled(self) -> list:
+        """The outputs a language switch redraws (ui/relabel.py)."""
+        return [self.export_status, self.import_status]
+
+
+def exported_markdown(lang: str, fmt: str, names: list[str], notes: list[str]) -> str:
+    """The export's status line in ``lang``: the files written, then how approximate that copy is (e.g. an ITI
+    vector leaving as residual-stream directions)."""
+    text = i18n.markdown(lang, "exported", n=len(names), fmt=fmt, names=", ".join(names))
+    for note in notes:
+        text += f"\n\n⚠ {i18n.plain(note)}"
+    return text
+
+
+def imported_markdown(lang: str, name: str, warnings: list[str]) -> str:
+    """The import's status line in ``lang``, with what to check about the vector."""
+    text = i18n.markdown(lang, "imported", name=name)
+    for w in warnings:
+        text += "\n\n" + i18n.markdown(lang, "import_warning", detail=w)
+    return text
 
 
 def build_export_tab(backend: Service) -> ExportTab:
@@ -37,20 +59,17 @@ def build_export_tab(backend: Service) -> ExportTab:
         with gr.Column():
             gr.Markdown(T("export.import_title"))
             upload = gr.File(label=T("export.upload"), type="filepath", elem_id="import-file")
-            import_status = gr.Markdown()
-            info = gr.JSON(label=T("export.info"))
+            import_status = gr.Markdown(elem_id="import-status")
+            info = gr.JSON(label=T("export.info"), elem_id="import-info")
     tab = ExportTab(vector=vector, fmt=fmt, files=files, export_status=export_status, upload=upload,
                     import_status=import_status, info=info)
 
     @handler(backend, status=export_status)
     def export_vector(vector, fmt, request: gr.Request):
         written = backend.export_vector(sid(request), vector, fmt)
-        text = i18n.markdown(lang_of(backend, request), "exported", n=len(written), fmt=fmt,
-                            names=", ".join(p.name for p in written))
-        # E.g. an ITI vector leaving as residual-stream directions: say how approximate that copy is.
-        for note in export_notes(backend.get_vector(sid(request), vector), fmt):
-            text += f"\n\n⚠ {i18n.plain(note)}"
-        return [str(p) for p in written], text
+        notes = export_notes(backend.get_vector(sid(request), vector), fmt)
+        return [str(p) for p in written], relabel.keep(backend, sid(request), [export_status], exported_markdown, fmt,
+                                                       [p.name for p in written], notes)
 
     @handler(backend)
     def show_info(vector, request: gr.Request):
@@ -59,15 +78,15 @@ def build_export_tab(backend: Service) -> ExportTab:
     export_btn.click(export_vector, [vector, fmt], [files, export_status], api_name="export_vector")
     vector.change(show_info, [vector], [info], api_name="vector_info", api_visibility="undocumented")
 
-    @handler(backend, status=import_status)
+    # a refused file empties the metadata panel: the previous vector's metadata beside the refusal read as the file's
+    @handler(backend, status=import_status, clear=[info])
     def import_vector(path, request: gr.Request):
         session = sid(request)
         name, warnings = backend.import_vector(session, path)
         lang = lang_of(backend, request)
-        text = i18n.markdown(lang, "imported", name=name)
         for w in warnings:
-            text += "\n\n" + i18n.markdown(lang, "import_warning", detail=w)
             gr.Warning(i18n.message(lang, "import_warning", detail=html.escape(w, quote=False)))
+        text = relabel.keep(backend, session, [import_status], imported_markdown, name, list(warnings))
         return text, backend.vector_info(session, name), gr.update(choices=backend.vector_names(session), value=name)
 
     tab.import_fn = import_vector

@@ -17,10 +17,10 @@ import pandas as pd
 from .. import plots
 from ..messages import UserError
 from ..service import Service
-from . import i18n, panel_keys
-from .common import EXPLORE, SLIDER, as_gr_error, handler, lang_of, sid, table
+from . import i18n, panel_keys, relabel
+from .common import EXPLORE, SLIDER, as_gr_error, handler, sid, table
 from .request_guard import client_address
-from .url_state import JS_SHARE_URL
+from .url_state import JS_SHARE_URL, Notice
 
 STORAGE_KEY = "steer_ui_owner"
 SHOW_RESULT = "show_result"  # the session's saved result while the page shows it (set by the page load)
@@ -103,20 +103,28 @@ def reproduced(saved: dict, frame_dict: dict) -> tuple[bool, str]:
     return True, f"; log-probabilities within {worst:.1e}"
 
 
+def _live_panel(lang: str, other_model: str | None, same: bool, detail: str, made_for: dict, result: dict) -> tuple:
+    """(status, made-for element, the generation's panels) of a saved result run live, in ``lang``."""
+    if other_model:
+        status = i18n.message(lang, "result_other_model", model=other_model)
+    else:
+        status = i18n.message(lang, "reproduced" if same else "not_reproduced", numbers=detail, detail=detail)
+    made = panel_keys.made_for(lang, "generations", made_for, panel_keys.STEERING)
+    return (status, made) + saved_generation(lang, result)[:4]
+
+
 # ------------------------------------------------------------------------------------------------- wiring
 def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
     """Share, Save result and Run live on the Explore tab, and the library's API endpoints."""
 
     @handler(backend)
     def share(vector, request: gr.Request):
-        lang = lang_of(backend, request)
         share_id = backend.share_vector(sid(request), vector)
         # the link itself is the page's own (JS_COPY_URL, chained below): the whole view, with the share id
-        return share_id, i18n.message(lang, "shared")
+        return share_id, relabel.keep(backend, sid(request), [explore.library_status], *relabel.text("shared"))
 
     @handler(backend)
     def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, request: gr.Request):
-        lang = lang_of(backend, request)
         # the next-token numbers are measured here for exactly these settings: the page's raw-numbers panel may
         # hold a generation's numbers or an older α's (one slider pass, no generation)
         numbers = backend.next_token(sid(request), prompt, vector, layer, alpha, relative, seed).as_dict()
@@ -124,13 +132,13 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
                 "alpha": alpha, "relative": relative, "seed": seed, "alpha_max": alpha_max, "next_token": numbers}
         result_id = backend.save_result(sid(request), view)
         link = f"{page_url(request)}?result={result_id}"
-        return i18n.message(lang, "saved_result"), gr.update(value=link, visible=True)
+        return (relabel.keep(backend, sid(request), [explore.library_status], *relabel.text("saved_result")),
+                gr.update(value=link, visible=True))
 
     @handler(backend)
     def run_live(request: gr.Request):
         """Re-run the saved result's generation with its own settings and say whether it reproduced."""
         session = sid(request)
-        lang = lang_of(backend, request)
         saved = backend.session(session).cache.get(SHOW_RESULT)
         if saved is None:
             raise UserError("no_generation")
@@ -145,13 +153,13 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
                                  settings.get("layer"), settings.get("alpha", 0.0), settings.get("relative", True),
                                  settings.get("seed", 0), sampling)
         same, detail = reproduced(saved, frame.as_dict())
-        if saved.get("model_id") and saved["model_id"] != backend.handle.model_id:
-            status = i18n.message(lang, "result_other_model", model=saved["model_id"])
-        else:
-            status = i18n.message(lang, "reproduced" if same else "not_reproduced", numbers=detail, detail=detail)
-        made = panel_keys.made_for(lang, "generations", {**settings, "vector": vector,
-                                                         "vector_seed": settings.get("seed", 0)}, panel_keys.STEERING)
-        return (status, made) + saved_generation(lang, {**saved, "generation": frame.as_dict()})[:4]
+        other_model = saved["model_id"] if saved.get("model_id") and saved["model_id"] != backend.handle.model_id \
+            else None
+        made_for = panel_keys.key_of("generations", {**settings, "vector": vector,
+                                                     "vector_seed": settings.get("seed", 0)}, panel_keys.STEERING)
+        return relabel.keep(backend, session, [explore.library_status, explore.generations_key, explore.unsteered,
+                                               explore.steered, explore.per_token, explore.tokens], _live_panel,
+                            other_model, same, detail, made_for, {**saved, "generation": frame.as_dict()})
 
     # Share gives the same link as Copy link and the address bar (issue #52): the vector as its share id, with the
     # view's prompt, layer, α, range and units; a stranger who opens it sees the owner's numbers
@@ -211,10 +219,11 @@ def plain_api(backend, fn):
     return call
 
 
-def unless_saved(backend: Service, fn, render, panel: str):
+def unless_saved(backend: Service, fn, render, panel: str, outputs: list):
     """``fn`` for the page-load chain, except on a saved result's page (``?result=``), where ``render(lang,
-    saved)`` draws its panels from the saved numbers without running the model, after the element saying which
-    steering settings they were made for (``panel``'s, see ui/panel_keys.py; the controls were set from them)."""
+    saved)`` draws its panels (``outputs``) from the saved numbers without running the model, after the element
+    saying which steering settings they were made for (``panel``'s, see ui/panel_keys.py; the controls were set
+    from them)."""
     import functools
     import inspect
 
@@ -223,10 +232,12 @@ def unless_saved(backend: Service, fn, render, panel: str):
         session = backend.sessions.peek(sid(request))
         return request, (session.cache.get(SHOW_RESULT) if session is not None else None)
 
-    def drawn(request, saved, args):
-        lang = lang_of(backend, request)
-        inputs = [a for a in args if not isinstance(a, gr.Request)]
+    def draw(lang, inputs, saved):
         return (panel_keys.made_for_inputs(lang, panel, inputs, panel_keys.STEERING),) + tuple(render(lang, saved))
+
+    def drawn(request, saved, args):
+        inputs = [a for a in args if not isinstance(a, gr.Request)]
+        return relabel.keep(backend, sid(request), outputs, draw, inputs, saved)
 
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
@@ -251,9 +262,10 @@ def no_sweep(lang: str, saved: dict) -> tuple:
     return plots.empty_figure(i18n.message(lang, "result_view", when=saved.get("when", "?"))), gr.skip()
 
 
-def open_from_link(backend: Service, request, query: dict, state, choices: list[str], lang: str) -> dict:
+def open_from_link(backend: Service, request, query: dict, state, choices: list[str]) -> dict:
     """What a link's ``vector=<share id>`` or ``result=<id>`` adds to the page view: the vector (opened into the
-    session, read-only), a saved result's controls, notices for the banner.  Refusals become notices."""
+    session, read-only), a saved result's controls, notices for the banner (:class:`url_state.Notice`, worded in
+    the page's language by the banner).  Refusals become notices."""
     from ..store.library import PUBLIC_ID
 
     session, client = sid(request), client_address(request)
@@ -263,11 +275,11 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
         try:
             saved = backend.result(result_id, client)
         except UserError as exc:
-            out["notices"].append(i18n.message(lang, exc.key, **exc.params))
+            out["notices"].append(Notice(exc.key, **exc.params))
         else:
             if saved.get("kind") == "comparison":  # the Many prompts tab shows it (compare_tab.show_saved)
                 backend.session(session).cache[SHOW_COMPARISON] = saved
-                out["notices"].append(i18n.message(lang, "comparison_view", when=saved.get("when", "?")))
+                out["notices"].append(Notice("comparison_view", when=saved.get("when", "?")))
                 return out
             backend.session(session).cache[SHOW_RESULT] = saved
             settings = saved["generation"].get("settings") or {}
@@ -281,14 +293,14 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
                     setattr(state, key, settings[key])
             state.alpha_max = max(abs(float(state.alpha)), float(saved["view"].get("alpha_max") or state.alpha_max))
             out["run_live"] = True
-            out["notices"].append(i18n.message(lang, "result_view", when=saved.get("when", "?")))
+            out["notices"].append(Notice("result_view", when=saved.get("when", "?")))
             return out
     wanted = query.get("vector")
     if wanted and wanted not in choices and PUBLIC_ID.match(wanted):
         try:
             state.vector = backend.open_shared(session, wanted, client)
             out["vector_ref"] = wanted
-            state.notices = [n for n in state.notices if "is not on this server" not in n]
+            state.notices = [n for n in state.notices if n.key != "link_vector_missing"]
         except UserError as exc:
-            out["notices"].append(i18n.message(lang, exc.key, **exc.params))
+            out["notices"].append(Notice(exc.key, **exc.params))
     return out

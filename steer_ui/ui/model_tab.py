@@ -7,8 +7,9 @@ import gradio as gr
 
 from .. import plots
 from ..service import Service
-from . import i18n
-from .common import T, handler, lang_of, progress_adapter
+from . import i18n, relabel
+from .common import T, handler, progress_adapter, sid
+
 
 @dataclass
 class ModelTab:
@@ -19,6 +20,11 @@ class ModelTab:
     status: gr.Markdown
     facts: gr.JSON
     norms: gr.Plot
+
+    @property
+    def relabelled(self) -> list:
+        """The outputs a language switch redraws (ui/relabel.py)."""
+        return [self.status, self.norms]
 
 
 def facts_markdown(lang: str, facts: dict) -> str:
@@ -88,20 +94,24 @@ def build_model_tab(backend: Service) -> ModelTab:
 
     @handler(backend, status=status)
     def load_model(source, device, dtype, request: gr.Request, progress=gr.Progress()):
-        lang = lang_of(backend, request)
         facts = backend.switch_model(source, device, dtype, progress=progress_adapter(progress))
-        labels = i18n.plot_labels(lang, "norms")
-        return facts_markdown(lang, facts), facts, plots.layer_norms(backend.layer_norm_frame(), labels=labels)
+        return relabel.keep(backend, sid(request), [tab.status, tab.facts, tab.norms], model_panels, facts,
+                            backend.layer_norm_frame())
 
     tab.load_event = load.click(load_model, [source, device, dtype], [status, facts, norms], api_name="load_model",
                                 concurrency_id="model", concurrency_limit=1)
     return tab
 
 
-def model_view(backend: Service, lang: str):
-    """Status, facts and norm chart for whatever is loaded (page load)."""
+def model_panels(lang: str, facts: dict, norms) -> tuple:
+    """Status, facts and norm chart of a loaded model in ``lang``, from its facts and norms (no model work)."""
+    return facts_markdown(lang, facts), facts, plots.layer_norms(norms, labels=i18n.plot_labels(lang, "norms"))
+
+
+def model_view(backend: Service, session_id: str | None, tab: ModelTab):
+    """Status, facts and norm chart for whatever is loaded (page load), kept for a language switch."""
     if not backend.model_ready:
+        lang = backend.language(session_id)
         return status_markdown(backend, lang), None, plots.empty_figure(status_markdown(backend, lang))
-    facts = backend.model_facts()
-    return (facts_markdown(lang, facts), facts,
-            plots.layer_norms(backend.layer_norm_frame(), labels=i18n.plot_labels(lang, "norms")))
+    return relabel.keep(backend, session_id, [tab.status, tab.facts, tab.norms], model_panels, backend.model_facts(),
+                        backend.layer_norm_frame())

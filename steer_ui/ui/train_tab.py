@@ -10,7 +10,7 @@ import pandas as pd
 
 from .. import plots
 from ..service import Service, UserError
-from . import i18n, panel_keys
+from . import i18n, panel_keys, relabel
 from .common import MODEL, T, handler, lang_of, sid, table
 from .job_line import cancel_fn, follow
 # Keys of a method's report that hold its main result table, best first.
@@ -29,6 +29,13 @@ class TrainTab:
     report: gr.JSON
     probe_plot: gr.Plot
     probe_table: gr.Dataframe
+    train_key: gr.HTML | None = None
+    probe_key: gr.HTML | None = None
+
+    @property
+    def relabelled(self) -> list:
+        """The outputs a language switch redraws (ui/relabel.py)."""
+        return [self.train_key, self.status, self.curves, self.probe_key, self.probe_plot]
 
 
 def _records(value: Any) -> pd.DataFrame | None:
@@ -166,7 +173,7 @@ def form_values(specs_: list, values: list) -> dict[str, Any]:
     return out
 
 
-def train_outputs(backend: Service, lang: str, name: str, report: dict) -> tuple:
+def train_outputs(backend: Service | None, lang: str, name: str, report: dict) -> tuple:
     """(status, curves figure, results table, report) shown after any training run.
 
     A method's own verdict (``report["recommendation"]``, e.g. L2S saying it did not beat mean steering) is
@@ -210,6 +217,19 @@ def results_in_words(lang: str, frame: pd.DataFrame | None) -> pd.DataFrame | No
     words = i18n.plot_labels(lang, "results")
     return pd.DataFrame({words["metric"]: [words.get(n, str(n).replace("_", " ")) for n in frame["name"]],
                          words["value"]: list(frame["value"])})
+
+
+def train_panel(lang: str, made_for: dict, fields: tuple, name: str, report: dict) -> tuple:
+    """(made-for element, status, curves, results, report) of one training run in ``lang``, from its report (no
+    model work)."""
+    return (panel_keys.made_for(lang, "train", made_for, fields),) + train_outputs(None, lang, name, report)
+
+
+def probe_panel(lang: str, made_for: dict, frame, best) -> tuple:
+    """(made-for element, per-layer probe chart) in ``lang``."""
+    fig = plots.probe_layers(frame, best, labels=i18n.plot_labels(lang, "probe")) if len(frame) else \
+        plots.empty_figure()
+    return panel_keys.made_for(lang, "probe", made_for, tuple(made_for)), fig
 
 
 def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab:
@@ -263,7 +283,8 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
                 report = gr.JSON(label=T("train.report"))
 
     tab = TrainTab(method=method, layer=layer, auto_layer=auto_layer, train=train_btn, status=status, curves=curves,
-                   results=results, report=report, probe_plot=probe_plot, probe_table=probe_table)
+                   results=results, report=report, probe_plot=probe_plot, probe_table=probe_table,
+                   train_key=train_key, probe_key=probe_key)
     key_controls = {"method": method, "auto_layer": auto_layer, "layer": layer} | {
         f"{name}.{spec.name}": component for name, spec, component in fields}
     position = next((c for name, spec, c in fields if name == default and spec.name == "position"), None)
@@ -276,14 +297,13 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
     async def probe_layers(position, seed, request: gr.Request):
         def work():
             result = backend.probe_layers(sid(request), position=position or "last", seed=seed)
-            lang = lang_of(backend, request)
             frame = pd.DataFrame(result.get("layers", []))
             best = result.get("best_layer")
-            fig = plots.probe_layers(frame, best, labels=i18n.plot_labels(lang, "probe")) \
-                if len(frame) else plots.empty_figure()
             values = {f"{default}.position": position, f"{default}.seed": seed}  # the default method's, as wired
-            key = panel_keys.made_for(lang, "probe", values, tuple(values))
-            line = i18n.message(lang, "probed", layer=best) if best is not None else ""
+            key, fig = relabel.keep(backend, sid(request), [probe_key, probe_plot], probe_panel,
+                                    panel_keys.key_of("probe", values, tuple(values)), frame, best)
+            line = relabel.keep(backend, sid(request), [status], *relabel.text("probed", layer=best))[0] \
+                if best is not None else ""
             return (key, fig, table(frame), gr.update(value=best) if best is not None else gr.skip(),
                     gr.update(value=False) if best is not None else gr.skip(), line)
 
@@ -300,14 +320,14 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
             name, result = backend.train(sid(request), chosen, None if data[auto_layer] else data[layer],
                                          settings=settings)
             choices = backend.vector_names(sid(request))
-            lang = lang_of(backend, request)
             values = {name_: data[component] for name_, component in key_controls.items()}
             key_fields = ("method", "auto_layer") + (() if data[auto_layer] else ("layer",)) + \
                 tuple(name_ for name_ in key_controls if name_.startswith(f"{chosen}."))
-            key = panel_keys.made_for(lang, "train", values, key_fields)
+            shown = relabel.keep(backend, sid(request), [train_key, status, curves, results, report], train_panel,
+                                 panel_keys.key_of("train", values, key_fields), key_fields, name, result)
             trained = result.get("layer")  # the layer the method chose (auto) or was given: the slider says it
             at = gr.update(value=trained) if isinstance(trained, int) and not isinstance(trained, bool) else gr.skip()
-            return (key,) + train_outputs(backend, lang, name, result) + (at, gr.update(choices=choices, value=name))
+            return shown + (at, gr.update(choices=choices, value=name))
 
         async for out in follow(backend, request, status, work):
             yield out

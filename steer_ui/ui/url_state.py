@@ -14,8 +14,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..messages import english
+
 KEYS = ("prompt", "vector", "layer", "alpha", "alpha_max", "relative", "seed")
 ALPHA_MAX_RANGE = (0.001, 1e6)  # what the page's α-max field accepts
+
+
+class Notice(str):
+    """A link value the page refused, in English (as logs and tests read it), with its message key and
+    parameters so the banner says it in the page's language (and again after a language switch)."""
+
+    def __new__(cls, key: str, **params):
+        notice = super().__new__(cls, english(key, **params))
+        notice.key, notice.params = key, params
+        return notice
 
 
 @dataclass
@@ -47,19 +59,19 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
         if len(prompt) <= max_prompt:
             state.prompt = prompt
         else:
-            state.notices.append(f"the prompt in the link is longer than {max_prompt} characters")
+            state.notices.append(Notice("link_prompt_too_long", limit=max_prompt))
     vector = query.get("vector")
     if vector:
         if vector in vectors:
             state.vector = vector
         else:  # a user's own vector travels as a file (Export), not in a link
             # the notice goes into the page banner as plain text (i18n.markdown), so a link cannot inject markup
-            state.notices.append(f"the link's vector '{vector[:60]}' is not on this server (import its file to use it)")
+            state.notices.append(Notice("link_vector_missing", vector=vector[:60]))
     layer = _number(query.get("layer"))
     if layer is not None and layer == int(layer) and 0 <= layer < num_layers:
         state.layer = int(layer)
     elif "layer" in query:
-        state.notices.append(f"layer {query['layer'][:10]!r} does not exist (0..{num_layers - 1})")
+        state.notices.append(Notice("link_layer_missing", layer=repr(query["layer"][:10]), top=num_layers - 1))
     relative = query.get("relative")
     if relative is not None:
         state.relative = relative.strip().lower() not in ("0", "false", "no", "raw")
@@ -71,7 +83,7 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
         state.alpha = max(-ALPHA_MAX_RANGE[1], min(ALPHA_MAX_RANGE[1], alpha))
         state.alpha_max = max(state.alpha_max, abs(state.alpha))
     elif "alpha" in query:
-        state.notices.append("the link's α is not a finite number")
+        state.notices.append(Notice("link_alpha_not_number"))
     seed = _number(query.get("seed"))
     if seed is not None and seed == int(seed) and 0 <= seed < 2**31:
         state.seed = int(seed)

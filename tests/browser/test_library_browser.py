@@ -111,6 +111,9 @@ def test_a_saved_result_link_shows_the_saved_view_without_running_the_model(brow
     page = _fresh(browser, url)
     page.wait_for_function("() => document.querySelector('#steered-text')?.innerText.trim().split('\\n').length > 1",
                            timeout=60_000)
+    # Save keeps the last finished generation: the per-token chart is drawn by its last frame (streamed frames
+    # show the text before it ends; on a loaded machine the decode outlasted the one second waited here)
+    page.wait_for_selector("#per-token-delta .js-plotly-plot", timeout=60_000)
     time.sleep(1.0)
     page.locator("#save-result-btn").click()
     page.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText.includes('Saved')",

@@ -1,0 +1,153 @@
+"""Issue #52, language and messages, as pure functions: parser errors in plain words (both languages, never the
+library's own text), one toast per refusal, and the redraw a language switch makes from what a page shows."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from steer_ui.data.datasets import DatasetError, json_problem, load_dataset, table_problem
+from steer_ui.ui import i18n
+
+LIBRARY_WORDS = ("tokenizing", "C error", "EOF", "Expecting", "delimiter", "char ", "b'")
+
+
+def _in_both(exc) -> list[str]:
+    """The refusal in each language, as the page says it."""
+    return [i18n.message(lang, exc.key, **exc.params) for lang in i18n.LANGS]
+
+
+def _plain(texts: list[str]) -> None:
+    for text in texts:
+        assert not any(word in text for word in LIBRARY_WORDS), text
+
+
+# ------------------------------------------------------------------ CSV / TSV
+@pytest.mark.parametrize("message, key, params", [
+    ("Error tokenizing data. C error: EOF inside string starting at row 2", "data_open_quote", {"line": 3}),
+    ("Error tokenizing data. C error: Expected 2 fields in line 3, saw 3\n", "data_cell_count",
+     {"line": 3, "saw": 3, "expected": 2}),
+    ("Error tokenizing data. C error: Buffer overflow caught - possible malformed input file.", "data_not_a_table", {}),
+])
+def test_pandas_parser_messages_become_plain_problems(message, key, params):
+    assert table_problem(message) == (key, params)
+
+
+def test_an_unclosed_quote_in_a_csv_names_its_line_in_both_languages(tmp_path):
+    path = tmp_path / "broken.csv"
+    path.write_text('statement,label\n"Paris is in France.,1\nRome is in Italy.,1\n')
+    with pytest.raises(DatasetError) as info:
+        load_dataset(path)
+    assert info.value.key == "data_open_quote" and info.value.params["line"] == 2  # the line the quote opens on
+    en, zh = _in_both(info.value)
+    _plain([str(info.value), en, zh])
+    assert "line 2 opens a quote" in en and "第 2 行" in zh and "previously loaded data is unchanged" in en
+
+
+def test_a_row_with_too_many_cells_says_how_many(tmp_path):
+    path = tmp_path / "wide.tsv"
+    path.write_text("statement\tlabel\nParis is in France.\t1\nRome\tis\t1\n")
+    with pytest.raises(DatasetError) as info:
+        load_dataset(path)
+    assert (info.value.key, info.value.params) == ("data_cell_count", {"name": "wide.tsv", "kind": "TSV", "line": 3,
+                                                                       "saw": 3, "expected": 2})
+    _plain(_in_both(info.value))
+
+
+# ------------------------------------------------------------------ JSON / JSONL
+@pytest.mark.parametrize("text, key", [
+    ('[{"statement": "x}]', "json_open_string"), ('[{"statement": "x" "label": 1}]', "json_missing_comma"),
+    ('[{"statement" "x"}]', "json_missing_colon"), ('[{"statement": "x",}]', "json_field_name"),
+    ("[{'statement': 'x'}]", "json_field_name"), ('[{"statement": }]', "json_missing_value"),
+    ('[] []', "json_extra_data"), ('["a\nb"]', "json_control_character"), ('["\\q"]', "json_bad_escape"),
+])
+def test_json_syntax_errors_become_plain_problems(text, key):
+    with pytest.raises(json.JSONDecodeError) as info:
+        json.loads(text)
+    found, params = json_problem(info.value)
+    assert found == key and set(params) == {"line", "column"}
+    texts = [i18n.message(lang, found, name="f.json", **params) for lang in i18n.LANGS]
+    _plain(texts)
+    assert all(str(params["line"]) in t and str(params["column"]) in t for t in texts)
+
+
+def test_a_jsonl_row_names_the_file_s_line_not_the_row_s(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"statement": "a", "label": 1}\n\n{"statement": "b", "label": 0,}\n')
+    with pytest.raises(DatasetError) as info:
+        load_dataset(path)
+    assert info.value.key == "json_field_name" and info.value.params["line"] == 3
+    _plain(_in_both(info.value))
+
+
+# ------------------------------------------------------------------ vector files
+def test_a_file_that_is_not_a_vector_is_refused_without_its_bytes(tmp_path):
+    from steer_ui.formats import detect_format
+    from steer_ui.vector import VectorError
+
+    path = tmp_path / "notes.txt"
+    path.write_text("this is not a vector\n")
+    with pytest.raises(VectorError) as info:
+        detect_format(path)
+    assert info.value.key == "vector_unknown_format"
+    _plain([str(info.value)] + _in_both(info.value))
+
+
+def test_an_import_refusal_keeps_the_reader_s_own_message_or_wraps_its_detail():
+    from steer_ui.messages import UserError
+    from steer_ui.rooms.common import refusal
+    from steer_ui.vector import VectorError, refused
+
+    keyed = refusal(refused("vector_unreadable_gguf", name="x.gguf"), "import_failed", name="x.gguf")
+    assert isinstance(keyed, UserError) and keyed.key == "vector_unreadable_gguf"
+    other = refusal(VectorError("x.pt: layer 2 has NaN"), "import_failed", name="x.pt")
+    assert other.key == "import_failed" and other.params == {"name": "x.pt", "detail": "x.pt: layer 2 has NaN"}
+
+
+# ------------------------------------------------------------------ toasts and the redraw
+def test_one_refusal_is_toasted_once_while_its_toast_is_shown():
+    from steer_ui.ui.common import TOAST_SECONDS, Toasted
+
+    toasted = Toasted()
+    assert toasted.first("page", "the prompt is empty", now=100.0)
+    assert not toasted.first("page", "the prompt is empty", now=100.5)  # the action's second event
+    assert toasted.first("other page", "the prompt is empty", now=100.5)  # another page has its own
+    assert toasted.first("page", "another refusal", now=101.0)
+    assert toasted.first("page", "another refusal", now=101.0 + TOAST_SECONDS)  # that toast has gone
+
+
+class _Component:
+    def __init__(self, _id):
+        self._id = _id
+
+
+def _backend(lang: str):
+    session = SimpleNamespace(cache={})
+    return SimpleNamespace(sessions=SimpleNamespace(peek=lambda sid: session if sid == "s" else None),
+                           language=lambda sid: lang if sid == "s" else "en", session_=session)
+
+
+def test_a_language_switch_redraws_what_was_drawn_the_latest_drawing_winning():
+    import gradio as gr
+
+    from steer_ui.ui import relabel
+
+    backend = _backend("en")
+    status, chart, untouched = _Component(1), _Component(2), _Component(3)
+    drawn = relabel.keep(backend, "s", [status, chart], lambda lang, n: (f"{lang}: {n}", f"chart {lang}"), 0.25)
+    assert drawn == ("en: 0.25", "chart en")
+    relabel.keep(backend, "s", [status], *relabel.text("empty_prompt"))  # a refusal, later, on the status line
+    backend.language = lambda sid: "zh-CN"
+    out = relabel.redraw(backend, "s", [status, chart, untouched])
+    assert out[0] == i18n.message("zh-CN", "empty_prompt") and out[1] == "chart zh-CN"
+    assert isinstance(out[2], type(gr.skip()))  # never drawn: left as the page shows it
+    assert all(isinstance(v, type(gr.skip())) for v in relabel.redraw(backend, "nobody", [status, chart]))
+
+
+def test_a_link_notice_is_english_text_with_its_key():
+    from steer_ui.ui.url_state import Notice
+
+    notice = Notice("link_vector_missing", vector="v1")
+    assert "is not on this server" in notice and notice.key == "link_vector_missing"
+    assert "v1" in i18n.message("zh-CN", notice.key, **notice.params)
