@@ -38,16 +38,47 @@ SLIDER_STEPS = 100  # about this many steps on each side of α = 0
 FRAME_INTERVAL_S = 0.25
 
 
-def alpha_slider(top: float) -> tuple[float, float]:
+def alpha_slider(top: float, extended: bool = False) -> tuple[float, float]:
     """(end, step) of a slider spanning about ±``top``: the step is 1, 2 or 5 × 10^k and the end a whole number
     of steps, so the slider's positions (Chromium steps in decimal from its minimum) are exact short decimals
-    and its centre is exactly 0; the end is at least ``top`` (with −top + 100·top/100 it was ±1e-16, and α showed as 0.0749279999999999)."""
+    and its centre is exactly 0; the end is at least ``top`` (with −top + 100·top/100 it was ±1e-16, and α showed as 0.0749279999999999).
+
+    ``extended`` (*Extend range*): the same slider scaled by EXTEND, end and step alike, so it ends exactly at
+    EXTEND × the unextended end (the α-max box's value) with as many positions."""
     top = abs(float(top)) if math.isfinite(float(top)) and float(top) != 0 else 1.0
     raw = top / SLIDER_STEPS
     power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * 0.999)
     step = float(f"{step:.3g}")
-    return float(f"{max(1, math.ceil(top / step - 1e-9)) * step:.12g}"), step
+    end = float(f"{max(1, math.ceil(top / step - 1e-9)) * step:.12g}")
+    if extended:
+        return float(f"{end * EXTEND:.12g}"), float(f"{step * EXTEND:.12g}")
+    return end, step
+
+
+def alpha_controls(alpha_max, alpha=None, extended: bool = False, set_alpha: bool = False) -> tuple[float, dict]:
+    """The α-max box's value and the α slider's update for a range of about ±``alpha_max``.
+
+    The box shows the slider's own (unextended) end, not the calibrated α max it was rounded up from: a box
+    saying 0.3122 beside a slider ending at 0.315 claimed a range the slider did not have (issue #52).  ``alpha``
+    is clamped into the range when it lies outside; inside, the update leaves the slider's value alone (a page
+    load may set α and its range in the same update) unless ``set_alpha``."""
+    try:
+        top = abs(float(alpha_max))
+    except (TypeError, ValueError):
+        top = 1.0
+    box, _ = alpha_slider(top if math.isfinite(top) and top > 0 else 1.0)
+    end, step = alpha_slider(box, extended)
+    update = dict(minimum=-end, maximum=end, step=step)
+    if alpha is not None:
+        try:
+            value = float(alpha)
+        except (TypeError, ValueError):
+            value = 0.0
+        value = value if math.isfinite(value) else 0.0
+        if set_alpha or abs(value) > end:
+            update["value"] = max(-end, min(end, value))
+    return box, gr.update(**update)
 
 
 @dataclass
@@ -180,7 +211,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 relative = gr.Checkbox(value=True, label=T("explore.relative"), info=T("explore.relative_info"),
                                    elem_id="explore-relative")
                 alpha_max = gr.Number(value=1.0, minimum=0.001, maximum=1e6, label=T("explore.alpha_max"), min_width=90,
-                                   elem_id="explore-alpha-max")
+                                      info=T("explore.alpha_max_info"), elem_id="explore-alpha-max")
             with gr.Row():
                 extend = gr.Checkbox(value=False, label=T("explore.extend"), info=T("explore.extend_info"),
                                      elem_id="alpha-extend")
@@ -318,31 +349,36 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     @handler(backend)
     def alpha_range(alpha, alpha_max, extended):
         """The slider spans ±α max (the calibrated strong-but-fluent point); "extend" shows 5× that."""
-        try:
-            top = abs(float(alpha_max))
-        except (TypeError, ValueError):
-            top = 1.0
-        top, step = alpha_slider((top if top > 0 else 1.0) * (EXTEND if extended else 1.0))
-        value = float(alpha or 0.0)
-        if abs(value) <= top:  # leave α alone: a page load may set α and its range in the same update
-            return gr.update(minimum=-top, maximum=top, step=step)
-        return gr.update(minimum=-top, maximum=top, step=step, value=max(-top, min(top, value)))
+        return alpha_controls(alpha_max, alpha, bool(extended))[1]
 
     @handler(backend)
-    def pick_vector(prompt, vector, layer, vector_seed, request: gr.Request):
-        """Move the layer slider to the vector's own layer and α max to where its KL reaches ~5 nats there."""
+    def snap_alpha_max(alpha_max):
+        """A typed α max, once the box is left: shown as the slider's end it became (while typing, the box is
+        left as typed; a "0" on the way to "0.5" must not turn into 1)."""
+        box = alpha_controls(alpha_max)[0]
+        return gr.skip() if alpha_max is not None and float(alpha_max) == box else box
+
+    @handler(backend)
+    def pick_vector(prompt, vector, layer, vector_seed, alpha, extended, request: gr.Request):
+        """Move the layer slider to the vector's own layer and α max to where its KL reaches ~5 nats there; the α
+        slider's range (and α, clamped into it) comes in the same answer, so the panels' refresh chained after
+        this reads the α they will show (the bars were drawn for the old α, then clamped, and stayed stale)."""
         info = backend.vector_info(sid(request), vector)
         layers_ = info.get("layers") or [layer]
         new_layer = layer if vector == RANDOM else layers_[0]
         top = backend.calibrated_alpha_max(sid(request), prompt, vector, new_layer, vector_seed)
-        return gr.update(value=new_layer), top, gr.update(value=True), backend.share_id_of(sid(request), vector)
+        box, slider = alpha_controls(top, alpha, bool(extended))
+        return gr.update(value=new_layer), box, gr.update(value=True), backend.share_id_of(sid(request), vector), \
+            slider
 
     @handler(backend)
-    def recalibrate(prompt, vector, layer, vector_seed, relative, alpha_max, request: gr.Request):
-        """After a layer change the same α means a different push: re-measure α max (relative units only)."""
+    def recalibrate(prompt, vector, layer, vector_seed, relative, alpha_max, alpha, extended, request: gr.Request):
+        """After a layer change the same α means a different push: re-measure α max (relative units only), with
+        the slider's range in the same answer, before the panels' refresh (as pick_vector)."""
         if not relative:
-            return gr.skip()
-        return backend.calibrated_alpha_max(sid(request), prompt, vector, layer, vector_seed)
+            return gr.skip(), gr.skip()
+        top = backend.calibrated_alpha_max(sid(request), prompt, vector, layer, vector_seed)
+        return alpha_controls(top, alpha, bool(extended))
 
     @handler(backend)
     def token_details(evt: gr.SelectData, request: gr.Request):
@@ -396,21 +432,25 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             .then(mark_alpha, sweep_inputs, [dose_key, dose], api_name=f"mark_alpha_on_{trigger}",
                   api_visibility="undocumented", show_progress="hidden", **EXPLORE)
 
-    refresh_all(layer.release(lambda: None, None, None, api_visibility="undocumented", trigger_mode="always_last",
-                              queue=False), "layer")
+    # a new layer: α max re-measured there first (relative units), then every panel for the layer, α max and α
+    # as they then are (recalibrating beside the refresh let α max and α move under panels just drawn)
+    refresh_all(layer.release(recalibrate, [prompt, vector, layer, vector_seed, relative, alpha_max, alpha, extend],
+                              [alpha_max, alpha], api_name="recalibrate", api_visibility="undocumented",
+                              trigger_mode="always_last", show_progress="hidden", **EXPLORE), "layer")
     for control in (vector_seed, relative, whole_vocabulary):
         control.input(next_token, nt_inputs, nt_outputs, api_name=f"next_token_on_{_name(control, tab)}",
                       api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **SLIDER)
     alpha_max.change(alpha_range, [alpha, alpha_max, extend], [alpha], api_name="alpha_range_alpha_max",
                      api_visibility="undocumented", queue=False)
+    for leave, how in ((alpha_max.blur, "blur"), (alpha_max.submit, "submit")):
+        leave(snap_alpha_max, [alpha_max], [alpha_max], api_name=f"snap_alpha_max_on_{how}",
+              api_visibility="undocumented", queue=False)
     # a person toggling Extend range: α may be clamped, and every α-dependent panel follows the new range
     refresh_all(extend.input(alpha_range, [alpha, alpha_max, extend], [alpha], api_name="alpha_range_extend",
                              api_visibility="undocumented", queue=False), "extend")
-    refresh_all(vector.input(pick_vector, [prompt, vector, layer, vector_seed], [layer, alpha_max, relative,
-                                                                                vector_ref],
+    refresh_all(vector.input(pick_vector, [prompt, vector, layer, vector_seed, alpha, extend],
+                             [layer, alpha_max, relative, vector_ref, alpha],
                              api_name="pick_vector", api_visibility="undocumented", **EXPLORE), "vector")
-    layer.release(recalibrate, [prompt, vector, layer, vector_seed, relative, alpha_max], [alpha_max],
-                  api_name="recalibrate", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
     # the page URL follows the controls (in the browser only), and "Copy link" copies it
     for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref):
         control.change(None, tab.url_inputs, None, js=JS_SYNC_URL, queue=False)
