@@ -204,8 +204,8 @@ class Service:
     def steers(self, session, vector_name, layer, alpha, relative=True, seed=0, positions=None):
         return self.library.steers(session, vector_name, layer, alpha, relative, seed, positions)
 
-    def save_result(self, session, view: dict) -> str:
-        return self.library.save_result(session, view)
+    def save_result(self, session, view: dict, generation: bool = True) -> str:
+        return self.library.save_result(session, view, generation)
 
     def save_comparison(self, session) -> str:
         return self.library.save_comparison(session)

@@ -305,11 +305,11 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
                     gr.update(choices=choices, value=state.vector), picker, picker,
                     state.prompt, slider, box, state.relative, state.seed, linked["vector_ref"],
-                    gr.update(visible=linked["run_live"]))
+                    gr.update(visible=linked["run_live"]), linked["prompt_ref"])
 
         page_outputs = [banner, explore.layer, train.layer] + vector_pickers + [
             explore.prompt, explore.alpha, explore.alpha_max, explore.relative, explore.vector_seed,
-            explore.vector_ref, explore.run_live]
+            explore.vector_ref, explore.run_live, explore.prompt_ref]
         # A fresh page shows steering at work without a click: the view, then next-token bars, both generations
         # (streamed) and the dose-response chart.
         # A saved result's page (?result=) draws its panels from the saved numbers instead of running the model.

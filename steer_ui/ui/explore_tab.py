@@ -22,7 +22,7 @@ from . import i18n, panel_keys
 from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
                      table)
 from .drawn import Drawn
-from .url_state import JS_COPY_URL, JS_SYNC_URL
+from .url_state import JS_SYNC_URL
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
 # A generous layer range before the model is known; demo.load narrows it to the loaded model.
@@ -107,6 +107,8 @@ class ExploreTab:
     link: gr.Textbox | None = None
     # the library (ui/library_ui.py wires them): share the vector, save the view, run a saved view live
     vector_ref: gr.Textbox | None = None  # the share id a link carries for the vector, "" for a bundled one
+    prompt_ref: gr.Textbox | None = None  # a long prompt's saved copy, for the link (url_state.prompt_ref)
+    copy_link: gr.Button | None = None
     share: gr.Button | None = None
     save: gr.Button | None = None
     run_live: gr.Button | None = None
@@ -132,7 +134,7 @@ class ExploreTab:
     @property
     def url_inputs(self) -> list:
         return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed, self.alpha_max,
-                self.vector_ref]
+                self.vector_ref, self.prompt_ref]
 
 
 def _plot_labels(lang: str, prefix: str) -> dict:
@@ -221,6 +223,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             run_live = gr.Button(T("explore.run_live"), size="sm", elem_id="run-live-btn", visible=False)
             library_status = gr.Markdown(elem_id="explore-library-status")
             vector_ref = gr.Textbox(visible=False, elem_id="explore-vector-ref")
+            prompt_ref = gr.Textbox(visible=False, elem_id="explore-prompt-ref")
             link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, elem_id="explore-link",
                               visible=False)
             with gr.Accordion(T("explore.sampling"), open=False, elem_id="explore-sampling"):
@@ -256,7 +259,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     tab = ExploreTab(prompt=prompt, vector=vector, layer=layer, vector_seed=vector_seed, relative=relative,
                      alpha_max=alpha_max, alpha=alpha, readout=readout, bars=bars, delta=delta, unsteered=unsteered,
                      steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details, link=link,
-                     whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, share=share, save=save,
+                     whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, prompt_ref=prompt_ref,
+                     copy_link=copy_link, share=share, save=save,
                      run_live=run_live, library_status=library_status, bars_key=bars_key,
                      generations_key=generations_key, dose_key=dose_key)
 
@@ -452,15 +456,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                              [layer, alpha_max, relative, vector_ref, alpha],
                              api_name="pick_vector", api_visibility="undocumented", **EXPLORE), "vector")
     # the page URL follows the controls (in the browser only), and "Copy link" copies it
-    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref):
+    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref, prompt_ref):
         control.change(None, tab.url_inputs, None, js=JS_SYNC_URL, queue=False)
     # every panel keeps its word: on any change of a control, the page marks each panel made for other settings
     controls = [prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary] + sampling_inputs + [
         alpha_max, target, extend]
     assert len(controls) == len(panel_keys.CONTROLS)
     panel_keys.watch("explore", dict(zip(panel_keys.CONTROLS, controls)))
-    copy_link.click(None, tab.url_inputs, [link], js=JS_COPY_URL, queue=False) \
-        .then(lambda: gr.update(visible=True), None, [link], queue=False, api_visibility="undocumented")
     tab.next_token_fn, tab.generate_fn, tab.sweep_fn = next_token, generate, sweep
     tab.refresh_all = refresh_all
     tab.sampling_inputs, tab.gen_outputs, tab.sweep_inputs = sampling_inputs, gen_outputs, sweep_inputs
