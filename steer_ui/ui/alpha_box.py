@@ -4,7 +4,8 @@ gradio's slider sends a typed value as it is on leaving the box and only then cl
 5 beside a ±0.315 slider ran at 5 while the box said 0.315, and an unreadable "abc" ran as 0 after two refusals.
 This script, installed once at page load, checks the box before gradio's own listeners see it (capture phase):
 
-* while typing, a value the slider cannot take goes no further than the box: no next-token pass runs for it;
+* while typing, a value the slider cannot take goes no further than the box: no next-token pass runs for it; a
+  click into the box no longer counts as a release (it regenerated the shown view);
 * on leaving the box (Tab, a click elsewhere, Enter), such a value is refused: the box returns to the value it had
   when it was entered, one line under the slider says why in the page's language, and nothing runs (no
   next-token pass, no generation, no sweep);
@@ -65,6 +66,8 @@ _JS = """
       if (refused(e.target)) { e.stopImmediatePropagation(); } else if (type === 'input') { passed = true; }
     }, true);
   }
+  // a click into the box is not a commit (gradio released the slider on it, regenerating what was shown); leaving is
+  document.addEventListener('pointerup', (e) => { if (on(e.target, BOX)) e.stopImmediatePropagation(); }, true);
   // leaving the box: gradio releases the slider at the typed value, then clamps the box; refused, nothing of it runs
   document.addEventListener('blur', (e) => {
     const box = e.target;
