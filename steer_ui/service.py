@@ -195,8 +195,8 @@ class Service:
     def applied(self, session, steering) -> dict:
         return self.library.applied(session, steering)
 
-    def save_result(self, session, view: dict) -> str:
-        return self.library.save_result(session, view)
+    def save_result(self, session, view: dict, generation: bool = True) -> str:
+        return self.library.save_result(session, view, generation)
 
     def save_comparison(self, session) -> str:
         return self.library.save_comparison(session)

@@ -193,10 +193,14 @@ class Library:
             raise UserError("text_too_long", what="result", size=len(text), limit=limit)
         return self.shared.keeper.save_result(s, payload, vector_name, self.models.handle)
 
-    def save_result(self, session: str | None, view: dict) -> str:
+    def save_result(self, session: str | None, view: dict, generation: bool = True) -> str:
         """Freeze the session's last Explore view (``view``: its settings and next-token numbers) with its last
-        generation; its id opens it for anyone, without running the model."""
+        generation; its id opens it for anyone, without running the model.  ``generation=False``: ``view`` alone
+        (kind "link": a prompt too long for a link, whose id the link carries instead)."""
         s = self.shared.find(session)
+        if not generation:  # only the prompt, bounded as every prompt is
+            prompt = guards.text(view.get("prompt"), "prompt", self.shared.policy.max_prompt_chars)
+            return self._freeze(s, {"kind": "link", "view": {"prompt": prompt}}, None)
         if not s.last_generation:
             raise UserError("no_generation")
         return self._freeze(s, {"view": view, "generation": s.last_generation}, view.get("vector"))

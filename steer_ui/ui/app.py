@@ -12,12 +12,12 @@ import gradio as gr
 from ..service import RANDOM, Service
 from .. import guards
 from ..policy import Policy
-from . import fair_queue, i18n, library_ui, panel_keys, relabel, request_guard
+from . import alpha_box, fair_queue, i18n, library_ui, panel_keys, relabel, request_guard
 from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
 from .compare_tab import build_compare_tab, wire_open_in_explore
-from .explore_tab import DEFAULT_PROMPT, alpha_slider, build_explore_tab
+from .explore_tab import DEFAULT_PROMPT, alpha_controls, build_explore_tab
 from .export_tab import build_export_tab
 from .model_tab import build_model_tab, model_view, status_markdown
 from .train_tab import build_train_tab
@@ -39,6 +39,9 @@ body:not(.dark) .gradio-container span.value { color: #7c2d12; }
 body:not(.dark) .gradio-container span.value.number { color: #1e5468; }
 body:not(.dark) .gradio-container span.punctuation { color: #3f5050; }
 #alpha-slider input[type=range] { accent-color: #c2410c; }
+/* a slider reached by Tab shows where the keyboard is (gradio's theme draws no focus ring on a range input) */
+.gradio-container input[type=range]:focus-visible { outline: 3px solid #c2410c !important; outline-offset: 3px; }
+#alpha-refusal { margin-top: 6px; font-size: 14px; color: #991b1b; }
 /* Explore (issue #36): controls left, outputs right with the generations first on a wide screen; one column on a
    phone with prompt, vector and α, then the outputs with the bars first, then the other controls */
 #explore-main { display: grid !important; grid-template-columns: minmax(300px, 1fr) minmax(0, 2fr);
@@ -138,10 +141,25 @@ TOAST_TITLES = {lang: {"warning": i18n.message(lang, "warning_title"), "info": i
 
 # The page-load script: installs the page's own key handling and its tab labels, then returns the language gradio
 # chose for the page (html lang, kept in sync by gradio) or the browser's.
-JS_BROWSER_LANG = ("() => { (%s)(); (%s)(); return (document.documentElement.lang || navigator.language || 'en'); }"
+# Plotly's toolbar buttons, hidden until a chart is hovered, sat in the Tab order: twenty stops between Generate and
+# Layer for a keyboard user who could not see them.  They stay for the mouse (download, zoom), out of the Tab order.
+JS_QUIET_MODEBARS = """
+() => {
+  if (window.__steerQuietModebars) return;
+  window.__steerQuietModebars = true;
+  const quiet = () => document.querySelectorAll('.modebar-btn:not([tabindex="-1"]), .modebar a:not([tabindex="-1"])')
+    .forEach((b) => b.setAttribute('tabindex', '-1'));
+  new MutationObserver(quiet).observe(document.body, {childList: true, subtree: true});
+  quiet();
+}
+"""
+
+JS_BROWSER_LANG = ("() => { (%s)(); (%s)(); (%s)(); (%s)(); "
+                   "return (document.documentElement.lang || navigator.language || 'en'); }"
                    % (panel_keys.JS_ENTER_COMMITS.strip(),
                       JS_TAB_LABELS.strip() % (json.dumps(TAB_LABELS, ensure_ascii=False),
-                                               json.dumps(TOAST_TITLES, ensure_ascii=False))))
+                                               json.dumps(TOAST_TITLES, ensure_ascii=False)),
+                      alpha_box.script().strip(), JS_QUIET_MODEBARS.strip()))
 
 
 def js_open_tab(tab_id: str, only_if: str = "true") -> str:
@@ -345,15 +363,15 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             picker = gr.update(choices=choices)
             banner_text = relabel.keep(backend, sid(request), [banner], banner_markdown, backend, tuple(state.notices),
                                        tuple(linked["notices"]), state.vector if fell_back else None)
-            top, step = alpha_slider(state.alpha_max)
+            box, slider = alpha_controls(state.alpha_max, state.alpha, set_alpha=True)
             return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
                     gr.update(choices=choices, value=state.vector), picker, picker,
-                    state.prompt, gr.update(minimum=-top, maximum=top, step=step, value=state.alpha), state.alpha_max,
-                    state.relative, state.seed, linked["vector_ref"], gr.update(visible=linked["run_live"]))
+                    state.prompt, slider, box, state.relative, state.seed, linked["vector_ref"],
+                    gr.update(visible=linked["run_live"]), linked["prompt_ref"])
 
         page_outputs = [banner, explore.layer, train.layer] + vector_pickers + [
             explore.prompt, explore.alpha, explore.alpha_max, explore.relative, explore.vector_seed,
-            explore.vector_ref, explore.run_live]
+            explore.vector_ref, explore.run_live, explore.prompt_ref]
         # A fresh page shows steering at work without a click: the view, then next-token bars, both generations
         # (streamed) and the dose-response chart.
         # A saved result's page (?result=) draws its panels from the saved numbers instead of running the model.

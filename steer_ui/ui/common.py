@@ -5,6 +5,7 @@ import functools
 import html
 import inspect
 import logging
+import math
 import threading
 import time
 import uuid
@@ -160,6 +161,19 @@ def _refused_on_page(backend, request, exc: BaseException, status, clear=()):
     return out or gr.skip()
 
 
+def _held_to_the_slider(args: tuple, kwargs: dict, page: bool) -> tuple[tuple, dict]:
+    """The handler's arguments with every :class:`SliderAlpha` as a plain float; on the page, an α outside the
+    slider's range is refused (a typed 5 beside a ±0.315 slider once ran at 5 while the box showed 0.315)."""
+    def plain(value):
+        if not isinstance(value, SliderAlpha):
+            return value
+        if page and not value.inside():
+            raise UserError("alpha_outside_range", low=f"{value.low:g}", high=f"{value.high:g}")
+        return float(value)
+
+    return tuple(plain(a) for a in args), {k: plain(v) for k, v in kwargs.items()}
+
+
 def handler(backend, status=None, clear=()):
     """Decorator: turn UserError (and any crash) into one plain line in the session's language.
 
@@ -179,7 +193,8 @@ def handler(backend, status=None, clear=()):
                 request = _find_request(args, kwargs)
                 page = from_page(request)
                 try:
-                    async for outputs in fn(*args, **kwargs):
+                    args_, kwargs_ = _held_to_the_slider(args, kwargs, page)
+                    async for outputs in fn(*args_, **kwargs_):
                         yield panel_keys.for_caller(outputs, page)
                 except Exception as exc:
                     if not page:
@@ -193,7 +208,8 @@ def handler(backend, status=None, clear=()):
                 request = _find_request(args, kwargs)
                 page = from_page(request)
                 try:
-                    for outputs in fn(*args, **kwargs):
+                    args_, kwargs_ = _held_to_the_slider(args, kwargs, page)
+                    for outputs in fn(*args_, **kwargs_):
                         yield panel_keys.for_caller(outputs, page)
                 except Exception as exc:
                     if not from_page(request):
@@ -205,7 +221,8 @@ def handler(backend, status=None, clear=()):
         def call(*args, **kwargs):
             request = _find_request(args, kwargs)
             try:
-                return panel_keys.for_caller(fn(*args, **kwargs), from_page(request))
+                args_, kwargs_ = _held_to_the_slider(args, kwargs, from_page(request))
+                return panel_keys.for_caller(fn(*args_, **kwargs_), from_page(request))
             except Exception as exc:
                 if not from_page(request):
                     raise as_gr_error(backend, request, exc) from None
@@ -240,12 +257,27 @@ def table(frame, max_rows: int = 200):
     return frame
 
 
+class SliderAlpha(float):
+    """α as the α slider sent it, with the slider's range on that page at that moment (gradio keeps each
+    session's updated range).  :func:`handler` holds the page to the range and hands the function a plain float;
+    an API client is not held to it (see :class:`AlphaSlider`)."""
+
+    low: float = -math.inf
+    high: float = math.inf
+
+    def inside(self) -> bool:
+        slack = 1e-9 * max(1.0, abs(self.low), abs(self.high))  # the page's decimals against the server's floats
+        return self.low - slack <= float(self) <= self.high + slack
+
+
 class AlphaSlider(gr.Slider):
     """A slider whose range is only a UI convenience: the API accepts any finite α.
 
     gr.Slider refuses values outside [minimum, maximum] per session, so a
     gradio_client caller could not ask for α = 8 while the slider shows ±1.
     The backend checks α is finite and says so in plain words otherwise.
+    The page itself is held to the range (:class:`SliderAlpha`, checked in :func:`handler`; the page's script
+    refuses a typed value before anything is sent, ``ui/alpha_box.py``).
     Rendered by gradio's own slider (``is_template``).
     """
 
@@ -255,9 +287,14 @@ class AlphaSlider(gr.Slider):
         if payload is None:
             return None
         try:
-            return float(payload)
+            alpha = SliderAlpha(float(payload))
         except (TypeError, ValueError):
             return payload  # the backend turns it into a plain "α must be a number" message
+        try:
+            alpha.low, alpha.high = float(self.minimum), float(self.maximum)
+        except (TypeError, ValueError):
+            pass
+        return alpha
 
 
 class OptionalNumberBox(gr.Textbox):

@@ -16,7 +16,7 @@ from . import i18n, panel_keys, relabel
 from .common import MODEL, T, handler, sid, table
 from .job_line import cancel_fn, follow
 from ..service import LAST_COMPARISON
-from .explore_tab import alpha_slider
+from .explore_tab import alpha_controls
 from .library_ui import SHOW_COMPARISON, page_url, plain_api
 from .request_guard import client_address
 
@@ -201,12 +201,12 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
             return (gr.skip(),) * 7
         st = shown["settings"]
         keep = lambda key: gr.skip() if st.get(key) is None else st[key]  # noqa: E731
-        alpha = gr.skip()
+        alpha, alpha_max = gr.skip(), keep("alpha_max")
         if st.get("alpha") is not None and st.get("alpha_max"):  # the slider's range and α in one update
-            top, step = alpha_slider(max(abs(float(st["alpha_max"])), abs(float(st["alpha"]))))
-            alpha = gr.update(minimum=-top, maximum=top, step=step, value=float(st["alpha"]))
+            alpha_max, alpha = alpha_controls(max(abs(float(st["alpha_max"])), abs(float(st["alpha"]))),
+                                              float(st["alpha"]), set_alpha=True)
         return (shown["rows"][index]["prompt"], keep("vector"), keep("layer"),
-                keep("alpha_max"), alpha, keep("relative"), keep("seed"))
+                alpha_max, alpha, keep("relative"), keep("seed"))
 
     return CompareTab(prompts=prompts, run=run, summary=summary, outputs=outputs, show_saved=show_saved,
                       open_row=open_row)

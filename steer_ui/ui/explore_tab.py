@@ -22,7 +22,7 @@ from . import i18n, panel_keys, relabel
 from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
                      table)
 from .drawn import Drawn
-from .url_state import JS_COPY_URL, JS_SYNC_URL
+from .url_state import JS_SYNC_URL
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
 # A generous layer range before the model is known; demo.load narrows it to the loaded model.
@@ -38,16 +38,47 @@ SLIDER_STEPS = 100  # about this many steps on each side of α = 0
 FRAME_INTERVAL_S = 0.25
 
 
-def alpha_slider(top: float) -> tuple[float, float]:
+def alpha_slider(top: float, extended: bool = False) -> tuple[float, float]:
     """(end, step) of a slider spanning about ±``top``: the step is 1, 2 or 5 × 10^k and the end a whole number
     of steps, so the slider's positions (Chromium steps in decimal from its minimum) are exact short decimals
-    and its centre is exactly 0; the end is at least ``top`` (with −top + 100·top/100 it was ±1e-16, and α showed as 0.0749279999999999)."""
+    and its centre is exactly 0; the end is at least ``top`` (with −top + 100·top/100 it was ±1e-16, and α showed as 0.0749279999999999).
+
+    ``extended`` (*Extend range*): the same slider scaled by EXTEND, end and step alike, so it ends exactly at
+    EXTEND × the unextended end (the α-max box's value) with as many positions."""
     top = abs(float(top)) if math.isfinite(float(top)) and float(top) != 0 else 1.0
     raw = top / SLIDER_STEPS
     power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * 0.999)
     step = float(f"{step:.3g}")
-    return float(f"{max(1, math.ceil(top / step - 1e-9)) * step:.12g}"), step
+    end = float(f"{max(1, math.ceil(top / step - 1e-9)) * step:.12g}")
+    if extended:
+        return float(f"{end * EXTEND:.12g}"), float(f"{step * EXTEND:.12g}")
+    return end, step
+
+
+def alpha_controls(alpha_max, alpha=None, extended: bool = False, set_alpha: bool = False) -> tuple[float, dict]:
+    """The α-max box's value and the α slider's update for a range of about ±``alpha_max``.
+
+    The box shows the slider's own (unextended) end, not the calibrated α max it was rounded up from: a box
+    saying 0.3122 beside a slider ending at 0.315 claimed a range the slider did not have (issue #52).  ``alpha``
+    is clamped into the range when it lies outside; inside, the update leaves the slider's value alone (a page
+    load may set α and its range in the same update) unless ``set_alpha``."""
+    try:
+        top = abs(float(alpha_max))
+    except (TypeError, ValueError):
+        top = 1.0
+    box, _ = alpha_slider(top if math.isfinite(top) and top > 0 else 1.0)
+    end, step = alpha_slider(box, extended)
+    update = dict(minimum=-end, maximum=end, step=step)
+    if alpha is not None:
+        try:
+            value = float(alpha)
+        except (TypeError, ValueError):
+            value = 0.0
+        value = value if math.isfinite(value) else 0.0
+        if set_alpha or abs(value) > end:
+            update["value"] = max(-end, min(end, value))
+    return box, gr.update(**update)
 
 
 @dataclass
@@ -76,6 +107,8 @@ class ExploreTab:
     link: gr.Textbox | None = None
     # the library (ui/library_ui.py wires them): share the vector, save the view, run a saved view live
     vector_ref: gr.Textbox | None = None  # the share id a link carries for the vector, "" for a bundled one
+    prompt_ref: gr.Textbox | None = None  # a long prompt's saved copy, for the link (url_state.prompt_ref)
+    copy_link: gr.Button | None = None
     share: gr.Button | None = None
     save: gr.Button | None = None
     run_live: gr.Button | None = None
@@ -110,7 +143,7 @@ class ExploreTab:
     @property
     def url_inputs(self) -> list:
         return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed, self.alpha_max,
-                self.vector_ref]
+                self.vector_ref, self.prompt_ref]
 
 
 def _plot_labels(lang: str, prefix: str) -> dict:
@@ -213,7 +246,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 relative = gr.Checkbox(value=True, label=T("explore.relative"), info=T("explore.relative_info"),
                                    elem_id="explore-relative")
                 alpha_max = gr.Number(value=1.0, minimum=0.001, maximum=1e6, label=T("explore.alpha_max"), min_width=90,
-                                   elem_id="explore-alpha-max")
+                                      info=T("explore.alpha_max_info"), elem_id="explore-alpha-max")
             with gr.Row():
                 extend = gr.Checkbox(value=False, label=T("explore.extend"), info=T("explore.extend_info"),
                                      elem_id="alpha-extend")
@@ -223,6 +256,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             run_live = gr.Button(T("explore.run_live"), size="sm", elem_id="run-live-btn", visible=False)
             library_status = gr.Markdown(elem_id="explore-library-status")
             vector_ref = gr.Textbox(visible=False, elem_id="explore-vector-ref")
+            prompt_ref = gr.Textbox(visible=False, elem_id="explore-prompt-ref")
             link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, elem_id="explore-link",
                               visible=False)
             with gr.Accordion(T("explore.sampling"), open=False, elem_id="explore-sampling"):
@@ -258,7 +292,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     tab = ExploreTab(prompt=prompt, vector=vector, layer=layer, vector_seed=vector_seed, relative=relative,
                      alpha_max=alpha_max, alpha=alpha, readout=readout, bars=bars, delta=delta, unsteered=unsteered,
                      steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details, link=link,
-                     whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, share=share, save=save,
+                     whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, prompt_ref=prompt_ref,
+                     copy_link=copy_link, share=share, save=save,
                      run_live=run_live, library_status=library_status, bars_key=bars_key,
                      generations_key=generations_key, dose_key=dose_key, token_detail=token_detail)
 
@@ -345,31 +380,36 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     @handler(backend)
     def alpha_range(alpha, alpha_max, extended):
         """The slider spans ±α max (the calibrated strong-but-fluent point); "extend" shows 5× that."""
-        try:
-            top = abs(float(alpha_max))
-        except (TypeError, ValueError):
-            top = 1.0
-        top, step = alpha_slider((top if top > 0 else 1.0) * (EXTEND if extended else 1.0))
-        value = float(alpha or 0.0)
-        if abs(value) <= top:  # leave α alone: a page load may set α and its range in the same update
-            return gr.update(minimum=-top, maximum=top, step=step)
-        return gr.update(minimum=-top, maximum=top, step=step, value=max(-top, min(top, value)))
+        return alpha_controls(alpha_max, alpha, bool(extended))[1]
 
     @handler(backend)
-    def pick_vector(prompt, vector, layer, vector_seed, request: gr.Request):
-        """Move the layer slider to the vector's own layer and α max to where its KL reaches ~5 nats there."""
+    def snap_alpha_max(alpha_max):
+        """A typed α max, once the box is left: shown as the slider's end it became (while typing, the box is
+        left as typed; a "0" on the way to "0.5" must not turn into 1)."""
+        box = alpha_controls(alpha_max)[0]
+        return gr.skip() if alpha_max is not None and float(alpha_max) == box else box
+
+    @handler(backend)
+    def pick_vector(prompt, vector, layer, vector_seed, alpha, extended, request: gr.Request):
+        """Move the layer slider to the vector's own layer and α max to where its KL reaches ~5 nats there; the α
+        slider's range (and α, clamped into it) comes in the same answer, so the panels' refresh chained after
+        this reads the α they will show (the bars were drawn for the old α, then clamped, and stayed stale)."""
         info = backend.vector_info(sid(request), vector)
         layers_ = info.get("layers") or [layer]
         new_layer = layer if vector == RANDOM else layers_[0]
         top = backend.calibrated_alpha_max(sid(request), prompt, vector, new_layer, vector_seed)
-        return gr.update(value=new_layer), top, gr.update(value=True), backend.share_id_of(sid(request), vector)
+        box, slider = alpha_controls(top, alpha, bool(extended))
+        return gr.update(value=new_layer), box, gr.update(value=True), backend.share_id_of(sid(request), vector), \
+            slider
 
     @handler(backend)
-    def recalibrate(prompt, vector, layer, vector_seed, relative, alpha_max, request: gr.Request):
-        """After a layer change the same α means a different push: re-measure α max (relative units only)."""
+    def recalibrate(prompt, vector, layer, vector_seed, relative, alpha_max, alpha, extended, request: gr.Request):
+        """After a layer change the same α means a different push: re-measure α max (relative units only), with
+        the slider's range in the same answer, before the panels' refresh (as pick_vector)."""
         if not relative:
-            return gr.skip()
-        return backend.calibrated_alpha_max(sid(request), prompt, vector, layer, vector_seed)
+            return gr.skip(), gr.skip()
+        top = backend.calibrated_alpha_max(sid(request), prompt, vector, layer, vector_seed)
+        return alpha_controls(top, alpha, bool(extended))
 
     @handler(backend)
     def token_details(evt: gr.SelectData, request: gr.Request):
@@ -424,31 +464,33 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             .then(mark_alpha, sweep_inputs, [dose_key, dose], api_name=f"mark_alpha_on_{trigger}",
                   api_visibility="undocumented", show_progress="hidden", **EXPLORE)
 
-    refresh_all(layer.release(lambda: None, None, None, api_visibility="undocumented", trigger_mode="always_last",
-                              queue=False), "layer")
+    # a new layer: α max re-measured there first (relative units), then every panel for the layer, α max and α
+    # as they then are (recalibrating beside the refresh let α max and α move under panels just drawn)
+    refresh_all(layer.release(recalibrate, [prompt, vector, layer, vector_seed, relative, alpha_max, alpha, extend],
+                              [alpha_max, alpha], api_name="recalibrate", api_visibility="undocumented",
+                              trigger_mode="always_last", show_progress="hidden", **EXPLORE), "layer")
     for control in (vector_seed, relative, whole_vocabulary):
         control.input(next_token, nt_inputs, nt_outputs, api_name=f"next_token_on_{_name(control, tab)}",
                       api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **SLIDER)
     alpha_max.change(alpha_range, [alpha, alpha_max, extend], [alpha], api_name="alpha_range_alpha_max",
                      api_visibility="undocumented", queue=False)
+    for leave, how in ((alpha_max.blur, "blur"), (alpha_max.submit, "submit")):
+        leave(snap_alpha_max, [alpha_max], [alpha_max], api_name=f"snap_alpha_max_on_{how}",
+              api_visibility="undocumented", queue=False)
     # a person toggling Extend range: α may be clamped, and every α-dependent panel follows the new range
     refresh_all(extend.input(alpha_range, [alpha, alpha_max, extend], [alpha], api_name="alpha_range_extend",
                              api_visibility="undocumented", queue=False), "extend")
-    refresh_all(vector.input(pick_vector, [prompt, vector, layer, vector_seed], [layer, alpha_max, relative,
-                                                                                vector_ref],
+    refresh_all(vector.input(pick_vector, [prompt, vector, layer, vector_seed, alpha, extend],
+                             [layer, alpha_max, relative, vector_ref, alpha],
                              api_name="pick_vector", api_visibility="undocumented", **EXPLORE), "vector")
-    layer.release(recalibrate, [prompt, vector, layer, vector_seed, relative, alpha_max], [alpha_max],
-                  api_name="recalibrate", api_visibility="undocumented", show_progress="hidden", **EXPLORE)
     # the page URL follows the controls (in the browser only), and "Copy link" copies it
-    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref):
+    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref, prompt_ref):
         control.change(None, tab.url_inputs, None, js=JS_SYNC_URL, queue=False)
     # every panel keeps its word: on any change of a control, the page marks each panel made for other settings
     controls = [prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary] + sampling_inputs + [
         alpha_max, target, extend]
     assert len(controls) == len(panel_keys.CONTROLS)
     panel_keys.watch("explore", dict(zip(panel_keys.CONTROLS, controls)))
-    copy_link.click(None, tab.url_inputs, [link], js=JS_COPY_URL, queue=False) \
-        .then(lambda: gr.update(visible=True), None, [link], queue=False, api_visibility="undocumented")
     tab.next_token_fn, tab.generate_fn, tab.sweep_fn = next_token, generate, sweep
     tab.refresh_all = refresh_all
     tab.sampling_inputs, tab.gen_outputs, tab.sweep_inputs = sampling_inputs, gen_outputs, sweep_inputs

@@ -20,7 +20,8 @@ from ..service import Service
 from . import i18n, panel_keys, relabel
 from .common import EXPLORE, SLIDER, as_gr_error, handler, sid, table
 from .request_guard import client_address
-from .url_state import JS_SHARE_URL, Notice
+from . import url_state
+from .url_state import JS_COPY_URL, JS_SHARE_URL, Notice
 
 STORAGE_KEY = "steer_ui_owner"
 SHOW_RESULT = "show_result"  # the session's saved result while the page shows it (set by the page load)
@@ -123,6 +124,17 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
         # the link itself is the page's own (JS_COPY_URL, chained below): the whole view, with the share id
         return share_id, relabel.keep(backend, sid(request), [explore.library_status], *relabel.text("shared"))
 
+    @handler(backend, status=explore.library_status)
+    def link_prompt(prompt, prompt_ref, request: gr.Request):
+        """Before Copy link or Share: a prompt too long for a link is kept as a saved copy whose id the link
+        carries instead (url_state.PROMPT_IN_LINK); the id is kept on the page for as long as the prompt stays."""
+        if url_state.encoded_chars(prompt) <= url_state.PROMPT_IN_LINK:
+            return "", gr.skip()  # the prompt travels in the link itself
+        if url_state.ref_holds(prompt_ref, prompt):
+            return gr.skip(), gr.skip()  # already kept: one copy per prompt, however often the link is copied
+        prompt_id = backend.save_result(sid(request), {"prompt": prompt}, generation=False)
+        return url_state.prompt_ref(prompt_id, prompt), gr.skip()
+
     @handler(backend)
     def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, request: gr.Request):
         # the next-token numbers are measured here for exactly these settings: the page's raw-numbers panel may
@@ -161,13 +173,21 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
                                                explore.steered, explore.per_token, explore.tokens], _live_panel,
                             other_model, same, detail, made_for, {**saved, "generation": frame.as_dict()})
 
-    # Share gives the same link as Copy link and the address bar (issue #52): the vector as its share id, with the
-    # view's prompt, layer, α, range and units; a stranger who opens it sees the owner's numbers
-    explore.share.click(share, [explore.vector], [explore.vector_ref, explore.library_status],
-                        api_name="share_button", api_visibility="undocumented", queue=False) \
-        .then(None, explore.url_inputs + [explore.link], [explore.link], js=JS_SHARE_URL, queue=False) \
-        .then(lambda: gr.update(visible=True), None, [explore.link], queue=False, api_visibility="undocumented")
-    explore.save.click(save, explore.url_inputs, [explore.library_status, explore.link],
+    # Copy link, Share and the address bar give one URL (issue #52): the whole view, with the vector's share id (or a
+    # bundled vector's name) and a long prompt's saved id; a stranger who opens it sees the owner's numbers
+    def link_chain(start, trigger: str, script: str) -> None:
+        start(link_prompt, [explore.prompt, explore.prompt_ref], [explore.prompt_ref, explore.library_status],
+              api_name=f"link_prompt_on_{trigger}", api_visibility="undocumented", queue=False) \
+            .then(None, explore.url_inputs + [explore.link], [explore.link], js=script, queue=False) \
+            .then(lambda: gr.update(visible=True), None, [explore.link], queue=False, api_visibility="undocumented")
+
+    link_chain(explore.copy_link.click, "copy", JS_COPY_URL)
+    link_chain(explore.share.click(share, [explore.vector], [explore.vector_ref, explore.library_status],
+                                   api_name="share_button", api_visibility="undocumented", queue=False).then,
+               "share", JS_SHARE_URL)
+    # a saved result keeps its prompt whole (it is opened by ?result=, not by the view's link)
+    explore.save.click(save, [c for c in explore.url_inputs if c is not explore.prompt_ref],
+                       [explore.library_status, explore.link],
                        api_name="save_button", api_visibility="undocumented", **SLIDER)
     explore.run_live.click(run_live, None, [explore.library_status, explore.generations_key, explore.unsteered,
                                             explore.steered, explore.per_token, explore.tokens],
@@ -269,7 +289,19 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
     from ..store.library import PUBLIC_ID
 
     session, client = sid(request), client_address(request)
-    out = {"vector_ref": "", "run_live": False, "notices": []}
+    out = {"vector_ref": "", "prompt_ref": "", "run_live": False, "notices": []}
+    prompt_id = query.get("prompt_id")
+    if prompt_id:  # a prompt too long for the link, kept under this id (url_state.PROMPT_IN_LINK)
+        try:
+            saved = backend.result(prompt_id, client)
+            prompt = (saved.get("view") or {}).get("prompt") if saved.get("kind") == "link" else None
+            if not isinstance(prompt, str) or len(prompt) > backend.policy.max_prompt_chars:
+                raise UserError("unknown_id")
+        except UserError as exc:
+            out["notices"].append(Notice(exc.key, **exc.params))
+        else:
+            state.prompt = prompt
+            out["prompt_ref"] = url_state.prompt_ref(saved["id"], prompt)  # this page's own link stays short
     result_id = query.get("result")
     if result_id:
         try:
@@ -277,6 +309,9 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
         except UserError as exc:
             out["notices"].append(Notice(exc.key, **exc.params))
         else:
+            if saved.get("kind") == "link":  # a link's saved prompt opened as a result: nothing to draw from
+                out["notices"].append(Notice("unknown_id"))
+                return out
             if saved.get("kind") == "comparison":  # the Many prompts tab shows it (compare_tab.show_saved)
                 backend.session(session).cache[SHOW_COMPARISON] = saved
                 out["notices"].append(Notice("comparison_view", when=saved.get("when", "?")))

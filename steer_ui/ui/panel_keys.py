@@ -186,17 +186,20 @@ JS_ENTER_COMMITS = """
 }
 """
 
-# The holder takes no room, and the note lies over the top of its panel (no layout jump while α is dragged);
-# it shows only when a panel stays stale for more than a moment (each slider move is stale for ~50 ms).
+# A stale note takes its own line above its panel (issue #52: laid over the panel's top, it hid the first line of
+# the readout and the colour key it qualified).  It shows, and takes its line, only when a panel stays stale for
+# more than a moment: each slider move is stale for ~50 ms, and until the delay is over the note has no height, so
+# dragging α makes neither a flash nor a layout jump.
 CSS = """
-.made-for-holder { padding: 0 !important; margin: 0 !important; min-height: 0 !important; height: 0;
-  border: none !important; background: none !important; overflow: visible !important; position: relative;
-  z-index: 20; }
+.made-for-holder { padding: 0 !important; margin: 0 !important; min-height: 0 !important; border: none !important;
+  background: none !important; }
 .made-for-holder > div, .made-for-holder .prose { min-height: 0 !important; padding: 0 !important; }
 .made-for .stale-note { display: none; }
-.made-for.stale .stale-note { display: block; position: absolute; top: 2px; left: 2px; right: 2px;
-  padding: 4px 8px; border-radius: 4px; font-size: 14px; background: #fff4d6; color: #5c3d00;
-  border: 1px solid #b58900; animation: steer-stale-in 0s linear 0.6s both; }
-@keyframes steer-stale-in { from { visibility: hidden; } to { visibility: visible; } }
+.made-for.stale .stale-note { display: block; overflow: hidden; padding: 4px 8px; border-radius: 4px;
+  font-size: 14px; line-height: 1.4; background: #fff4d6; color: #5c3d00; border: 1px solid #b58900;
+  animation: steer-stale-in 0s linear 0.6s both; }
+@keyframes steer-stale-in {
+  from { visibility: hidden; max-height: 0; padding-top: 0; padding-bottom: 0; border-width: 0; }
+  to { visibility: visible; max-height: 8em; } }
 @media (max-width: 760px) { #bars-made-for { order: -3; } }
 """

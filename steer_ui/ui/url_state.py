@@ -10,6 +10,7 @@ notice, and the service checks everything again.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -102,31 +103,73 @@ def fall_back(state: ExploreState, defaults: ExploreState, wanted: str | None, o
     return True
 
 
-# The query string of the view, one expression shared by the three scripts below (the address bar, Copy link
-# and Share give the same URL); α goes into the link with 4 significant digits, as the page shows it
-_JS_QUERY = """new URLSearchParams({prompt: prompt ?? "", vector: vector_ref || vector || "", layer: String(layer),
-  alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
-  alpha_max: String(alpha_max)})"""
-_JS_ARGS = "prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref"
+# A link holds at most about MAX_LINK_CHARS characters (issue #52: a long prompt made a 20,125-character URL, past
+# what mail, chat and some servers keep).  A prompt whose encoded form passes PROMPT_IN_LINK travels as the id of a
+# saved copy instead (``prompt_id``), made by Copy link or Share when asked for (steer_ui/ui/library_ui.py): the rest
+# of the query is a few short fields, so the link stays under the limit.  The address bar leaves such a prompt out
+# until then (it cannot ask the server on every keystroke); Copy link and Share then write the same URL into it.
+MAX_LINK_CHARS = 2000
+PROMPT_IN_LINK = 1500
+
+
+def encoded_chars(prompt: str) -> int:
+    """The length of ``prompt`` in a query string as the page's URLSearchParams writes it (space as +, only
+    letters, digits and *-._ unescaped, the rest as UTF-8 %XX): Python's quote_plus, but for '~'."""
+    from urllib.parse import quote_plus
+
+    return len(quote_plus(prompt or "", safe="*")) + 2 * (prompt or "").count("~")
+
+
+def prompt_ref(prompt_id: str, prompt: str) -> str:
+    """The hidden field the page keeps a saved prompt's id in: the id with the prompt it stands for, so the page
+    uses it only while the prompt box holds that very prompt."""
+    return json.dumps({"id": prompt_id, "prompt": prompt}, ensure_ascii=False)
+
+
+def ref_holds(ref: str | None, prompt: str) -> bool:
+    """Whether the hidden field ``ref`` is a saved copy's id for exactly ``prompt``."""
+    try:
+        data = json.loads(ref or "null")
+    except ValueError:
+        return False
+    return isinstance(data, dict) and bool(data.get("id")) and data.get("prompt") == (prompt or "")
+
+
+# The query string of the view, one block shared by the three scripts below (the address bar, Copy link and Share
+# give the same URL); α goes into the link with 4 significant digits, as the page shows it.  ``whole``: the query
+# holds the whole view (a long prompt without its saved id is left out).
+_JS_QUERY = """
+  let ref = null;
+  try { ref = JSON.parse(prompt_ref || 'null'); } catch (e) { ref = null; }
+  const text = prompt ?? "";
+  const byId = ref && ref.id && ref.prompt === text ? String(ref.id) : "";
+  const fits = new URLSearchParams({p: text}).toString().length - 2 <= %(limit)d;
+  const fields = byId ? {prompt_id: byId} : (fits ? {prompt: text} : {});
+  const q = new URLSearchParams(Object.assign(fields, {vector: vector_ref || vector || "", layer: String(layer),
+    alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
+    alpha_max: String(alpha_max)}));
+  const whole = Boolean(byId) || fits;
+""" % {"limit": PROMPT_IN_LINK}
+_JS_ARGS = "prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, prompt_ref"
 
 # Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
 JS_SYNC_URL = f"""
-({_JS_ARGS}) => {{
-  const q = {_JS_QUERY};
+({_JS_ARGS}) => {{{_JS_QUERY}
   window.history.replaceState(null, "", window.location.pathname + "?" + q.toString());
   return [{_JS_ARGS}];
 }}
 """
 
-# "Copy link": the same URL, to the clipboard (and shown, for browsers that refuse clipboard access).
-_JS_COPY_BODY = f"""
-  const q = {_JS_QUERY};
+# "Copy link": the same URL, to the clipboard (and shown, for browsers that refuse clipboard access).  A view whose
+# long prompt has no saved id (the server could not keep one; its line says why) leaves the link box as it was.
+_JS_COPY_BODY = f"""{_JS_QUERY}
+  if (!whole) {{ return shown; }}
   const url = window.location.origin + window.location.pathname + "?" + q.toString();
   window.history.replaceState(null, "", url);
   if (navigator.clipboard) {{ navigator.clipboard.writeText(url).catch(() => {{}}); }}
   return url;
 """
-JS_COPY_URL = f"({_JS_ARGS}) => {{{_JS_COPY_BODY}}}"
+JS_COPY_URL = f"({_JS_ARGS}, shown) => {{{_JS_COPY_BODY}}}"
 
 # "Share", after the server made the vector's share id: Copy link's URL, now carrying that id.  Without an id (the
 # share was refused; its line says why) the link box keeps what it showed.

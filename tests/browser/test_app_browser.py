@@ -266,6 +266,9 @@ def test_the_panels_follow_the_controls_they_were_made_from(browser, url):
     page.locator("#generate-btn").click()
     new_prompt = _wait_for_change(page, "#explore-readout", at_half)  # the bars and readout follow the new prompt
     page.locator("#alpha-extend input[type=checkbox]").check()
+    # the page refuses a typed α its slider cannot take (issue #52): type once the range has widened
+    page.wait_for_function("(h) => Number(document.querySelector('#alpha-slider input[type=range]').max) > h",
+                           arg=high, timeout=10_000)
     box.fill(str(high * 3))
     page.locator("#explore-prompt textarea").click()
     extended = _wait_for_change(page, "#explore-readout", new_prompt)

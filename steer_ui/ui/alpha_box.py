@@ -1,0 +1,100 @@
+"""The α slider's typed box and its keys, on the page (issue #52: "the page keeps its word").
+
+gradio's slider sends a typed value as it is on leaving the box and only then clamps what the box shows: a typed
+5 beside a ±0.315 slider ran at 5 while the box said 0.315, and an unreadable "abc" ran as 0 after two refusals.
+This script, installed once at page load, checks the box before gradio's own listeners see it (capture phase):
+
+* while typing, a value the slider cannot take goes no further than the box: no next-token pass runs for it; a
+  click into the box no longer counts as a release (it regenerated the shown view);
+* on leaving the box (Tab, a click elsewhere, Enter), such a value is refused: the box returns to the value it had
+  when it was entered, one line under the slider says why in the page's language, and nothing runs (no
+  next-token pass, no generation, no sweep);
+* arrow keys (and Page Up/Down, Home, End) on the slider move α like a drag; once they rest for KEY_REST_MS the
+  move is released like a drag's end, so both generations and the dose-response follow.
+
+The server holds the page to the slider's range as well (``common.SliderAlpha``), for a page whose script did not
+run; API callers are not held to it (the range is a convenience of the page).
+"""
+from __future__ import annotations
+
+import json
+
+from . import i18n
+
+KEY_REST_MS = 400  # a held arrow key repeats every ~30-50 ms: one release when it rests, not one per step
+
+_JS = """
+() => {
+  if (window.__steerAlphaBox) return;
+  window.__steerAlphaBox = true;
+  const lines = %(lines)s;
+  const BOX = '#alpha-slider input[type=number]', RANGE = '#alpha-slider input[type=range]';
+  const KEYS = ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'];
+  const on = (el, selector) => el instanceof Element && el.matches(selector);
+  let entered = null;  // the box's value when it was entered: the last value the slider took
+  let passed = false;  // whether a typed value reached gradio since (the slider's own value then moved with it)
+  let resting = null;
+  // why a typed text is refused, or null: not a number (the browser's badInput reads as ''), or off the range
+  const refusal = (text, bad) => {
+    const range = document.querySelector(RANGE), trimmed = String(text ?? '').trim();
+    const value = trimmed === '' || bad ? NaN : Number(trimmed);
+    if (!Number.isFinite(value)) return ['number', {}];
+    if (!range) return null;
+    const low = Number(range.min), high = Number(range.max);
+    const slack = 1e-9 * Math.max(1, Math.abs(low), Math.abs(high));
+    return (value < low - slack || value > high + slack) ? ['range', {low: range.min, high: range.max}] : null;
+  };
+  const refused = (box) => refusal(box.value, box.validity.badInput);
+  const say = (text) => {
+    const slider = document.querySelector('#alpha-slider');
+    let line = document.getElementById('alpha-refusal');
+    if (!line && slider && text) {
+      line = document.createElement('div');
+      line.id = 'alpha-refusal';
+      line.setAttribute('role', 'alert');
+      slider.appendChild(line);
+    }
+    if (line) { line.textContent = text; line.hidden = !text; }
+  };
+  document.addEventListener('focusin', (e) => {
+    if (on(e.target, BOX)) { entered = e.target.value; passed = false; }
+  }, true);
+  // typing: a refused value stops here (gradio's input event would run the next-token pass at it)
+  for (const type of ['input', 'change']) {
+    document.addEventListener(type, (e) => {
+      if (!on(e.target, BOX)) return;
+      if (refused(e.target)) { e.stopImmediatePropagation(); } else if (type === 'input') { passed = true; }
+    }, true);
+  }
+  // a click into the box is not a commit (gradio released the slider on it, regenerating what was shown); leaving is
+  document.addEventListener('pointerup', (e) => { if (on(e.target, BOX)) e.stopImmediatePropagation(); }, true);
+  // leaving the box: gradio releases the slider at the typed value, then clamps the box; refused, nothing of it runs
+  document.addEventListener('blur', (e) => {
+    const box = e.target;
+    if (!on(box, BOX)) return;
+    const why = refused(box);
+    if (!why) { say(''); entered = box.value; return; }
+    e.stopImmediatePropagation();
+    const range = document.querySelector(RANGE);
+    box.value = entered !== null && !refusal(entered, false) ? entered : (range ? range.value : '0');
+    // a value typed on the way ("0" of "0.5") reached the slider: give it back the value the box returns to
+    if (passed) { passed = false; box.dispatchEvent(new Event('input', {bubbles: true})); }
+    const text = (lines[window.__steerLang] || lines.en)[why[0]];
+    say(text.replace('{low}', why[1].low).replace('{high}', why[1].high));
+  }, true);
+  // keys on the slider: released like a drag once they rest
+  document.addEventListener('keydown', (e) => {
+    if (!on(e.target, RANGE) || !KEYS.includes(e.key)) return;
+    clearTimeout(resting);
+    const range = e.target;
+    resting = setTimeout(() => range.dispatchEvent(new PointerEvent('pointerup', {bubbles: true})), %(rest)d);
+  }, true);
+}
+"""
+
+
+def script() -> str:
+    """The page-load script, with the refusal lines in every language (the page picks its own)."""
+    lines = {lang: {"range": i18n.message(lang, "alpha_outside_range", low="{low}", high="{high}"),
+                    "number": i18n.message(lang, "alpha_not_a_number")} for lang in i18n.LANGS}
+    return _JS % {"lines": json.dumps(lines, ensure_ascii=False), "rest": KEY_REST_MS}
