@@ -11,6 +11,7 @@ from .. import plots
 from ..service import RANDOM, Service, UserError
 from . import i18n, panel_keys, relabel
 from .common import T, handler, sid, table
+from .job_line import follow
 
 
 @dataclass
@@ -88,18 +89,25 @@ def build_detect_tab(backend: Service) -> DetectTab:
     tab = DetectTab(vector=vector, answers=answers, file=file, summary=summary, scores=scores, histogram=histogram,
                     details=details, key=detect_key)
 
-    @handler(backend)
-    def detect(vector, answers, file, request: gr.Request):
+    @handler(backend, status=summary)
+    async def detect(vector, answers, file, request: gr.Request):
+        """A long job like training: it waits in the server's line, and its summary line says for what
+        (ui/job_line.py) until the scores arrive."""
         if not vector or vector == RANDOM:
             raise UserError("pick_tsv")
         pairs = None if file else answers_from_table(answers)
-        out = backend.detect(sid(request), vector, pairs, path=file)
-        frame = pd.DataFrame(out.get("scores", []))
-        made_for = panel_keys.key_of("detect", {"vector": vector, "answers": table_rows(answers),
-                                                "file": Path(file).name if file else None})
-        key, text, fig = relabel.keep(backend, sid(request), [detect_key, summary, histogram], detect_panel, made_for,
-                                      len(frame), out.get("auroc"), frame)
-        return key, text, table(frame), fig, out
+
+        def work():
+            out = backend.detect(sid(request), vector, pairs, path=file)
+            frame = pd.DataFrame(out.get("scores", []))
+            made_for = panel_keys.key_of("detect", {"vector": vector, "answers": table_rows(answers),
+                                                    "file": Path(file).name if file else None})
+            key, text, fig = relabel.keep(backend, sid(request), [detect_key, summary, histogram], detect_panel,
+                                          made_for, len(frame), out.get("auroc"), frame)
+            return key, text, table(frame), fig, out
+
+        async for shown in follow(backend, request, summary, work):
+            yield shown
 
     @handler(backend)
     def use_generation(request: gr.Request):
@@ -112,7 +120,7 @@ def build_detect_tab(backend: Service) -> DetectTab:
     # its own slots: scoring typed answers takes seconds and a refusal ("pick a TSV vector") none, so neither
     # waits behind another visitor's training or Concepts job in the "model" slot (issue #36)
     detect_btn.click(detect, [vector, answers, file], [detect_key, summary, scores, histogram, details],
-                     api_name="detect", concurrency_id="detect", concurrency_limit=2)
+                     api_name="detect", concurrency_id="detect", concurrency_limit=2, show_progress="hidden")
     panel_keys.watch("detect", {"vector": vector, "answers": answers, "file": file})
     from_explore.click(use_generation, None, [answers], api_name="answers_from_explore", api_visibility="undocumented")
     return tab

@@ -15,10 +15,14 @@ pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
 
 
 def _app(handle, workdir):
+    from steer_ui.policy import Policy
     from steer_ui.service import Service
+    from steer_ui.store import open_library
     from steer_ui.ui.app import build_demo, launch_kwargs
 
-    demo = build_demo(Service(handle=handle, workdir=workdir))
+    policy = Policy()  # with a library, so Share can put the walk's own vector in a link (walk_kit.open_link)
+    demo = build_demo(Service(handle=handle, workdir=workdir, policy=policy,
+                              library=open_library(str(workdir / "library.db"), policy)))
     demo.queue()
     port = free_port()
     demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
@@ -75,7 +79,7 @@ def _walk(browser, demo, url, tmp_path, steps: int, seed: int, train: bool = Tru
     assert len(vectors) >= 2, vectors
     bad = tmp_path / "notes.txt"
     bad.write_text("this is not a vector\n")
-    walk = Walk(page=page, demo=demo, rng=random.Random(seed), vectors=vectors, bad_file=bad)
+    walk = Walk(page=page, demo=demo, rng=random.Random(seed), vectors=vectors, bad_file=bad, browser=browser)
     walk.run(steps)
     page.close()
 

@@ -118,6 +118,10 @@ def settle(demo, page, fresh=(), quiet: float = 0.05, timeout: float = 120.0) ->
             calm += 1
 
 
+# what a link restores, compared between the owner's page and a stranger's (the vector is named per session)
+LINK_FIELDS = ("prompt", "layer", "alpha", "relative", "vector_seed", "alpha_max")
+
+
 @dataclass
 class Walk:
     page: object
@@ -125,6 +129,7 @@ class Walk:
     rng: random.Random
     vectors: list[str]
     bad_file: Path
+    browser: object = None  # for a stranger's fresh context (open_link)
     log: list[str] = field(default_factory=list)
     timings: list[tuple] = field(default_factory=list)  # (action, acting, settling, checking) seconds
 
@@ -165,6 +170,36 @@ class Walk:
         else:
             self.page.locator("#explore-prompt textarea").click()  # leave the box without Enter
         return {"fresh": PANELS}
+
+    def bad_alpha(self):
+        """Type an α the slider cannot take (past either end, or not a number) and commit it, key by key as a
+        person does: nothing runs, every panel stays as it was, the box shows its value again, one line says why."""
+        box = self.page.locator("#alpha-slider input[type=number]")
+        shown = box.input_value()
+        top = float(box.get_attribute("max") or 1)
+        typed = self.rng.choice([f"{top * self.rng.uniform(1.5, 10):.4g}", f"{-top * 3:.4g}", "abc"])
+        before = panel_states(self.page)
+        box.click()
+        box.press("Control+a")
+        self.page.keyboard.type(typed)
+        box.press(self.rng.choice(["Enter", "Tab"]))
+        self.page.locator("#alpha-refusal").wait_for(timeout=10_000)
+        return {"unchanged": before, "alpha_shown": shown}
+
+    def open_link(self):
+        """Copy link (or Share, for the session's own vector), then open the link in a fresh browser context, as
+        a stranger: it restores this view, and where the owner's bars are fresh, the stranger's readout is the
+        owner's digit for digit."""
+        vector = self.page.locator("#explore-vector input").input_value()
+        button = "#share-btn" if vector.startswith("mean-diff") and self.rng.random() < 0.7 else "#copy-link"
+        self.page.evaluate("() => { const l = document.querySelector('#explore-link textarea, #explore-link input');"
+                           " if (l) l.value = ''; }")
+        self.page.locator(button).click()
+        self.page.wait_for_function("() => { const l = document.querySelector('#explore-link textarea, "
+                                    "#explore-link input'); return l && l.value.startsWith('http'); }",
+                                    timeout=20_000)
+        link = self.page.locator("#explore-link textarea, #explore-link input").first.input_value()
+        return {"link": link}
 
     def drag_alpha(self):
         box = self.page.locator("#alpha-slider input[type=range]").bounding_box()
@@ -227,8 +262,34 @@ class Walk:
         self.page.get_by_role("tab", name="Explore").or_(self.page.get_by_role("tab", name="探索")).first.click()
 
     ACTIONS = ("type_prompt", "pick_vector", "move_layer", "type_alpha", "drag_alpha", "toggle_extend", "generate",
-               "sweep", "change_sampling", "switch_language", "bad_upload", "cancel")
-    WEIGHTS = (3, 2, 2, 3, 2, 1, 3, 2, 1, 1, 1, 1)  # α moves are the dearest steps (~2.6 and ~4.6 s here)
+               "sweep", "change_sampling", "switch_language", "bad_upload", "cancel", "bad_alpha", "open_link")
+    WEIGHTS = (3, 2, 2, 3, 2, 1, 3, 2, 1, 1, 1, 1, 1, 1)  # α moves are the dearest steps (~2.6 and ~4.6 s here)
+
+    def stranger_opens(self, where: str, link: str) -> None:
+        """The link in a fresh context: the owner's view (LINK_FIELDS) and, where the owner's bars follow the
+        controls, the owner's readout."""
+        assert len(link) <= 2000 and link == self.page.url, f"{where}: the link is not the address bar's URL"
+        owner_now, owner_states = controls(self.page), panel_states(self.page)
+        readout = self.page.locator("#explore-readout").inner_text()
+        lang = self.page.evaluate("() => document.querySelector('#lang-switch input:checked')?.value || 'en'")
+        # the stranger reads the page in the owner's language, so the readouts compare word for word
+        context = self.browser.new_context(viewport={"width": 1366, "height": 900},
+                                           locale="zh-CN" if lang == "zh-CN" else "en-US")
+        try:
+            stranger = context.new_page()
+            stranger.goto(link)
+            stranger.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=60_000)
+            settle(self.demo, stranger, fresh=("bars",))
+            theirs = controls(stranger)
+            wrong = [f"{k}: owner {owner_now[k]!r}, stranger {theirs[k]!r}" for k in LINK_FIELDS
+                     if not _same(owner_now[k], theirs[k])]
+            assert not wrong, f"{where}: the link opened another view: {wrong} ({link})"
+            bars_key, bars_stale = owner_states["bars"]
+            if not bars_stale and not mismatches(bars_key, owner_now):
+                assert stranger.locator("#explore-readout").inner_text() == readout, \
+                    f"{where}: the stranger's numbers differ from the owner's ({link})"
+        finally:
+            context.close()
 
     # ------------------------------------------------------------------------------------------ the walk
     def check(self, step: int, action: str, promise: dict) -> None:
@@ -247,6 +308,12 @@ class Walk:
                 assert not wrong, f"{where}: {panel} should have followed the controls: {wrong}"
         pills = error_pills(self.page)
         assert pills == [], f"{where}: components in an Error state: {pills}"
+        if "unchanged" in promise:  # a refused α: nothing ran, nothing was marked
+            assert states == promise["unchanged"], f"{where}: a refused α changed the panels"
+            shown = self.page.locator("#alpha-slider input[type=number]").input_value()
+            assert shown == promise["alpha_shown"], f"{where}: the α box shows {shown!r} after a refusal"
+        if promise.get("link"):
+            self.stranger_opens(where, promise["link"])
         if promise.get("train_final"):  # a cancel's status line ends final, not at "Stopping the running job…"
             status = self.page.locator("#train-status").inner_text()
             assert "Stopping" not in status and "正在停止" not in status, f"{where}: train status stays {status!r}"
