@@ -26,8 +26,8 @@ from typing import Any, Iterator
 
 from fastapi import Request  # at module level: the routes' annotations are read from here (postponed evaluation)
 
-from ..messages import UserError
 from ..policy import ANONYMOUS_PREFIX
+from ..service import Service, UserError  # the door: this front calls nothing behind it
 from . import answers
 from .requests import ApiError, Generation, read
 
@@ -37,12 +37,12 @@ STATUS = {"unknown_vector": 404, "busy": 429, "session_busy": 429, "too_many_ses
           "model_load_failed": 503, "generation_timeout": 503}
 
 
-def install(app, backend, api_keys=(), passwords=()) -> None:
+def install(app, backend: Service, api_keys=(), passwords=()) -> None:
     """Add ``/v1`` to a running server's app (gradio's FastAPI app after ``launch``)."""
     app.include_router(router(backend, api_keys, passwords))
 
 
-def router(backend, api_keys=(), passwords=()):
+def router(backend: Service, api_keys=(), passwords=()):
     from fastapi import APIRouter
     from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -200,7 +200,7 @@ class Job:
                 "usage": answers.usage(self.prompt_tokens, completion)}
 
 
-def _start(backend, gen: Generation, chat: bool, address, owner: str | None) -> Job:
+def _start(backend: Service, gen: Generation, chat: bool, address, owner: str | None) -> Job:
     """Resolve the request at the door (its prompt, steering and sampling) and submit every choice."""
     sessions = []
     for _ in range(gen.n):  # a choice each: a session's places in the batch are few (policy.generations_per_session)
