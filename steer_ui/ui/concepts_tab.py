@@ -284,30 +284,45 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
                                                 labels=i18n.plot_labels(lang, "concepts_norms"))
         return lm_head_markdown(lang, facts, norms.stats), fig
 
-    @handler(backend)
-    def lm_head(bins, request: gr.Request):
-        facts, norms = backend.lessons.lm_head(sid(request), bins)
-        return relabel.keep(backend, sid(request), [lm_facts, lm_hist], lm_head_view, facts, norms) + (
-            table(norms.extremes),)
+    # the quick lessons are jobs too: behind another visitor's long job each says in its first line what it waits
+    # for (ui/job_line.py), and a job that ends within the first poll shows no line at all
+    @handler(backend, status=lm_facts)
+    async def lm_head(bins, request: gr.Request):
+        def work():
+            facts, norms = backend.lessons.lm_head(sid(request), bins)
+            return relabel.keep(backend, sid(request), [lm_facts, lm_hist], lm_head_view, facts, norms) + (
+                table(norms.extremes),)
+
+        async for shown in follow(backend, request, lm_facts, work):
+            yield shown
 
     def sampling_view(lang, view):
         fig = plots_concepts.sampling_bars(view.frame, labels=i18n.plot_labels(lang, "concepts_sampling"))
         return sampling_markdown(lang, view), fig
 
-    @handler(backend)
-    def sampling(prompt, temperature, top_k, top_p, repetition, request: gr.Request):
-        view = backend.lessons.sampling(sid(request), prompt, temperature, top_k, top_p, repetition)
-        return relabel.keep(backend, sid(request), [s_summary, s_chart], sampling_view, view) + (table(view.frame),)
+    @handler(backend, status=s_summary)
+    async def sampling(prompt, temperature, top_k, top_p, repetition, request: gr.Request):
+        def work():
+            view = backend.lessons.sampling(sid(request), prompt, temperature, top_k, top_p, repetition)
+            return relabel.keep(backend, sid(request), [s_summary, s_chart], sampling_view, view) + (
+                table(view.frame),)
+
+        async for shown in follow(backend, request, s_summary, work):
+            yield shown
 
     def sample_view(lang, frame):
         text = i18n.message(lang, "concepts_sampled", n=frame.attrs["n"], seed=frame.attrs["seed"],
                             distinct=frame.attrs["distinct"], tv=_num(frame.attrs["total_variation"], 3))
         return text, plots_concepts.sample_bars(frame, labels=i18n.plot_labels(lang, "concepts_sample"))
 
-    @handler(backend)
-    def sample(prompt, temperature, top_k, top_p, repetition, n, seed, request: gr.Request):
-        frame = backend.lessons.sample(sid(request), prompt, temperature, top_k, top_p, repetition, n, seed)
-        return relabel.keep(backend, sid(request), [s_sample_summary, s_sample_chart], sample_view, frame)
+    @handler(backend, status=s_sample_summary)
+    async def sample(prompt, temperature, top_k, top_p, repetition, n, seed, request: gr.Request):
+        def work():
+            frame = backend.lessons.sample(sid(request), prompt, temperature, top_k, top_p, repetition, n, seed)
+            return relabel.keep(backend, sid(request), [s_sample_summary, s_sample_chart], sample_view, frame)
+
+        async for shown in follow(backend, request, s_sample_summary, work):
+            yield shown
 
     def _explosion_views(lang, demo, max_new_tokens):
         bar_labels = i18n.plot_labels(lang, "bars")
@@ -352,10 +367,14 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
                                             labels=i18n.plot_labels(lang, "concepts_kv"))
         return kv_markdown(lang, out["layout"], out["seq_len"], out["batch"], out["dtype"], out["measured"]), fig
 
-    @handler(backend)
-    def kv(seq_len, batch, dtype, request: gr.Request):
-        out = backend.lessons.kv(sid(request), seq_len, batch, dtype)
-        return relabel.keep(backend, sid(request), [kv_summary, kv_chart], kv_view, out)
+    @handler(backend, status=kv_summary)
+    async def kv(seq_len, batch, dtype, request: gr.Request):
+        def work():
+            out = backend.lessons.kv(sid(request), seq_len, batch, dtype)
+            return relabel.keep(backend, sid(request), [kv_summary, kv_chart], kv_view, out)
+
+        async for shown in follow(backend, request, kv_summary, work):
+            yield shown
 
     def kv_time_view(lang, summary, steps):
         fig = plots_concepts.cache_timing_chart(steps, labels=i18n.plot_labels(lang, "concepts_timing"))
@@ -371,27 +390,27 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
             yield out
 
     # -------------------------------------------------------------- events
-    # one progress indicator per job: a quick lesson's on its first output, a long one's its status line
+    # one progress indicator per job: its line (a quick lesson's first output, a long one's status line)
     lm_run.click(lm_head, [lm_bins], [lm_facts, lm_hist, lm_extremes], api_name="concepts_lm_head",
-                 show_progress_on=[lm_facts], **MODEL)
+                 show_progress="hidden", **MODEL)
     s_inputs = [s_prompt, s_temperature, s_top_k, s_top_p, s_repetition]
     s_outputs = [s_summary, s_chart, s_table]
-    s_run.click(sampling, s_inputs, s_outputs, api_name="concepts_sampling", show_progress_on=[s_summary], **MODEL)
+    s_run.click(sampling, s_inputs, s_outputs, api_name="concepts_sampling", show_progress="hidden", **MODEL)
     s_prompt.submit(sampling, s_inputs, s_outputs, api_name="concepts_sampling_on_submit",
-                    api_visibility="undocumented", show_progress_on=[s_summary], **MODEL)
+                    api_visibility="undocumented", show_progress="hidden", **MODEL)
     for i, control in enumerate((s_temperature, s_top_p, s_repetition)):
         control.release(sampling, s_inputs, s_outputs, api_name=f"concepts_sampling_on_slider_{i}",
                         api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **MODEL)
     s_top_k.submit(sampling, s_inputs, s_outputs, api_name="concepts_sampling_on_top_k",
-                   api_visibility="undocumented", show_progress_on=[s_summary], **MODEL)
+                   api_visibility="undocumented", show_progress="hidden", **MODEL)
     s_sample.click(sample, s_inputs + [s_n, s_seed], [s_sample_summary, s_sample_chart], api_name="concepts_sample",
-                   show_progress_on=[s_sample_summary], **MODEL)
+                   show_progress="hidden", **MODEL)
     e_outputs = e_views + [e_status]
     e_run.click(explode, [e_prompt, e_layer, e_alpha, e_token], e_outputs, api_name="concepts_explode",
                 show_progress="hidden", **MODEL) \
         .success(fix, [e_bound, e_steps], e_outputs, api_name="concepts_fix", show_progress="hidden", **MODEL)
     kv_run.click(kv, [kv_seq, kv_batch, kv_dtype], [kv_summary, kv_chart], api_name="concepts_kv",
-                 show_progress_on=[kv_summary], **MODEL)
+                 show_progress="hidden", **MODEL)
     kv_time.click(kv_time_fn, [kv_tokens], [kv_timing, kv_timing_chart], api_name="concepts_kv_time",
                   show_progress="hidden", **MODEL)
     # Cancel, outside the queue: a session runs one job at a time, so either button stops the lesson under way

@@ -279,6 +279,8 @@ class Walk:
             stranger = context.new_page()
             stranger.goto(link)
             stranger.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=60_000)
+            stranger.locator("#explore-sampling .label-wrap").first.click()  # every control in the page, as the owner's
+            stranger.locator("#explore-max-tokens").wait_for(timeout=10_000)
             settle(self.demo, stranger, fresh=("bars",))
             theirs = controls(stranger)
             wrong = [f"{k}: owner {owner_now[k]!r}, stranger {theirs[k]!r}" for k in LINK_FIELDS
