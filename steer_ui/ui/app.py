@@ -363,15 +363,15 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             picker = gr.update(choices=choices)
             banner_text = relabel.keep(backend, sid(request), [banner], banner_markdown, backend, tuple(state.notices),
                                        tuple(linked["notices"]), state.vector if fell_back else None)
-            box, slider = alpha_controls(state.alpha_max, state.alpha, set_alpha=True)
+            box, slider = alpha_controls(state.alpha_max, state.alpha, state.extend, set_alpha=True)
             return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
                     gr.update(choices=choices, value=state.vector), picker, picker,
                     state.prompt, slider, box, state.relative, state.seed, linked["vector_ref"],
-                    gr.update(visible=linked["run_live"]), linked["prompt_ref"])
+                    gr.update(visible=linked["run_live"]), linked["prompt_ref"], state.extend)
 
         page_outputs = [banner, explore.layer, train.layer] + vector_pickers + [
             explore.prompt, explore.alpha, explore.alpha_max, explore.relative, explore.vector_seed,
-            explore.vector_ref, explore.run_live, explore.prompt_ref]
+            explore.vector_ref, explore.run_live, explore.prompt_ref, explore.extend]
         # A fresh page shows steering at work without a click: the view, then next-token bars, both generations
         # (streamed) and the dose-response chart.
         # A saved result's page (?result=) draws its panels from the saved numbers instead of running the model.

@@ -22,14 +22,13 @@ from . import i18n, panel_keys, relabel
 from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
                      table)
 from .drawn import Drawn
-from .url_state import JS_SYNC_URL
+from .url_state import EXTEND, JS_SYNC_URL  # EXTEND: Extend range's factor
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
 # A generous layer range before the model is known; demo.load narrows it to the loaded model.
 MAX_LAYERS = 128
 # The steered-token colour saturates at this |Δlogit|; a fixed scale keeps runs comparable.
 COLOUR_SCALE = 5.0
-EXTEND = 5.0  # "extend range" shows this many times the calibrated α max: room to see the explosion
 SLIDER_STEPS = 100  # about this many steps on each side of α = 0
 # Each streamed frame is a status message to the page, and gradio 6's page answers every status message by
 # refreshing the loading status of every component an event ever wrote (each a search of the component tree):
@@ -108,6 +107,7 @@ class ExploreTab:
     # the library (ui/library_ui.py wires them): share the vector, save the view, run a saved view live
     vector_ref: gr.Textbox | None = None  # the share id a link carries for the vector, "" for a bundled one
     prompt_ref: gr.Textbox | None = None  # a long prompt's saved copy, for the link (url_state.prompt_ref)
+    extend: gr.Checkbox | None = None  # Extend range: part of the view a link restores
     copy_link: gr.Button | None = None
     share: gr.Button | None = None
     save: gr.Button | None = None
@@ -143,7 +143,7 @@ class ExploreTab:
     @property
     def url_inputs(self) -> list:
         return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed, self.alpha_max,
-                self.vector_ref, self.prompt_ref]
+                self.vector_ref, self.prompt_ref, self.extend]
 
 
 def _plot_labels(lang: str, prefix: str) -> dict:
@@ -295,7 +295,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                      whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, prompt_ref=prompt_ref,
                      copy_link=copy_link, share=share, save=save,
                      run_live=run_live, library_status=library_status, bars_key=bars_key,
-                     generations_key=generations_key, dose_key=dose_key, token_detail=token_detail)
+                     generations_key=generations_key, dose_key=dose_key, token_detail=token_detail,
+                     extend=extend)
 
     # ---------------------------------------------------------------- handlers
     drawn = Drawn()
@@ -484,7 +485,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                              [layer, alpha_max, relative, vector_ref, alpha],
                              api_name="pick_vector", api_visibility="undocumented", **EXPLORE), "vector")
     # the page URL follows the controls (in the browser only), and "Copy link" copies it
-    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref, prompt_ref):
+    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref, prompt_ref, extend):
         control.change(None, tab.url_inputs, None, js=JS_SYNC_URL, queue=False)
     # every panel keeps its word: on any change of a control, the page marks each panel made for other settings
     controls = [prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary] + sampling_inputs + [

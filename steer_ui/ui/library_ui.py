@@ -136,12 +136,14 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
         return url_state.prompt_ref(prompt_id, prompt), gr.skip()
 
     @handler(backend)
-    def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, request: gr.Request):
+    def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, extend=False,
+             request: gr.Request = None):
         # the next-token numbers are measured here for exactly these settings: the page's raw-numbers panel may
         # hold a generation's numbers or an older α's (one slider pass, no generation)
         numbers = backend.next_token(sid(request), prompt, vector, layer, alpha, relative, seed).as_dict()
         view = {"prompt": prompt, "vector": vector, "vector_ref": vector_ref or "", "layer": layer,
-                "alpha": alpha, "relative": relative, "seed": seed, "alpha_max": alpha_max, "next_token": numbers}
+                "alpha": alpha, "relative": relative, "seed": seed, "alpha_max": alpha_max, "extend": bool(extend),
+                "next_token": numbers}
         result_id = backend.save_result(sid(request), view)
         link = f"{page_url(request)}?result={result_id}"
         return (relabel.keep(backend, sid(request), [explore.library_status], *relabel.text("saved_result")),

@@ -17,7 +17,8 @@ from typing import Mapping
 
 from ..messages import english
 
-KEYS = ("prompt", "vector", "layer", "alpha", "alpha_max", "relative", "seed")
+KEYS = ("prompt", "vector", "layer", "alpha", "alpha_max", "relative", "seed", "extend")
+EXTEND = 5.0  # Extend range widens the α slider this many times: room to see the explosion
 ALPHA_MAX_RANGE = (0.001, 1e6)  # what the page's α-max field accepts
 
 
@@ -40,6 +41,7 @@ class ExploreState:
     alpha_max: float
     relative: bool = True
     seed: int = 0
+    extend: bool = False  # Extend range: the slider spans EXTEND × α max
     notices: list[str] = field(default_factory=list)
 
 
@@ -76,13 +78,16 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
     relative = query.get("relative")
     if relative is not None:
         state.relative = relative.strip().lower() not in ("0", "false", "no", "raw")
+    extend = query.get("extend")
+    if extend is not None:  # a link made with Extend range ticked: its α may lie past α max (issue #52's walk)
+        state.extend = extend.strip().lower() not in ("0", "false", "no", "")
     alpha_max = _number(query.get("alpha_max"))
     if alpha_max is not None and alpha_max > 0:
         state.alpha_max = min(max(alpha_max, ALPHA_MAX_RANGE[0]), ALPHA_MAX_RANGE[1])
     alpha = _number(query.get("alpha"))
     if alpha is not None:
         state.alpha = max(-ALPHA_MAX_RANGE[1], min(ALPHA_MAX_RANGE[1], alpha))
-        state.alpha_max = max(state.alpha_max, abs(state.alpha))
+        state.alpha_max = max(state.alpha_max, abs(state.alpha) / (EXTEND if state.extend else 1.0))
     elif "alpha" in query:
         state.notices.append(Notice("link_alpha_not_number"))
     seed = _number(query.get("seed"))
@@ -99,7 +104,7 @@ def fall_back(state: ExploreState, defaults: ExploreState, wanted: str | None, o
         return False
     state.vector = defaults.vector
     state.layer, state.alpha, state.alpha_max = defaults.layer, defaults.alpha, defaults.alpha_max
-    state.relative, state.seed = defaults.relative, defaults.seed
+    state.relative, state.seed, state.extend = defaults.relative, defaults.seed, defaults.extend
     return True
 
 
@@ -147,10 +152,10 @@ _JS_QUERY = """
   const fields = byId ? {prompt_id: byId} : (fits ? {prompt: text} : {});
   const q = new URLSearchParams(Object.assign(fields, {vector: vector_ref || vector || "", layer: String(layer),
     alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
-    alpha_max: String(alpha_max)}));
+    alpha_max: String(alpha_max)}, extend ? {extend: "1"} : {}));
   const whole = Boolean(byId) || fits;
 """ % {"limit": PROMPT_IN_LINK}
-_JS_ARGS = "prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, prompt_ref"
+_JS_ARGS = "prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, prompt_ref, extend"
 
 # Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
 JS_SYNC_URL = f"""

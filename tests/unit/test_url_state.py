@@ -48,3 +48,13 @@ def test_a_missing_vector_falls_back_to_the_default_at_its_own_settings():
     assert not fall_back(opened, defaults, "default") and (opened.layer, opened.alpha) == (3, 0.5)
     shared = ExploreState(prompt="p", vector="v (shared)", layer=3, alpha=0.5, alpha_max=1.0)
     assert not fall_back(shared, defaults, "AbCdEfGhIjKlMnOpQrStUv", opened_ref="AbCdEfGhIjKlMnOpQrStUv")
+
+
+def test_extend_range_travels_in_the_link_and_keeps_alpha_max():
+    """The random walk opened a link made with Extend range ticked (α 19.5 on a ±20 slider over α max 4): without
+    the flag the stranger's α max became 19.6, another view."""
+    extended = from_query({"alpha": "19.5", "alpha_max": "4", "extend": "1"}, DEFAULTS, VECTORS, 18, 4000)
+    assert extended.extend and extended.alpha == 19.5 and extended.alpha_max == 4.0
+    plain = from_query({"alpha": "19.5", "alpha_max": "4"}, DEFAULTS, VECTORS, 18, 4000)
+    assert not plain.extend and plain.alpha_max == 19.5  # an old link without the flag still shows its α
+    assert not from_query({"extend": "0"}, DEFAULTS, VECTORS, 18, 4000).extend
