@@ -52,7 +52,7 @@ from typing import Any, Callable
 import torch
 
 from . import limits
-from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, first_line, parse_json,
+from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, first_line, invalid, parse_json,
                      read_safetensors, refused)
 
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
@@ -135,7 +135,7 @@ def _method_check(vector: SteeringVector, handle, path: Path) -> None:
     try:
         check(handle, vector)
     except ValueError as exc:  # VectorError, SteeringError, …: all one-line messages
-        raise VectorError(f"{path.name}: {first_line(exc)}") from None
+        raise invalid(path.name, f"{first_line(exc)}") from None
 
 
 def safe_name(name: Any, fallback: str = "vector") -> str:
@@ -173,11 +173,11 @@ def detect_format(path: str | Path, max_bytes: int = MAX_VECTOR_FILE_BYTES) -> s
         files = _caa_files(path)
         if not files:
             found = sorted(p.name for p in path.iterdir())[:8]
-            raise VectorError(f"{path}: a vector directory must hold vec_layer_<L>.pt files (CAA); found {found}")
+            raise refused("vector_dir_without_caa", name=str(path), found=found)
         _check_size(path, sum(p.stat().st_size for p in files.values()), max_bytes)
         return "caa"
     if not path.is_file():
-        raise VectorError(f"vector file not found: {path}")
+        raise refused("vector_file_not_found", name=str(path))
     size = path.stat().st_size
     if size == 0:
         raise refused("vector_file_empty", name=path.name)
@@ -206,16 +206,12 @@ def validate_for_model(vector: SteeringVector, handle) -> list[str]:
     arch = handle.arch
     label = vector.name or vector.method
     if vector.hidden_size != arch.hidden_size:
-        raise VectorError(
-            f"vector '{label}' has hidden size {vector.hidden_size} but the loaded model ({handle.model_id}) "
-            f"has hidden size {arch.hidden_size}"
-        )
+        raise refused("vector_hidden_size_mismatch", label=label, size=vector.hidden_size, model=handle.model_id,
+                      model_size=arch.hidden_size)
     missing = [layer for layer in vector.layers if not 0 <= layer < arch.num_layers]
     if missing:
-        raise VectorError(
-            f"vector '{label}' has a direction for layer {missing[0]} but the loaded model ({handle.model_id}) "
-            f"has layers 0..{arch.num_layers - 1}"
-        )
+        raise refused("vector_layer_out_of_range", label=label, layer=missing[0], model=handle.model_id,
+                      last=arch.num_layers - 1)
     warnings = []
     model_type = _model_type(handle)
     if not vector.model_type:
@@ -244,7 +240,7 @@ def _read_native(path: Path) -> tuple[SteeringVector, list[str]]:
         else:
             other.append(key)
     if not directions:
-        raise VectorError(f"{path.name}: no 'direction.<layer>' tensors found (found: {sorted(tensors)[:8]})")
+        raise refused("vector_no_directions", name=path.name, found=sorted(tensors)[:8])
     meta = parse_json(header["steer_ui"], f"{path.name} (steer_ui header)") if "steer_ui" in header else None
     warnings = [f"{path.name}: ignored tensors {other[:8]}"] if other else []
     return _assemble(directions, extras, meta, path, "native", warnings=warnings)
@@ -295,8 +291,7 @@ def _read_gguf(path: Path) -> tuple[SteeringVector, list[str]]:
         raise refused("vector_unreadable_gguf", name=path.name) from None
     arch = _gguf_value(reader, "general.architecture")
     if arch != GGUF_ARCH:
-        raise VectorError(f"{path.name}: GGUF architecture is '{arch}', not '{GGUF_ARCH}': this is a model file, "
-                          "not a control vector")
+        raise refused("vector_gguf_model_file", name=path.name, arch=arch, expected=GGUF_ARCH)
     warnings = []
     directions = {}
     for tensor in reader.tensors:
@@ -305,15 +300,14 @@ def _read_gguf(path: Path) -> tuple[SteeringVector, list[str]]:
             continue
         layer = _layer_from(tensor.name.split(".", 1)[1], path.name, tensor.name)
         if tensor.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            raise VectorError(f"{path.name}: tensor {tensor.name} has type {tensor.tensor_type.name}; "
-                              "control vectors are F32 (F16 also read)")
+            raise refused("vector_gguf_tensor_type", name=path.name, tensor=tensor.name, type=tensor.tensor_type.name)
         shape = tuple(int(d) for d in tensor.data.shape)
         if sum(1 for d in shape if d != 1) > 1:
-            raise VectorError(f"{path.name}: tensor {tensor.name} has shape {shape}; expected 1-D")
+            raise refused("vector_gguf_tensor_shape", name=path.name, tensor=tensor.name, shape=shape)
         # One copy out of the memory map (sizes and overlaps were checked by _check_gguf_header).
         directions[layer] = torch.from_numpy(np.asarray(tensor.data, dtype=np.float32).reshape(-1).copy())
     if not directions:
-        raise VectorError(f"{path.name}: the GGUF control vector has no 'direction.<layer>' tensors")
+        raise refused("vector_gguf_no_directions", name=path.name)
     layer_count = _gguf_value(reader, f"{GGUF_ARCH}.layer_count")
     if layer_count is not None and int(layer_count) != len(directions):
         warnings.append(f"{path.name}: {GGUF_ARCH}.layer_count says {layer_count} but the file has "
@@ -353,7 +347,7 @@ def _check_gguf_header(path: Path) -> None:
             try:
                 values = struct.unpack_from("<" + fmt, buf, pos)
             except struct.error:
-                raise VectorError(f"{name}: not a readable GGUF file (the header ends early at byte {pos})") from None
+                raise invalid(name, f"not a readable GGUF file (the header ends early at byte {pos})") from None
             pos += struct.calcsize("<" + fmt)
             return values[0] if len(values) == 1 else values
 
@@ -361,7 +355,7 @@ def _check_gguf_header(path: Path) -> None:
             nonlocal pos
             length = take("Q")
             if length > len(buf) - pos:
-                raise VectorError(f"{name}: not a readable GGUF file (a string of {length} bytes past the end)")
+                raise invalid(name, f"not a readable GGUF file (a string of {length} bytes past the end)")
             text = bytes(buf[pos:pos + min(length, 200)]).decode("utf-8", errors="replace")
             pos += length
             return text
@@ -378,18 +372,18 @@ def _check_gguf_header(path: Path) -> None:
             if vtype == _GGUF_ARRAY:
                 itype, count = take("IQ")
                 if count > limits.MAX_GGUF_ARRAY:
-                    raise VectorError(f"{name}: GGUF key '{key}' is an array of {count} values; the limit is "
+                    raise invalid(name, f"GGUF key '{key}' is an array of {count} values; the limit is "
                                       f"{limits.MAX_GGUF_ARRAY}")
                 for _ in range(count):
                     skip_value(itype, key)
                 return None
-            raise VectorError(f"{name}: not a readable GGUF file (key '{key}' has unknown value type {vtype})")
+            raise invalid(name, f"not a readable GGUF file (key '{key}' has unknown value type {vtype})")
 
         magic, version, n_tensors, n_kv = take("4sIQQ")
         if magic != b"GGUF" or version not in (2, 3):
-            raise VectorError(f"{name}: not a readable GGUF file (version {version}; versions 2 and 3 are read)")
+            raise invalid(name, f"not a readable GGUF file (version {version}; versions 2 and 3 are read)")
         if n_kv > limits.MAX_GGUF_KV or n_tensors > limits.MAX_LAYERS + limits.MAX_EXTRAS:
-            raise VectorError(f"{name}: GGUF declares {n_tensors} tensors and {n_kv} keys; the limits are "
+            raise invalid(name, f"GGUF declares {n_tensors} tensors and {n_kv} keys; the limits are "
                               f"{limits.MAX_LAYERS + limits.MAX_EXTRAS} and {limits.MAX_GGUF_KV}")
         alignment = 32
         for _ in range(n_kv):
@@ -402,30 +396,30 @@ def _check_gguf_header(path: Path) -> None:
             tname = skip_string()
             n_dims = take("I")
             if n_dims > limits.MAX_DIMS:
-                raise VectorError(f"{name}: GGUF tensor '{tname}' has {n_dims} dimensions; the limit is "
+                raise invalid(name, f"GGUF tensor '{tname}' has {n_dims} dimensions; the limit is "
                                   f"{limits.MAX_DIMS}")
             dims = [take("Q") for _ in range(n_dims)]
             ttype, offset = take("IQ")
             numel = math.prod(dims)
             if numel > limits.MAX_ELEMENTS:
-                raise VectorError(f"{name}: GGUF tensor '{tname}' declares {numel} elements; the limit is "
+                raise invalid(name, f"GGUF tensor '{tname}' declares {numel} elements; the limit is "
                                   f"{limits.MAX_ELEMENTS}")
             try:
                 block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
             except (ValueError, KeyError):
-                raise VectorError(f"{name}: GGUF tensor '{tname}' has unknown type {ttype}") from None
+                raise invalid(name, f"GGUF tensor '{tname}' has unknown type {ttype}") from None
             spans.append((offset, offset + -(-numel // block) * block_bytes, tname))
         data_start = -(-pos // alignment) * alignment
     total = sum(end - begin for begin, end, _ in spans)
     if total > limits.MAX_VECTOR_BYTES:
-        raise VectorError(f"{name}: the GGUF tensors declare {total / 2**20:.1f} MB; the limit is "
+        raise invalid(name, f"the GGUF tensors declare {total / 2**20:.1f} MB; the limit is "
                           f"{limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
     reach, owner = 0, ""
     for begin, end, tname in sorted(spans):
         if data_start + end > path.stat().st_size:
-            raise VectorError(f"{name}: GGUF tensor '{tname}' reaches past the end of the file")
+            raise invalid(name, f"GGUF tensor '{tname}' reaches past the end of the file")
         if begin < reach:
-            raise VectorError(f"{name}: GGUF tensors '{owner}' and '{tname}' overlap in the file (aliased data); "
+            raise invalid(name, f"GGUF tensors '{owner}' and '{tname}' overlap in the file (aliased data); "
                               "refused")
         if end > reach:
             reach, owner = end, tname
@@ -468,25 +462,22 @@ def _read_torch(path: Path) -> tuple[SteeringVector, list[str]]:
                                       warnings=[f"{path.name}: a bare {{layer: tensor}} dict; read as "
                                                 "steering-vectors layer_activations (decoder block outputs)"])
     keys = sorted(map(str, obj))[:8] if isinstance(obj, dict) else None
-    raise VectorError(
-        f"{path.name}: a torch file holding {type(obj).__name__}" + (f" with keys {keys}" if keys is not None else "")
-        + "; expected a steering-vectors dict {'layer_activations': {layer: tensor}, 'layer_type': ...} "
-        "or a single 1-D tensor named vec_layer_<L>.pt"
-    )
+    if keys is not None:
+        raise refused("vector_torch_unexpected_dict", name=path.name, held=type(obj).__name__, keys=keys)
+    raise refused("vector_torch_unexpected", name=path.name, held=type(obj).__name__)
 
 
 def _from_steering_vectors(obj: dict, path: Path, warnings: list[str] | None = None):
     layer_type = obj.get("layer_type", "decoder_block")
     if layer_type != "decoder_block":
-        raise VectorError(f"{path.name}: steering-vectors layer_type is '{layer_type}'; only 'decoder_block' "
-                          "(the output of block L, where this app steers) can be imported")
+        raise refused("vector_sv_layer_type", name=path.name, layer_type=str(layer_type)[:60])
     acts = obj["layer_activations"]
     if not isinstance(acts, dict) or not acts:
-        raise VectorError(f"{path.name}: 'layer_activations' must be a non-empty {{layer: tensor}} dict")
+        raise refused("vector_sv_activations", name=path.name)
     directions = {}
     for key, tensor in acts.items():
         if not isinstance(tensor, torch.Tensor):
-            raise VectorError(f"{path.name}: layer_activations[{key!r}] is {type(tensor).__name__}, not a tensor")
+            raise invalid(path.name, f"layer_activations[{key!r}] is {type(tensor).__name__}, not a tensor")
         directions[_layer_from(key, path.name, f"layer_activations[{key!r}]")] = _one_d(tensor, path.name, key)
     sidecar_path = _sidecar_for(path)
     meta, extras = _read_sidecar(sidecar_path)
@@ -525,21 +516,20 @@ def _read_neuronpedia(path: Path) -> tuple[SteeringVector, list[str]]:
     if isinstance(doc, list) and len(doc) == 1:
         doc = doc[0]
     if not isinstance(doc, dict):
-        raise VectorError(f"{path.name}: expected a JSON object with 'vector', 'layer' and 'hookType'")
+        raise refused("vector_json_not_object", name=path.name)
     vec_key = next((k for k in ("vector", "steeringVector", "values") if k in doc), None)
     if vec_key is None:
         if "steer_ui" in doc:
-            raise VectorError(f"{path.name}: this is a metadata sidecar, not a vector; import the .pt file "
-                              "(or vec_layer_<L>.pt directory) beside it")
-        raise VectorError(f"{path.name}: no 'vector' array found (keys: {sorted(doc)[:10]})")
+            raise refused("vector_json_sidecar", name=path.name)
+        raise refused("vector_json_no_vector", name=path.name, keys=sorted(doc)[:10])
     values = doc[vec_key]
     if not isinstance(values, list) or not values:
-        raise VectorError(f"{path.name}: '{vec_key}' must be a non-empty array of numbers")
+        raise refused("vector_json_empty", name=path.name, field=vec_key)
     for i, x in enumerate(values):
         if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise VectorError(f"{path.name}: '{vec_key}'[{i}] is {x!r}, not a number")
+            raise refused("vector_json_not_number", name=path.name, field=vec_key, index=i, value=repr(x)[:60])
         if not math.isfinite(x):
-            raise VectorError(f"{path.name}: '{vec_key}'[{i}] is {x}; NaN and inf are not allowed")
+            raise refused("vector_json_not_finite", name=path.name, field=vec_key, index=i, value=x)
     warnings: list[str] = []
     layer = _neuronpedia_layer(doc, path.name, warnings)
     directions = {layer: torch.tensor(values, dtype=torch.float64).to(torch.float32)}
@@ -558,15 +548,15 @@ def _neuronpedia_layer(doc: dict, name: str, warnings: list[str]) -> int:
     if isinstance(hook_name, str):
         m = re.fullmatch(r"blocks\.(\d+)\.(hook_resid_(?:pre|post))", hook_name)
         if not m:
-            raise VectorError(f"{name}: hook '{hook_name}' is not a residual-stream hook (blocks.<L>.hook_resid_post)")
+            raise refused("vector_json_hook", name=name, hook=hook_name[:80])
         layer, hook = layer if layer is not None else int(m.group(1)), hook or m.group(2)
     if isinstance(layer, str):  # Neuronpedia source ids look like "6-res-jb"
         m = re.match(r"^(\d+)", layer)
         if not m:
-            raise VectorError(f"{name}: layer '{layer}' is not a layer number")
+            raise refused("vector_json_layer_text", name=name, layer=layer[:60])
         layer = int(m.group(1))
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-        raise VectorError(f"{name}: 'layer' must be a non-negative integer, got {layer!r}")
+        raise refused("vector_json_layer", name=name, layer=repr(layer)[:60])
     if hook is None:
         warnings.append(f"{name}: no hookType; assuming {NEURONPEDIA_HOOK} (the output of block {layer})")
         return layer
@@ -574,13 +564,11 @@ def _neuronpedia_layer(doc: dict, name: str, warnings: list[str]) -> int:
         return layer
     if hook == "hook_resid_pre":
         if layer == 0:
-            raise VectorError(f"{name}: hook_resid_pre of layer 0 is the embedding output, which is not the "
-                              "output of any decoder block; it cannot be steered here")
+            raise refused("vector_json_resid_pre_0", name=name)
         warnings.append(f"{name}: hook_resid_pre of layer {layer} is the output of block {layer - 1}; "
                         f"imported at layer {layer - 1}")
         return layer - 1
-    raise VectorError(f"{name}: hookType '{hook}' is not supported; only residual-stream vectors "
-                      f"({NEURONPEDIA_HOOK}, hook_resid_pre) can be imported")
+    raise refused("vector_json_hook_type", name=name, hook=str(hook)[:80], expected=NEURONPEDIA_HOOK)
 
 
 # ======================================================================== CAA-style directory
@@ -604,9 +592,9 @@ def _caa_files(directory: Path) -> dict[int, Path]:
         if m and p.is_file():
             layer = int(m.group(1))
             if layer in files:
-                raise VectorError(f"{directory}: two files for layer {layer}: {files[layer].name} and {p.name}")
+                raise invalid(str(directory), f"two files for layer {layer}: {files[layer].name} and {p.name}")
             if len(files) >= limits.MAX_LAYERS:
-                raise VectorError(f"{directory}: more than {limits.MAX_LAYERS} vec_layer_<L>.pt files")
+                raise invalid(str(directory), f"more than {limits.MAX_LAYERS} vec_layer_<L>.pt files")
             files[layer] = p
     return files
 
@@ -614,8 +602,7 @@ def _caa_files(directory: Path) -> dict[int, Path]:
 def _caa_layer(path: Path) -> int:
     m = CAA_NAME.match(path.name)
     if not m:
-        raise VectorError(f"{path.name}: a single-tensor .pt file needs its layer in the name "
-                          "(vec_layer_<L>.pt, CAA style)")
+        raise refused("vector_caa_name", name=path.name)
     return int(m.group(1))
 
 
@@ -629,7 +616,7 @@ def _read_caa_files(files: dict[int, Path], directory: Path, source: Path):
     for layer, p in files.items():
         obj = _torch_load(p)
         if not isinstance(obj, torch.Tensor):
-            raise VectorError(f"{p.name}: expected a single tensor (CAA vec_layer_<L>.pt), found {type(obj).__name__}")
+            raise refused("vector_caa_not_tensor", name=p.name, found=type(obj).__name__)
         directions[layer] = _one_d(obj, p.name, layer)
         m = CAA_NAME.match(p.name)
         if m and m.group(2):
@@ -648,21 +635,20 @@ def _assemble(directions: dict[int, torch.Tensor], extras: dict[str, torch.Tenso
     name = path.name
     sizes = {layer: int(v.shape[0]) for layer, v in directions.items()}
     if len(set(sizes.values())) > 1:
-        raise VectorError(f"{name}: layers have different sizes {sizes}; one vector must have one hidden size")
+        raise refused("vector_layer_sizes_differ", name=name, sizes=sizes)
     for layer, vec in directions.items():
         bad = ~torch.isfinite(vec)
         if bad.any():
-            raise VectorError(f"{name}: layer {layer} has NaN or inf at index {int(bad.nonzero()[0])}; "
-                              "the vector cannot be used")
+            raise refused("vector_layer_not_finite", name=name, layer=layer, index=int(bad.nonzero()[0]))
     for key, tensor in extras.items():
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise VectorError(f"{name}: extra tensor '{key}' contains NaN or inf values")
+            raise refused("vector_extra_not_finite", name=name, tensor=key)
     hidden = next(iter(sizes.values()))
     if meta is not None and not isinstance(meta, dict):
-        raise VectorError(f"{name}: the steer_ui metadata must be a JSON object, got {type(meta).__name__}")
+        raise invalid(name, f"the steer_ui metadata must be a JSON object, got {type(meta).__name__}")
     described = meta.get("layers", sorted(directions)) if meta is not None else None
     if meta is not None and (not isinstance(described, list) or not all(_is_int_like(x) for x in described)):
-        raise VectorError(f"{name}: the steer_ui metadata's 'layers' must be a list of layer numbers")
+        raise invalid(name, "the steer_ui metadata's 'layers' must be a list of layer numbers")
     if meta is not None and sorted(map(int, described)) != sorted(directions):
         warnings.append(f"{name}: its steer_ui metadata describes layers {described[:16]} but the file has "
                         f"layers {sorted(directions)}; metadata ignored")
@@ -672,8 +658,7 @@ def _assemble(directions: dict[int, torch.Tensor], extras: dict[str, torch.Tenso
         fields = set(SteeringVector.__dataclass_fields__) - {"directions", "extras", "hidden_size"}
         kwargs = {k: meta[k] for k in fields if k in meta}
         if meta.get("hidden_size") not in (None, hidden):
-            raise VectorError(f"{name}: metadata says hidden size {str(meta['hidden_size'])[:20]} but the tensors "
-                              f"have {hidden}")
+            raise refused("vector_meta_hidden_size", name=name, declared=str(meta['hidden_size'])[:20], size=hidden)
     else:
         kwargs = {"method": "imported", "name": path.stem,
                   "hyperparameters": {"imported_from": fmt, "source_file": name, "source_sha256": _digest(path)}}
@@ -681,7 +666,7 @@ def _assemble(directions: dict[int, torch.Tensor], extras: dict[str, torch.Tenso
     try:
         vector = SteeringVector(directions=directions, extras=extras, hidden_size=hidden, **kwargs)
     except (TypeError, ValueError) as exc:
-        raise VectorError(f"{name}: {first_line(exc)}") from None
+        raise invalid(name, f"{first_line(exc)}") from None
     return vector, warnings
 
 
@@ -696,12 +681,10 @@ def _check_declared_extras(meta: dict, extras: dict[str, torch.Tensor], name: st
     """
     declared = meta.get("extra_tensors", {})
     if not isinstance(declared, dict):
-        raise VectorError(f"{name}: the steer_ui metadata's 'extra_tensors' must be an object of {{name: shape}}")
+        raise invalid(name, "the steer_ui metadata's 'extra_tensors' must be an object of {name: shape}")
     missing = sorted(str(k) for k in declared if k not in extras)
     if missing:
-        raise VectorError(f"{name}: its metadata says this {str(meta.get('method'))[:40]} vector has extra tensors "
-                          f"{missing[:8]} but the file does not carry them; importing would lose them (re-export "
-                          "it with its metadata, e.g. the sidecar beside a .pt file, or as native safetensors)")
+        raise refused("vector_extras_missing", name=name, method=str(meta.get('method'))[:40], missing=missing[:8])
 
 
 def _no_sidecar_warning(path: Path, sidecar: Path) -> str:
@@ -728,11 +711,11 @@ def _check_torch_file(path: Path) -> None:
         except (zipfile.BadZipFile, OSError, ValueError):
             raise refused("vector_unreadable_torch", name=name) from None
         if len(entries) > limits.MAX_LAYERS + limits.MAX_EXTRAS + 16:
-            raise VectorError(f"{name}: a torch.save file with {len(entries)} entries; refused")
+            raise invalid(name, f"a torch.save file with {len(entries)} entries; refused")
         pickles = sum(e.file_size for e in entries if e.filename.endswith(".pkl"))
         stored = sum(e.file_size for e in entries if "/data/" in e.filename)
         if pickles > MAX_PICKLE_BYTES or stored > limits.MAX_VECTOR_BYTES:
-            raise VectorError(f"{name}: declares {pickles} bytes of pickle and {stored / 2**20:.1f} MB of tensor "
+            raise invalid(name, f"declares {pickles} bytes of pickle and {stored / 2**20:.1f} MB of tensor "
                               f"data; the limits are {MAX_PICKLE_BYTES} bytes and "
                               f"{limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
         return
@@ -743,7 +726,7 @@ def _check_torch_file(path: Path) -> None:
             for _op in pickletools.genops(stream):
                 pass
     except Exception:  # genops raises ValueError for junk and for a pickle cut at the limit
-        raise VectorError(f"{name}: not a readable torch.save file (its pickle part is malformed or over "
+        raise invalid(name, f"not a readable torch.save file (its pickle part is malformed or over "
                           f"{MAX_PICKLE_BYTES} bytes)") from None
 
 
@@ -754,14 +737,11 @@ def _torch_load(path: Path) -> Any:
     except Exception as exc:
         text = first_line(exc)
         if "weights_only" in str(exc) or "Unsupported global" in str(exc) or "Unpickler" in str(exc):
-            raise VectorError(
-                f"{path.name}: refused: the file holds Python objects other than tensors and dicts "
-                f"({_unsupported_global(exc) or text}); vector files are never unpickled"
-            ) from None
+            raise refused("vector_torch_objects", name=path.name, why=_unsupported_global(exc) or text) from None
         raise refused("vector_unreadable_torch", name=path.name) from None
     total = _check_plain(obj, path.name)
     if total > limits.MAX_VECTOR_BYTES:
-        raise VectorError(f"{path.name}: its tensors take {total / 2**20:.1f} MB (aliased views count each time); "
+        raise invalid(path.name, f"its tensors take {total / 2**20:.1f} MB (aliased views count each time); "
                           f"the limit is {limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
     return obj
 
@@ -772,7 +752,7 @@ def _check_plain(obj: Any, name: str, depth: int = 0) -> int:
     Every tensor is checked (:func:`check_tensor`) before anything reshapes or copies it.
     """
     if depth > 6:
-        raise VectorError(f"{name}: nested too deeply to be a steering vector")
+        raise invalid(name, "nested too deeply to be a steering vector")
     if isinstance(obj, torch.Tensor):
         return check_tensor(obj, f"{name}: a tensor")
     if obj is None or isinstance(obj, (str, int, float, bool)):
@@ -781,12 +761,12 @@ def _check_plain(obj: Any, name: str, depth: int = 0) -> int:
         total = 0
         for k, v in obj.items():
             if not isinstance(k, (str, int)):
-                raise VectorError(f"{name}: dict key of type {type(k).__name__} refused (only str and int keys)")
+                raise invalid(name, f"dict key of type {type(k).__name__} refused (only str and int keys)")
             total += _check_plain(v, name, depth + 1)
         return total
     if isinstance(obj, (list, tuple)):
         return sum(_check_plain(v, name, depth + 1) for v in obj)
-    raise VectorError(f"{name}: refused: holds a {type(obj).__name__} object; only tensors and dicts are accepted")
+    raise invalid(name, f"refused: holds a {type(obj).__name__} object; only tensors and dicts are accepted")
 
 
 def _unsupported_global(exc: Exception) -> str | None:
@@ -796,16 +776,16 @@ def _unsupported_global(exc: Exception) -> str | None:
 
 def _one_d(tensor: torch.Tensor, name: str, layer) -> torch.Tensor:
     if not tensor.is_floating_point():
-        raise VectorError(f"{name}: layer {layer} tensor has dtype {tensor.dtype}; expected floating point")
+        raise refused("vector_layer_dtype", name=name, layer=layer, dtype=tensor.dtype)
     if tensor.numel() == 0 or sum(1 for d in tensor.shape if d != 1) > 1:
-        raise VectorError(f"{name}: layer {layer} tensor has shape {tuple(tensor.shape)}; expected a 1-D vector")
+        raise refused("vector_layer_shape", name=name, layer=layer, shape=tuple(tensor.shape))
     return tensor.reshape(-1)
 
 
 def _layer_from(key: Any, name: str, where: str) -> int:
     if _is_int_like(key) and int(key) >= 0:
         return int(key)
-    raise VectorError(f"{name}: '{where}' does not name a layer number")
+    raise refused("vector_layer_name", name=name, where=where)
 
 
 def _is_int_like(key: Any) -> bool:
@@ -815,13 +795,12 @@ def _is_int_like(key: Any) -> bool:
 def _check_finite(vector: SteeringVector, name: str) -> None:
     for layer, vec in vector.directions.items():
         if not torch.isfinite(vec).all():
-            raise VectorError(f"{name}: layer {layer} has NaN or inf values")
+            raise refused("vector_layer_nan", name=name, layer=layer)
 
 
 def _check_size(path: Path, size: int, max_bytes: int) -> None:
     if size > max_bytes:
-        raise VectorError(f"{path.name}: {size / 2**20:.1f} MB is over the {max_bytes / 2**20:.0f} MB limit "
-                          "for vector files")
+        raise refused("vector_file_over_limit", name=path.name, size=f"{size / 2**20:.1f}", limit=f"{max_bytes / 2**20:.0f}")
 
 
 def _sidecar_for(path: Path) -> Path:
@@ -838,10 +817,10 @@ def _read_sidecar(path: Path) -> tuple[dict | None, dict[str, torch.Tensor]]:
     if not path.is_file():
         return None, {}
     if path.stat().st_size > limits.MAX_FILE_BYTES:
-        raise VectorError(f"{path.name}: the metadata sidecar is over {limits.MAX_FILE_BYTES >> 20} MB")
+        raise invalid(path.name, f"the metadata sidecar is over {limits.MAX_FILE_BYTES >> 20} MB")
     doc = parse_json(path.read_bytes(), path.name)
     if not isinstance(doc, dict) or not isinstance(doc.get("steer_ui"), dict):
-        raise VectorError(f"{path.name}: metadata sidecar without a 'steer_ui' object")
+        raise invalid(path.name, "metadata sidecar without a 'steer_ui' object")
     return doc["steer_ui"], _decode_extras(doc.get("extras") or {}, path.name)
 
 
@@ -859,9 +838,9 @@ def _encode_extras(extras: dict[str, torch.Tensor]) -> dict[str, dict]:
 
 def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
     if not isinstance(doc, dict):
-        raise VectorError(f"{name}: extras must be an object of {{name: {{dtype, shape, base64}}}}")
+        raise invalid(name, "extras must be an object of {name: {dtype, shape, base64}}")
     if len(doc) > limits.MAX_EXTRAS:
-        raise VectorError(f"{name}: {len(doc)} extra tensors; the limit is {limits.MAX_EXTRAS}")
+        raise invalid(name, f"{len(doc)} extra tensors; the limit is {limits.MAX_EXTRAS}")
     # Every declared shape and length is checked, for all of them, before any base64 is decoded.
     plan, total = [], 0
     for key, item in doc.items():
@@ -872,28 +851,28 @@ def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
             if not isinstance(text, str):
                 raise TypeError("base64 must be a string")
         except (KeyError, TypeError, ValueError) as exc:
-            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' is malformed ({first_line(exc)})") from None
+            raise invalid(name, f"extra tensor '{str(key)[:60]}' is malformed ({first_line(exc)})") from None
         itemsize = torch.empty(0, dtype=dtype).element_size()
         numel = math.prod(shape)
         if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
-            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' declares shape {tuple(shape)[:8]}; the limits "
+            raise invalid(name, f"extra tensor '{str(key)[:60]}' declares shape {tuple(shape)[:8]}; the limits "
                               f"are {limits.MAX_DIMS} dimensions and {limits.MAX_ELEMENTS} elements")
         need = numel * itemsize
         if len(text) != 4 * (-(-need // 3)):
-            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' has {len(text)} base64 characters but shape "
+            raise invalid(name, f"extra tensor '{str(key)[:60]}' has {len(text)} base64 characters but shape "
                               f"{shape} of {item['dtype']} needs {need} bytes")
         total += need
         if total > limits.MAX_VECTOR_BYTES:
-            raise VectorError(f"{name}: the extra tensors declare over {limits.MAX_VECTOR_BYTES >> 20} MB; refused")
+            raise invalid(name, f"the extra tensors declare over {limits.MAX_VECTOR_BYTES >> 20} MB; refused")
         plan.append((key, dtype, shape, text, need))
     out = {}
     for key, dtype, shape, text, need in plan:
         try:
             raw = bytearray(base64.b64decode(text, validate=True))
         except ValueError as exc:
-            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' is malformed ({first_line(exc)})") from None
+            raise invalid(name, f"extra tensor '{str(key)[:60]}' is malformed ({first_line(exc)})") from None
         if len(raw) != need:
-            raise VectorError(f"{name}: extra tensor '{str(key)[:60]}' has {len(raw)} bytes but shape {shape} "
+            raise invalid(name, f"extra tensor '{str(key)[:60]}' has {len(raw)} bytes but shape {shape} "
                               f"needs {need}")
         flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
         out[key] = flat.view(dtype).reshape(shape)  # owns the bytearray: no further copy

@@ -7,21 +7,24 @@ per head) is its method's ``steers`` (:mod:`steer_ui.methods.base`).
 """
 from __future__ import annotations
 
+from .messages import english
 from .methods.base import build_steers as _method_steers, method_of
 from .model.hooks import Steer, SteeringError
 from .model.units import check_alpha
 from .vector import SteeringVector
 
 
+def _refused(key: str, **params) -> SteeringError:
+    return SteeringError(english(key, **params), key, **params)
+
+
 def check_compatible(handle, vector: SteeringVector) -> None:
     if vector.hidden_size != handle.arch.hidden_size:
-        raise SteeringError(
-            f"vector '{vector.name or vector.method}' is for hidden size {vector.hidden_size} but the loaded model "
-            f"({handle.model_id}) has hidden size {handle.arch.hidden_size}"
-        )
+        raise _refused("steering_hidden_size", label=vector.name or vector.method, size=vector.hidden_size,
+                       model=handle.model_id, model_size=handle.arch.hidden_size)
     for layer in vector.layers:
         if not 0 <= layer < handle.arch.num_layers:
-            raise SteeringError(f"vector targets layer {layer} but the model has layers 0..{handle.arch.num_layers - 1}")
+            raise _refused("steering_layer_out_of_range", layer=layer, last=handle.arch.num_layers - 1)
 
 
 def steering_kind(vector: SteeringVector) -> str:

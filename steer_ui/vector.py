@@ -60,6 +60,12 @@ def refused(key: str, **params: Any) -> VectorError:
     return VectorError(english(key, **params), key, **params)
 
 
+def invalid(name: Any, detail: str) -> VectorError:
+    """A file (``name``) refused for ``detail``, in English: "<name>: <detail>" (the key ``vector_file_invalid``
+    says the file was refused in the visitor's language; the detail, a file's structure, stays as written)."""
+    return refused("vector_file_invalid", name=str(name), detail=detail)
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
@@ -209,18 +215,18 @@ class SteeringVector:
     def from_tensors(cls, tensors: dict[str, torch.Tensor], meta_json: str | None, source: str = "") -> "SteeringVector":
         meta = parse_json(meta_json, f"{source} (steer_ui header)") if meta_json else {}
         if not isinstance(meta, dict):
-            raise VectorError(f"{source}: the steer_ui header must be a JSON object")
+            raise invalid(str(source), "the steer_ui header must be a JSON object")
         directions = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("direction.")}
         extras = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("extra.")}
         if not directions:
-            raise VectorError(f"{source}: no 'direction.<layer>' tensors found (found: {sorted(tensors)[:8]})")
+            raise refused("vector_no_directions", name=source, found=sorted(tensors)[:8])
         hidden = meta.get("hidden_size") or next(iter(directions.values())).shape[0]
         known = {f for f in cls.__dataclass_fields__} - {"directions", "extras", "hidden_size"}
         kwargs = {k: meta[k] for k in known if k in meta}
         try:
             return cls(directions=directions, extras=extras, hidden_size=hidden, **kwargs)
         except (TypeError, ValueError) as exc:
-            raise VectorError(f"{source}: {first_line(exc)}") from None
+            raise invalid(str(source), f"{first_line(exc)}") from None
 
 
 # ====================================================================== checks before use
@@ -275,13 +281,13 @@ def parse_json(text: str | bytes, where: str) -> Any:
             raise refused("vector_not_utf8", name=where, line=line) from None
     tokens = sum(text.count(c) for c in ",:[{")
     if tokens > limits.MAX_JSON_TOKENS:
-        raise VectorError(f"{where}: the JSON has {tokens} values and keys; the limit is {limits.MAX_JSON_TOKENS}")
+        raise invalid(where, f"the JSON has {tokens} values and keys; the limit is {limits.MAX_JSON_TOKENS}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:  # its own words ("Expecting value: line 1 column 1 (char 0)") say less
         raise refused("vector_invalid_json", name=where, line=exc.lineno, column=exc.colno) from None
     except RecursionError:
-        raise VectorError(f"{where}: the JSON is nested too deeply") from None
+        raise invalid(where, "the JSON is nested too deeply") from None
 
 
 def first_line(exc: BaseException) -> str:
@@ -377,41 +383,41 @@ def check_safetensors_header(path: Path) -> None:
         prefix = f.read(8)
         length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
         if not 0 < length <= min(size - 8, limits.MAX_HEADER_BYTES):
-            raise VectorError(f"{name}: not a valid safetensors file (header length {length} for a file of "
+            raise invalid(name, f"not a valid safetensors file (header length {length} for a file of "
                               f"{size} bytes; the header limit is {limits.MAX_HEADER_BYTES})")
         header = parse_json(f.read(length), f"{name} (safetensors header)")
     if not isinstance(header, dict):
-        raise VectorError(f"{name}: not a valid safetensors file (the header is not a JSON object)")
+        raise invalid(name, "not a valid safetensors file (the header is not a JSON object)")
     data_size = size - 8 - length
     spans, total = [], 0
     for key, info in header.items():
         if key == "__metadata__":
             continue
         if len(spans) >= limits.MAX_LAYERS + limits.MAX_EXTRAS:
-            raise VectorError(f"{name}: more than {limits.MAX_LAYERS + limits.MAX_EXTRAS} tensors; refused")
+            raise invalid(name, f"more than {limits.MAX_LAYERS + limits.MAX_EXTRAS} tensors; refused")
         try:
             itemsize = _SAFETENSORS_ITEMSIZE[info["dtype"]]
             shape = [int(d) for d in info["shape"]]
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise VectorError(f"{name}: tensor {str(key)[:60]!r} has a malformed or unaccepted header entry "
+            raise invalid(name, f"tensor {str(key)[:60]!r} has a malformed or unaccepted header entry "
                               f"({first_line(exc)})") from None
         numel = math.prod(shape)
         if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
-            raise VectorError(f"{name}: tensor {str(key)[:60]!r} declares shape {tuple(shape)[:8]}; the limits are "
+            raise invalid(name, f"tensor {str(key)[:60]!r} declares shape {tuple(shape)[:8]}; the limits are "
                               f"{limits.MAX_DIMS} dimensions and {limits.MAX_ELEMENTS} elements")
         if not 0 <= begin <= end <= data_size or end - begin != numel * itemsize:
-            raise VectorError(f"{name}: tensor {str(key)[:60]!r} declares bytes {begin}..{end}, which do not fit "
+            raise invalid(name, f"tensor {str(key)[:60]!r} declares bytes {begin}..{end}, which do not fit "
                               f"its shape or the {data_size} data bytes of the file")
         total += end - begin
         if total > limits.MAX_VECTOR_BYTES:
-            raise VectorError(f"{name}: the tensors declare over {limits.MAX_VECTOR_BYTES / 2**20:.0f} MB; refused")
+            raise invalid(name, f"the tensors declare over {limits.MAX_VECTOR_BYTES / 2**20:.0f} MB; refused")
         spans.append((begin, end, str(key)))
     spans.sort()
     reach, owner = 0, ""
     for begin, end, key in spans:
         if begin < reach:
-            raise VectorError(f"{name}: tensors {owner[:60]!r} and {key[:60]!r} overlap in the file (aliased "
+            raise invalid(name, f"tensors {owner[:60]!r} and {key[:60]!r} overlap in the file (aliased "
                               "data); refused")
         if end > reach:
             reach, owner = end, key

@@ -13,7 +13,7 @@ from ..sessions import vector_bytes
 from ..steering import steering_kind
 from ..steering_spec import RANDOM_SOURCE
 from ..store.library import PUBLIC_ID
-from .common import RANDOM, Shared, expected_errors, first_line
+from .common import RANDOM, Shared, expected_errors, refusal
 from .models import Models
 
 LAST_COMPARISON = "last_comparison"  # Session.cache key: the last Many prompts comparison, for Save result
@@ -134,8 +134,8 @@ class Library:
                                   relative=guards.flag(relative, "relative"), positions=positions)
         except UserError:
             raise
-        except expected_errors() as exc:
-            raise UserError("steering_failed", detail=first_line(exc)) from None
+        except expected_errors() as exc:  # check_compatible's refusals are keyed; others keep their English detail
+            raise refusal(exc, "steering_failed") from None
         guard.pushes(handle, steers)
         return steers
 

@@ -151,3 +151,121 @@ def test_a_link_notice_is_english_text_with_its_key():
     notice = Notice("link_vector_missing", vector="v1")
     assert "is not on this server" in notice and notice.key == "link_vector_missing"
     assert "v1" in i18n.message("zh-CN", notice.key, **notice.params)
+
+
+# ------------------------------------------------------------------ vector files refused on import
+def _zh_words(text: str, *allowed: str) -> set[str]:
+    """The ASCII words left in a Chinese message once the names it quotes (file, vector, model) are taken out."""
+    import re
+
+    for name in allowed:
+        text = text.replace(name, "")
+    return set(re.findall(r"[A-Za-z][A-Za-z_]*", text))
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    from steer_ui.service import Service
+    from steer_ui.tiny import tiny_handle
+
+    return Service(handle=tiny_handle("llama"), workdir=tmp_path_factory.mktemp("work"))
+
+
+def _refused_import(service, path):
+    from steer_ui.messages import UserError
+
+    with pytest.raises(UserError) as info:
+        service.import_vector("s", path)
+    return info.value
+
+
+def test_a_vector_of_another_hidden_size_is_refused_in_both_languages(service, tmp_path):
+    import torch
+
+    from steer_ui.vector import SteeringVector
+
+    path = SteeringVector(directions={2: torch.ones(32)}, hidden_size=32, method="mean-diff",
+                          name="small").save(tmp_path / "small.safetensors")
+    exc = _refused_import(service, path)
+    assert exc.key == "vector_hidden_size_mismatch" and "hidden size 32" in str(exc) and "64" in str(exc)
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert "32" in zh and "64" in zh and "隐藏维度" in zh
+    assert _zh_words(zh, "small", service.handle.model_id) == set(), zh
+
+
+def test_a_vector_for_a_layer_the_model_lacks_is_refused_in_both_languages(service, tmp_path):
+    import torch
+
+    from steer_ui.vector import SteeringVector
+
+    last = service.handle.arch.num_layers - 1
+    path = SteeringVector(directions={40: torch.ones(64)}, hidden_size=64, method="mean-diff",
+                          name="deep").save(tmp_path / "deep.safetensors")
+    exc = _refused_import(service, path)
+    assert exc.key == "vector_layer_out_of_range" and f"layers 0..{last}" in str(exc)
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert "40" in zh and f"0 至 {last}" in zh
+    assert _zh_words(zh, "deep", service.handle.model_id) == set(), zh
+
+
+def test_a_vector_with_nan_is_refused_in_both_languages(service, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    direction = torch.ones(64)
+    direction[7] = float("nan")
+    path = tmp_path / "nan.safetensors"
+    save_file({"direction.2": direction}, str(path))
+    exc = _refused_import(service, path)
+    assert exc.key == "vector_layer_not_finite" and exc.params["index"] == 7
+    assert str(exc) == "nan.safetensors: layer 2 has NaN or inf at index 7; the vector cannot be used"
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert "nan.safetensors" in zh and "7" in zh
+    assert _zh_words(zh, "nan.safetensors") <= {"NaN", "inf"}, zh
+
+
+@pytest.mark.parametrize("name, text, key", [
+    ("no-vector.json", '{"layer": 2, "hookType": "hook_resid_post"}', "vector_json_no_vector"),
+    ("nan.json", '{"vector": [1.0, NaN], "layer": 2}', "vector_json_not_finite"),
+    ("attn.json", '{"vector": [1.0], "layer": 2, "hookType": "hook_attn_out"}', "vector_json_hook_type"),
+    ("extras.json", '{"vector": ' + str([0.5] * 64) + ', "layer": 2, "steer_ui_extras": 5}', "vector_file_invalid"),
+])
+def test_json_vector_refusals_are_keyed(service, tmp_path, name, text, key):
+    path = tmp_path / name
+    path.write_text(text)
+    exc = _refused_import(service, path)
+    assert exc.key == key and exc.params["name"] == name
+    assert str(exc).startswith(f"{name}: ")  # the English is the reader's own, as before
+    assert name in i18n.message("zh-CN", exc.key, **exc.params)
+
+
+def test_a_file_that_is_not_a_vector_is_refused_by_key_on_import(service, tmp_path):
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00\x01 not a vector")
+    exc = _refused_import(service, junk)
+    assert exc.key == "vector_unknown_format" and "junk.safetensors" in str(exc)
+    assert _zh_words(i18n.message("zh-CN", exc.key, **exc.params), "junk.safetensors") <= {
+        "safetensors", "GGUF", "steering", "vectors", "CAA", "pt", "Neuronpedia", "JSON"}
+
+
+def test_steering_with_a_vector_the_model_cannot_take_is_refused_by_key(service):
+    import torch
+
+    from steer_ui.messages import UserError
+    from steer_ui.steering import check_compatible
+    from steer_ui.vector import SteeringVector
+
+    handle = service.handle
+    small = SteeringVector(directions={2: torch.ones(32)}, hidden_size=32, method="mean-diff", name="small")
+    deep = SteeringVector(directions={40: torch.ones(64)}, hidden_size=64, method="mean-diff", name="deep")
+    for vector, key in ((small, "steering_hidden_size"), (deep, "steering_layer_out_of_range")):
+        with pytest.raises(ValueError) as info:
+            check_compatible(handle, vector)
+        assert info.value.key == key
+        zh = i18n.message("zh-CN", key, **info.value.params)
+        assert _zh_words(zh, "small", handle.model_id) == set(), zh
+    assert "hidden size 32" in str(pytest.raises(ValueError, check_compatible, handle, small).value)
+    from steer_ui.rooms.common import refusal
+
+    wrapped = refusal(pytest.raises(ValueError, check_compatible, handle, deep).value, "steering_failed")
+    assert isinstance(wrapped, UserError) and wrapped.key == "steering_layer_out_of_range"
