@@ -232,6 +232,9 @@ class Walk:
         box = self.page.locator("#explore-max-tokens input[type=number]")
         box.fill(str(self.rng.randint(2, 8)))
         box.press("Tab")
+        # a person's next action comes later than the script's: a drag begun at once (step 184 of seed 36) was
+        # sent with the slider's previous value and its generations rightly marked stale, not promised fresh
+        self.page.wait_for_timeout(500)
         return {}
 
     def switch_language(self):
