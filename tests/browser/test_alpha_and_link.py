@@ -129,7 +129,7 @@ def test_a_typed_alpha_the_slider_cannot_take_runs_nothing_and_says_so_once(brow
 
 def test_an_api_client_may_still_ask_for_any_finite_alpha(app):
     """The range is the page's: gradio_client asks for α = 50 beside a ±4 slider and gets its numbers (the server
-    holding the page itself to the range: tests/unit/test_alpha_and_link.py)."""
+    holding the page itself to the range: tests/unit/test_alpha_range_and_link_state.py)."""
     from gradio_client import Client
 
     url, _calls = app
