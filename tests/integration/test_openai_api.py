@@ -206,3 +206,19 @@ def test_the_page_s_slider_answers_while_api_streams_run(client, app):
     assert view[3] and "KL" in str(view[3])
     for s in streams:
         s.close()
+
+
+def test_with_auth_a_password_of_the_page_is_a_key_of_the_api(app):
+    """``--auth user:password`` guards /v1 too: ``Bearer user:password`` passes, anything else is a 401."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from steer_ui.openai_api.server import router
+
+    api = FastAPI()
+    api.include_router(router(app[0], api_keys=(), passwords=[("ann", "s3cret")]))
+    client_ = TestClient(api)
+    assert client_.get("/v1/models", headers={"Authorization": "Bearer ann:s3cret"}).status_code == 200
+    for header in ({}, {"Authorization": "Bearer ann:wrong"}, {"Authorization": "Basic YW5uOnMzY3JldA=="}):
+        answer = client_.get("/v1/models", headers=header)
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
