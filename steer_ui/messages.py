@@ -35,6 +35,20 @@ class UserError(Exception):
         super().__init__(english(key, **params))
 
 
+class KeyedError(ValueError):
+    """A core refusal that may name its message: ``key`` and ``params`` say it in the visitor's language at the
+    front; the English text is the exception's own (VectorError, DatasetError and SteeringError share this)."""
+
+    def __init__(self, message: str, key: str | None = None, **params: Any):
+        super().__init__(message)
+        self.key, self.params = key, params
+
+    @classmethod
+    def from_key(cls, key: str, **params: Any):
+        """The error whose message is ``key``, in English here."""
+        return cls(english(key, **params), key, **params)
+
+
 # What a message's {what} names: the fields of requests, as a visitor sees them (the UI translates them too).
 FIELDS: dict[str, str] = EN_LOCALE["fields"]
 

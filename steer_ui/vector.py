@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from . import limits
+from .messages import KeyedError
 from .numbers import TOO_LARGE, TOO_SMALL, NumberError, parse_number, shown
 
 FORMAT_VERSION = 1
@@ -42,22 +43,16 @@ _EXTRA_KEY = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{limits.MAX_EXTRA_KEY 
 _IDENTIFIER = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:+\-]{{0,{limits.MAX_IDENTIFIER - 1}}}")
 
 
-class VectorError(ValueError):
+class VectorError(KeyedError):
     """A vector file or record that cannot be used as asked.
 
     ``key`` and ``params``, when given, name the message in :mod:`steer_ui.messages`, so a front can say it in
     the visitor's language (the English text is the exception's own)."""
 
-    def __init__(self, message: str, key: str | None = None, **params: Any):
-        super().__init__(message)
-        self.key, self.params = key, params
-
 
 def refused(key: str, **params: Any) -> VectorError:
     """A VectorError whose message is ``key`` of :mod:`steer_ui.messages`, in English here."""
-    from .messages import english
-
-    return VectorError(english(key, **params), key, **params)
+    return VectorError.from_key(key, **params)
 
 
 def invalid(name: Any, detail: str) -> VectorError:

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..messages import english
+from ..messages import KeyedError
 from ..vector import dataset_hash
 
 MAX_BYTES = 50 * 2**20
@@ -64,20 +64,16 @@ _TEXT_EXTS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".js
               ".parquet": "parquet", ".pq": "parquet", ".txt": None}
 
 
-class DatasetError(ValueError):
+class DatasetError(KeyedError):
     """A dataset that cannot be used; the message names file, row and column where it applies.
 
     ``key`` and ``params``, when given, name the message in :mod:`steer_ui.messages`, so a front can say it in
     the visitor's language (the English text is the exception's own)."""
 
-    def __init__(self, message: str, key: str | None = None, **params: Any):
-        super().__init__(message)
-        self.key, self.params = key, params
-
 
 def _refusal(key: str, **params: Any) -> DatasetError:
     """A DatasetError whose message is ``key`` of :mod:`steer_ui.messages`, in English here."""
-    return DatasetError(english(key, **params), key, **params)
+    return DatasetError.from_key(key, **params)
 
 
 def _shown(column: Any) -> str:

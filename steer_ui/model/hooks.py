@@ -30,19 +30,16 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from ..messages import KeyedError
 from ..vector import POSITIONS
 from .capture import out_projection, thread_owned
 
 
-class SteeringError(ValueError):
+class SteeringError(KeyedError):
     """A steering request that cannot be applied to this model.
 
     ``key`` and ``params``, when given, name the message in :mod:`steer_ui.messages` (as a VectorError's do), so
     a front can say it in the visitor's language; the English text is the exception's own."""
-
-    def __init__(self, message: str, key: str | None = None, **params):
-        super().__init__(message)
-        self.key, self.params = key, params
 
 
 def _check_positions(positions: str) -> str:
