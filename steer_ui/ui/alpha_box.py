@@ -4,11 +4,12 @@ gradio's slider sends a typed value as it is on leaving the box and only then cl
 5 beside a ±0.315 slider ran at 5 while the box said 0.315, and an unreadable "abc" ran as 0 after two refusals.
 This script, installed once at page load, checks the box before gradio's own listeners see it (capture phase):
 
-* while typing, a value the slider cannot take goes no further than the box: no next-token pass runs for it; a
-  click into the box no longer counts as a release (it regenerated the shown view);
-* on leaving the box (Tab, a click elsewhere, Enter), such a value is refused: the box returns to the value it had
-  when it was entered, one line under the slider says why in the page's language, and nothing runs (no
-  next-token pass, no generation, no sweep);
+* while typing, nothing goes further than the box: no next-token pass runs for the values on the way ("1", "13"
+  of "133.9"; with them passed, the slider's state moved under the keys and once left 13.9 in the box, which the
+  random walk caught); a click into the box no longer counts as a release (it regenerated the shown view);
+* Enter or leaving the box (Tab, a click elsewhere) commits: a value the slider can take runs once and is released
+  like a drag's end; any other is refused: the box returns to the value it had when it was entered, one line under
+  the slider says why in the page's language, and nothing runs (no next-token pass, no generation, no sweep);
 * arrow keys (and Page Up/Down, Home, End) on the slider move α like a drag; once they rest for KEY_REST_MS the
   move is released like a drag's end, so both generations and the dose-response follow.
 
@@ -32,7 +33,7 @@ _JS = """
   const KEYS = ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'];
   const on = (el, selector) => el instanceof Element && el.matches(selector);
   let entered = null;  // the box's value when it was entered: the last value the slider took
-  let passed = false;  // whether a typed value reached gradio since (the slider's own value then moved with it)
+  let committing = false;  // our own input event, which carries a committed value through to gradio
   let resting = null;
   // why a typed text is refused, or null: not a number (the browser's badInput reads as ''), or off the range
   const refusal = (text, bad) => {
@@ -56,31 +57,39 @@ _JS = """
     }
     if (line) { line.textContent = text; line.hidden = !text; }
   };
-  document.addEventListener('focusin', (e) => {
-    if (on(e.target, BOX)) { entered = e.target.value; passed = false; }
-  }, true);
-  // typing: a refused value stops here (gradio's input event would run the next-token pass at it)
+  document.addEventListener('focusin', (e) => { if (on(e.target, BOX)) entered = e.target.value; }, true);
+  // typing: nothing reaches gradio until the value is committed. A value passed on the way ("13" of "133.9") ran a
+  // next-token pass, and the slider's state, moving under the keys, could leave the box at another value than typed
   for (const type of ['input', 'change']) {
     document.addEventListener(type, (e) => {
-      if (!on(e.target, BOX)) return;
-      if (refused(e.target)) { e.stopImmediatePropagation(); } else if (type === 'input') { passed = true; }
+      if (on(e.target, BOX) && !committing) e.stopImmediatePropagation();
     }, true);
   }
   // a click into the box is not a commit (gradio released the slider on it, regenerating what was shown); leaving is
   document.addEventListener('pointerup', (e) => { if (on(e.target, BOX)) e.stopImmediatePropagation(); }, true);
-  // leaving the box: gradio releases the slider at the typed value, then clamps the box; refused, nothing of it runs
-  document.addEventListener('blur', (e) => {
-    const box = e.target;
-    if (!on(box, BOX)) return;
+  // the commit: a value the slider can take goes to gradio as one input; any other puts the box back and says why
+  const commit = (box) => {
     const why = refused(box);
-    if (!why) { say(''); entered = box.value; return; }
-    e.stopImmediatePropagation();
+    if (!why) {
+      // a refusal's line stays until a new value is taken (the box, put back, loses the focus without one)
+      if (box.value !== entered) {
+        say('');
+        committing = true;
+        try { box.dispatchEvent(new Event('input', {bubbles: true})); } finally { committing = false; }
+      }
+      entered = box.value;
+      return true;
+    }
     const range = document.querySelector(RANGE);
     box.value = entered !== null && !refusal(entered, false) ? entered : (range ? range.value : '0');
-    // a value typed on the way ("0" of "0.5") reached the slider: give it back the value the box returns to
-    if (passed) { passed = false; box.dispatchEvent(new Event('input', {bubbles: true})); }
     const text = (lines[window.__steerLang] || lines.en)[why[0]];
     say(text.replace('{low}', why[1].low).replace('{high}', why[1].high));
+    return false;
+  };
+  // leaving the box commits, and gradio's own blur then releases the slider (both generations and the sweep follow)
+  // (Enter leaves the box: panel_keys.JS_ENTER_COMMITS)
+  document.addEventListener('blur', (e) => {
+    if (on(e.target, BOX) && !commit(e.target)) e.stopImmediatePropagation();
   }, true);
   // keys on the slider: released like a drag once they rest
   document.addEventListener('keydown', (e) => {
