@@ -153,7 +153,7 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
     def show_saved(request: gr.Request):
         """On a saved comparison's page: the tab to open (this one) and its table and charts as saved; else
         nothing."""
-        session = backend.sessions.peek(sid(request))
+        session = backend.peek_session(sid(request))
         saved = session.cache.pop(SHOW_COMPARISON, None) if session is not None else None
         if saved is None:
             return (gr.skip(),) * 7
@@ -194,7 +194,7 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
     @handler(backend)
     def open_row(evt: gr.SelectData, request: gr.Request):
         """The selected row's prompt, with the vector, layer and α the comparison ran with, into Explore."""
-        session = backend.sessions.peek(sid(request))
+        session = backend.peek_session(sid(request))
         shown = session.cache.get(SHOWN) if session is not None else None
         index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         if not shown or not isinstance(index, int) or not 0 <= index < len(shown["rows"]):

@@ -289,7 +289,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
     @handler(backend, status=lm_facts)
     async def lm_head(bins, request: gr.Request):
         def work():
-            facts, norms = backend.lessons.lm_head(sid(request), bins)
+            facts, norms = backend.lesson("lm_head", sid(request), bins)
             return relabel.keep(backend, sid(request), [lm_facts, lm_hist], lm_head_view, facts, norms) + (
                 table(norms.extremes),)
 
@@ -303,7 +303,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
     @handler(backend, status=s_summary)
     async def sampling(prompt, temperature, top_k, top_p, repetition, request: gr.Request):
         def work():
-            view = backend.lessons.sampling(sid(request), prompt, temperature, top_k, top_p, repetition)
+            view = backend.lesson("sampling", sid(request), prompt, temperature, top_k, top_p, repetition)
             return relabel.keep(backend, sid(request), [s_summary, s_chart], sampling_view, view) + (
                 table(view.frame),)
 
@@ -318,7 +318,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
     @handler(backend, status=s_sample_summary)
     async def sample(prompt, temperature, top_k, top_p, repetition, n, seed, request: gr.Request):
         def work():
-            frame = backend.lessons.sample(sid(request), prompt, temperature, top_k, top_p, repetition, n, seed)
+            frame = backend.lesson("sample", sid(request), prompt, temperature, top_k, top_p, repetition, n, seed)
             return relabel.keep(backend, sid(request), [s_sample_summary, s_sample_chart], sample_view, frame)
 
         async for shown in follow(backend, request, s_sample_summary, work):
@@ -341,7 +341,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
     @handler(backend, status=e_status)
     async def explode(prompt, layer, alpha, token, request: gr.Request):
         def work():
-            demo = backend.lessons.explode(sid(request), prompt, layer, alpha, token)
+            demo = backend.lesson("explode", sid(request), prompt, layer, alpha, token)
             return relabel.keep(backend, sid(request), e_views, _explosion_views, demo, concepts.DEMO_TOKENS) + ("",)
 
         async for out in follow(backend, request, e_status, work):
@@ -356,7 +356,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
             return
 
         def work():
-            demo = backend.lessons.fix(sid(request), bound, steps)
+            demo = backend.lesson("fix", sid(request), bound, steps)
             return relabel.keep(backend, sid(request), e_views, _explosion_views, demo, concepts.DEMO_TOKENS) + ("",)
 
         async for out in follow(backend, request, e_status, work):
@@ -370,7 +370,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
     @handler(backend, status=kv_summary)
     async def kv(seq_len, batch, dtype, request: gr.Request):
         def work():
-            out = backend.lessons.kv(sid(request), seq_len, batch, dtype)
+            out = backend.lesson("kv", sid(request), seq_len, batch, dtype)
             return relabel.keep(backend, sid(request), [kv_summary, kv_chart], kv_view, out)
 
         async for shown in follow(backend, request, kv_summary, work):
@@ -383,7 +383,7 @@ def build_concepts_tab(backend: Service) -> ConceptsTab:
     @handler(backend, status=kv_timing)
     async def kv_time_fn(n_tokens, request: gr.Request):
         def work():
-            summary, steps = backend.lessons.time_cache(sid(request), n_tokens)
+            summary, steps = backend.lesson("time_cache", sid(request), n_tokens)
             return relabel.keep(backend, sid(request), [kv_timing, kv_timing_chart], kv_time_view, summary, steps)
 
         async for out in follow(backend, request, kv_timing, work):

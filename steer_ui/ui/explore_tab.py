@@ -360,12 +360,12 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         """The dose-response over the slider's whole range (the extended one when *Extend range* is on)."""
         session = sid(request)
         made_for = panel_keys.key_of("dose", locals())
-        top = backend.guard.alpha(alpha_max) * (EXTEND if extended else 1.0)
+        top = backend.checked_alpha(alpha_max) * (EXTEND if extended else 1.0)
         frame = backend.sweep(session, prompt, vector, layer, top, relative, vector_seed, target=target or None)
         backend.session(session).cache["sweep"] = (_sweep_key(prompt, vector, layer, relative, vector_seed,
                                                               alpha_max, target, extended), frame)
         return relabel.keep(backend, session, [dose_key, dose], dose_panel, made_for, frame,
-                            backend.guard.alpha(alpha)) + (table(frame),)
+                            backend.checked_alpha(alpha)) + (table(frame),)
 
     @handler(backend)
     def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False,
@@ -376,7 +376,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         if cached is None or cached[0] != key:
             return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, request)[:2]
         return relabel.keep(backend, sid(request), [dose_key, dose], dose_panel, panel_keys.key_of("dose", locals()),
-                            cached[1], backend.guard.alpha(alpha))
+                            cached[1], backend.checked_alpha(alpha))
 
     @handler(backend)
     def alpha_range(alpha, alpha_max, extended):

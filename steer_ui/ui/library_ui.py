@@ -251,7 +251,7 @@ def unless_saved(backend: Service, fn, render, panel: str, outputs: list):
 
     def saved_of(args, kwargs):
         request = kwargs.get("request") or next((a for a in args if isinstance(a, gr.Request)), None)
-        session = backend.sessions.peek(sid(request))
+        session = backend.peek_session(sid(request))
         return request, (session.cache.get(SHOW_RESULT) if session is not None else None)
 
     def draw(lang, inputs, saved):

@@ -25,7 +25,7 @@ def keep(backend, session_id: str | None, components: list, draw: Callable, *arg
     """Draw ``components`` with ``draw(lang, *args)`` in the session's language (read now, not when the request
     started: a switch during a long job is then honoured) and remember how, for :func:`redraw`.  Returns what
     ``draw`` returned (one value for one component, else a tuple)."""
-    session = backend.sessions.peek(session_id)
+    session = backend.peek_session(session_id)
     if session is not None:
         recipe = (next(_order), tuple(components), draw, args)
         recipes = session.cache.setdefault(RECIPES, {})
@@ -36,7 +36,7 @@ def keep(backend, session_id: str | None, components: list, draw: Callable, *arg
 
 def redraw(backend, session_id: str | None, outputs: list) -> tuple:
     """Every component of ``outputs`` that this session drew, drawn again in its language; the others skipped."""
-    session = backend.sessions.peek(session_id)
+    session = backend.peek_session(session_id)
     recipes = {r[0]: r for r in (session.cache.get(RECIPES, {}) if session is not None else {}).values()}
     lang = backend.language(session_id)
     values: dict[int, object] = {}

@@ -3,7 +3,8 @@
 * no import cycles among modules of ``steer_ui`` (a function-level import counts too);
 * the layers: fronts (``steer_ui/ui/``, ``steer_ui/cli.py``, ``app.py``) -> the door (``steer_ui/service.py``) ->
   the rooms (``steer_ui/rooms/``) -> the core (model, store, methods, data, ...); no import runs upward, and no
-  front reaches past the door into a room;
+  front reaches past the door into a room, neither by an import nor through the door's attributes
+  (``backend.lessons.explode(...)``);
 * gradio and ``steer_ui.ui`` are imported only inside ``steer_ui/ui/``;
 * no class in ``steer_ui`` is over 400 lines, and the door stays thin (300 lines);
 * ``steer_ui.tools`` (benchmark, report builders) is imported only by the CLI (and ``__main__`` aliases);
@@ -250,3 +251,53 @@ def test_the_class_length_check_sees_a_long_class():
 def test_no_class_is_over_400_lines_and_the_door_is_thin():
     assert long_classes(TREES) == []
     assert len(MODULES["steer_ui.service"].read_text().splitlines()) <= MAX_DOOR_LINES
+
+
+# ------------------------------------------------------------------ the door's attributes
+DOOR_NAMES = {"backend", "service", "door"}  # what the fronts call the Service they are given
+DOOR_PLAIN = {"policy", "max_file_bytes", "workdir"}  # settings and a path: plain values a front may read
+
+
+def door_rooms(tree: ast.AST) -> set[str]:
+    """What ``Service.__init__`` keeps on ``self`` (the rooms and the sessions, guard and keeper they share), less
+    the plain values: the attributes a front must not reach through."""
+    init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    kept = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign) for t in node.targets
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    return kept - DOOR_PLAIN
+
+
+def room_reaches(trees: dict[str, ast.AST], rooms: set[str]) -> list[str]:
+    """Each ``<door>.<room>`` in the fronts (``backend.sessions.peek(...)``), as "module:line backend.room";
+    the door is a name in DOOR_NAMES, alone or as an attribute (``self.backend``)."""
+    out = []
+    for name, tree in sorted(trees.items()):
+        if not _under(name, FRONTS):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in rooms:
+                door = node.value
+                door_name = door.id if isinstance(door, ast.Name) else door.attr if isinstance(door, ast.Attribute) \
+                    else None
+                if door_name in DOOR_NAMES:
+                    out.append(f"{name}:{node.lineno} {door_name}.{node.attr}")
+    return out
+
+
+def test_the_door_check_flags_a_front_that_reaches_a_room_through_the_door():
+    rooms = door_rooms(TREES["steer_ui.service"])
+    assert {"models", "library", "explore", "training", "lessons", "sessions", "guard", "keeper"} <= rooms
+    assert not rooms & DOOR_PLAIN
+    planted = ast.parse("def explode(backend, sid):\n"
+                        "    backend.lesson('explode', sid)\n"  # through the door: fine
+                        "    limit = backend.policy.max_alpha\n"  # a setting: fine
+                        "    return backend.lessons.explode(sid), self.service.sessions.peek(sid)\n")
+    assert room_reaches({"steer_ui.ui.some_tab": planted}, rooms) == ["steer_ui.ui.some_tab:4 backend.lessons",
+                                                                     "steer_ui.ui.some_tab:4 service.sessions"]
+    assert room_reaches({"steer_ui.rooms.explore": planted}, rooms) == []  # a room may hold its neighbours
+
+
+def test_fronts_reach_no_room_through_the_door():
+    app = ROOT / "app.py"
+    trees = dict(TREES, app=ast.parse(app.read_text(), filename=str(app)))
+    assert room_reaches(trees, door_rooms(TREES["steer_ui.service"])) == []
