@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .model.units import on_alpha_grid
 from .paths import cache_root
 from .plots import READABLE_KL
 from .steerability import distinct_share, mean_logprob
@@ -54,6 +55,10 @@ class DefaultView:
     prompt: str = PROMPT
     name: str = NAME
     calibration: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        # α on the slider's step grid for ±alpha_max (a cached view too), so the α box and the slider agree (#52)
+        self.alpha = on_alpha_grid(self.alpha, self.alpha_max)
 
 
 def alpha_at_kl(alphas: Sequence[float], kl: Sequence[float], target: float) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Sequence
 
 import torch
@@ -41,6 +42,32 @@ def check_alpha(alpha) -> float:
         return float(parse_number(alpha, "alpha"))
     except NumberError as exc:
         raise AlphaError(str(exc)) from None
+
+
+SLIDER_STEPS = 100  # the α slider: about this many steps on each side of α = 0
+
+
+def alpha_grid(top: float) -> tuple[float, float]:
+    """(end, step) of the α slider spanning about ±``top``: the step is 1, 2 or 5 × 10^k and the end a whole number
+    of steps, so the slider's positions (Chromium steps in decimal from its minimum) are exact short decimals
+    and its centre is exactly 0; the end is at least ``top`` (with −top + 100·top/100 it was ±1e-16, and α showed as
+    0.0749279999999999).  Here rather than in the UI so that the default view's α can sit on the same grid."""
+    top = abs(float(top)) if math.isfinite(float(top)) and float(top) != 0 else 1.0
+    raw = top / SLIDER_STEPS
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * 0.999)
+    step = float(f"{step:.3g}")
+    end = float(f"{max(1, math.ceil(top / step - 1e-9)) * step:.12g}")
+    return end, step
+
+
+def on_alpha_grid(alpha: float, top: float) -> float:
+    """``alpha`` at the nearest position of the slider that the page draws for a range of ±``top`` (the page draws
+    it for the box's value, the end of :func:`alpha_grid`), within that range: an α off the grid showed in the box
+    as a value the slider could not take (0.1405 beside steps of 0.005, issue #52)."""
+    end, _ = alpha_grid(top)
+    _, step = alpha_grid(end)
+    return float(f"{max(-end, min(end, round(float(alpha) / step) * step)):.12g}")
 
 
 def relative_scale(handle, layer: int) -> float:

@@ -17,6 +17,7 @@ import gradio as gr
 
 from .. import plots
 from ..model.analysis import EXPLOSION_THRESHOLD
+from ..model.units import alpha_grid
 from ..service import RANDOM, Service
 from . import i18n, panel_keys, relabel
 from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
@@ -29,7 +30,6 @@ DEFAULT_PROMPT = "My favourite thing about the weekend is"
 MAX_LAYERS = 128
 # The steered-token colour saturates at this |Δlogit|; a fixed scale keeps runs comparable.
 COLOUR_SCALE = 5.0
-SLIDER_STEPS = 100  # about this many steps on each side of α = 0
 # Each streamed frame is a status message to the page, and gradio 6's page answers every status message by
 # refreshing the loading status of every component an event ever wrote (each a search of the component tree):
 # a frame per token kept the page's main thread busy while it should follow the slider.  Four frames a second
@@ -38,18 +38,11 @@ FRAME_INTERVAL_S = 0.25
 
 
 def alpha_slider(top: float, extended: bool = False) -> tuple[float, float]:
-    """(end, step) of a slider spanning about ±``top``: the step is 1, 2 or 5 × 10^k and the end a whole number
-    of steps, so the slider's positions (Chromium steps in decimal from its minimum) are exact short decimals
-    and its centre is exactly 0; the end is at least ``top`` (with −top + 100·top/100 it was ±1e-16, and α showed as 0.0749279999999999).
+    """(end, step) of a slider spanning about ±``top`` (the grid: :func:`steer_ui.model.units.alpha_grid`).
 
     ``extended`` (*Extend range*): the same slider scaled by EXTEND, end and step alike, so it ends exactly at
     EXTEND × the unextended end (the α-max box's value) with as many positions."""
-    top = abs(float(top)) if math.isfinite(float(top)) and float(top) != 0 else 1.0
-    raw = top / SLIDER_STEPS
-    power = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * 0.999)
-    step = float(f"{step:.3g}")
-    end = float(f"{max(1, math.ceil(top / step - 1e-9)) * step:.12g}")
+    end, step = alpha_grid(top)
     if extended:
         return float(f"{end * EXTEND:.12g}"), float(f"{step * EXTEND:.12g}")
     return end, step

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from steer_ui.default_view import DefaultView
 from steer_ui.ui.common import AlphaSlider, SliderAlpha, handler
 from steer_ui.ui.explore_tab import EXTEND, alpha_controls, alpha_slider
 from steer_ui.ui import url_state
@@ -26,6 +27,19 @@ def test_the_alpha_max_box_is_the_slider_s_end_and_extend_scales_it_exactly(top)
 
 def test_the_reviewers_range_0_3122_shows_as_0_315():
     assert alpha_controls(0.3122)[0] == 0.315 and alpha_slider(0.315, extended=True) == (1.575, 0.025)
+
+
+@pytest.mark.parametrize("alpha, top", [(0.1405, 0.3122), (0.0449, 0.0962), (0.9, 1.0), (2.19, 7.3), (0.4, 0.3122)])
+def test_the_default_view_s_alpha_sits_on_the_grid_of_the_slider_the_page_draws(alpha, top):
+    view = DefaultView(layer=8, alpha=alpha, alpha_max=top)  # also what a cached view.json is read into
+    box, update = alpha_controls(top)
+    steps = view.alpha / update["step"]
+    assert abs(steps - round(steps)) < 1e-9 and abs(view.alpha) <= box
+    assert abs(view.alpha - alpha) <= update["step"] / 2 + 1e-12 or abs(alpha) > box
+
+
+def test_the_reviewers_default_alpha_0_1405_shows_as_0_14():
+    assert DefaultView(layer=8, alpha=0.1405, alpha_max=0.3122).alpha == 0.14
 
 
 def test_alpha_is_clamped_only_when_the_range_leaves_it_outside():
