@@ -39,6 +39,7 @@ from .model.budget import KVLayout, kv_layout  # noqa: F401 - the KV lesson's la
 from .model.generation import GenerationError, Sampling, choose, encode_prompt, process_logits, side_by_side
 from .model.hooks import Steer
 from .model.units import to_raw_alpha
+from .messages import Said
 
 DEFAULT_PROMPT = "The capital of France is"
 # The cache timing needs a context worth caching: with a handful of tokens the lm_head matmul dominates
@@ -628,7 +629,7 @@ def time_cache(handle, n_tokens: int = 32, prompt: str = LONG_PROMPT,
             cache = out.past_key_values
             with_ids.append(int(nxt[0]))
             step_input = nxt.reshape(1, 1)
-            progress(len(with_steps) / (2 * n_tokens), "with the cache")
+            progress(len(with_steps) / (2 * n_tokens), Said("progress_with_cache"))
 
         without_steps, without_ids = [], []
         seq = ids
@@ -639,7 +640,7 @@ def time_cache(handle, n_tokens: int = 32, prompt: str = LONG_PROMPT,
             without_steps.append(time.perf_counter() - t0)
             without_ids.append(int(nxt[0]))
             seq = torch.cat([seq, nxt.reshape(1, 1)], dim=1)
-            progress(0.5 + len(without_steps) / (2 * n_tokens), "without the cache")
+            progress(0.5 + len(without_steps) / (2 * n_tokens), Said("progress_without_cache"))
     steps = pd.DataFrame({"step": range(n_tokens), "with_cache_s": with_steps, "without_cache_s": without_steps})
     with_s, without_s = sum(with_steps), sum(without_steps)
     summary = {

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from .messages import UserError, english
+from .messages import Said, UserError
 from .sessions import Session
 
 Progress = Callable[[float, str], None]
@@ -117,7 +117,9 @@ def job(s: Session, handle, seconds: float, progress: Progress | None = None, li
             raise UserError("job_cancelled")
         if time.monotonic() > deadline:
             raise UserError("job_too_long", limit=f"{seconds:g}")
-        ticket.fraction, ticket.message = max(0.0, min(1.0, float(fraction))), str(message)
+        # a Said message keeps its key, so the page says it in the visitor's language (ui/job_line.py)
+        message = message if isinstance(message, Said) else str(message)
+        ticket.fraction, ticket.message = max(0.0, min(1.0, float(fraction))), message
         progress(fraction, message)
 
     s.running, s.job_end = True, ""
@@ -128,7 +130,7 @@ def job(s: Session, handle, seconds: float, progress: Progress | None = None, li
         while not line.try_start(ticket, lock):
             if s.cancel.is_set():
                 raise UserError("job_dequeued")
-            report(0.0, english("job_queued"))
+            report(0.0, Said("job_queued"))
             time.sleep(WAIT_POLL_S)
         try:
             yield report

@@ -77,3 +77,25 @@ def english(key: str, **params: Any) -> str:
         return template.format(**params)
     except (KeyError, IndexError, ValueError):
         return key
+
+
+class Said(str):
+    """Words the core says by key: the English text of message ``key`` (so every caller that reads a string reads
+    what it read before: the CLI, logs, tests, JSON), with ``key`` and ``params`` beside it, so that a front says
+    them in the visitor's language (:func:`steer_ui.ui.i18n.say`).  A job's progress, a refused file's detail
+    and an export's note are said this way; a parameter may itself be Said."""
+
+    key: str
+    params: dict[str, Any]
+
+    def __new__(cls, key: str, **params: Any) -> "Said":
+        said = super().__new__(cls, english(key, **params))
+        said.key, said.params = key, params
+        return said
+
+    def __reduce__(self):  # a copy or a pickle keeps the key (str's own would keep the English only)
+        return _said, (self.key, self.params)
+
+
+def _said(key: str, params: dict[str, Any]) -> Said:
+    return Said(key, **params)

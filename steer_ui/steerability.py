@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .model.analysis import residual_reads, teacher_forced
+from .messages import Said
 
 MAX_PROMPTS = 64
 GRID_POINTS = 9  # α values of a steerability grid, −α max … +α max
@@ -266,7 +267,7 @@ def compare(handle, generated: Sequence[Generated], steers: Sequence, unit_steer
              "fluency_unsteered": g.fluency_unsteered, "distinct": distinct_share(g.steered_ids),
              "concept_score": None} for g in generated]
     if along:  # both texts of every prompt read at the vector's layer, in a few batched passes
-        report(0.2, "concept read-out")
+        report(0.2, Said("progress_concept_readout"))
         reads = residual_reads(handle, [(g.prompt, t) for g in generated for t in (g.unsteered, g.steered)],
                                readout.layer)
         projections = [tuple(None if r is None else r @ readout.directions[i] for r in reads[2 * i:2 * i + 2])
@@ -274,7 +275,7 @@ def compare(handle, generated: Sequence[Generated], steers: Sequence, unit_steer
         for row, score in zip(rows, concept_from_projections(projections)):
             row["concept_score"] = score
     elif readout is not None:  # a detector scores both texts of every prompt in one batched call
-        report(0.6, "detector scores")
+        report(0.6, Said("progress_detector_scores"))
         both = [(g.prompt, t) for g in generated for t in (g.unsteered, g.steered) if t.strip()]
         scores = dict(zip(both, readout.detector(both))) if both else {}
         for row, g in zip(rows, generated):
@@ -282,13 +283,13 @@ def compare(handle, generated: Sequence[Generated], steers: Sequence, unit_steer
             row["concept_score"] = None if u is None or s_ is None else float(s_) - float(u)
     steerability = margin_rows = None
     if pairs and alphas and unit_steer is not None:
-        report(0.8, "margins over α")
+        report(0.8, Said("progress_margins"))
         margin_rows = margins(handle, pairs, unit_steer, [a * scale for a in alphas])
         steerability = slopes(alphas, margin_rows)
         for row, m, slope in zip(rows, margin_rows, steerability):
             row["margins"] = [float(v) for v in m]
             row["steerability"] = float(slope)
-    report(1.0, "done")
+    report(1.0, Said("progress_done"))
     summary = summarise(rows, alphas, alpha, steerability, margin_rows)
     summary["concept_units"] = readout.units if readout is not None else None
     return {"rows": rows, "summary": summary}

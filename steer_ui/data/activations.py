@@ -39,6 +39,7 @@ import torch
 
 from ..model.capture import SITES, forward, left_pad, length_batches, recording, site_width
 from ..model.identity import model_fingerprint
+from ..messages import Said
 from ..paths import cache_root
 from .datasets import Dataset, DatasetError, _join
 
@@ -164,7 +165,7 @@ def extract_texts(handle, prompts: Sequence[str], completions: Sequence[str], po
             forward(handle, ids, attn, positions)
             out[batch] = torch.stack([store[layer] for layer in range(num_layers)], dim=1)
             done += len(batch)
-            progress(done / max(n, 1), f"extracting activations: {done}/{n} rows")
+            progress(done / max(n, 1), Said("progress_extracting", done=done, n=n))
     return out
 
 
@@ -210,7 +211,7 @@ def extract(handle, dataset: Dataset, position: str | int = "last", template: st
             with safe_open(str(path), framework="pt") as f:
                 values = f.get_tensor("values")
             if values.shape[0] == len(labelled):
-                progress(1.0, f"activations loaded from cache ({len(labelled)} rows)")
+                progress(1.0, Said("progress_activations_cached", n=len(labelled)))
                 return Activations(values=values, from_cache=True, seconds=time.perf_counter() - start, **common)
         except Exception:  # a damaged cache file is rebuilt, never trusted
             pass

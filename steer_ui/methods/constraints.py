@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..messages import Said
 from ..model.architecture import centred, with_dense_unembedding  # centred: the bound's measure, as generation's
 from ..model.prefix import Prefix, for_texts
 from ..model.units import NEUTRAL_PROMPTS, relative_scale
@@ -472,7 +473,8 @@ def constrain_vector(handle, vector, layer: int | None = None, alpha: float = 1.
         curve.append({"step": step, "loss": float(loss.detach()), "logit_penalty": total_logit, "kl": total_kl,
                       "max_abs_delta_logit": worst, "cosine": float(F.cosine_similarity(u.detach(), target, dim=0))})
         if progress:
-            progress((step + 1) / steps, f"constraining: step {step + 1}/{steps}, max |Δlogit| {worst:.2f}")
+            progress((step + 1) / steps,
+                     Said("progress_constraining", step=step + 1, steps=steps, worst=f"{worst:.2f}"))
     final_unit = (u.detach() / u.detach().norm()).float()
     after = measure_delta(handle, batches, added_of(final_unit))
     report = {

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ..data import Dataset, DatasetError, split_indices
+from ..messages import Said
 from ..model.capture import head_geometry, out_projection_weight
 from ..model.hooks import HeadSteer, SteeringError, StepState
 from ..model.units import NEUTRAL_PROMPTS
@@ -75,7 +76,7 @@ def head_accuracy(heads: torch.Tensor, y: np.ndarray, fit_idx: Sequence[int], va
     with one_blas_thread():
         for layer in range(layers):
             if progress is not None:  # also how a job's cancel and time limit reach this loop
-                progress(layer / layers, f"probing the heads of layer {layer}")
+                progress(layer / layers, Said("progress_probing_heads_of_layer", layer=layer))
             for h in range(n_heads):
                 x = heads[:, layer, h, :].numpy().astype(np.float64)
                 model = fit_probe(x[fit], y[fit], seed=seed)
@@ -340,7 +341,7 @@ class ITI:
                 raise DatasetError("single-class validation part")
         except DatasetError:
             fit_idx, val_idx = list(tr), list(tr)
-        progress(0.5, f"probing {heads.shape[1] * num_heads} heads")
+        progress(0.5, Said("progress_probing_heads", n=heads.shape[1] * num_heads))
         accuracy = head_accuracy(heads, y, fit_idx, val_idx, seed=seed, progress=sub_progress(progress, 0.5, 0.85))
         k = st.top_heads
         chosen = top_heads(accuracy, k)
@@ -358,11 +359,11 @@ class ITI:
                              alpha_range=None, extras=extras, site="attention_heads")
         vector.positions = st.steer_positions
         vector.dataset_hash = dataset.content_hash
-        progress(0.9, "measuring the recommended α range")
+        progress(0.9, Said("progress_alpha_range"))
         alpha_range, table = alpha_range_from_kl(lambda a: kl_at(handle, vector, SWEEP_PROMPTS, a),
                                                  grid=ALPHA_GRID, bound=hyper["kl_bound"])
         vector.alpha_range = alpha_range
-        progress(0.95, "building and checking the residual-stream export")
+        progress(0.95, Said("progress_iti_export"))
         export_alpha = float(alpha_range[1])
         vector.directions = block_output_equivalent(handle, chosen, shifts, head_dim, export_alpha)
         export = {"alpha": export_alpha, **export_error(handle, vector, export_alpha), "approximate": True,
@@ -370,7 +371,7 @@ class ITI:
         naive = export_error(handle, vector, export_alpha, directions=directions)
         export["output_projection_relative_error"] = naive["relative_error"]
         vector.hyperparameters["residual_export"] = export
-        progress(1.0, f"ITI with {len(chosen)} heads: test AUROC {metrics['test_auroc']:.3f}")
+        progress(1.0, Said("progress_iti_trained", heads=len(chosen), auroc=f"{metrics['test_auroc']:.3f}"))
         report = {"method": "iti", "layers": vector.layers, "metrics": metrics,
                   "heads": [[l, h, float(accuracy[l, h])] for l, h in chosen],
                   "heatmap": accuracy.tolist(), "heatmap_axes": {"rows": "layer", "columns": "head",

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..data import Dataset
 from ..data.activations import Activations
+from ..messages import Said
 from .base import Progress, noop
 from .common import TEST_FRACTION, Timer, auroc, check_binary, clean, fit_probe, one_blas_thread, prepare, sub_progress
 
@@ -54,7 +55,8 @@ def layer_scores(acts: Activations, y: np.ndarray, train_idx: Sequence[int], tes
                 "mean_diff_auroc": auroc(x[te] @ mean_diff, y[te]),
                 "cv_auroc": _cv_auroc(x[tr], y[tr], splits, c, seed),
             })
-            progress((layer + 1) / acts.num_layers, f"probing layer {layer + 1}/{acts.num_layers}")
+            progress((layer + 1) / acts.num_layers,
+                     Said("progress_probing_layer", layer=layer + 1, layers=acts.num_layers))
     return rows
 
 
@@ -84,7 +86,8 @@ def choose_layer_on_train(acts: Activations, y: np.ndarray, train_idx: Sequence[
         for layer in range(acts.num_layers):
             x = acts.layer(layer).numpy().astype(np.float64)[tr]
             rows.append({"layer": layer, "cv_auroc": _cv_auroc(x, y[tr], splits, 1.0, seed)})
-            progress((layer + 1) / acts.num_layers, f"choosing a layer: {layer + 1}/{acts.num_layers}")
+            progress((layer + 1) / acts.num_layers,
+                     Said("progress_choosing_layer", layer=layer + 1, layers=acts.num_layers))
     return choose_layer(rows), rows
 
 
@@ -105,7 +108,7 @@ def probe_layers(handle, dataset: Dataset, position: str | int = "last", seed: i
     y = labelled.labels
     rows = layer_scores(acts, y, tr, te, labelled.groups, seed=seed, progress=sub_progress(progress, 0.7, 1.0))
     best = choose_layer(rows)
-    progress(1.0, f"best layer {best}")
+    progress(1.0, Said("progress_best_layer", layer=best))
     return clean({
         "layers": rows,
         "best_layer": best,

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..data import Dataset, DatasetError
+from ..messages import Said
 from ..vector import SteeringVector
 from .base import Progress, StaticMethod, setting, settings_dict
 from .common import (KL_BOUND, TEST_FRACTION, Timer, check_binary, clean, make_record, prepare, projection_metrics,
@@ -66,7 +67,7 @@ class ResidualMethod(StaticMethod):
             raise DatasetError(f"layer {layer} does not exist: the model has layers 0..{acts.num_layers - 1}")
         x = acts.layer(layer)
         vec, info, warnings = self.fit(x, y, tr, dataset, labelled, st)
-        progress(0.85, "measuring the recommended α range")
+        progress(0.85, Said("progress_alpha_range"))
         metrics = projection_metrics(vec, x, y, tr, te)
         metrics.update(info)
         metrics.update({"train_rows": len(tr), "test_rows": len(te), "norm": float(vec.norm())})
@@ -77,7 +78,8 @@ class ResidualMethod(StaticMethod):
         vector = make_record(handle, self.name, {layer: vec}, labelled, hyperparameters=hyper,
                              metrics=clean(metrics), alpha_range=alpha_range)
         vector.dataset_hash = dataset.content_hash
-        progress(1.0, f"{self.name} vector at layer {layer}: test AUROC {metrics['test_auroc']:.3f}")
+        progress(1.0, Said("progress_residual_trained", method=self.name, layer=layer,
+                                auroc=f"{metrics['test_auroc']:.3f}"))
         report = {"method": self.name, "layer": layer, "metrics": metrics, "layer_selection": layer_rows,
                   "alpha_sweep": sweep_table, "alpha_range": list(alpha_range),
                   "warnings": list(labelled.warnings) + warnings, "dataset": dataset.summary(),

@@ -28,6 +28,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from ..messages import Said
 from . import cuda_graphs
 from .capture import CaptureError, forward, left_pad, length_batches, recording, thread_owned
 from .generation import encode_prompt
@@ -346,5 +347,6 @@ def for_texts(handle, texts: Sequence[str], layer: int, batch_size: int = 16, pr
         out.append(run_prefix(handle, ids, layer, mask, positions, keep_final_all=keep_final_all, index=batch))
         done += len(batch)
         if progress:
-            progress(min(1.0, done / max(len(token_rows), 1)), f"cached {done}/{len(token_rows)}")
+            progress(min(1.0, done / max(len(token_rows), 1)),
+                     Said("progress_cached", done=done, total=len(token_rows)))
     return out

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import admission, guards
-from ..messages import UserError
+from ..messages import Said, UserError
 from .common import Shared, expected_errors, first_line
 from .datasets import Datasets
 from .explore import Explore
@@ -99,12 +99,15 @@ class Evaluation:
         s = self.shared.find(session)
         # a long job like any other: its turn in the line (the decode batch, not the model's lock), Cancel
         with self.training.job(s, handle, progress, kind="compare", model_lock=False) as report:
-            with guard.reserve(plan.reserve_bytes, long=True, waiting=lambda wait: report(0.0, str(wait))):
+            # each line keyed (messages.Said), so the page says it in the visitor's language
+            waiting = lambda wait: report(0.0, Said(wait.key, **wait.params))  # noqa: E731
+            with guard.reserve(plan.reserve_bytes, long=True, waiting=waiting):
                 try:
-                    report(0.0, f"generating {len(texts)} prompts")
+                    report(0.0, Said("progress_generating_prompts", n=len(texts)))
                     generated = steerability.generate_all(
                         engine, requests, plan.in_flight, texts, seconds=p.compare_seconds,
-                        progress=lambda done, total: report(0.5 * done / total, f"{done} of {total} prompts"))
+                        progress=lambda done, total: report(0.5 * done / total,
+                                                            Said("progress_prompts_done", done=done, total=total)))
                 except EngineBusy as exc:
                     raise UserError("busy", detail=first_line(exc)) from None
             finished = [i for i, g in enumerate(generated) if g is not None]

@@ -35,7 +35,7 @@ import re
 import string
 from typing import Any
 
-from ..messages import EN_LOCALE, ENGLISH, FIELDS, field_name, locale, normalise_lang  # noqa: F401 (re-exported)
+from ..messages import EN_LOCALE, ENGLISH, FIELDS, Said, field_name, locale, normalise_lang  # noqa: F401 (re-exported)
 
 LANGS = ("en", "zh-CN")
 
@@ -53,9 +53,17 @@ PLOTS: dict[str, dict[str, dict[str, str]]] = {lang: data["plots"] for lang, dat
 FIELD_NAMES: dict[str, dict[str, str]] = {lang: data["fields"] for lang, data in LOCALES.items()}
 
 
+def say(lang: str | None, text: Any) -> Any:
+    """``text`` in ``lang`` when the core said it by key (a :class:`~steer_ui.messages.Said`: a job's progress,
+    a refused file's detail, an export's note); anything else as it is."""
+    return message(lang, text.key, **text.params) if isinstance(text, Said) else text
+
+
 def message(lang: str | None, key: str, **params: Any) -> str:
-    """A server-side message in ``lang`` (English when the key has no translation)."""
+    """A server-side message in ``lang`` (English when the key has no translation); a parameter that the core
+    said by key is said in ``lang`` too."""
     lang = normalise_lang(lang)
+    params = {k: say(lang, v) for k, v in params.items()}
     if "what" in params:  # a field's name, in the same language as the message around it
         params = {**params, "what": field_name(params["what"], FIELD_NAMES[lang])}
     template = MESSAGES[lang].get(key) or MESSAGES["en"].get(key)
@@ -86,7 +94,7 @@ def plain(text: Any) -> str:
 
 def markdown(lang: str | None, key: str, **params: Any) -> str:
     """:func:`message` for a Markdown component: every text parameter is shown as :func:`plain` text."""
-    return message(lang, key, **{k: plain(v) if isinstance(v, str) else v for k, v in params.items()})
+    return message(lang, key, **{k: plain(say(lang, v)) if isinstance(v, str) else v for k, v in params.items()})
 
 
 def label(lang: str | None, key: str) -> str:

@@ -2,8 +2,10 @@
 a waiting job, and the one line the page writes from it."""
 from __future__ import annotations
 
+import ast
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +165,53 @@ def test_a_comparison_reports_its_rows_as_they_finish_and_stops_when_the_report_
         assert time.monotonic() - started < 2.5  # at the first report, not after every row
     finally:
         steerability.Generated.of = original
+
+
+def test_a_keyed_progress_line_reads_in_the_page_s_language_and_as_before_in_english():
+    from steer_ui.messages import Said
+    from steer_ui.ui.job_line import status_line
+
+    line, handle, s = JobLine(), Handle(), Session()
+    with job(s, handle, 60, line=line, kind="train", detail="tsv") as report:
+        report(0.3, Said("progress_tsv_epoch_constrained", epoch=2, epochs=40, loss="0.123"))
+        view = line.view(s)
+    assert view["message"] == "TSV constrained: epoch 2/40, loss 0.123"  # what the CLI and an API client read
+    assert status_line("en", view | {"seconds": 12}).endswith("· 12 s · TSV constrained: epoch 2/40, loss 0.123")
+    chinese = status_line("zh-CN", view | {"seconds": 12})
+    assert "第 2/40 轮" in chinese and "epoch" not in chinese and "constrained" not in chinese
+
+
+# Progress reported by the core outside jobs: a model's load (the model line, not a job's) and the tools.
+PROGRESS_IN_ENGLISH = ("steer_ui/model/loading.py", "steer_ui/rooms/models.py", "steer_ui/default_view.py")
+
+
+def _reports_english(node) -> bool:
+    """Whether ``node`` is a call progress(fraction, words) or report(fraction, words) with words written in place
+    (a non-empty string literal or an f-string)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("progress", "report")
+            and len(node.args) == 2):
+        return False
+    words = node.args[1]
+    return isinstance(words, ast.JoinedStr) or (isinstance(words, ast.Constant) and bool(words.value))
+
+
+def test_the_progress_check_sees_english_words():
+    assert _reports_english(ast.parse('progress(0.5, f"epoch {n}")').body[0].value)
+    assert _reports_english(ast.parse('report(1.0, "done")').body[0].value)
+    assert not _reports_english(ast.parse('report(1.0, Said("progress_done"))').body[0].value)
+    assert not _reports_english(ast.parse('progress(0.5, "")').body[0].value)
+
+
+def test_the_core_reports_job_progress_by_key_not_in_english_words():
+    """Every progress(fraction, words) call in the core (rooms, jobs, methods, data) says its words by key
+    (messages.Said), so the page can say them in Chinese; a string literal or f-string there is English only."""
+    root = Path(__file__).resolve().parents[2]
+    english = []
+    for path in sorted((root / "steer_ui").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("steer_ui/ui/", "steer_ui/tools/")) or rel in PROGRESS_IN_ENGLISH:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if _reports_english(node):
+                english.append(f"{rel}:{node.lineno}")
+    assert english == []

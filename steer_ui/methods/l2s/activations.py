@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ...model.capture import forward, left_pad, length_batches, recording
+from ...messages import Said
 from ..base import Progress, noop
 from .pairs import L2SError, Pair, join_text
 
@@ -133,7 +134,7 @@ def extract(handle, pairs: Sequence[Pair], layer: int, context_layer: int, posit
             targets[i] = reads[j] - reads[k + j]
             contexts[i] = out[context_layer][j, P - 1]
         done += k
-        progress(min(1.0, done / len(pairs)), f"activations {done}/{len(pairs)}")
+        progress(min(1.0, done / len(pairs)), Said("progress_activations_pairs", done=done, total=len(pairs)))
     return torch.stack(contexts), torch.stack(targets)
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ...messages import Said
 from ...model.capture import forward
 from ...model.hooks import Steer, StepState, steering
 from ...model.units import relative_scale
@@ -56,7 +57,7 @@ def steering_effect(handle, pairs: Sequence[Pair], vectors: dict[str, torch.Tens
     arch = handle.arch
     for start in range(0, len(jobs), batch_size):
         if progress is not None:  # also how a job's cancel and time limit reach this loop
-            progress(start / max(len(jobs), 1), f"scoring steering: {start}/{len(jobs)} rows")
+            progress(start / max(len(jobs), 1), Said("progress_scoring_rows", done=start, total=len(jobs)))
         chunk = jobs[start:start + batch_size]
         prompts, comps, rows_vec, rows_alpha = [], [], [], []
         for i, s, sign in chunk:

@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ...messages import Said
 from ...vector import VectorError
 from ..base import Progress, noop
 from .cpu import one_thread
@@ -210,7 +211,8 @@ def _fit_loop(net, x, r_all, offset, train_idx, val_idx, epochs, patience, lr, w
             best, report.best_epoch = v, epoch
             best_state = {k: t.clone() for k, t in net.state_dict().items()}
         if epoch % 10 == 0:
-            progress(epoch / epochs, f"epoch {epoch}: train {report.train_loss[-1]:.4f}, val {v:.4f}")
+            progress(epoch / epochs, Said("progress_l2s_epoch", epoch=epoch, train=f"{report.train_loss[-1]:.4f}",
+                                          val=f"{v:.4f}"))
         if epoch - report.best_epoch >= patience:
             report.stopped_early = epoch < epochs
             break

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from ...data import group_split
+from ...messages import Said
 from ...model.units import to_relative
 from ...vector import SteeringVector, dataset_hash
 from ..base import Progress, noop, parse_settings, settings_dict
@@ -64,7 +65,7 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
     sub, val_sub = group_split([groups[i] for i in fit_idx], None, st.val_fraction, st.seed + 1)
     train_idx, val_idx = [fit_idx[j] for j in sub], [fit_idx[j] for j in val_sub]
 
-    progress(0.0, f"extracting activations for {len(pairs)} pairs at layers {context_layer} and {layer}")
+    progress(0.0, Said("progress_l2s_activations", n=len(pairs), context_layer=context_layer, layer=layer))
     contexts, targets = extract(handle, pairs, layer, context_layer, st.position, st.extract_batch,
                                 progress=lambda f, m: progress(0.3 * f, m))
     net, fit = fit_mlp(contexts, targets, train_idx, val_idx, hidden, st.activation, epochs=st.epochs,
@@ -103,7 +104,7 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
     limit = st.eval_limit
     val_pairs, test_pairs = [pairs[i] for i in val_idx], [pairs[i] for i in test_idx]
     n_val = min(len(val_idx), limit or len(val_idx))
-    progress(0.5, f"calibrating α and the residual weight on {n_val} validation pairs")
+    progress(0.5, Said("progress_l2s_calibrating", n=n_val))
     calibration = calibrate(handle, vector, val_pairs, contexts[val_idx], st.norm_budget, st.calibration_steps,
                             limit=limit, progress=lambda f, m: progress(0.5 + 0.25 * f, m),
                             residual_steps=st.residual_steps)
@@ -115,7 +116,7 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
     vector.extras.update(net.state_tensors())
     vector.hyperparameters["residual_weight"] = weight
     vector.hyperparameters["calibrated_raw_alpha"] = calibration["alphas"]
-    progress(0.75, f"scoring steering on {min(len(test_idx), limit or len(test_idx))} held-out pairs")
+    progress(0.75, Said("progress_l2s_scoring", n=min(len(test_idx), limit or len(test_idx))))
     held = compare_heldout(handle, vector, test_pairs, alphas=calibration["alphas"],
                            contexts=contexts[test_idx], targets=targets[test_idx], limit=limit,
                            progress=lambda f, m: progress(0.75 + 0.25 * f, m))
@@ -143,8 +144,8 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
         "l2s_beats_mean": beats,
         "recommendation": advice,
     }
-    progress(1.0, f"held-out margin gain: L2S {held['margin_gain']['l2s']:+.3f} vs Mean-S "
-                  f"{held['margin_gain']['mean']:+.3f}")
+    progress(1.0, Said("progress_l2s_trained", l2s=f"{held['margin_gain']['l2s']:+.3f}",
+                       mean=f"{held['margin_gain']['mean']:+.3f}"))
     return vector, report
 
 

@@ -17,6 +17,7 @@ import torch
 
 from ...lexical import label_answer, split_references
 from ...model.capture import left_pad
+from ...messages import Said
 from ..base import Progress, noop
 from .data import PROMPT_TEMPLATE, TSVError, prefix_text, rows_of
 
@@ -174,7 +175,7 @@ def generate_answers(handle, questions: list[str], template: str = PROMPT_TEMPLA
         for i, row in zip(index, out[:, ids.shape[1]:]):
             answers[i] = clean_answer(tok.decode(row, skip_special_tokens=True))
         done = min(len(order), start + batch_size)
-        progress(done / len(order), f"answered {done}/{len(order)} questions")
+        progress(done / len(order), Said("progress_answered", done=done, total=len(order)))
     return answers
 
 
@@ -205,7 +206,7 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
     cached = _answers_cache(cache_dir, handle, template, max_new_tokens, questions, shots)
     if cached is not None and cached.is_file():
         answers = json.loads(cached.read_text())
-        progress(1.0, f"read {len(answers)} cached answers")
+        progress(1.0, Said("progress_cached_answers", n=len(answers)))
     else:
         answers = generate_answers(handle, questions, template, max_new_tokens, batch_size, progress, shots)
         if cached is not None:

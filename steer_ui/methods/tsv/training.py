@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ...limits import MAX_DELTA_LOGIT_LIMIT
+from ...messages import Said
 from ...model.architecture import with_dense_unembedding
 from ...model.units import relative_scale, to_relative
 from ...vector import SteeringVector, dataset_hash
@@ -241,8 +242,8 @@ def _train_run(handle, st: TSVSettings, lam_raw: float, targets: dict[int, torch
                            "projections": projections, "steering_scale": scale if separate else None})
             lo, hi = span
             progress(lo + (hi - lo) * epoch_no / total_epochs,
-                     f"TSV {'constrained' if constrained else 'unconstrained'}: epoch {epoch_no}/{total_epochs}, "
-                     f"loss {curves[-1]['loss']:.3f}")
+                     Said("progress_tsv_epoch_constrained" if constrained else "progress_tsv_epoch_unconstrained",
+                          epoch=epoch_no, epochs=total_epochs, loss=f"{curves[-1]['loss']:.3f}"))
 
     exemplar_set = set(exemplar_rows)
     ex_parts = [(b, torch.stack([targets[i] for i in b.index])) for b in exemplar_batches]
@@ -344,7 +345,7 @@ def _evaluate(handle, batches, runs: Sequence[tuple[torch.Tensor, torch.Tensor]]
     with torch.no_grad():
         for k, b in enumerate(batches):
             if progress is not None:  # also how a job's cancel and time limit reach this loop
-                progress(0.93, f"scoring the held-out split: batch {k + 1}/{len(batches)}")
+                progress(0.93, Said("progress_scoring_batch", batch=k + 1, batches=len(batches)))
             r, pos = generation_positions(b, n_answer, where="answer")
             steered_at, finals = [], []
             for n, (added, prototypes) in enumerate(runs):
@@ -513,7 +514,7 @@ def _layer_sweep(handle, st: TSVSettings, frame, texts, labels, exemplar_rows, u
     results = []
     for n, block in enumerate(candidates):
         lo, hi = n / len(candidates), (n + 1) / len(candidates)
-        progress(lo, f"layer sweep: block {block} ({n + 1}/{len(candidates)})")
+        progress(lo, Said("progress_layer_sweep", block=block, n=n + 1, total=len(candidates)))
         lam_raw = st.lam * relative_scale(handle, block)
         ex_b = C.cache_prefix(handle, [texts[i] for i in exemplar_rows], block, batch_size=st.cache_batch,
                               keep_final=st.penalty_positions != "last")
@@ -573,7 +574,7 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     st = replace(st, layer=default_layer(arch.num_layers) if st.layer is None else st.layer)
 
     lam_raw = st.lam * relative_scale(handle, st.layer)
-    progress(0.01, f"caching blocks 0..{st.layer} for {len(texts)} texts")
+    progress(0.01, Said("progress_caching_blocks", layer=st.layer, n=len(texts)))
     # the unsteered final residual at every position: the penalties act at the generation positions
     keep_all = st.penalty_positions != "last"
 
@@ -605,7 +606,7 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
         runs[constrained] = _train_run(handle, st, lam_raw, targets, exemplar_batches, unlabelled_batches, labels,
                                        n_answer, constrained, progress, (0.27 + n * span, 0.27 + (n + 1) * span))
     for n, bound in enumerate(bounds if not swept else [], start=len(settings_to_run)):
-        progress(0.27 + n * span, f"bound sweep: |Δlogit| bound {bound:g}")
+        progress(0.27 + n * span, Said("progress_bound_sweep", bound=f"{bound:g}"))
         swept[bound] = _train_run(handle, replace(st, max_logit_change=bound), lam_raw, targets, exemplar_batches,
                                   unlabelled_batches, labels, n_answer, True, progress,
                                   (0.27 + n * span, 0.27 + (n + 1) * span))
@@ -617,11 +618,11 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
         calib_batches = _restrict(exemplar_batches + unlabelled_batches, set(pool[:st.calibration_rows]))
         for bound, run in [(st.max_logit_change, runs.get(True)), *swept.items()]:
             if run is not None:
-                progress(0.9, f"calibrating the steering strength to the |Δlogit| bound {bound:g}")
+                progress(0.9, Said("progress_calibrating_bound", bound=f"{bound:g}"))
                 run.steering_scale, calibration[id(run)] = calibrate_steering_scale(
                     handle, calib_batches, n_answer, lam_raw * run.v, run.steering_scale,
                     st.bound_target * bound, st.penalty_positions)
-    progress(0.93, "scoring the held-out split")
+    progress(0.93, Said("progress_scoring_held_out"))
     # one pass over the held-out rows for every run: the detector at λ·v, and steering at scale·λ·v where that differs
     everything = [*runs.values(), *swept.values()]
     entries = [(lam_raw * r.v, r.prototypes) for r in everything]
@@ -731,5 +732,5 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
         alpha_range=(0.0, round(2 * rel, 6) if rel > 0 else 1.0),
         extras={"prototypes": main.prototypes.cpu()},
     )
-    progress(1.0, f"TSV trained: held-out AUROC {report['auroc']}")
+    progress(1.0, Said("progress_tsv_trained", auroc=report['auroc']))
     return vector, report
