@@ -52,6 +52,7 @@ from typing import Any, Callable
 import torch
 
 from . import limits
+from .messages import Said
 from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, first_line, invalid, parse_json,
                      read_safetensors, refused)
 
@@ -97,9 +98,8 @@ def export_notes(vector: SteeringVector, fmt: str) -> list[str]:
     note = getattr(method_of(vector), "export_note", None)
     notes = [note(vector)] if note is not None else []
     if vector.max_delta_logit is not None:
-        notes.append(f"this vector was made to steer within a centred |Δlogit| of {vector.max_delta_logit:g}; "
-                     f"steer_ui reads that bound back from the file's metadata and holds it at every generated token "
-                     f"with its Δlogit limit, but other tools that read a {fmt} file steer without it")
+        # by key, so the Export tab says it in the visitor's language (its str() is the English the CLI prints)
+        notes.append(Said("export_note_bound", bound=f"{vector.max_delta_logit:g}", fmt=fmt))
     return [n for n in notes if n]
 
 

@@ -189,10 +189,8 @@ def export_note(vector) -> str | None:
         err, kl, alpha = float(info["relative_error"]), float(info["kl"]), float(info["alpha"])
     except (KeyError, TypeError, ValueError):
         return None
-    return (f"approximate: this ITI vector steers attention heads; as a residual-stream vector (every format "
-            f"but native) it changes next-token log-probabilities {100 * err:.0f}% differently (relative L2 error; "
-            f"KL {kl:.3g} nats) from the per-head intervention at α = {alpha:g}, measured at export-building "
-            f"time. Export as native to keep the per-head steering exact.")
+    # by key, so the Export tab says it in the visitor's language (its str() is the English the CLI prints)
+    return Said("export_note_iti", error=f"{100 * err:.0f}", kl=f"{kl:.3g}", alpha=f"{alpha:g}")
 
 
 def layer_shifts(chosen: Sequence[tuple[int, int]], shifts: torch.Tensor, head_dim: int,

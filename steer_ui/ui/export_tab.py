@@ -33,7 +33,7 @@ def exported_markdown(lang: str, fmt: str, names: list[str], notes: list[str]) -
     vector leaving as residual-stream directions)."""
     text = i18n.markdown(lang, "exported", n=len(names), fmt=fmt, names=", ".join(names))
     for note in notes:
-        text += f"\n\n⚠ {i18n.plain(note)}"
+        text += f"\n\n⚠ {i18n.plain(i18n.say(lang, note))}"
     return text
 
 

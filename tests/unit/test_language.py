@@ -270,3 +270,25 @@ def test_steering_with_a_vector_the_model_cannot_take_is_refused_by_key(service)
 
     wrapped = refusal(pytest.raises(ValueError, check_compatible, handle, deep).value, "steering_failed")
     assert isinstance(wrapped, UserError) and wrapped.key == "steering_layer_out_of_range"
+
+
+def test_export_notes_read_in_the_page_s_language_and_in_english_for_the_cli():
+    import dataclasses
+
+    from steer_ui.formats import export_notes
+    from steer_ui.methods.iti import export_note
+    from steer_ui.ui.export_tab import exported_markdown
+    from steer_ui.vector import random_vector
+
+    bounded = dataclasses.replace(random_vector(16, 1, seed=3), max_delta_logit=0.2)
+    notes = export_notes(bounded, "gguf")
+    iti = SimpleNamespace(method="iti", hyperparameters={"residual_export": {"relative_error": 0.12, "kl": 0.0123,
+                                                                             "alpha": 2.0}})
+    notes.append(export_note(iti))
+    assert notes[0].startswith("this vector was made to steer within a centred |Δlogit| of 0.2; ")  # the CLI's
+    assert notes[1].startswith("approximate: this ITI vector steers attention heads;") and "12% differently" in notes[1]
+    english = exported_markdown("en", "gguf", ["v.gguf"], notes)
+    assert "steer without it" in english and "Export as native" in english
+    chinese = exported_markdown("zh-CN", "gguf", ["v.gguf"], notes)
+    assert "0.2" in chinese and "12%" in chinese and "α = 2" in chinese
+    assert "steer without it" not in chinese and "approximate" not in chinese and "Export as native" not in chinese
