@@ -347,7 +347,7 @@ def _check_gguf_header(path: Path) -> None:
             try:
                 values = struct.unpack_from("<" + fmt, buf, pos)
             except struct.error:
-                raise invalid(name, f"not a readable GGUF file (the header ends early at byte {pos})") from None
+                raise invalid(name, Said("vector_detail_gguf_header_ends", pos=pos)) from None
             pos += struct.calcsize("<" + fmt)
             return values[0] if len(values) == 1 else values
 
@@ -355,7 +355,7 @@ def _check_gguf_header(path: Path) -> None:
             nonlocal pos
             length = take("Q")
             if length > len(buf) - pos:
-                raise invalid(name, f"not a readable GGUF file (a string of {length} bytes past the end)")
+                raise invalid(name, Said("vector_detail_gguf_string_past_end", length=length))
             text = bytes(buf[pos:pos + min(length, 200)]).decode("utf-8", errors="replace")
             pos += length
             return text
@@ -372,19 +372,19 @@ def _check_gguf_header(path: Path) -> None:
             if vtype == _GGUF_ARRAY:
                 itype, count = take("IQ")
                 if count > limits.MAX_GGUF_ARRAY:
-                    raise invalid(name, f"GGUF key '{key}' is an array of {count} values; the limit is "
-                                      f"{limits.MAX_GGUF_ARRAY}")
+                    raise invalid(name, Said("vector_detail_gguf_array", field=key, count=count,
+                                             limit=limits.MAX_GGUF_ARRAY))
                 for _ in range(count):
                     skip_value(itype, key)
                 return None
-            raise invalid(name, f"not a readable GGUF file (key '{key}' has unknown value type {vtype})")
+            raise invalid(name, Said("vector_detail_gguf_value_type", field=key, type=vtype))
 
         magic, version, n_tensors, n_kv = take("4sIQQ")
         if magic != b"GGUF" or version not in (2, 3):
-            raise invalid(name, f"not a readable GGUF file (version {version}; versions 2 and 3 are read)")
+            raise invalid(name, Said("vector_detail_gguf_version", version=version))
         if n_kv > limits.MAX_GGUF_KV or n_tensors > limits.MAX_LAYERS + limits.MAX_EXTRAS:
-            raise invalid(name, f"GGUF declares {n_tensors} tensors and {n_kv} keys; the limits are "
-                              f"{limits.MAX_LAYERS + limits.MAX_EXTRAS} and {limits.MAX_GGUF_KV}")
+            raise invalid(name, Said("vector_detail_gguf_counts", tensors=n_tensors, keys=n_kv,
+                                     tensor_limit=limits.MAX_LAYERS + limits.MAX_EXTRAS, key_limit=limits.MAX_GGUF_KV))
         alignment = 32
         for _ in range(n_kv):
             key = skip_string()
@@ -396,31 +396,29 @@ def _check_gguf_header(path: Path) -> None:
             tname = skip_string()
             n_dims = take("I")
             if n_dims > limits.MAX_DIMS:
-                raise invalid(name, f"GGUF tensor '{tname}' has {n_dims} dimensions; the limit is "
-                                  f"{limits.MAX_DIMS}")
+                raise invalid(name, Said("vector_detail_gguf_dims", tensor=tname, dims=n_dims, limit=limits.MAX_DIMS))
             dims = [take("Q") for _ in range(n_dims)]
             ttype, offset = take("IQ")
             numel = math.prod(dims)
             if numel > limits.MAX_ELEMENTS:
-                raise invalid(name, f"GGUF tensor '{tname}' declares {numel} elements; the limit is "
-                                  f"{limits.MAX_ELEMENTS}")
+                raise invalid(name, Said("vector_detail_gguf_elements", tensor=tname, elements=numel,
+                                         limit=limits.MAX_ELEMENTS))
             try:
                 block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
             except (ValueError, KeyError):
-                raise invalid(name, f"GGUF tensor '{tname}' has unknown type {ttype}") from None
+                raise invalid(name, Said("vector_detail_gguf_tensor_type", tensor=tname, type=ttype)) from None
             spans.append((offset, offset + -(-numel // block) * block_bytes, tname))
         data_start = -(-pos // alignment) * alignment
     total = sum(end - begin for begin, end, _ in spans)
     if total > limits.MAX_VECTOR_BYTES:
-        raise invalid(name, f"the GGUF tensors declare {total / 2**20:.1f} MB; the limit is "
-                          f"{limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
+        raise invalid(name, Said("vector_detail_gguf_over_mb", size=f"{total / 2**20:.1f}",
+                                 limit=f"{limits.MAX_VECTOR_BYTES / 2**20:.0f}"))
     reach, owner = 0, ""
     for begin, end, tname in sorted(spans):
         if data_start + end > path.stat().st_size:
-            raise invalid(name, f"GGUF tensor '{tname}' reaches past the end of the file")
+            raise invalid(name, Said("vector_detail_gguf_past_end", tensor=tname))
         if begin < reach:
-            raise invalid(name, f"GGUF tensors '{owner}' and '{tname}' overlap in the file (aliased data); "
-                              "refused")
+            raise invalid(name, Said("vector_detail_gguf_overlap", first=owner, second=tname))
         if end > reach:
             reach, owner = end, tname
 
@@ -477,7 +475,8 @@ def _from_steering_vectors(obj: dict, path: Path, warnings: list[str] | None = N
     directions = {}
     for key, tensor in acts.items():
         if not isinstance(tensor, torch.Tensor):
-            raise invalid(path.name, f"layer_activations[{key!r}] is {type(tensor).__name__}, not a tensor")
+            raise invalid(path.name, Said("vector_detail_sv_activation_type", entry=repr(key),
+                                          type=type(tensor).__name__))
         directions[_layer_from(key, path.name, f"layer_activations[{key!r}]")] = _one_d(tensor, path.name, key)
     sidecar_path = _sidecar_for(path)
     meta, extras = _read_sidecar(sidecar_path)
@@ -592,9 +591,10 @@ def _caa_files(directory: Path) -> dict[int, Path]:
         if m and p.is_file():
             layer = int(m.group(1))
             if layer in files:
-                raise invalid(str(directory), f"two files for layer {layer}: {files[layer].name} and {p.name}")
+                raise invalid(str(directory), Said("vector_detail_caa_two_files", layer=layer,
+                                                   first=files[layer].name, second=p.name))
             if len(files) >= limits.MAX_LAYERS:
-                raise invalid(str(directory), f"more than {limits.MAX_LAYERS} vec_layer_<L>.pt files")
+                raise invalid(str(directory), Said("vector_detail_caa_too_many", limit=limits.MAX_LAYERS))
             files[layer] = p
     return files
 
@@ -645,10 +645,10 @@ def _assemble(directions: dict[int, torch.Tensor], extras: dict[str, torch.Tenso
             raise refused("vector_extra_not_finite", name=name, tensor=key)
     hidden = next(iter(sizes.values()))
     if meta is not None and not isinstance(meta, dict):
-        raise invalid(name, f"the steer_ui metadata must be a JSON object, got {type(meta).__name__}")
+        raise invalid(name, Said("vector_detail_meta_not_object", type=type(meta).__name__))
     described = meta.get("layers", sorted(directions)) if meta is not None else None
     if meta is not None and (not isinstance(described, list) or not all(_is_int_like(x) for x in described)):
-        raise invalid(name, "the steer_ui metadata's 'layers' must be a list of layer numbers")
+        raise invalid(name, Said("vector_detail_meta_layers"))
     if meta is not None and sorted(map(int, described)) != sorted(directions):
         warnings.append(f"{name}: its steer_ui metadata describes layers {described[:16]} but the file has "
                         f"layers {sorted(directions)}; metadata ignored")
@@ -681,7 +681,7 @@ def _check_declared_extras(meta: dict, extras: dict[str, torch.Tensor], name: st
     """
     declared = meta.get("extra_tensors", {})
     if not isinstance(declared, dict):
-        raise invalid(name, "the steer_ui metadata's 'extra_tensors' must be an object of {name: shape}")
+        raise invalid(name, Said("vector_detail_meta_extra_tensors"))
     missing = sorted(str(k) for k in declared if k not in extras)
     if missing:
         raise refused("vector_extras_missing", name=name, method=str(meta.get('method'))[:40], missing=missing[:8])
@@ -711,13 +711,12 @@ def _check_torch_file(path: Path) -> None:
         except (zipfile.BadZipFile, OSError, ValueError):
             raise refused("vector_unreadable_torch", name=name) from None
         if len(entries) > limits.MAX_LAYERS + limits.MAX_EXTRAS + 16:
-            raise invalid(name, f"a torch.save file with {len(entries)} entries; refused")
+            raise invalid(name, Said("vector_detail_torch_entries", entries=len(entries)))
         pickles = sum(e.file_size for e in entries if e.filename.endswith(".pkl"))
         stored = sum(e.file_size for e in entries if "/data/" in e.filename)
         if pickles > MAX_PICKLE_BYTES or stored > limits.MAX_VECTOR_BYTES:
-            raise invalid(name, f"declares {pickles} bytes of pickle and {stored / 2**20:.1f} MB of tensor "
-                              f"data; the limits are {MAX_PICKLE_BYTES} bytes and "
-                              f"{limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
+            raise invalid(name, Said("vector_detail_torch_sizes", pickle=pickles, size=f"{stored / 2**20:.1f}",
+                                     pickle_limit=MAX_PICKLE_BYTES, limit=f"{limits.MAX_VECTOR_BYTES / 2**20:.0f}"))
         return
     # Legacy layout: magic number, protocol, system info and the object: four pickles, then raw storages.
     stream = io.BytesIO(head[:MAX_PICKLE_BYTES])
@@ -726,8 +725,7 @@ def _check_torch_file(path: Path) -> None:
             for _op in pickletools.genops(stream):
                 pass
     except Exception:  # genops raises ValueError for junk and for a pickle cut at the limit
-        raise invalid(name, f"not a readable torch.save file (its pickle part is malformed or over "
-                          f"{MAX_PICKLE_BYTES} bytes)") from None
+        raise invalid(name, Said("vector_detail_torch_pickle", limit=MAX_PICKLE_BYTES)) from None
 
 
 def _torch_load(path: Path) -> Any:
@@ -741,8 +739,8 @@ def _torch_load(path: Path) -> Any:
         raise refused("vector_unreadable_torch", name=path.name) from None
     total = _check_plain(obj, path.name)
     if total > limits.MAX_VECTOR_BYTES:
-        raise invalid(path.name, f"its tensors take {total / 2**20:.1f} MB (aliased views count each time); "
-                          f"the limit is {limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
+        raise invalid(path.name, Said("vector_detail_torch_over_mb", size=f"{total / 2**20:.1f}",
+                                      limit=f"{limits.MAX_VECTOR_BYTES / 2**20:.0f}"))
     return obj
 
 
@@ -752,7 +750,7 @@ def _check_plain(obj: Any, name: str, depth: int = 0) -> int:
     Every tensor is checked (:func:`check_tensor`) before anything reshapes or copies it.
     """
     if depth > 6:
-        raise invalid(name, "nested too deeply to be a steering vector")
+        raise invalid(name, Said("vector_detail_too_deep"))
     if isinstance(obj, torch.Tensor):
         return check_tensor(obj, f"{name}: a tensor")
     if obj is None or isinstance(obj, (str, int, float, bool)):
@@ -761,12 +759,12 @@ def _check_plain(obj: Any, name: str, depth: int = 0) -> int:
         total = 0
         for k, v in obj.items():
             if not isinstance(k, (str, int)):
-                raise invalid(name, f"dict key of type {type(k).__name__} refused (only str and int keys)")
+                raise invalid(name, Said("vector_detail_dict_key", type=type(k).__name__))
             total += _check_plain(v, name, depth + 1)
         return total
     if isinstance(obj, (list, tuple)):
         return sum(_check_plain(v, name, depth + 1) for v in obj)
-    raise invalid(name, f"refused: holds a {type(obj).__name__} object; only tensors and dicts are accepted")
+    raise invalid(name, Said("vector_detail_object", type=type(obj).__name__))
 
 
 def _unsupported_global(exc: Exception) -> str | None:
@@ -817,10 +815,10 @@ def _read_sidecar(path: Path) -> tuple[dict | None, dict[str, torch.Tensor]]:
     if not path.is_file():
         return None, {}
     if path.stat().st_size > limits.MAX_FILE_BYTES:
-        raise invalid(path.name, f"the metadata sidecar is over {limits.MAX_FILE_BYTES >> 20} MB")
+        raise invalid(path.name, Said("vector_detail_sidecar_over_mb", limit=limits.MAX_FILE_BYTES >> 20))
     doc = parse_json(path.read_bytes(), path.name)
     if not isinstance(doc, dict) or not isinstance(doc.get("steer_ui"), dict):
-        raise invalid(path.name, "metadata sidecar without a 'steer_ui' object")
+        raise invalid(path.name, Said("vector_detail_sidecar_no_steer_ui"))
     return doc["steer_ui"], _decode_extras(doc.get("extras") or {}, path.name)
 
 
@@ -838,9 +836,9 @@ def _encode_extras(extras: dict[str, torch.Tensor]) -> dict[str, dict]:
 
 def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
     if not isinstance(doc, dict):
-        raise invalid(name, "extras must be an object of {name: {dtype, shape, base64}}")
+        raise invalid(name, Said("vector_detail_extras_not_object"))
     if len(doc) > limits.MAX_EXTRAS:
-        raise invalid(name, f"{len(doc)} extra tensors; the limit is {limits.MAX_EXTRAS}")
+        raise invalid(name, Said("vector_detail_extras_count", count=len(doc), limit=limits.MAX_EXTRAS))
     # Every declared shape and length is checked, for all of them, before any base64 is decoded.
     plan, total = [], 0
     for key, item in doc.items():
@@ -851,29 +849,31 @@ def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
             if not isinstance(text, str):
                 raise TypeError("base64 must be a string")
         except (KeyError, TypeError, ValueError) as exc:
-            raise invalid(name, f"extra tensor '{str(key)[:60]}' is malformed ({first_line(exc)})") from None
+            raise invalid(name, Said("vector_detail_extra_malformed", tensor=str(key)[:60],
+                                     error=first_line(exc))) from None
         itemsize = torch.empty(0, dtype=dtype).element_size()
         numel = math.prod(shape)
         if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
-            raise invalid(name, f"extra tensor '{str(key)[:60]}' declares shape {tuple(shape)[:8]}; the limits "
-                              f"are {limits.MAX_DIMS} dimensions and {limits.MAX_ELEMENTS} elements")
+            raise invalid(name, Said("vector_detail_extra_shape", tensor=str(key)[:60], shape=tuple(shape)[:8],
+                                     dims=limits.MAX_DIMS, elements=limits.MAX_ELEMENTS))
         need = numel * itemsize
         if len(text) != 4 * (-(-need // 3)):
-            raise invalid(name, f"extra tensor '{str(key)[:60]}' has {len(text)} base64 characters but shape "
-                              f"{shape} of {item['dtype']} needs {need} bytes")
+            raise invalid(name, Said("vector_detail_extra_base64", tensor=str(key)[:60], chars=len(text),
+                                     shape=shape, dtype=item['dtype'], need=need))
         total += need
         if total > limits.MAX_VECTOR_BYTES:
-            raise invalid(name, f"the extra tensors declare over {limits.MAX_VECTOR_BYTES >> 20} MB; refused")
+            raise invalid(name, Said("vector_detail_extras_over_mb", limit=limits.MAX_VECTOR_BYTES >> 20))
         plan.append((key, dtype, shape, text, need))
     out = {}
     for key, dtype, shape, text, need in plan:
         try:
             raw = bytearray(base64.b64decode(text, validate=True))
         except ValueError as exc:
-            raise invalid(name, f"extra tensor '{str(key)[:60]}' is malformed ({first_line(exc)})") from None
+            raise invalid(name, Said("vector_detail_extra_malformed", tensor=str(key)[:60],
+                                     error=first_line(exc))) from None
         if len(raw) != need:
-            raise invalid(name, f"extra tensor '{str(key)[:60]}' has {len(raw)} bytes but shape {shape} "
-                              f"needs {need}")
+            raise invalid(name, Said("vector_detail_extra_bytes", tensor=str(key)[:60], bytes=len(raw), shape=shape,
+                                     need=need))
         flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
         out[key] = flat.view(dtype).reshape(shape)  # owns the bytearray: no further copy
     return out

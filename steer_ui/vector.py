@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from . import limits
-from .messages import KeyedError
+from .messages import KeyedError, Said
 from .numbers import TOO_LARGE, TOO_SMALL, NumberError, parse_number, shown
 
 FORMAT_VERSION = 1
@@ -210,7 +210,7 @@ class SteeringVector:
     def from_tensors(cls, tensors: dict[str, torch.Tensor], meta_json: str | None, source: str = "") -> "SteeringVector":
         meta = parse_json(meta_json, f"{source} (steer_ui header)") if meta_json else {}
         if not isinstance(meta, dict):
-            raise invalid(str(source), "the steer_ui header must be a JSON object")
+            raise invalid(str(source), Said("vector_detail_header_not_object"))
         directions = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("direction.")}
         extras = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("extra.")}
         if not directions:
@@ -276,13 +276,13 @@ def parse_json(text: str | bytes, where: str) -> Any:
             raise refused("vector_not_utf8", name=where, line=line) from None
     tokens = sum(text.count(c) for c in ",:[{")
     if tokens > limits.MAX_JSON_TOKENS:
-        raise invalid(where, f"the JSON has {tokens} values and keys; the limit is {limits.MAX_JSON_TOKENS}")
+        raise invalid(where, Said("vector_detail_json_too_many", tokens=tokens, limit=limits.MAX_JSON_TOKENS))
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:  # its own words ("Expecting value: line 1 column 1 (char 0)") say less
         raise refused("vector_invalid_json", name=where, line=exc.lineno, column=exc.colno) from None
     except RecursionError:
-        raise invalid(where, "the JSON is nested too deeply") from None
+        raise invalid(where, Said("vector_detail_json_too_deep")) from None
 
 
 def first_line(exc: BaseException) -> str:
@@ -378,42 +378,41 @@ def check_safetensors_header(path: Path) -> None:
         prefix = f.read(8)
         length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
         if not 0 < length <= min(size - 8, limits.MAX_HEADER_BYTES):
-            raise invalid(name, f"not a valid safetensors file (header length {length} for a file of "
-                              f"{size} bytes; the header limit is {limits.MAX_HEADER_BYTES})")
+            raise invalid(name, Said("vector_detail_safetensors_header_length", length=length, size=size,
+                                     limit=limits.MAX_HEADER_BYTES))
         header = parse_json(f.read(length), f"{name} (safetensors header)")
     if not isinstance(header, dict):
-        raise invalid(name, "not a valid safetensors file (the header is not a JSON object)")
+        raise invalid(name, Said("vector_detail_safetensors_header_not_object"))
     data_size = size - 8 - length
     spans, total = [], 0
     for key, info in header.items():
         if key == "__metadata__":
             continue
         if len(spans) >= limits.MAX_LAYERS + limits.MAX_EXTRAS:
-            raise invalid(name, f"more than {limits.MAX_LAYERS + limits.MAX_EXTRAS} tensors; refused")
+            raise invalid(name, Said("vector_detail_too_many_tensors", limit=limits.MAX_LAYERS + limits.MAX_EXTRAS))
         try:
             itemsize = _SAFETENSORS_ITEMSIZE[info["dtype"]]
             shape = [int(d) for d in info["shape"]]
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise invalid(name, f"tensor {str(key)[:60]!r} has a malformed or unaccepted header entry "
-                              f"({first_line(exc)})") from None
+            raise invalid(name, Said("vector_detail_tensor_header_entry", tensor=repr(str(key)[:60]),
+                                     error=first_line(exc))) from None
         numel = math.prod(shape)
         if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
-            raise invalid(name, f"tensor {str(key)[:60]!r} declares shape {tuple(shape)[:8]}; the limits are "
-                              f"{limits.MAX_DIMS} dimensions and {limits.MAX_ELEMENTS} elements")
+            raise invalid(name, Said("vector_detail_tensor_shape", tensor=repr(str(key)[:60]),
+                                     shape=tuple(shape)[:8], dims=limits.MAX_DIMS, elements=limits.MAX_ELEMENTS))
         if not 0 <= begin <= end <= data_size or end - begin != numel * itemsize:
-            raise invalid(name, f"tensor {str(key)[:60]!r} declares bytes {begin}..{end}, which do not fit "
-                              f"its shape or the {data_size} data bytes of the file")
+            raise invalid(name, Said("vector_detail_tensor_bytes", tensor=repr(str(key)[:60]), begin=begin, end=end,
+                                     data_size=data_size))
         total += end - begin
         if total > limits.MAX_VECTOR_BYTES:
-            raise invalid(name, f"the tensors declare over {limits.MAX_VECTOR_BYTES / 2**20:.0f} MB; refused")
+            raise invalid(name, Said("vector_detail_tensors_over_mb", limit=f"{limits.MAX_VECTOR_BYTES / 2**20:.0f}"))
         spans.append((begin, end, str(key)))
     spans.sort()
     reach, owner = 0, ""
     for begin, end, key in spans:
         if begin < reach:
-            raise invalid(name, f"tensors {owner[:60]!r} and {key[:60]!r} overlap in the file (aliased "
-                              "data); refused")
+            raise invalid(name, Said("vector_detail_tensors_overlap", first=repr(owner[:60]), second=repr(key[:60])))
         if end > reach:
             reach, owner = end, key
 

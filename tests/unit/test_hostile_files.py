@@ -127,6 +127,23 @@ def test_safetensors_with_aliased_offsets_is_refused(tmp_path):
         refused(path, r"alias\.safetensors: tensors 'direction\.\d' and 'direction\.\d' overlap in the file")
 
 
+def test_a_refused_file_s_detail_is_said_in_the_page_s_language(tmp_path):
+    """The generic refusal ("<name>: <detail>") says its detail by key, so the Chinese page has no English in the
+    brackets; the English (the CLI's, an API client's) is as it was."""
+    from steer_ui.ui import i18n
+
+    path = tmp_path / "alias.safetensors"
+    entry = {"dtype": "F32", "shape": [HIDDEN], "data_offsets": [0, 4 * HIDDEN]}
+    _safetensors(path, {f"direction.{i}": entry for i in range(3)}, bytes(4 * HIDDEN))
+    with pytest.raises(VectorError) as caught:
+        read_vector(path)
+    assert caught.value.key == "vector_file_invalid"
+    assert re.fullmatch(r"alias\.safetensors: tensors 'direction\.\d' and 'direction\.\d' overlap in the file "
+                        r"\(aliased data\); refused", str(caught.value))
+    chinese = i18n.message("zh-CN", caught.value.key, **caught.value.params)
+    assert "alias.safetensors" in chinese and "重叠" in chinese and not re.search(r"overlap|refused|aliased", chinese)
+
+
 @pytest.mark.parametrize("entry, match", [
     ({"dtype": "F32", "shape": [HIDDEN], "data_offsets": [0, 1 << 40]}, r"do not fit .* data bytes of the file"),
     ({"dtype": "F32", "shape": [1 << 40], "data_offsets": [0, 1 << 42]}, r"declares shape \(1099511627776,\)"),
