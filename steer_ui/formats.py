@@ -54,7 +54,7 @@ import torch
 from . import limits
 from .messages import Said
 from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, first_line, invalid, parse_json,
-                     read_safetensors, refused)
+                     read_safetensors, refused, said_of)
 
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 SUFFIXES = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json", "caa": ""}
@@ -135,7 +135,7 @@ def _method_check(vector: SteeringVector, handle, path: Path) -> None:
     try:
         check(handle, vector)
     except ValueError as exc:  # VectorError, SteeringError, …: all one-line messages
-        raise invalid(path.name, f"{first_line(exc)}") from None
+        raise invalid(path.name, said_of(exc)) from None
 
 
 def safe_name(name: Any, fallback: str = "vector") -> str:
@@ -666,7 +666,7 @@ def _assemble(directions: dict[int, torch.Tensor], extras: dict[str, torch.Tenso
     try:
         vector = SteeringVector(directions=directions, extras=extras, hidden_size=hidden, **kwargs)
     except (TypeError, ValueError) as exc:
-        raise invalid(name, f"{first_line(exc)}") from None
+        raise invalid(name, said_of(exc)) from None
     return vector, warnings
 
 

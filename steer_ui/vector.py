@@ -221,7 +221,7 @@ class SteeringVector:
         try:
             return cls(directions=directions, extras=extras, hidden_size=hidden, **kwargs)
         except (TypeError, ValueError) as exc:
-            raise invalid(str(source), f"{first_line(exc)}") from None
+            raise invalid(str(source), said_of(exc)) from None
 
 
 # ====================================================================== checks before use
@@ -288,6 +288,13 @@ def parse_json(text: str | bytes, where: str) -> Any:
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def said_of(exc: BaseException) -> str:
+    """``exc``'s one line as a detail: by its key when it has one (a front then says it in the visitor's language),
+    else its English first line."""
+    key = getattr(exc, "key", None)
+    return Said(key, **exc.params) if key else first_line(exc)
 
 
 def _as_tensor(value: Any, what: str) -> torch.Tensor:
