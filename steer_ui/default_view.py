@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .messages import Said
 from .model.units import on_alpha_grid
 from .paths import cache_root
 from .plots import READABLE_KL
@@ -95,7 +96,7 @@ def calibrate(handle, progress: Progress | None = None) -> tuple[DefaultView, St
     layers = sorted({min(n - 1, max(0, int(round(d * n)))) for d in DEPTHS})
     rows, best = [], None
     for i, layer in enumerate(layers):
-        progress(i / len(layers), f"default vector: training and calibrating block {layer}")
+        progress(i / len(layers), Said("progress_default_calibrating", block=layer))
         vector, _report = train(handle, dataset, "mean-diff", layer=layer)
         kl = mean_kl_curve(handle, vector.direction(), layer, GRID, CALIBRATION_PROMPTS)
         alpha_max = alpha_at_kl(GRID, kl, KL_AT_MAX)
@@ -122,7 +123,8 @@ def calibrate(handle, progress: Progress | None = None) -> tuple[DefaultView, St
                        calibration=rows)
     vector.name = NAME
     vector.alpha_range = (-view.alpha_max, view.alpha_max)
-    progress(1.0, f"default vector ready: block {view.layer}, α {view.alpha:g} (slider up to {view.alpha_max:g})")
+    progress(1.0, Said("progress_default_ready", block=view.layer, alpha=f"{view.alpha:g}",
+                       alpha_max=f"{view.alpha_max:g}"))
     return view, vector
 
 

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from ..messages import Said
 from ..paths import cache_root
 from .int8 import kernel_available, kernel_identity, load_codes, quantise_model, save_codes
 from .precision import (PrecisionError, check_weights, cost, fingerprint, read_cost, within_default_bound,
@@ -141,13 +142,13 @@ def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with _one_gguf_parse():
-        progress(0.05, f"first load of {gguf.name}: reading the tokenizer from GGUF (slow, once)")
+        progress(0.05, Said("progress_gguf_tokenizer", name=gguf.name))
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        progress(0.35, "dequantising weights from GGUF (slow, once)")
+        progress(0.35, Said("progress_gguf_dequantising"))
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    progress(0.65, "reading the GGUF's own int8 codes (for --weights int8)")
+    progress(0.65, Said("progress_gguf_codes"))
     codes = _gguf_codes(gguf, model)
-    progress(0.75, f"saving a safetensors copy to {target}")
+    progress(0.75, Said("progress_gguf_saving", target=target))
     # The weights are plain dequantised tensors now; drop the GGUF marker that makes save_pretrained refuse.
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
@@ -271,7 +272,7 @@ def load_model(
             f"Download it where there is internet (huggingface-cli download {source} --local-dir DIR), copy DIR here "
             "and pass --model DIR; or use the embedded model (the default)."
         )
-    progress(0.8, f"loading {model_id}")
+    progress(0.8, Said("progress_loading", model=model_id))
     kwargs: dict = {"dtype": torch_dtype}
     if device_map:
         kwargs["device_map"] = device_map
@@ -335,7 +336,7 @@ def _finish(model, tok, model_id: str, source: str, dev: torch.device, dtype: to
     else:
         handle.weights = weights if weights in ("float32", "bfloat16") else str(dtype).replace("torch.", "")
     handle.load_seconds = time.perf_counter() - start
-    progress(1.0, f"loaded {model_id} in {handle.load_seconds:.1f} s")
+    progress(1.0, Said("progress_loaded_in", model=model_id, seconds=f"{handle.load_seconds:.1f}"))
     return handle
 
 
@@ -347,7 +348,7 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
     measured = read_cost(cost_file, kernel) if cost_file is not None else None
     reference = None
     if measured is None:
-        progress(0.85, "measuring int8 against float32 on fixed prompts (once)")
+        progress(0.85, Said("progress_int8_measuring"))
         reference = fingerprint(handle)
     codes = {}
     if codes_dir is not None:
@@ -356,7 +357,7 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
             gguf = json.loads((codes_dir / "steer_ui_source.json").read_text())["gguf"]
             codes = _gguf_codes(Path(gguf), handle.model)
             save_codes(codes, codes_dir / INT8_CODES)
-    progress(0.9, "int8 weights")
+    progress(0.9, Said("progress_int8_weights"))
     made = quantise_model(handle.model, codes)
     gc.collect()
     int8 = from_model(handle.model, handle.tokenizer, model_id=handle.model_id, source=handle.source,

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from .. import names
-from ..messages import UserError
+from ..messages import Said, UserError
 from ..policy import DTYPES, WEIGHTS, device_allowed
 from .common import RANDOM, Progress, Shared, expected_errors, first_line, noop
 
@@ -38,7 +38,7 @@ class Models:
         self._loaded = threading.Event()
         if handle is not None:
             self._loaded.set()
-        self._load_message = "" if handle is None else f"loaded {handle.model_id}"
+        self._load_message = "" if handle is None else Said("progress_loaded", model=handle.model_id)
         self._load_fraction = 0.0 if handle is None else 1.0
         self._engine = None  # the decode batch every session's generations join (model/engine.py)
         self._slider = None
@@ -96,10 +96,10 @@ class Models:
         self._loading.set()
         self._loaded.clear()
         self._load_error = None
-        self._load_message, self._load_fraction = f"loading {source}", 0.0
+        self._load_message, self._load_fraction = Said("progress_loading", model=source), 0.0
         try:
             handle = self._read(source, device, dtype, progress, weights)
-            progress(0.9, "measuring residual norms")
+            progress(0.9, Said("progress_residual_norms"))
             handle.layer_norms()
             self.bundled_vectors = OrderedDict()
             self.default_view = None
@@ -107,7 +107,7 @@ class Models:
                 self._prepare_default_view(handle, progress)
             self._publish(handle)
             self.current = handle
-            self._load_message, self._load_fraction = f"loaded {handle.model_id}", 1.0
+            self._load_message, self._load_fraction = Said("progress_loaded", model=handle.model_id), 1.0
             return self.facts()
         except UserError as exc:
             self._load_error = exc.params.get("detail", str(exc))

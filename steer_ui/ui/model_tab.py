@@ -68,7 +68,8 @@ def status_markdown(backend: Service, lang: str, short: bool = False) -> str:
     if status["error"]:
         return i18n.markdown(lang, "model_load_failed", detail=status["error"])
     if status["loading"]:
-        return i18n.markdown(lang, "model_loading", detail=f"{status['message']} — {status['fraction']:.0%}")
+        said = i18n.say(lang, status["message"])  # the loader's progress, by key: in the page's language
+        return i18n.markdown(lang, "model_loading", detail=f"{said} — {status['fraction']:.0%}")
     return i18n.message(lang, "no_model")
 
 

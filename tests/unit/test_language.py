@@ -292,3 +292,15 @@ def test_export_notes_read_in_the_page_s_language_and_in_english_for_the_cli():
     chinese = exported_markdown("zh-CN", "gguf", ["v.gguf"], notes)
     assert "0.2" in chinese and "12%" in chinese and "α = 2" in chinese
     assert "steer without it" not in chinese and "approximate" not in chinese and "Export as native" not in chinese
+
+
+def test_a_model_s_loading_line_reads_in_the_page_s_language():
+    from steer_ui.messages import Said
+    from steer_ui.ui.model_tab import status_markdown
+
+    loading = {"ready": False, "error": None, "loading": True, "fraction": 0.35,
+               "message": Said("progress_gguf_dequantising")}
+    door = SimpleNamespace(model_status=lambda: loading)
+    assert r"dequantising weights from GGUF \(slow, once\) — 35%" in status_markdown(door, "en")  # Markdown-escaped
+    chinese = status_markdown(door, "zh-CN")
+    assert "反量化" in chinese and "35%" in chinese and "dequantising" not in chinese
