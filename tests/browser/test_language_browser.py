@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import functools
+import json
 import re
+import struct
 import time
 
 import pytest
@@ -234,4 +236,19 @@ def test_a_malformed_csv_and_a_garbage_vector_file_are_refused_in_plain_words(br
     status = page.locator("#import-status").inner_text()
     assert status.strip() == line and "b'" not in status
     assert "mean_diff" not in page.locator("#import-info").inner_text()  # the earlier vector's metadata is gone
+
+    # a file whose structure is refused: the detail in brackets is in the page's language too
+    _close_toasts(page)
+    aliased = tmp_path / "alias.safetensors"
+    entry = {"dtype": "F32", "shape": [hidden], "data_offsets": [0, 4 * hidden]}
+    header = json.dumps({f"direction.{i}": entry for i in range(2)}).encode()
+    aliased.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4 * hidden))
+    page.locator("#import-file button[aria-label='Clear'], #import-file button[aria-label='清除']").click()
+    _import(page, aliased)
+    page.locator(".toast-body").first.wait_for(timeout=20_000)
+    time.sleep(0.5)
+    status = page.locator("#import-status").inner_text()
+    assert "alias.safetensors" in status
+    if lang != "en":
+        assert "重叠" in status and not re.search(r"overlap|aliased|refused", status), status
     page.close()
