@@ -216,7 +216,10 @@ def _start(backend: Service, gen: Generation, chat: bool, address, owner: str | 
                                 temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
                                 repetition_penalty=gen.repetition_penalty, seed=gen.seed,
                                 greedy=gen.temperature == 0, stop=gen.stop,
-                                alternatives=max(gen.top_logprobs, 1))
+                                alternatives=max(gen.top_logprobs, 1),
+                                # only the rows the answer shows: the unsteered side for compare, the
+                                # counterfactual row for log-probabilities' Δlogit (issue #49)
+                                unsteered=gen.compare, counterfactual=gen.logprobs)
     streams = [backend.stream_generate_for(s, prompt, steering, dataclasses.replace(sampling, seed=sampling.seed + i))
                for i, s in enumerate(sessions)]
     job = Job(gen=gen, chat=chat, model=backend.handle.model_id, streams=streams, applied=applied,
