@@ -134,6 +134,7 @@ _LONG_PREFILL_ROWS = 192
 class EngineStats:
     steps: int = 0
     rows_per_step: float = 0.0  # running mean
+    rows: int = 0  # the rows the batch decodes now (each request's kinds: three, or fewer over the API)
     admitted: int = 0
     peak_requests: int = 0
     # The engine's measured speed: seconds a prefill takes per token row (prompt tokens × 3 rows, from prefills of
@@ -251,7 +252,7 @@ class Engine:
     def load(self) -> dict:
         """Generations running and waiting, and the decode path the batch took (once it has run)."""
         with self._cv:
-            out = {"running": len(self._running), "waiting": len(self._waiting)}
+            out = {"running": len(self._running), "waiting": len(self._waiting), "rows": self.stats.rows}
         batch = self._batch
         if batch is not None:
             out["decode"] = batch.decode_path
@@ -389,7 +390,7 @@ class Engine:
                 self._admit(batch, [tickets[id(r)] for r in group])
         if not len(batch):
             return
-        started, rows = time.monotonic(), 3 * len(batch)
+        started, rows = time.monotonic(), batch.rows
         events = batch.sample()
         now = time.monotonic()
         for request, event in events:
@@ -409,14 +410,15 @@ class Engine:
         for key in [k for k in self._running if k not in live]:
             self._running.pop(key)._put(_DONE)
         self.stats.steps += 1
-        rows = 3 * len(batch)
+        rows = self.stats.rows = batch.rows  # the rows the next step decodes: requests leave (done, cancelled)
         self.stats.rows_per_step += (rows - self.stats.rows_per_step) / self.stats.steps
 
     def _admit(self, batch: DecodeBatch, tickets: list[Ticket]) -> None:
         started = time.monotonic()
         try:
             batch.admit([t.request for t in tickets])
-            self.stats.observe_prefill(time.monotonic() - started, 3 * sum(len(t.request.ids) for t in tickets))
+            self.stats.observe_prefill(time.monotonic() - started,
+                                       sum(len(t.request.ids) * len(t.request.kinds) for t in tickets))
         except Exception as exc:  # noqa: BLE001 - the new requests are told; the running batch is untouched
             if len(tickets) > 1:  # one bad request must not fail the others that came with it
                 for ticket in tickets:

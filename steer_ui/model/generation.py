@@ -9,6 +9,11 @@ decode batch (:class:`DecodeBatch`):
   logit for the token the steered row picks, on the same prefix, gives the
   per-token Δlogit = steered logit − unsteered logit without a second pass.
 
+A request that needs less (an API client without ``compare`` or
+log-probabilities, issue #49) decodes only some of them: always the steered
+row, and the others as ``Sampling.unsteered`` / ``counterfactual`` ask
+(:func:`row_kinds`), with exactly the tokens and numbers it gets beside them.
+
 Each steered token also gets a *direct* Δlogit (:func:`direct_delta_logit`):
 the part of the steering effect that flows straight from the steered blocks'
 outputs along the residual stream to the logits, with the later blocks'
@@ -74,6 +79,11 @@ class Sampling:
     # also record what the Many prompts table reads (issue #31): each steered token's log-probability under the
     # unsteered model (the counterfactual row, unembedded in full) and the first token's KL(unsteered ‖ steered)
     measure: bool = False
+    # which rows a request decodes beside the steered one (issue #49): the unsteered side (the page's left column,
+    # the API's compare) and the counterfactual row that measures each steered token's Δlogit; a Δlogit limit
+    # needs the counterfactual row and a measured request both, whatever these say
+    unsteered: bool = True
+    counterfactual: bool = True
 
     def validate(self) -> None:
         import math
@@ -319,11 +329,21 @@ def _prefill_rows(steers: Sequence) -> list[int] | None:
 
 
 def _prefill_plan(r: Request) -> tuple[list[int], list[int]]:
-    """The rows a request's prompt pass computes, and the index map of its three rows onto them."""
+    """The rows a request's prompt pass computes, and the index map of its three rows onto them (only the kinds
+    it decodes need a computed row)."""
     index_map = _prefill_rows(r.row_steers) if r.row_steers else [UNSTEERED] * 3
     if index_map is None:
         return [UNSTEERED, STEERED, COUNTERFACTUAL], [UNSTEERED, STEERED, COUNTERFACTUAL]
-    return sorted(set(index_map)), index_map
+    return sorted({index_map[kind] for kind in r.kinds}), index_map
+
+
+def row_kinds(s: Sampling) -> tuple[int, ...]:
+    """The rows a request with sampling ``s`` decodes: always the steered one; the unsteered one for its side (and
+    a measured request's first-token KL); the counterfactual one for Δlogit, a Δlogit limit or a measure."""
+    unsteered = s.unsteered or s.measure
+    counterfactual = s.counterfactual or s.measure or s.max_delta_logit > 0
+    return tuple(kind for kind, on in ((UNSTEERED, unsteered), (STEERED, True), (COUNTERFACTUAL, counterfactual))
+                 if on)
 
 
 # A prompt pass costs about a fixed part (each block's weights read once, its Python and hooks) plus a part per
@@ -408,6 +428,8 @@ class Request:
     rng: torch.Generator | None = field(default=None, repr=False)  # made at the first sampled step
     history: torch.Tensor | None = field(default=None, repr=False)
     generated: dict[int, list[int]] = field(default_factory=lambda: {UNSTEERED: [], STEERED: []}, repr=False)
+    # the rows this request decodes, in the batch's order (see Sampling.unsteered / counterfactual)
+    kinds: tuple[int, ...] = (UNSTEERED, STEERED, COUNTERFACTUAL)
 
     @classmethod
     def make(cls, handle, prompt: str, steers: Sequence, sampling: Sampling | None = None) -> "Request":
@@ -433,7 +455,8 @@ class Request:
         row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
         return cls(prompt=prompt, ids=ids, steers=steers, sampling=sampling,
                    result=SideBySide(prompt=prompt, unsteered=Side(), steered=Side()),
-                   eos=_eos_ids(handle) if sampling.stop_at_eos else set(), row_steers=row_steers)
+                   eos=_eos_ids(handle) if sampling.stop_at_eos else set(), row_steers=row_steers,
+                   kinds=row_kinds(sampling))
 
     def gumbel(self, vocab: int, device) -> torch.Tensor:
         """This step's noise from the request's stream, made on first use where the logits are."""
@@ -443,7 +466,9 @@ class Request:
 
     @property
     def sides(self) -> dict[int, Side]:
-        return {UNSTEERED: self.result.unsteered, STEERED: self.result.steered}
+        """The sides this request decodes (an undecoded unsteered side stays empty and unfinished)."""
+        return {kind: side for kind, side in ((UNSTEERED, self.result.unsteered), (STEERED, self.result.steered))
+                if kind in self.kinds}
 
     def _after_prefill(self, input_vectors: dict[int, torch.Tensor], device) -> None:
         """What the decode steps need: the direct-Δlogit additions and the steered row's per-block additions.
@@ -474,7 +499,7 @@ class Request:
                     add = alpha * shift.to(device)
                     self.decode_heads[layer] = add if layer not in self.decode_heads else self.decode_heads[layer] + add
         if self.sampling.repetition_penalty != 1.0:
-            self.history = torch.tensor([self.ids, self.ids], device=device)
+            self.history = torch.tensor([self.ids] * len(self.sides), device=device)
 
     def _finish(self) -> None:
         for side in self.sides.values():
@@ -485,8 +510,9 @@ class Request:
 class DecodeBatch:
     """The rows of every running request, their KV cache, and one decode step for all of them.
 
-    Request ``i`` owns rows ``3i`` (unsteered), ``3i + 1`` (steered) and
-    ``3i + 2`` (counterfactual).  :meth:`admit` runs new requests' prompts
+    Each request owns contiguous rows, in the order of its ``kinds``: unsteered,
+    steered and counterfactual for the page's side by side (three rows), the
+    steered row alone, or with one of the others (issue #49).  :meth:`admit` runs new requests' prompts
     and joins their rows; :meth:`sample` picks every request's next tokens
     from the rows' current hidden states and returns one event per request;
     :meth:`advance` drops the requests that are done or cancelled and runs
@@ -513,6 +539,20 @@ class DecodeBatch:
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    @property
+    def rows(self) -> int:
+        """Rows the batch decodes: three per side-by-side request, fewer for one that asked for less."""
+        return sum(len(r.kinds) for r in self.requests)
+
+    @staticmethod
+    def _starts(requests) -> list[int]:
+        """Each request's first row (its rows are contiguous, in ``kinds`` order)."""
+        starts, at = [], 0
+        for r in requests:
+            starts.append(at)
+            at += len(r.kinds)
+        return starts
 
     @property
     def can_join(self) -> bool:
@@ -574,8 +614,8 @@ class DecodeBatch:
             for pre in pre_steers:
                 if isinstance(pre, Steer) and pre.fn is not None and id(pre) not in state.input_vectors:
                     input_vector(pre, state, out.last_hidden_state)
-        order = [first + distinct.index(index_map[kind]) for first, distinct, index_map in plans
-                 for kind in (UNSTEERED, STEERED, COUNTERFACTUAL)]
+        order = [first + distinct.index(index_map[kind]) for r, (first, distinct, index_map) in zip(requests, plans)
+                 for kind in r.kinds]
         gather = torch.tensor(order, device=device)
         cache = out.past_key_values
         kv_rows.keep_rows(cache, gather)
@@ -583,11 +623,14 @@ class DecodeBatch:
         final_residual = final[self._final_block].index_select(0, gather.to(final[self._final_block].device))
         mask = attention.to(device).index_select(0, gather)
         positions = position[:, -1].to(device).index_select(0, gather) + 1
-        for i, r in enumerate(requests):
+        for r, (first, _, _) in zip(requests, plans):
             vectors = {}
+            # input-dependent steers make their plan compute all three rows (_prefill_rows), so their vectors
+            # are (3, hidden) whichever rows the request decodes
+            three = torch.tensor([first + kind for kind in (UNSTEERED, STEERED, COUNTERFACTUAL)])
             for pre, vec in state.input_vectors.items():  # keyed by id(prefill steer), as ``owner`` is
                 if owner[pre][0] is r:
-                    vectors[id(owner[pre][1])] = vec.index_select(0, gather[3 * i:3 * i + 3].to(vec.device))
+                    vectors[id(owner[pre][1])] = vec.index_select(0, three.to(vec.device))
             r._after_prefill(vectors, device)
         self._join(requests, cache, length, mask, positions, hidden, final_residual)
 
@@ -607,16 +650,16 @@ class DecodeBatch:
 
     def _steers_for(self, requests: list[Request]) -> list:
         """One (rows, hidden) matrix per steered block, one (rows, width) per steered head site; zero rows elsewhere."""
-        rows = 3 * len(requests)
+        rows = sum(len(r.kinds) for r in requests)
         device = self.handle.input_device
         resid: dict[int, torch.Tensor] = {}
         heads: dict[int, torch.Tensor] = {}
-        for i, r in enumerate(requests):
+        for start, r in zip(self._starts(requests), requests):
             for table, mine in ((resid, r.decode_resid), (heads, r.decode_heads)):
                 for layer, add in mine.items():
                     if layer not in table:
                         table[layer] = torch.zeros((rows, add.shape[-1]), device=device)
-                    table[layer][3 * i + STEERED] = add
+                    table[layer][start + r.kinds.index(STEERED)] = add
         steers = [Steer(layer=layer, vector=matrix) for layer, matrix in resid.items()]
         if heads:
             steers.append(HeadSteer(heads))
@@ -626,49 +669,68 @@ class DecodeBatch:
     def sample(self) -> list[tuple[Request, StepEvent]]:
         """Pick every request's next tokens from its rows' hidden states; one event per request.
 
-        The full unembedding runs for the unsteered and steered rows only (the
-        counterfactual row needs one logit, the steered token's, unless the
-        request has a Δlogit limit: :meth:`_limit_delta`); the direct Δlogit
-        costs one final-norm row per request; the host gets one transfer of
-        floats and one of ids for the whole batch.
+        The full unembedding runs for the sampled rows only (unsteered and
+        steered; the counterfactual row needs one logit, the steered token's,
+        unless the request has a Δlogit limit: :meth:`_limit_delta`); the
+        direct Δlogit costs one final-norm row per request; the host gets one
+        transfer of floats and one of ids for the whole batch.  A request
+        without an unsteered or counterfactual row (``Request.kinds``) simply
+        has no entries for it.
         """
         arch, tok = self.handle.arch, self.handle.tokenizer
-        n = len(self.requests)
+        requests = self.requests
         device = self.hidden.device
-        limited = [i for i, r in enumerate(self.requests) if r.sampling.max_delta_logit > 0]
-        measured = [i for i, r in enumerate(self.requests) if r.sampling.measure]
+        starts = self._starts(requests)
+
+        def row(i: int, kind: int) -> int:
+            return starts[i] + requests[i].kinds.index(kind)
+
+        # the sampled rows, request by request (each request's are contiguous): at[(i, kind)] is their place
+        sampled = [(i, kind) for i, r in enumerate(requests) for kind in (UNSTEERED, STEERED) if kind in r.kinds]
+        at = {key: j for j, key in enumerate(sampled)}
+        m = len(sampled)
+        with_cf = [i for i, r in enumerate(requests) if COUNTERFACTUAL in r.kinds]
+        cf_at = {i: c for c, i in enumerate(with_cf)}
+        limited = [i for i, r in enumerate(requests) if r.sampling.max_delta_logit > 0]
+        measured = [i for i, r in enumerate(requests) if r.sampling.measure]
         # a limited or measured request's counterfactual row rides in the same unembedding (one read of W_U for
         # all rows)
         whole = limited + [i for i in measured if i not in limited]
-        rows = [3 * i + row for i in range(n) for row in (UNSTEERED, STEERED)] + \
-               [3 * i + COUNTERFACTUAL for i in whole]
+        rows = [row(i, kind) for i, kind in sampled] + [row(i, COUNTERFACTUAL) for i in whole]
         unembedded = arch.logits(self.hidden.index_select(0, torch.tensor(rows, device=device)), pause=self.pause)
-        logits = unembedded[:2 * n]  # (2n, vocab): unsteered, steered, unsteered, steered, ...
-        firsts = [i for i in measured if self.requests[i].step == 0]  # their first token's KL is read this step
-        measures = self._measure(logits, unembedded[2 * n:], whole, measured, firsts) if measured else []
+        logits = unembedded[:m]  # (m, vocab): the sampled rows in ``sampled``'s order
+        firsts = [i for i in measured if requests[i].step == 0]  # their first token's KL is read this step
+        measures = self._measure(logits, unembedded[m:], whole, measured, firsts, at) if measured else []
         if limited:
             self._between()
-            worst, kept = self._limit_delta(logits, unembedded[2 * n:2 * n + len(limited)], limited)
+            worst, kept = self._limit_delta(logits, unembedded[m:m + len(limited)], limited, at)
         picked = []
-        for i, r in enumerate(self.requests):
+        for i, r in enumerate(requests):
             self._between()  # each request's sampling is a few passes over the vocabulary
             noise = r.gumbel(logits.shape[-1], logits.device) if r.sampling.temperature > 0 else None
-            processed = process_logits(logits[2 * i:2 * i + 2], r.history, r.sampling)
+            lo = at[(i, STEERED)] - (UNSTEERED in r.kinds)  # the request's first sampled row
+            processed = process_logits(logits[lo:lo + len(r.sides)], r.history, r.sampling)
             picked.append(choose(processed, r.sampling, noise))
         self._between()
-        picked = torch.cat(picked)  # (2n,): unsteered, steered, unsteered, steered, ...
-        steered_ids = picked[STEERED::2]
-        counterfactual = arch.logits_at(self.hidden[COUNTERFACTUAL::3], steered_ids)
+        picked = torch.cat(picked)  # (m,): the sampled rows' tokens, in ``sampled``'s order
+        cf_ids = picked.index_select(0, torch.tensor([at[(i, STEERED)] for i in with_cf], dtype=torch.long,
+                                                     device=picked.device))
+        cf_rows = torch.tensor([row(i, COUNTERFACTUAL) for i in with_cf], dtype=torch.long, device=device)
+        counterfactual = arch.logits_at(self.hidden.index_select(0, cf_rows), cf_ids) if with_cf else \
+            logits.new_zeros(0)
         lse = torch.logsumexp(logits, dim=-1)
         chosen = logits.gather(1, picked.unsqueeze(1)).squeeze(1)
         floats = [chosen, lse, counterfactual]
-        with_direct = [i for i, r in enumerate(self.requests) if r.additions.get(r.step > 0) is not None]
+        # the direct Δlogit reads the counterfactual row's final residual
+        with_direct = [i for i in with_cf if requests[i].additions.get(requests[i].step > 0) is not None]
         if with_direct:
-            adds = torch.stack([self.requests[i].additions[self.requests[i].step > 0] for i in with_direct])
-            idx = torch.tensor(with_direct, device=device)
-            floats.append(direct_delta_logit(arch, self.final[COUNTERFACTUAL::3].index_select(0, idx.to(self.final.device)),
-                                             adds, steered_ids.index_select(0, idx), counterfactual.index_select(0, idx)))
-        k = min(max(int(r.sampling.alternatives) for r in self.requests), arch.vocab_size)
+            adds = torch.stack([requests[i].additions[requests[i].step > 0] for i in with_direct])
+            finals = torch.tensor([row(i, COUNTERFACTUAL) for i in with_direct], device=self.final.device)
+            idx = torch.tensor([cf_at[i] for i in with_direct], device=counterfactual.device)
+            floats.append(direct_delta_logit(arch, self.final.index_select(0, finals), adds,
+                                             cf_ids.index_select(0, idx.to(cf_ids.device)),
+                                             counterfactual.index_select(0, idx)))
+        k = min(max(int(r.sampling.alternatives) for r in requests), arch.vocab_size)
         self._between()
         if k:
             top_values, top_indices = topk_last(logits, k)
@@ -679,43 +741,43 @@ class DecodeBatch:
         values = torch.cat([f.reshape(-1).float() for f in floats]).tolist()
         id_list = torch.cat([picked, top_indices.reshape(-1)] if k else [picked]).tolist()
         strings = _decode_many(tok, id_list)
-        direct = dict(zip(with_direct, values[5 * n:5 * n + len(with_direct)]))
-        end = 5 * n + len(with_direct) + 2 * n * k
-        probs = values[5 * n + len(with_direct):end]
-        limit = {i: (values[end + m], values[end + len(limited) + m]) for m, i in enumerate(limited)}
+        nc = len(with_cf)
+        cf_logit = {i: values[2 * m + c] for c, i in enumerate(with_cf)}
+        direct = dict(zip(with_direct, values[2 * m + nc:2 * m + nc + len(with_direct)]))
+        end = 2 * m + nc + len(with_direct) + m * k
+        probs = values[2 * m + nc + len(with_direct):end]
+        limit = {i: (values[end + c], values[end + len(limited) + c]) for c, i in enumerate(limited)}
         end += 2 * len(limited)
         # measured: the counterfactual row's log-sum-exp, then (first step only) the first token's KL
-        cf_lse = {i: values[end + m] for m, i in enumerate(measured)}
-        first_kl = {i: values[end + len(measured) + m] for m, i in enumerate(firsts)}
+        cf_lse = {i: values[end + c] for c, i in enumerate(measured)}
+        first_kl = {i: values[end + len(measured) + c] for c, i in enumerate(firsts)}
         events = []
-        for i, r in enumerate(self.requests):
-            new = {}
-            for row in (UNSTEERED, STEERED):
-                j = 2 * i + row
-                side = r.sides[row]
+        for i, r in enumerate(requests):
+            new = {UNSTEERED: None, STEERED: None}
+            for kind, side in r.sides.items():
                 if side.finished:
-                    new[row] = None
                     continue
+                j = at[(i, kind)]
                 tid = id_list[j]
                 own_k = min(int(r.sampling.alternatives), k)
-                alts = [(strings[2 * n + j * k + a], probs[j * k + a]) for a in range(own_k)]
-                rec = TokenRecord(token_id=tid, token=strings[j], logprob=values[j] - values[2 * n + j],
+                alts = [(strings[m + j * k + a], probs[j * k + a]) for a in range(own_k)]
+                rec = TokenRecord(token_id=tid, token=strings[j], logprob=values[j] - values[m + j],
                                   alternatives=alts)
-                if row == STEERED:
-                    rec.delta_logit = values[j] - values[4 * n + i]
+                if kind == STEERED and i in cf_logit:
+                    rec.delta_logit = values[j] - cf_logit[i]
                     # no steer touched this position: nothing flows straight from the steering to it
                     rec.direct_delta_logit = direct.get(i, 0.0)
                     if i in limit:
                         rec.max_delta_logit, rec.kept = limit[i]
                     if i in cf_lse:
-                        rec.unsteered_logprob = values[4 * n + i] - cf_lse[i]
-                new[row] = rec
+                        rec.unsteered_logprob = cf_logit[i] - cf_lse[i]
+                new[kind] = rec
                 if tid in r.eos:
                     side.finished = "eos"
                     continue
                 side.tokens.append(rec)
-                r.generated[row].append(tid)
-                side.text = tok.decode(r.generated[row], skip_special_tokens=True)
+                r.generated[kind].append(tid)
+                side.text = tok.decode(r.generated[kind], skip_special_tokens=True)
                 for stop in r.sampling.stop:
                     if stop and stop in side.text:
                         side.text = side.text[: side.text.index(stop)]
@@ -724,34 +786,36 @@ class DecodeBatch:
             if i in first_kl:
                 r.result.first_kl = first_kl[i]
             if r.history is not None:
-                r.history = torch.cat([r.history, picked[2 * i:2 * i + 2].unsqueeze(1)], dim=1)
+                lo = at[(i, STEERED)] - (UNSTEERED in r.kinds)
+                r.history = torch.cat([r.history, picked[lo:lo + len(r.sides)].unsqueeze(1)], dim=1)
             r.result.steps = r.step + 1
             r.step += 1
             if all(side.finished for side in r.sides.values()) or r.step >= r.sampling.max_new_tokens:
                 r._finish()
             events.append((r, StepEvent(step=r.step - 1, unsteered=new[UNSTEERED], steered=new[STEERED],
                                         result=r.result)))
-        # the next inputs: unsteered row its token, steered and counterfactual rows the steered token
-        feed = torch.tensor([2 * i + row for i in range(n) for row in (UNSTEERED, STEERED, STEERED)], device=device)
+        # the next inputs: the unsteered row its token, the steered and counterfactual rows the steered token
+        feed = torch.tensor([at[(i, UNSTEERED if kind == UNSTEERED else STEERED)]
+                             for i, r in enumerate(requests) for kind in r.kinds], device=device)
         self.next_ids = picked.index_select(0, feed).unsqueeze(1)
         return events
 
     def _measure(self, logits: torch.Tensor, counterfactual: torch.Tensor, whole: list[int],
-                 measured: list[int], firsts: list[int]) -> list[torch.Tensor]:
+                 measured: list[int], firsts: list[int], at: dict) -> list[torch.Tensor]:
         """For ``measured`` requests: their counterfactual rows' log-sum-exp (``counterfactual`` holds the rows
         of ``whole``, in its order) and, for ``firsts`` (those at their first step), KL(unsteered ‖ steered) of
         the raw next-token distributions (before any Δlogit limit: the push itself, as the slider's readout shows
-        it)."""
-        at = torch.tensor([whole.index(i) for i in measured], device=counterfactual.device)
-        out = [torch.logsumexp(counterfactual.index_select(0, at).float(), dim=-1)]
+        it).  ``at``: each sampled (request, row kind)'s place in ``logits``."""
+        where = torch.tensor([whole.index(i) for i in measured], device=counterfactual.device)
+        out = [torch.logsumexp(counterfactual.index_select(0, where).float(), dim=-1)]
         if firsts:
-            u = logits[[2 * i + UNSTEERED for i in firsts]].float().log_softmax(-1)
-            st = logits[[2 * i + STEERED for i in firsts]].float().log_softmax(-1)
+            u = logits[[at[(i, UNSTEERED)] for i in firsts]].float().log_softmax(-1)
+            st = logits[[at[(i, STEERED)] for i in firsts]].float().log_softmax(-1)
             out.append((u.exp() * (u - st)).sum(-1))
         return out
 
     def _limit_delta(self, logits: torch.Tensor, base: torch.Tensor,
-                     limited: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                     limited: list[int], at: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Hold each limited request's steered logits within its Δlogit limit; (worst before, share kept) per request.
 
         The bound a vector is trained or calibrated for (docs/tsv.md) is on
@@ -765,10 +829,11 @@ class DecodeBatch:
         the logit change a proportionally weaker push would make to first
         order; the residual stream keeps the full push (later steps are held
         again if they go over), and the token's direct Δlogit stays that of the
-        full push.  ``logits`` (2n, vocab) is changed in place; ``base``: the
-        limited requests' counterfactual logits, in ``limited``'s order.
+        full push.  ``logits`` (sampled rows, vocab) is changed in place; ``base``: the
+        limited requests' counterfactual logits, in ``limited``'s order; ``at``: each sampled (request, row kind)'s
+        place in ``logits``.
         """
-        steered_rows = torch.tensor([2 * i + STEERED for i in limited], device=logits.device)
+        steered_rows = torch.tensor([at[(i, STEERED)] for i in limited], device=logits.device)
         delta = logits.index_select(0, steered_rows).float() - base.float()
         worst = centred(delta).abs().amax(-1)  # the measure a vector's bound is trained and checked on
         bound = torch.tensor([self.requests[i].sampling.max_delta_logit for i in limited], device=logits.device)
@@ -790,8 +855,9 @@ class DecodeBatch:
         self.next_ids = None
 
     def _keep(self, keep: list[int]) -> None:
+        starts = self._starts(self.requests)
+        kept_rows = [starts[i] + j for i in keep for j in range(len(self.requests[i].kinds))]
         self.requests = [self.requests[i] for i in keep]
-        kept_rows = [3 * i + row for i in keep for row in range(3)]
         self.kv.keep(kept_rows)  # static: the leaving rows' slots are freed; dynamic: their KV rows dropped
         if not self.requests:
             self.hidden = self.final = self.next_ids = None

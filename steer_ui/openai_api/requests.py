@@ -107,6 +107,26 @@ def _steering(body: dict) -> Any:
     return body.get("steering")
 
 
+# the spec's numeric fields (and their aliases): JSON numbers only over HTTP, where the page's and the CLI's
+# parser also reads numbers typed as text; a client that sends "0.3" has a bug the answer should show
+SPEC_NUMBERS = ("scale", "alpha", "coefficient", "seed", "layers", "layer")
+
+
+def _typed_spec(spec: Any) -> Any:
+    """``spec`` unchanged when every numeric field of every term is a JSON number (the shape itself is the
+    door's to check); a 400 naming the term and field otherwise."""
+    terms = spec.get("vectors") if isinstance(spec, dict) else None
+    for n, term in enumerate(terms if isinstance(terms, list) else [], start=1):
+        for name in SPEC_NUMBERS if isinstance(term, dict) else ():
+            value = term.get(name)
+            values = value if name in ("layers", "layer") and isinstance(value, list) else [value]
+            bad = [v for v in values if value is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+            if bad:
+                raise ApiError(400, f"steering term {n}: '{name}' must be a number, not {type(bad[0]).__name__}",
+                               "steering", "number_not_a_number")  # the door's code for the same refusal
+    return spec
+
+
 def read(body: Any, chat: bool, max_new_tokens: int) -> Generation:
     """A request body (parsed JSON) as a :class:`Generation`; ``max_new_tokens``: the server's bound."""
     if not isinstance(body, dict):
@@ -155,7 +175,8 @@ def read(body: Any, chat: bool, max_new_tokens: int) -> Generation:
         logprobs, top = top is not None, top or 0
     seed = _number(body, "seed", None, 0, 2 ** 63 - 1, integer=True)
     return Generation(
-        model=model, prompt=prompt, messages=messages, steering=_steering(body), max_tokens=max_tokens,
+        model=model, prompt=prompt, messages=messages, steering=_typed_spec(_steering(body)),
+        max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0, 2), top_p=_number(body, "top_p", 1.0, 1e-9, 1),
         top_k=max(0, _number(body, "top_k", 0, -1, 1 << 20, integer=True)),  # vLLM's -1 = off, as is 0 here
         repetition_penalty=_number(body, "repetition_penalty", 1.0, 1e-3, 100),

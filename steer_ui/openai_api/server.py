@@ -35,6 +35,7 @@ OWNER_HEADER = "x-steer-owner"
 # a refusal's status by the door's message key (the rest are 400): unknown things 404, a full house 429/503
 STATUS = {"unknown_vector": 404, "busy": 429, "session_busy": 429, "too_many_sessions": 429, "no_model": 503,
           "model_load_failed": 503, "generation_timeout": 503}
+RETRY_AFTER_SECONDS = 1  # a place in the batch frees at the next decode step; a second is ample
 
 
 def install(app, backend: Service, api_keys=(), passwords=()) -> None:
@@ -53,7 +54,9 @@ def router(backend: Service, api_keys=(), passwords=()):
     limit = max(8, backend.policy.requests_per_session)  # requests one address may have running at once
 
     def error(exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        # a busy server says when to come back, as OpenAI's does; clients (the SDK) wait that long and retry
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status in (429, 503) else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=retry)
 
     def check_key(request: Request) -> None:
         if not keys:
@@ -65,9 +68,9 @@ def router(backend: Service, api_keys=(), passwords=()):
                            kind="authentication_error")
 
     async def body_of(request: Request) -> Any:
-        try:
+        try:  # the body's size is bounded before this (ui.request_guard.BodyLimit, policy.max_body_bytes)
             return json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, a number of thousands of digits, deep nesting
             raise ApiError(400, "the request body is not valid JSON") from None
 
     def refusal(exc: UserError) -> ApiError:
@@ -216,7 +219,10 @@ def _start(backend: Service, gen: Generation, chat: bool, address, owner: str | 
                                 temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
                                 repetition_penalty=gen.repetition_penalty, seed=gen.seed,
                                 greedy=gen.temperature == 0, stop=gen.stop,
-                                alternatives=max(gen.top_logprobs, 1))
+                                alternatives=max(gen.top_logprobs, 1),
+                                # only the rows the answer shows: the unsteered side for compare, the
+                                # counterfactual row for log-probabilities' Δlogit (issue #49)
+                                unsteered=gen.compare, counterfactual=gen.logprobs)
     streams = [backend.stream_generate_for(s, prompt, steering, dataclasses.replace(sampling, seed=sampling.seed + i))
                for i, s in enumerate(sessions)]
     job = Job(gen=gen, chat=chat, model=backend.handle.model_id, streams=streams, applied=applied,

@@ -143,7 +143,8 @@ class Explore:
 
     def sampling(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, seed: int = 0, greedy: bool | None = None,
-                 max_delta_logit: float = 0.0, stop=(), alternatives: int = 5):
+                 max_delta_logit: float = 0.0, stop=(), alternatives: int = 5, unsteered: bool = True,
+                 counterfactual: bool = True):
         from ..model.generation import GenerationError, Sampling
 
         number = self.shared.guard.number
@@ -162,7 +163,11 @@ class Explore:
                      seed=self.shared.guard.seed(seed),
                      max_delta_logit=number(max_delta_logit or 0.0, "max_delta_logit", low=0,
                                             high=MAX_DELTA_LOGIT_LIMIT), stop=stop,
-                     alternatives=number(alternatives, "top_logprobs", integer=True, low=0, high=MAX_ALTERNATIVES))
+                     alternatives=number(alternatives, "top_logprobs", integer=True, low=0, high=MAX_ALTERNATIVES),
+                     # the rows beside the steered one (issue #49): the API asks for them only when it answers
+                     # with them (compare, Δlogit in log-probabilities); the page always shows both
+                     unsteered=guards.flag(unsteered, "unsteered"),
+                     counterfactual=guards.flag(counterfactual, "counterfactual"))
         try:
             s.validate()  # the open ends: top-p and the repetition penalty above 0
         except GenerationError as exc:
@@ -209,13 +214,14 @@ class Explore:
         """:meth:`stream_generate` for a steering spec of one or more terms; ``settings`` (the one-vector
         request's, where it was one) is kept with the last generation for Save result."""
         from ..model.engine import EngineBusy
-        from ..model.generation import Request
+        from ..model.generation import Request, row_kinds
         from ..steering_spec import parse
 
         sampling = sampling or self.sampling()
         guard = self.shared.guard
-        # three rows (unsteered, steered, counterfactual) over the prompt and every new token
-        needed = guard.prompt(self.models.handle, prompt, rows=3, new_tokens=sampling.max_new_tokens)
+        # its rows (the page's three: unsteered, steered, counterfactual) over the prompt and every new token
+        needed = guard.prompt(self.models.handle, prompt, rows=len(row_kinds(sampling)),
+                              new_tokens=sampling.max_new_tokens)
         steers = self.library.steers_for(session, steering)
         engine = self.models.engine()
         try:

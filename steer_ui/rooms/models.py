@@ -255,7 +255,7 @@ class Models:
     def engine_load(self) -> dict:
         """Generations running in the decode batch and waiting for it (no engine yet: none of either)."""
         engine = self._engine
-        return engine.load if engine is not None else {"running": 0, "waiting": 0}
+        return engine.load if engine is not None else {"running": 0, "waiting": 0, "rows": 0}
 
     def explore_workers(self):
         """(engine, slider batcher) of the current model, made together."""

@@ -30,6 +30,10 @@ Headline ratios (targets from the performance issue):
 * ``many_prompts_speedup``: 16 prompts' side-by-side generations one after
   another ÷ the same 16 in one *Many prompts* comparison, which also
   computes every per-prompt measure (:func:`.many_users.bench_many_prompts`).
+* ``openai_concurrency_speedup``, ``openai_speedup_over_locked``: 8 streamed
+  ``/v1`` completions with 8 steerings (one unsteered) one after another, and
+  served one at a time behind a lock as saklas serves them, each ÷ the same 8
+  at once (:mod:`.openai_bench`; issue #49).
 * ``max_abs_delta_prob_vs_float32``: the accuracy cost of the model's dtype,
   max |Δ probability| of the next token against the same model in float32
   on fixed prompts (0 for a float32 model; ``--dtype bfloat16`` measures it on
@@ -65,6 +69,7 @@ from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, b
                        bench_greedy_vs_float32, bench_sweep, bench_training, bench_vs_float32, bench_vs_llama_cpp,
                        float32_reference, measure_bandwidth, seeded_steer)
 from .many_users import bench_many_prompts, bench_many_users
+from .openai_bench import bench_openai
 from .timing import loadavg, parameter_bytes, peak_rss_bytes, rss_bytes
 
 # name: (comparison, target), on a CPU with the embedded model (float32); issue #20's figures
@@ -81,6 +86,7 @@ TARGETS = {
     "many_users_exact": (">=", 8),
     "slider_p95_load_over_idle_p50": ("<=", 2.0),
     "many_prompts_speedup": (">=", 4.0),  # issue #31
+    "openai_concurrency_speedup": (">=", 3.0),  # issue #49: 8 /v1 streams with 8 steerings at once
     "vs_llama_cpp": ("<=", 2.0),  # issue #37: our side-by-side step over llama.cpp's steered token (if installed)
 }
 # On a GPU (issue #20, an 8B-shaped model in bfloat16): a captured decode step should come nearer the weights'
@@ -91,7 +97,7 @@ GPU_TARGETS = {**TARGETS, "decode_floor_fraction": (">=", 0.6), "side_by_side_sp
                "many_users_speedup": (">=", 6.0), "greedy_equal_or_explained": (">=", 8)}
 # Sections a run can leave out (``--skip``): the long ones that time no decode path
 SKIPPABLE = ("training", "extract", "bf16_lm_head", "bf16_model", "cold_load", "alpha_grid", "vs_float32",
-             "many_prompts")
+             "many_prompts", "openai")
 
 
 def targets_for(device_type: str) -> dict:
@@ -199,6 +205,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
     timed("many_users", lambda: bench_many_users(handle, layer, 8 if quick else 32, 1 if quick else 3, log,
                                                  moves=5 if quick else 20))
     timed("many_prompts", lambda: bench_many_prompts(handle, layer, 8 if quick else 32, 1 if quick else 3, log))
+    timed("openai", lambda: bench_openai(handle, layer, 8 if quick else 32, 1 if quick else 3, log))
     # the app's footprint: model loaded, decoded, analysed (before the extra copies the modes below make)
     result["memory"] = {"rss_gb": rss_bytes() / 1e9, "peak_rss_gb": peak_rss_bytes() / 1e9,
                         "note": "peak RSS of this process after load, decode, slider and sweep"}
@@ -240,6 +247,10 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "many_users_exact": result["many_users"]["many_users_exact"],
         "slider_p95_load_over_idle_p50": result["many_users"]["slider_p95_load_over_idle_p50"],
         "many_prompts_speedup": result["many_prompts"].get("many_prompts_speedup"),
+        # issue #49: 8 /v1 streams one after another over the same 8 at once; and the 8 served one at a time
+        # behind a lock (saklas's way) over the same 8 at once
+        "openai_concurrency_speedup": result["openai"].get("openai_concurrency_speedup"),
+        "openai_speedup_over_locked": result["openai"].get("openai_speedup_over_locked"),
         # the accuracy cost of the model's dtype (0 in float32); no target, the reader weighs it against speed
         "max_abs_delta_prob_vs_float32": result["dtype_accuracy"]["max_abs_delta_prob"],
         # issue #51: of the sequences decoded greedily, those equal to the float32 eager reference or parted
@@ -264,6 +275,7 @@ def markdown_table(result: dict) -> str:
     extract = result.get("extract", {})
     users = result["many_users"]
     prompts = result["many_prompts"]
+    api = result.get("openai", {})
     rows = [  # (measure, what it was measured from); its value is result['ratios'][measure]
         ("side_by_side_speedup",
          f"HF generate ×2: {sbs['hf_two_generate_calls_ms']:.0f} ms vs ours {sbs['ours_side_by_side_ms']:.0f} ms "
@@ -307,6 +319,13 @@ def markdown_table(result: dict) -> str:
          f"{prompts['sequential_ms']:.0f} ms vs one comparison {prompts['comparison_ms']:.0f} ms "
          f"(its generations alone {prompts['comparison_generation_ms']:.0f} ms, {prompts['in_flight']} in flight)"
          if "comparison_ms" in prompts else prompts.get("status", "")),
+        ("openai_concurrency_speedup",
+         f"{api['clients']} /v1 streams of {api['new_tokens']} tokens, {api['clients']} steerings (one unsteered): "
+         f"one after another {api['sequential_ms']:.0f} ms vs at once {api['concurrent_ms']:.0f} ms; "
+         f"{api['openai_exact']} of {api['clients']} equal" if "concurrent_ms" in api else api.get("status", "")),
+        ("openai_speedup_over_locked",
+         f"the same {api['clients']} at once, served one at a time behind a lock (as saklas serves them): "
+         f"{api['locked_ms']:.0f} ms" if "locked_ms" in api else api.get("status", "")),
         ("max_abs_delta_prob_vs_float32",
          f"{result['dtype_accuracy']['dtype']} vs float32 next-token probabilities, "
          f"{result['dtype_accuracy']['prompts']} prompts, top-1 agree {result['dtype_accuracy']['top1_agree']}"),

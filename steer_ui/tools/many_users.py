@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 from ..model.analysis import next_token
@@ -23,7 +22,7 @@ from ..model.generation import Request, Sampling, max_positions
 from ..model.hooks import Steer
 from ..model.units import to_raw_alpha
 from ..vector import random_vector
-from .timing import median, ms, percentile, ratio
+from .timing import at_once, median, ms, percentile, ratio
 
 PROMPTS = ("Hi", "The weather in Paris today is", "My favourite thing about long train journeys is that",
            "Write a short story about a robot who learns to paint. Once upon a time, in a quiet town by the sea,")
@@ -55,21 +54,7 @@ def _sequential(engine, handle, specs) -> tuple[float, list]:
 
 
 def _concurrent(engine, handle, specs) -> tuple[float, list]:
-    results = [None] * len(specs)
-    barrier = threading.Barrier(len(specs) + 1)
-
-    def client(i):
-        barrier.wait()
-        results[i] = _one(engine, handle, specs[i])
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(specs))]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - start, results
+    return at_once([lambda spec=spec: _one(engine, handle, spec) for spec in specs])
 
 
 def _difference(a, b) -> dict:

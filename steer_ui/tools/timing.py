@@ -24,6 +24,34 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def at_once(calls: list[Callable[[], object]]) -> tuple[float, list]:
+    """Seconds until every one of ``calls`` has returned, each in its own thread, all released together (as
+    many clients sending at the same moment), and their results in order; a call's error is raised here."""
+    import threading
+
+    results: list = [None] * len(calls)
+    errors: list = []
+    barrier = threading.Barrier(len(calls) + 1)
+
+    def client(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = calls[i]()
+        except Exception as exc:  # noqa: BLE001 - raised in the caller's thread, below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - start, results
+
+
 def timings(fn: Callable[[], object], reps: int, device: torch.device) -> list[float]:
     """Seconds of ``reps`` back-to-back calls of ``fn``, each bracketed by device syncs."""
     out = []

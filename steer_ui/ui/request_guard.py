@@ -171,7 +171,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send, int(declared))
+            return await self._refuse(send, int(declared), scope)
         chunks, size, more = [], 0, True
         while more:  # read the body here, within the limit, and hand gradio a replay of it
             message = await receive()
@@ -180,15 +180,18 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.limit:
-                return await self._refuse(send, size)
+                return await self._refuse(send, size, scope)
             more = message.get("more_body", False)
         return await self.app(scope, _replay([b"".join(chunks)], None, receive), send)
 
-    async def _refuse(self, send, size: int) -> None:
+    async def _refuse(self, send, size: int, scope) -> None:
         import json
 
         text = i18n.message("en", "body_too_large", size=f"{size / 2**20:.1f}", limit=f"{self.limit / 2**20:g}")
-        body = json.dumps({"detail": text}).encode()
+        # /v1's clients read OpenAI's error object (docs/api.md); gradio's read FastAPI's detail
+        body = json.dumps({"error": {"message": text, "type": "invalid_request_error", "param": None,
+                                     "code": "body_too_large"}} if scope.get("path", "").startswith("/v1/")
+                          else {"detail": text}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -222,3 +222,25 @@ def test_with_auth_a_password_of_the_page_is_a_key_of_the_api(app):
     for header in ({}, {"Authorization": "Bearer ann:wrong"}, {"Authorization": "Basic YW5uOnMzY3JldA=="}):
         answer = client_.get("/v1/models", headers=header)
         assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_two_vectors_streamed_over_chat_are_the_page_s_two_vector_generation(client, app):
+    """docs/api.md's two-vector example, on this model: the stream adds up to the door's generation for the same
+    spec of two terms (the page's and the CLI's), tokens and log-probabilities, and it is neither term's alone."""
+    backend = app[0]
+    two = {"vectors": [spec(seed=3, scale=1.0, layer=1)["vectors"][0], spec(seed=8, scale=1.5, layer=2)["vectors"][0]]}
+    messages = [{"role": "user", "content": "Describe Monday."}]
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0,
+                                            logprobs=True, stream=True, extra_body={"steering": two})
+    text, logprobs = "", []
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            logprobs += [t.logprob for t in (chunk.choices[0].logprobs.content if chunk.choices[0].logprobs else [])]
+    prompt = backend.chat_prompt(messages)
+    own = door_generation(backend, prompt, two, 10)
+    assert text == own.steered_text
+    assert logprobs == pytest.approx([t.logprob for t in own.steered_tokens], abs=1e-4)
+    for alone in two["vectors"]:  # each term alone gives other numbers (a random model's tokens may not differ)
+        other = door_generation(backend, prompt, {"vectors": [alone]}, 10).steered_tokens
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(other, own.steered_tokens)) > 1e-3

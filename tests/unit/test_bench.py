@@ -214,3 +214,14 @@ def test_bench_refuses_an_unknown_section_to_skip_in_one_json_line(capsys):
     code = main(["bench", "--model", "tiny:llama", "--skip", "training,decode", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 2 and "decode" in out["error"] and "\n" not in out["error"]
+
+
+def test_quick_run_serves_eight_api_streams_at_once_each_its_own_answer(quick_result):
+    """Issue #49's line: 8 /v1 streams with 8 steerings, one after another, at once and behind a lock; the
+    concurrent answers are the one-after-another ones, and each steered-only stream was one row of the batch."""
+    api = quick_result["openai"]
+    assert api["openai_exact"] == 8
+    for name in ("openai_concurrency_speedup", "openai_speedup_over_locked"):
+        assert _finite(quick_result["ratios"][name]) and quick_result["ratios"][name] > 0
+    assert api["engine"]["peak_requests"] == 8 and api["engine"]["mean_rows_per_step"] <= 3
+    assert "openai_concurrency_speedup" in markdown_table(quick_result)
