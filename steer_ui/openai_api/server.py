@@ -79,12 +79,17 @@ def router(backend: Service, api_keys=(), passwords=()):
                         exc.key == "unknown_vector" else None, exc.key,
                         "rate_limit_error" if status == 429 else "invalid_request_error")
 
+    def check_ready() -> None:
+        # while the model loads (the bundled vectors with it) a named source would read as unknown: say why
+        if not backend.model_ready:
+            raise ApiError(503, "the model is still loading: try again shortly", code="model_loading",
+                           kind="server_error")
+
     @api.get("/models")
     def models(request: Request):
         try:
             check_key(request)
-            if not backend.model_ready:
-                raise ApiError(503, "the model is still loading", code="model_loading", kind="server_error")
+            check_ready()
         except ApiError as exc:
             return error(exc)
         return {"object": "list", "data": [{"id": backend.handle.model_id, "object": "model", "created": 0,
@@ -96,6 +101,7 @@ def router(backend: Service, api_keys=(), passwords=()):
         address = getattr(request.client, "host", None)
         try:
             check_key(request)
+            check_ready()
             # an owner token sent from many addresses is still one owner: both are capped
             owner = request.headers.get(OWNER_HEADER)
             holders = [("address", address)] + ([("owner", owner[:200])] if owner else [])
