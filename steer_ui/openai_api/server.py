@@ -51,7 +51,7 @@ def router(backend: Service, api_keys=(), passwords=()):
     keys = [k for k in api_keys if k] + [f"{user}:{password}" for user, password in passwords or ()]
     in_flight: Counter = Counter()
     lock = threading.Lock()
-    limit = max(8, backend.policy.requests_per_session)  # requests one address may have running at once
+    limit = max(8, backend.policy.requests_per_session)  # requests one address, or one owner, may have at once
 
     def error(exc: ApiError) -> JSONResponse:
         # a busy server says when to come back, as OpenAI's does; clients (the SDK) wait that long and retry
@@ -79,12 +79,17 @@ def router(backend: Service, api_keys=(), passwords=()):
                         exc.key == "unknown_vector" else None, exc.key,
                         "rate_limit_error" if status == 429 else "invalid_request_error")
 
+    def check_ready() -> None:
+        # while the model loads (the bundled vectors with it) a named source would read as unknown: say why
+        if not backend.model_ready:
+            raise ApiError(503, "the model is still loading: try again shortly", code="model_loading",
+                           kind="server_error")
+
     @api.get("/models")
     def models(request: Request):
         try:
             check_key(request)
-            if not backend.model_ready:
-                raise ApiError(503, "the model is still loading", code="model_loading", kind="server_error")
+            check_ready()
         except ApiError as exc:
             return error(exc)
         return {"object": "list", "data": [{"id": backend.handle.model_id, "object": "model", "created": 0,
@@ -96,14 +101,20 @@ def router(backend: Service, api_keys=(), passwords=()):
         address = getattr(request.client, "host", None)
         try:
             check_key(request)
+            check_ready()
+            # an owner token sent from many addresses is still one owner: both are capped
+            owner = request.headers.get(OWNER_HEADER)
+            holders = [("address", address)] + ([("owner", owner[:200])] if owner else [])
             with lock:
-                if in_flight[address] >= limit:
-                    raise ApiError(429, f"at most {limit} requests at once from one address", code="busy",
+                full = [kind for kind, key in holders if in_flight[(kind, key)] >= limit]
+                if full:
+                    raise ApiError(429, f"at most {limit} requests at once from one {full[0]}", code="busy",
                                    kind="rate_limit_error")
-                in_flight[address] += 1
+                for holder in holders:
+                    in_flight[holder] += 1
         except ApiError as exc:
             return error(exc)
-        release = _once(lambda: _release(lock, in_flight, address))
+        release = _once(lambda: _release(lock, in_flight, holders))
         try:
             gen = read(await body_of(request), chat, backend.policy.max_new_tokens)
             job = await run_in_threadpool(_start, backend, gen, chat, address, request.headers.get(OWNER_HEADER))
@@ -134,11 +145,12 @@ def router(backend: Service, api_keys=(), passwords=()):
     return api
 
 
-def _release(lock, in_flight: Counter, address) -> None:
+def _release(lock, in_flight: Counter, holders) -> None:
     with lock:
-        in_flight[address] -= 1
-        if in_flight[address] <= 0:
-            del in_flight[address]
+        for holder in holders:
+            in_flight[holder] -= 1
+            if in_flight[holder] <= 0:
+                del in_flight[holder]
 
 
 def _once(fn):

@@ -244,3 +244,21 @@ def test_two_vectors_streamed_over_chat_are_the_page_s_two_vector_generation(cli
     for alone in two["vectors"]:  # each term alone gives other numbers (a random model's tokens may not differ)
         other = door_generation(backend, prompt, {"vectors": [alone]}, 10).steered_tokens
         assert max(abs(a.logprob - b.logprob) for a, b in zip(other, own.steered_tokens)) > 1e-3
+
+
+def test_while_the_model_loads_a_request_is_told_so_with_retry_after_not_that_its_vector_is_unknown(tmp_path):
+    """Without --wait the app serves while the model and its bundled vectors load: a request naming the default
+    vector then is a 503 to retry, not a 404 for a vector that is about to exist."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from steer_ui.openai_api.server import router
+    from steer_ui.service import Service
+
+    api = FastAPI()
+    api.include_router(router(Service(workdir=tmp_path)))  # no model yet
+    body = {"model": "embedded", "prompt": "Hi", "steering": {"vectors": [
+        {"source": "positive sentiment (default)", "scale": 0.1}]}}
+    for answer in (TestClient(api).post("/v1/completions", json=body), TestClient(api).get("/v1/models")):
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+        assert answer.json()["error"]["code"] == "model_loading"

@@ -269,3 +269,27 @@ def test_a_client_that_leaves_mid_stream_frees_its_rows_at_the_next_step(server,
         time.sleep(0.05)
     assert _rows(server)["running"] == 0 and _rows(server)["rows"] == 0
     honest_api()
+
+
+def test_one_owner_s_streams_from_many_addresses_are_capped_as_one_owner(server, honest_api):
+    """An owner token is one stranger wherever it calls from: 24 streams from 24 loopback addresses, one owner."""
+    token = client(server).predict(api_name="/whoami")
+    body = _body(stream=True, max_tokens=24, steering=STEERING)
+
+    def one(i: int):
+        transport = httpx.HTTPTransport(local_address=f"127.0.0.{i + 2}")
+        with httpx.Client(transport=transport, timeout=300) as http, \
+                http.stream("POST", server.url + "v1/completions", json={**body, "seed": i},
+                            headers={"X-Steer-Owner": token}) as answer:
+            return answer.status_code, answer.read()
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(24) as pool:
+        outcomes = list(pool.map(one, range(24)))
+    served = [raw for status, raw in outcomes if status == 200]
+    assert 1 <= len(served) <= 8, len(served)
+    for status, raw in outcomes:
+        if status != 200:
+            assert status == 429 and "one owner" in json.loads(raw)["error"]["message"], (status, raw[:200])
+    honest_api()
