@@ -84,7 +84,7 @@ class _Server:
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
-        self.backend.models.engine().close(wait=30)
+        self.backend.engine().close(wait=30)
 
 
 def _stream(url: str, prompt: str, steering: dict | None, tokens: int) -> str:
@@ -140,7 +140,7 @@ def bench_openai(handle, layer: int, n_tokens: int, reps: int, log) -> dict:
             locked.append(t_locked)
             exact.append(min(sum(a == b for a, b in zip(together, solo)),
                              sum(a == b for a, b in zip(one_by_one, solo))))
-        engine = server.backend.models.engine().stats
+        engine = server.backend.engine().stats
     finally:
         server.close()
     return {
