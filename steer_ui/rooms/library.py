@@ -120,7 +120,8 @@ class Library:
         return int(layer)
 
     def steers(self, session: str | None, vector_name: str | None, layer: int | None, alpha: float,
-               relative: bool = True, seed: int = 0, positions: str | None = None) -> list:
+               relative: bool = True, seed: int = 0, positions: str | None = None,
+               special_tokens: bool = False) -> list:
         """Hook specs for the chosen vector, layer and α (raw or relative units)."""
         from ..steering import build_steers
 
@@ -131,7 +132,8 @@ class Library:
         alpha = guard.alpha(alpha)
         try:
             steers = build_steers(handle, vector, alpha, layer=self._vector_layer(vector, layer),
-                                  relative=guards.flag(relative, "relative"), positions=positions)
+                                  relative=guards.flag(relative, "relative"), positions=positions,
+                                  special_tokens=guards.flag(special_tokens, "special_tokens"))
         except UserError:
             raise
         except expected_errors() as exc:  # check_compatible's refusals are keyed; others keep their English detail
@@ -153,7 +155,8 @@ class Library:
             vector = self.get_vector(session, source, term.layers[0] if term.layers else None, term.seed)
             movable = term.random or self._vector_layer(vector, 0) is not None
             for layer in (term.layers if movable and term.layers else (term.layers[:1] or (None,))):
-                steers += self.steers(session, source, layer, term.scale, term.normalize, term.seed, term.positions)
+                steers += self.steers(session, source, layer, term.scale, term.normalize, term.seed, term.positions,
+                                      term.special_tokens)
         self.shared.guard.pushes(handle, steers)  # terms at one layer add: their sum must stay finite too
         return steers
 
