@@ -69,6 +69,7 @@ class Sampling:
     seed: int = 0
     stop: Sequence[str] = ()
     stop_at_eos: bool = True
+    stop_ids: Sequence[int] = ()  # more token ids that end a side (a chat turn's end: the template's markers)
     alternatives: int = 5  # top-k alternatives recorded per token
     # 0 = off; else the most any token's centred logit may move at a steered step (see DecodeBatch.sample)
     max_delta_logit: float = 0.0
@@ -451,7 +452,8 @@ class Request:
         row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
         return cls(prompt=prompt, ids=ids, steers=steers, sampling=sampling,
                    result=SideBySide(prompt=prompt, unsteered=Side(), steered=Side()),
-                   eos=_eos_ids(handle) if sampling.stop_at_eos else set(), row_steers=row_steers,
+                   eos=(_eos_ids(handle) if sampling.stop_at_eos else set()) | {int(i) for i in sampling.stop_ids},
+                   row_steers=row_steers,
                    last_special=bool(special_positions(handle, torch.tensor(ids[-1:])).any()))
 
     def gumbel(self, vocab: int, device) -> torch.Tensor:

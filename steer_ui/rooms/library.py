@@ -186,7 +186,7 @@ class Library:
         return {"vectors": terms}
 
     # ---------------------------------------------------- saved results
-    def _freeze(self, s, payload: dict, vector_name) -> str:
+    def freeze(self, s, payload: dict, vector_name) -> str:
         """Keep ``payload`` (stamped with the model and the time) as a saved result; its id."""
         payload = {**payload, "model_id": self.models.handle.model_id,
                    "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
@@ -203,10 +203,10 @@ class Library:
         s = self.shared.find(session)
         if not generation:  # only the prompt, bounded as every prompt is
             prompt = guards.text(view.get("prompt"), "prompt", self.shared.policy.max_prompt_chars)
-            return self._freeze(s, {"kind": "link", "view": {"prompt": prompt}}, None)
+            return self.freeze(s, {"kind": "link", "view": {"prompt": prompt}}, None)
         if not s.last_generation:
             raise UserError("no_generation")
-        return self._freeze(s, {"view": view, "generation": s.last_generation}, view.get("vector"))
+        return self.freeze(s, {"view": view, "generation": s.last_generation}, view.get("vector"))
 
     def save_comparison(self, session: str | None) -> str:
         """Freeze the session's last *Many prompts* comparison (its settings, every row and the summary); its id
@@ -215,7 +215,7 @@ class Library:
         last = s.cache.get(LAST_COMPARISON)
         if not last:
             raise UserError("no_comparison")
-        return self._freeze(s, {"kind": "comparison", "comparison": last["comparison"], "settings": last["settings"]},
+        return self.freeze(s, {"kind": "comparison", "comparison": last["comparison"], "settings": last["settings"]},
                             last["settings"].get("vector"))
 
     def open_result_vector(self, session: str | None, result_id, client: str | None = None) -> str | None:

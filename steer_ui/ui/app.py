@@ -385,6 +385,8 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             .then(compare.show_saved, None, [opens_tab, compare.prompts] + compare.outputs,
                   api_name="page_comparison", api_visibility="undocumented", queue=False) \
             .then(None, [opens_tab], None, js=js_open_tab("compare", "args[0] === 'compare'")) \
+            .then(explore.chat.show_saved, None, explore.chat.saved_outputs, api_name="page_chat",
+                  api_visibility="undocumented", queue=False) \
             .then(saved_or(explore.next_token_fn, functools.partial(library_ui.saved_next_token, explore), "bars",
                            next_token_outputs), explore.next_token_inputs, next_token_outputs,
                   api_name="page_next_token", api_visibility="undocumented", show_progress="hidden", **SLIDER) \
