@@ -258,6 +258,7 @@ class Service:
     chat_view = property(lambda self: self.chat.view)  # (session) -> the conversation; the same for the rest
     chat_reset, chat_save = property(lambda self: self.chat.reset), property(lambda self: self.chat.save)
     chat_prompts, chat_template = property(lambda self: self.chat.prompts), property(lambda self: self.chat.template)
+    chat_answer = property(lambda self: self.chat.answer)  # a whole conversation given, nothing kept (--messages)
 
     # ================================================================ evaluation (rooms/evaluation.py)
     def compare(self, session, *args, **kwargs) -> dict:

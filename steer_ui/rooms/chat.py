@@ -83,24 +83,18 @@ class Chat:
              sampling=None) -> Iterator[dict]:
         """One user turn answered by both sides, streamed: each yield is ``{"user", "unsteered", "steered",
         "done", "prompts"}``; the last (``done``) is kept in the conversation."""
-        from ..steering_spec import parse
-
         s = self.shared.find(session)
         before = s.chat
         conv, user = self._next(s, message, system)
-        positions = "all" if guards.flag(steer_prompt, "steer_prompt") else "last"
-        spec = parse(steering, self.shared.policy.max_steering_terms, self.models.handle.arch.num_layers)
-        spec = dataclasses.replace(spec, terms=tuple(dataclasses.replace(t, positions=positions) for t in spec.terms))
+        spec = self._spec(steering, steer_prompt)
         prompts = {side: self.models.chat_prompt(self.messages(conv, side, user)) for side in ("unsteered", "steered")}
-        sampling = self.explore.sampling() if sampling is None else sampling
-        sampling = dataclasses.replace(sampling, stop_ids=self._markers(prompts["steered"]))
         started = time.monotonic()
         last = {"user": user, "unsteered": "", "steered": "", "done": False, "prompts": prompts}
-        for texts in self._both(session, prompts, spec, sampling):
+        for texts in self._both(session, prompts, spec, self._sampling(sampling, prompts["steered"])):
             last = {**last, **texts}
             yield last
         reply = {"user": user, "unsteered": last["unsteered"], "steered": last["steered"],
-                 "steering": spec.as_dict(), "steer_prompt": positions == "all",
+                 "steering": spec.as_dict(), "steer_prompt": spec.terms[0].positions == "all",
                  "seconds": round(time.monotonic() - started, 2)}
         if s.chat is not before:
             raise UserError("chat_changed")  # a reset or another turn while this one ran: keep theirs
@@ -109,6 +103,32 @@ class Chat:
             raise UserError("chat_full", limit=MAX_CHARS)
         s.chat = {"system": conv["system"], "turns": turns}
         yield {**last, "done": True}
+
+    def answer(self, session: str | None, messages, steering, steer_prompt=False, sampling=None) -> Iterator[dict]:
+        """Both sides' answers to a conversation given whole (OpenAI's messages, earlier assistant replies as
+        given, the same for both), streamed as ``{"unsteered", "steered", "done", "prompt"}``; nothing is kept (the
+        CLI's ``--messages``)."""
+        spec = self._spec(steering, steer_prompt)
+        prompt = self.models.chat_prompt(messages)
+        last = {"unsteered": "", "steered": "", "done": False, "prompt": prompt}
+        for texts in self._both(session, {"unsteered": prompt, "steered": prompt}, spec,
+                                self._sampling(sampling, prompt)):
+            last = {**last, **texts}
+            yield last
+        yield {**last, "done": True}
+
+    def _spec(self, steering, steer_prompt):
+        """The spec with every term's positions made the chat's: ``last`` (the generation prompt's last token and
+        the generated ones), or ``all`` when the prompt is steered too."""
+        from ..steering_spec import parse
+
+        positions = "all" if guards.flag(steer_prompt, "steer_prompt") else "last"
+        spec = parse(steering, self.shared.policy.max_steering_terms, self.models.handle.arch.num_layers)
+        return dataclasses.replace(spec, terms=tuple(dataclasses.replace(t, positions=positions) for t in spec.terms))
+
+    def _sampling(self, sampling, prompt: str):
+        sampling = self.explore.sampling() if sampling is None else sampling
+        return dataclasses.replace(sampling, stop_ids=self._markers(prompt))
 
     def _markers(self, prompt: str) -> tuple[int, ...]:
         """The special tokens the rendered conversation holds (its turn markers, BOS): any of them ends an
