@@ -91,7 +91,7 @@ def build_chat_panel(backend: Service, tab) -> ChatPanel:
     def _note(lang: str, saved: bool) -> str:
         return note_line(lang, backend.chat_template(), saved)
 
-    @handler(backend, status=status)
+    @handler(backend)  # its outputs hold no status line: a refusal (a model still loading) is a toast
     def pick_mode(kind, request: gr.Request):
         chat = kind == "chat"
         return gr.update(visible=chat), relabel.keep(backend, sid(request), [note], _note, False) if chat else ""

@@ -1,12 +1,11 @@
 """What every browser test shares: where Chromium is, how to launch it, a free port, loading data in the page."""
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from app_process import free_port  # noqa: F401 (re-exported for the browser tests)
+from app_process import free_port, served  # noqa: F401 (re-exported for the browser tests)
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -33,17 +32,3 @@ def upload_statements(page) -> None:
     page.wait_for_function("() => document.querySelector('#data-summary').innerText.includes('capitals_statements')",
                            timeout=30_000)
 
-
-@contextmanager
-def served(backend):
-    """``backend``'s app on a free local port while the block runs; yields its URL."""
-    from steer_ui.ui.app import build_demo, launch_kwargs
-
-    demo = build_demo(backend)
-    demo.queue()
-    port = free_port()
-    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
