@@ -315,7 +315,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         # every panel the page filled, re-worded from what it shows (no model work), after gradio re-translates its
         # labels (which also puts each panel's first text, e.g. the readout's "drag α", back: redrawn here)
         relabelled = [banner] + model.relabelled + data.relabelled + train.relabelled + explore.relabelled \
-            + compare.relabelled + concepts.relabelled + detect.relabelled + export.relabelled
+            + compare.relabelled + concepts.relabelled + detect.relabelled + export.relabelled + explore.chat.relabelled
         relabelled = list({id(c): c for c in relabelled if c is not None}.values())
 
         def relabel_page(request: gr.Request):

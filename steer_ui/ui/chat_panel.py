@@ -36,6 +36,11 @@ class ChatPanel:
     show_saved: object = None  # the page-load step that draws a saved conversation (?result=)
 
     @property
+    def relabelled(self) -> list:
+        """What a language switch redraws (ui/relabel.py): the lines and the chart with words in them."""
+        return [self.note, self.bars, self.status]
+
+    @property
     def saved_outputs(self) -> list:
         return [self.mode, self.group, self.note, self.unsteered, self.steered]
 
