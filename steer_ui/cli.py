@@ -125,7 +125,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="unsteered and steered continuations side by side")
     _common(p)
     _steering_args(p)
-    p.add_argument("--prompt", required=True)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", help="a text to continue")
+    what.add_argument("--chat", action="append", metavar="MESSAGE",
+                      help="a user turn of a conversation through the model's chat template (repeatable: each turn "
+                           "is answered by both sides, each from its own history)")
+    what.add_argument("--messages", metavar="FILE", help="a JSON list of chat messages ({role, content}: system, "
+                                                         "user, assistant; the last a user's) that both sides answer")
+    p.add_argument("--system", default=None, help="with --chat: a system message")
+    p.add_argument("--steer-prompt", action="store_true",
+                   help="with --chat/--messages: steer the conversation's text too, not only the reply")
+    p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template over the model's own")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -244,7 +254,14 @@ def open_door(args: argparse.Namespace, handle=None):
 
     workdir = tempfile.mkdtemp(prefix="steer_ui-cli-")
     atexit.register(shutil.rmtree, workdir, True)
-    door = Service(handle or load_handle(args), max_file_bytes=1 << 40, workdir=workdir, policy=Policy.local())
+    template = None
+    if getattr(args, "chat_template", None):
+        try:
+            template = Path(args.chat_template).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"--chat-template: {exc}") from None
+    door = Service(handle or load_handle(args), max_file_bytes=1 << 40, workdir=workdir, policy=Policy.local(),
+                   chat_template=template)
     return door, CLI_SESSION
 
 
@@ -300,9 +317,32 @@ def cmd_generate(args) -> dict:
     sampling = service.sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
                                 max_delta_logit=limit, stop=args.stop)
-    result = last_frame(service.stream_generate_for(session, args.prompt, spec, sampling)).as_dict()
+    if args.chat or args.messages:
+        result = _chat(args, service, session, spec, sampling)
+    else:
+        result = last_frame(service.stream_generate_for(session, args.prompt, spec, sampling)).as_dict()
     result.update(_steering_report(args, service, session, spec, warnings), max_delta_logit=sampling.max_delta_logit)
     return result
+
+
+def _chat(args, service, session, spec, sampling) -> dict:
+    """``--chat`` turns through the chat room (each side keeps its own history), or ``--messages``' conversation
+    answered by both sides: ``{"system", "turns": [{"user", "unsteered", "steered", ...}]}``."""
+    from .service import last_frame
+
+    if args.messages:
+        try:
+            messages = json.loads(Path(args.messages).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CliError(f"--messages: {exc}") from None
+        last = last_frame(service.chat_answer(session, messages, spec, args.steer_prompt, sampling))
+        return {"messages": messages, "prompt": last["prompt"], "unsteered": {"text": last["unsteered"]},
+                "steered": {"text": last["steered"]}}
+    for message in args.chat:
+        last_frame(service.chat_turn(session, message, spec, args.system or "", args.steer_prompt, sampling))
+    view = service.chat_view(session)
+    last = view["turns"][-1]
+    return {**view, "unsteered": {"text": last["unsteered"]}, "steered": {"text": last["steered"]}}
 
 
 @command("next-token")
@@ -542,6 +582,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_human(command_name: str, result: dict) -> None:
     if command_name == "generate":
+        for turn in result.get("turns", [])[:-1]:  # a chat's earlier turns, each side's own reply
+            print(f"user:      {turn['user']}\nunsteered: {turn['unsteered']}\nsteered:   {turn['steered']}\n")
+        if result.get("turns"):
+            print(f"user:      {result['turns'][-1]['user']}")
         print(f"unsteered: {result['unsteered']['text']}")
         print(f"steered:   {result['steered']['text']}")
     elif command_name == "next-token":

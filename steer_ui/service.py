@@ -20,6 +20,7 @@ from .keeping import Keeper
 from .messages import UserError, normalise_lang
 from .model.cpu_threads import hand_back_after_calls
 from .policy import Policy
+from .rooms.chat import Chat
 from .rooms.common import RANDOM, Shared
 from .rooms.datasets import DATASETS_DIR, Datasets, bundled_datasets
 from .rooms.detection import Detection
@@ -58,6 +59,7 @@ class Service:
         self.library = Library(shared, self.models)
         self.datasets = Datasets(shared)
         self.explore = Explore(shared, self.models, self.library)
+        self.chat = Chat(shared, self.models, self.library, self.explore)  # a conversation side by side
         self.training = Training(shared, self.models, self.library)  # its line of long jobs is everyone's
         self.evaluation = Evaluation(shared, self.models, self.library, self.datasets, self.explore, self.training)
         self.detection = Detection(shared, self.models, self.library, self.datasets, self.training)
@@ -120,17 +122,9 @@ class Service:
         return self.keeper.on and s is not None and s.owner is not None
 
     # ================================================================ models (rooms/models.py)
-    @property
-    def handle(self):
-        return self.models.handle
-
-    @property
-    def model_ready(self) -> bool:
-        return self.models.ready
-
-    @property
-    def default_view(self):
-        return self.models.default_view
+    handle = property(lambda self: self.models.handle)
+    model_ready = property(lambda self: self.models.ready)
+    default_view = property(lambda self: self.models.default_view)
 
     # the plain delegations one line each, so the door stays within 300 lines
     def model_status(self) -> dict: return self.models.status()
@@ -246,6 +240,15 @@ class Service:
               target=None, alphas=None):
         return self.explore.sweep(session, prompt, vector_name, layer, alpha_max, relative, seed, points, target,
                                   alphas)
+
+    # ================================================================ chat (rooms/chat.py): plain values in and out
+    def chat_turn(self, session, message, steering, system=None, steer_prompt=False, sampling=None):
+        yield from self.chat.turn(session, message, steering, system, steer_prompt, sampling)
+
+    chat_view = property(lambda self: self.chat.view)  # (session) -> the conversation; the same for the rest
+    chat_reset, chat_save = property(lambda self: self.chat.reset), property(lambda self: self.chat.save)
+    chat_prompts, chat_template = property(lambda self: self.chat.prompts), property(lambda self: self.chat.template)
+    chat_answer = property(lambda self: self.chat.answer)  # a whole conversation given, nothing kept (--messages)
 
     # ================================================================ evaluation (rooms/evaluation.py)
     def compare(self, session, *args, **kwargs) -> dict:

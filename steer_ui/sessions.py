@@ -57,6 +57,7 @@ class Session:
     reports: dict[str, dict] = field(default_factory=dict)
     probe: dict | None = None
     last_generation: dict | None = None
+    chat: dict | None = None  # the Explore chat's conversation, both sides (steer_ui/rooms/chat.py), bounded there
     cache: dict = field(default_factory=dict)  # UI-side memo (e.g. the last sweep), safe to drop
     lang: str = "en"
     touched: float = field(default_factory=time.monotonic)

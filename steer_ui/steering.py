@@ -34,8 +34,14 @@ def steering_kind(vector: SteeringVector) -> str:
 
 
 def build_steers(handle, vector: SteeringVector, alpha: float, layer: int | None = None, relative: bool = False,
-                 positions: str | None = None) -> list[Steer]:
-    """Steers for ``vector`` at its own layer(s), or moved to ``layer`` when given (single-layer vectors)."""
+                 positions: str | None = None, special_tokens: bool = False) -> list[Steer]:
+    """Steers for ``vector`` at its own layer(s), or moved to ``layer`` when given (single-layer vectors).
+
+    ``special_tokens``: steer positions holding special tokens too (BOS, turn markers), as llama.cpp control
+    vectors, repeng and steering-vectors do; by default they are left alone (:mod:`steer_ui.model.hooks`)."""
     alpha = check_alpha(alpha)
     check_compatible(handle, vector)
-    return _method_steers(handle, vector, alpha, layer=layer, relative=relative, positions=positions)
+    steers = _method_steers(handle, vector, alpha, layer=layer, relative=relative, positions=positions)
+    for s in steers:  # every method's steers carry the flag (Steer, HeadSteer)
+        s.special_tokens = bool(special_tokens)
+    return steers

@@ -11,7 +11,9 @@ this app's relative α, a multiple of the layer's typical residual norm; false i
 the prompt's positions, the generated ones, or both).  Terms at one layer add; terms at different layers act at
 theirs; each vector acts through its own method's steers (fixed directions, ITI's heads, L2S's per-input vectors).
 Beyond EasySteer's words, ``"apply": {"positions": "last"}`` names the hooks' positions directly (the last prompt
-token and the generated ones, which phases cannot say).
+token and the generated ones, which phases cannot say), and ``"special_tokens": true`` beside either steers the
+positions of special tokens too (BOS, a chat template's turn markers), which are left alone otherwise, as llama.cpp
+control vectors and repeng do not.
 
 This module only reads and bounds the spec's shape (the same rules for the page, the CLI, links, saved results and
 the API); what a source names and whether a layer exists is the library room's to check against the model.
@@ -49,6 +51,7 @@ class Term:
     normalize: Any = True
     positions: str | None = None
     seed: Any = 0
+    special_tokens: bool = False
 
     @property
     def random(self) -> bool:
@@ -59,6 +62,8 @@ class Term:
         if self.positions is not None:
             out["apply"] = {"phases": PHASES_OF[self.positions]} if self.positions in PHASES_OF else \
                 {"positions": self.positions}
+        if self.special_tokens:
+            out.setdefault("apply", {})["special_tokens"] = True
         if self.random:
             out["seed"] = self.seed
         return out
@@ -126,10 +131,16 @@ def _term(n: int, raw: Any, max_layer_count: int) -> Term:
         raise UserError("steering_bad_layers", term=n, limit=max_layer_count)
     layers = tuple(dict.fromkeys(int(guards.number(x, "layer", integer=True, low=0)) for x in layers))
     normalize = guards.flag(fields.get("normalize", True), "relative")
-    positions = None  # no "apply": where the vector's own method steers
+    positions, special_tokens = None, False  # no "apply": where the vector's own method steers
     if "apply" in fields:
         apply = fields["apply"]
-        if isinstance(apply, dict) and set(apply) == {"positions"} and apply["positions"] in POSITIONS:
+        only_special = isinstance(apply, dict) and set(apply) == {"special_tokens"}
+        if isinstance(apply, dict) and "special_tokens" in apply:
+            special_tokens = guards.flag(apply["special_tokens"], "special_tokens")
+            apply = {k: v for k, v in apply.items() if k != "special_tokens"}
+        if only_special:
+            pass  # the vector's own positions
+        elif isinstance(apply, dict) and set(apply) == {"positions"} and apply["positions"] in POSITIONS:
             positions = apply["positions"]  # this app's own words, for what phases cannot say ("last")
         else:
             phases = apply.get("phases") if isinstance(apply, dict) and set(apply) == {"phases"} else None
@@ -137,4 +148,5 @@ def _term(n: int, raw: Any, max_layer_count: int) -> Term:
                 raise UserError("steering_bad_phases", term=n)
             positions = POSITIONS_OF[tuple(sorted(set(phases)))]
     seed = int(guards.number(fields.get("seed", 0), "seed", integer=True, low=0, high=2 ** 63 - 1))
-    return Term(source=source, scale=scale, layers=layers, normalize=normalize, positions=positions, seed=seed)
+    return Term(source=source, scale=scale, layers=layers, normalize=normalize, positions=positions, seed=seed,
+                special_tokens=bool(special_tokens))

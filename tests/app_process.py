@@ -102,3 +102,18 @@ def running(args: list[str], log: Path) -> Iterator[Server]:
         yield srv
     finally:
         srv.stop()
+
+
+@contextmanager
+def served(backend):
+    """``backend``'s app on a free local port while the block runs; yields its URL."""
+    from steer_ui.ui.app import build_demo, launch_kwargs
+
+    demo = build_demo(backend)
+    demo.queue()
+    port = free_port()
+    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()

@@ -52,7 +52,8 @@ from . import kv_rows, static_decode
 from .dynamic_decode import DynamicDecode
 from .architecture import argmax_last, centred, topk_last
 from .capture import left_pad, recording
-from .hooks import HeadSteer, Steer, StepState, between_blocks, input_vector, steering, validate
+from .hooks import (HeadSteer, Steer, StepState, between_blocks, input_vector, special_positions, steering,
+                    validate)
 from .static_decode import StaticDecode
 
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
@@ -73,6 +74,7 @@ class Sampling:
     seed: int = 0
     stop: Sequence[str] = ()
     stop_at_eos: bool = True
+    stop_ids: Sequence[int] = ()  # more token ids that end a side (a chat turn's end: the template's markers)
     alternatives: int = 5  # top-k alternatives recorded per token
     # 0 = off; else the most any token's centred logit may move at a steered step (see DecodeBatch.sample)
     max_delta_logit: float = 0.0
@@ -254,17 +256,33 @@ def choose(processed: torch.Tensor, s: Sampling, noise: torch.Tensor | None) -> 
     return argmax_last(processed.double() + noise.to(processed.device))
 
 
-def _steered_addition(steers: Sequence, state: StepState, seq_len: int) -> torch.Tensor | None:
+def _site(layer: int, special_tokens: bool):
+    """A decode site's key: the layer alone (as it always was) or (layer, True) for steers taking special tokens."""
+    return (layer, True) if special_tokens else layer
+
+
+def _site_layer(key) -> int:
+    return key[0] if isinstance(key, tuple) else key
+
+
+def _site_special(key) -> bool:
+    return isinstance(key, tuple)
+
+
+def _steered_addition(steers: Sequence, state: StepState, seq_len: int, last_special: bool = False
+                      ) -> torch.Tensor | None:
     """Σ α·v that the steered row received at the last of the ``seq_len`` positions being run, or None.
 
     Only steers whose position mask covers that position count (the hooks'
     own rule, :meth:`StepState.position_mask`); an input-dependent steer
     contributes the steered row's own vector.  Extensions (per-head
     interventions) have no single residual addition and are left out.
+    ``last_special``: that position holds a special token, which only steers
+    asking for special tokens touch.
     """
     total = None
     for s in steers:
-        if not isinstance(s, Steer):
+        if not isinstance(s, Steer) or (last_special and not s.special_tokens):
             continue
         mask = state.position_mask(seq_len, s.positions, "cpu")
         if mask is not None and not bool(mask[0, -1, 0]):
@@ -417,6 +435,7 @@ class Request:
     result: SideBySide
     eos: set[int]
     row_steers: list = field(default_factory=list)
+    last_special: bool = False  # the prompt's last token is a special one (unsteered unless a steer asks)
     step: int = 0
     done: bool = False
     cancelled: bool = False
@@ -455,8 +474,9 @@ class Request:
         row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
         return cls(prompt=prompt, ids=ids, steers=steers, sampling=sampling,
                    result=SideBySide(prompt=prompt, unsteered=Side(), steered=Side()),
-                   eos=_eos_ids(handle) if sampling.stop_at_eos else set(), row_steers=row_steers,
-                   kinds=row_kinds(sampling))
+                   eos=(_eos_ids(handle) if sampling.stop_at_eos else set()) | {int(i) for i in sampling.stop_ids},
+                   row_steers=row_steers, kinds=row_kinds(sampling),
+                   last_special=bool(special_positions(handle, torch.tensor(ids[-1:])).any()))
 
     def gumbel(self, vocab: int, device) -> torch.Tensor:
         """This step's noise from the request's stream, made on first use where the logits are."""
@@ -484,20 +504,22 @@ class Request:
         at_prompt = StepState(prompt_len=length, offset=0, input_vectors=input_vectors)
         at_generated = StepState(prompt_len=length, offset=length, input_vectors=input_vectors)
         # step 0 predicts from the last prompt position, later steps from generated positions
-        self.additions = {False: _steered_addition(residual, at_prompt, length) if residual else None,
+        self.additions = {False: _steered_addition(residual, at_prompt, length, self.last_special) if residual
+                          else None,
                           True: _steered_addition(residual, at_generated, 1) if residual else None}
         for s in self.row_steers:
             if s.positions == "prompt":
                 continue
             alpha = float(s.alpha[STEERED])
+            # keyed by layer, and by whether the steer also takes special tokens (a second matrix, where asked)
             if isinstance(s, Steer):
                 vec = s.vector if s.fn is None else input_vectors[id(s)][STEERED]
-                add = alpha * vec.float().to(device)
-                self.decode_resid[s.layer] = add if s.layer not in self.decode_resid else self.decode_resid[s.layer] + add
+                add, key = alpha * vec.float().to(device), _site(s.layer, s.special_tokens)
+                self.decode_resid[key] = add if key not in self.decode_resid else self.decode_resid[key] + add
             else:
                 for layer, shift in s.shifts.items():
-                    add = alpha * shift.to(device)
-                    self.decode_heads[layer] = add if layer not in self.decode_heads else self.decode_heads[layer] + add
+                    add, key = alpha * shift.to(device), _site(layer, s.special_tokens)
+                    self.decode_heads[key] = add if key not in self.decode_heads else self.decode_heads[key] + add
         if self.sampling.repetition_penalty != 1.0:
             self.history = torch.tensor([self.ids] * len(self.sides), device=device)
 
@@ -660,9 +682,12 @@ class DecodeBatch:
                     if layer not in table:
                         table[layer] = torch.zeros((rows, add.shape[-1]), device=device)
                     table[layer][start + r.kinds.index(STEERED)] = add
-        steers = [Steer(layer=layer, vector=matrix) for layer, matrix in resid.items()]
-        if heads:
-            steers.append(HeadSteer(heads))
+        steers = [Steer(layer=_site_layer(key), vector=matrix, special_tokens=_site_special(key))
+                  for key, matrix in resid.items()]
+        for special in (False, True):
+            mine = {_site_layer(key): shift for key, shift in heads.items() if _site_special(key) == special}
+            if mine:
+                steers.append(HeadSteer(mine, special_tokens=special))
         return steers
 
     # ------------------------------------------------------------- decode

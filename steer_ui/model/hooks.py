@@ -21,6 +21,14 @@ block whose output it keeps instead of re-running.  Hooks only exist inside
 :func:`steering`, act only in the thread that installed them, are tracked the
 moment they are registered and are all removed in ``finally``, even when an
 intervention fails half-way through installing.
+
+Special tokens (BOS, EOS, padding, a chat template's turn markers: the tokenizer's special ids) are left
+unsteered unless a steer asks (``special_tokens=True``): a chat's steering then acts on the conversation's words,
+not on the markers that tell the model whose turn it is, and a plain prompt's BOS, which many models use as an
+attention sink, stays as the model knows it.  llama.cpp control vectors, repeng and steering-vectors add to every
+position, BOS included: ``special_tokens=True`` (``"apply": {"special_tokens": true}`` in a steering spec) gives
+their numbers.  :func:`steering` learns which positions hold special tokens from the ids the input embedding
+reads; the frozen-prefix engine sets them from its own ids.
 """
 from __future__ import annotations
 
@@ -84,6 +92,7 @@ class Steer:
     positions: str = "all"
     fn: Callable[[torch.Tensor], torch.Tensor] | None = None
     context_layer: int | None = None
+    special_tokens: bool = False  # also steer positions holding special tokens (see the module's docstring)
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -103,7 +112,7 @@ class Steer:
     def with_alpha(self, alpha) -> "Steer":
         """A copy with another α (scalar or per row); the side-by-side loop uses it for (0, α, 0)."""
         return Steer(layer=self.layer, vector=self.vector, alpha=alpha, positions=self.positions, fn=self.fn,
-                     context_layer=self.context_layer)
+                     context_layer=self.context_layer, special_tokens=self.special_tokens)
 
     @property
     def scalar_alpha(self) -> torch.Tensor:
@@ -129,18 +138,31 @@ class StepState:
     ``prompt_len``: padded prompt length; positions ``>= prompt_len`` are
     generated ones.  ``None`` means every position is a prompt position.
     ``offset``: how many positions the KV cache already holds.
+    ``special``: (rows or 1, seq) bool, which positions of the current pass
+    hold special tokens (set by :func:`steering`'s embedding hook each pass,
+    or by the prefix engine); None: none known, every position is steered.
     """
 
     prompt_len: int | None = None
     offset: int = 0
+    special: torch.Tensor | None = None
     context: dict[int, torch.Tensor] = field(default_factory=dict)
     input_vectors: dict[int, torch.Tensor] = field(default_factory=dict)
     fn_calls: int = 0
 
-    def position_mask(self, seq_len: int, positions: str, device) -> torch.Tensor | None:
-        """(1, seq, 1) 0/1 mask of the positions to steer, or None for all of them."""
+    def position_mask(self, seq_len: int, positions: str, device, special_tokens: bool = False
+                      ) -> torch.Tensor | None:
+        """(1 or rows, seq, 1) 0/1 mask of the positions to steer, or None for all of them.
+
+        Positions holding special tokens are left out unless ``special_tokens``."""
+        ordinary = None
+        if not special_tokens and self.special is not None:
+            if self.special.shape[-1] != seq_len:  # a pass the ids were not read for: a bug, not a guess
+                raise SteeringError(f"special-token mask for {self.special.shape[-1]} positions, pass of {seq_len}")
+            if bool(self.special.any()):
+                ordinary = ~self.special.to(device).reshape(-1, seq_len, 1)
         if positions == "all":
-            return None
+            return ordinary
         absolute = torch.arange(self.offset, self.offset + seq_len, device=device)
         boundary = self.prompt_len if self.prompt_len is not None else self.offset + seq_len
         is_prompt = absolute < boundary
@@ -150,7 +172,8 @@ class StepState:
             keep = (absolute == boundary - 1) | ~is_prompt
         else:
             keep = ~is_prompt
-        return keep.reshape(1, seq_len, 1)
+        keep = keep.reshape(1, seq_len, 1)
+        return keep if ordinary is None else keep & ordinary
 
     def touches(self, seq_len: int, positions: str) -> bool:
         """Whether this pass holds any position of the kind ``positions`` (decided on the host, no device sync).
@@ -168,9 +191,11 @@ class StepState:
             return generated or self.offset <= boundary - 1 < self.offset + seq_len
         return generated
 
-    def masked(self, add: torch.Tensor, seq_len: int, positions: str) -> torch.Tensor:
-        """``add`` (rows or 1, seq or 1, width) zeroed at the positions ``positions`` leaves alone."""
-        mask = self.position_mask(seq_len, positions, add.device)
+    def masked(self, add: torch.Tensor, seq_len: int, positions: str, special_tokens: bool = False
+               ) -> torch.Tensor:
+        """``add`` (rows or 1, seq or 1, width) zeroed at the positions ``positions`` leaves alone (and at special
+        tokens unless ``special_tokens``)."""
+        mask = self.position_mask(seq_len, positions, add.device, special_tokens)
         return add if mask is None else add * mask.to(add.dtype)
 
 
@@ -229,7 +254,7 @@ def apply_steers(steers: Sequence[Steer], state: StepState, hidden: torch.Tensor
             vec = s.vector_on(hidden.device, hidden.dtype)
             if vec.ndim == 2:  # one vector per row
                 vec = vec.unsqueeze(1)
-        add = state.masked(s.alpha_for(rows, hidden.device, hidden.dtype) * vec, seq, s.positions)
+        add = state.masked(s.alpha_for(rows, hidden.device, hidden.dtype) * vec, seq, s.positions, s.special_tokens)
         total = add if total is None else total + add
     return hidden if total is None else hidden + total
 
@@ -261,8 +286,10 @@ class HeadSteer:
     ``positions`` as for :class:`Steer`.
     """
 
-    def __init__(self, shifts: dict[int, torch.Tensor], alpha=1.0, positions: str = "all"):
+    def __init__(self, shifts: dict[int, torch.Tensor], alpha=1.0, positions: str = "all",
+                 special_tokens: bool = False):
         self.positions = _check_positions(positions)
+        self.special_tokens = bool(special_tokens)
         self.alpha = _as_alpha(alpha)
         self.shifts = {}
         for k, v in shifts.items():
@@ -278,7 +305,7 @@ class HeadSteer:
         return self.alpha.reshape(-1)[0]
 
     def with_alpha(self, alpha) -> "HeadSteer":
-        return HeadSteer(self.shifts, alpha, self.positions)
+        return HeadSteer(self.shifts, alpha, self.positions, self.special_tokens)
 
     def install(self, handle, state: StepState, hooks: "Installed") -> None:
         """Register one pre-hook per layer through ``hooks`` (so a refusal half-way leaves none behind)."""
@@ -294,7 +321,7 @@ class HeadSteer:
             hooks.before(module, self._hook(shift, state))
 
     def _hook(self, shift: torch.Tensor, state: StepState):
-        alpha, positions = self.alpha, self.positions
+        alpha, positions, special_tokens = self.alpha, self.positions, self.special_tokens
 
         def hook(_module, args):
             x = args[0]
@@ -305,7 +332,7 @@ class HeadSteer:
             if per_row.ndim == 2:
                 per_row = per_row.unsqueeze(1)
             add = _alpha_rows(alpha, rows, x.device, x.dtype) * per_row
-            return (x + state.masked(add, seq, positions),) + tuple(args[1:])
+            return (x + state.masked(add, seq, positions, special_tokens),) + tuple(args[1:])
 
         return hook
 
@@ -346,6 +373,35 @@ def validate(steers: Sequence[Steer], num_layers: int, hidden_size: int) -> None
             raise SteeringError(f"context layer {s.context_layer} does not exist (0..{num_layers - 1})")
 
 
+def special_ids(handle) -> torch.Tensor:
+    """The tokenizer's special token ids (BOS, EOS, padding, added special tokens such as turn markers), sorted,
+    read once per handle."""
+    cached = handle.__dict__.get("_special_ids")
+    if cached is None:
+        tok = handle.tokenizer
+        ids = set(getattr(tok, "all_special_ids", []) or [])
+        for i, added in (getattr(tok, "added_tokens_decoder", None) or {}).items():
+            if getattr(added, "special", False):
+                ids.add(int(i))
+        cached = handle.__dict__["_special_ids"] = torch.tensor(sorted(int(i) for i in ids if i is not None),
+                                                                 dtype=torch.long)
+    return cached
+
+
+def special_positions(handle, input_ids: torch.Tensor) -> torch.Tensor:
+    """(rows, seq) bool: where ``input_ids`` hold special tokens."""
+    ids = special_ids(handle)
+    return torch.isin(input_ids, ids.to(input_ids.device))
+
+
+def _make_special_hook(handle, state: StepState):
+    def hook(_module, args):
+        if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
+            state.special = special_positions(handle, args[0])
+
+    return hook
+
+
 @contextmanager
 def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = None) -> Iterator[StepState]:
     """Install ``steers`` on ``handle``'s model for the duration of the block.
@@ -370,6 +426,9 @@ def steering(handle, steers: Sequence[Steer] = (), state: StepState | None = Non
                 by_layer.setdefault(s.layer, []).append(s)
             else:
                 s.install(handle, state, hooks)
+        if steers and hasattr(handle.model, "get_input_embeddings"):
+            # every pass reads its ids here first, so the hooks below know which positions hold special tokens
+            hooks.before(handle.model.get_input_embeddings(), _make_special_hook(handle, state))
         context_layers = {s.context_layer for s in steers if isinstance(s, Steer) and s.fn is not None}
         # Context hooks first so a context layer equal to the steered layer sees the unsteered activation.
         for layer in sorted(context_layers):

@@ -32,7 +32,7 @@ from ..messages import Said
 from . import cuda_graphs
 from .capture import CaptureError, forward, left_pad, length_batches, recording, thread_owned
 from .generation import encode_prompt
-from .hooks import Steer, StepState, apply_steers, steering, validate
+from .hooks import Steer, StepState, apply_steers, special_positions, steering, validate
 
 Progress = Callable[[float, str], None]
 # the one-row call on a prefix at which its re-run is recorded (CUDA): a prompt viewed once pays no recording
@@ -102,7 +102,15 @@ class Prefix:
         if added is None:
             return h
         add = added.to(h.device, h.dtype)
-        return h + (add.unsqueeze(1) if add.ndim == 2 else add)
+        add = add.unsqueeze(1) if add.ndim == 2 else add.reshape(1, 1, -1)
+        # special tokens stay unsteered, as the hooks leave them (steer_ui.model.hooks)
+        return h + add * self.ordinary.to(h.device, h.dtype)
+
+    @property
+    def ordinary(self) -> torch.Tensor:
+        """(rows, seq, 1) 1 where the position holds an ordinary token, 0 at special tokens (made per call, not
+        kept: one made under inference mode could not take part in autograd later)."""
+        return (~special_positions(self.handle, self.input_ids)).unsqueeze(-1).float()
 
     def final(self, added: torch.Tensor | None = None) -> torch.Tensor:
         """(rows, width) float: the final residual (before the final norm) at the last position.
@@ -134,7 +142,7 @@ class Prefix:
         if not all(isinstance(s, Steer) for s in here):
             raise ValueError(f"only residual steers can act at the cached block {self.layer}")
         later = [s for s in steers if s.layer > self.layer]
-        state = StepState(prompt_len=None)
+        state = StepState(prompt_len=None, special=special_positions(handle, self.input_ids))
         with torch.inference_mode(), steering(handle, later, state):
             state.context.update({i: c.expand(rows, -1) for i, c in self.context.items()})
             h = apply_steers(here, state, self.hidden.expand(rows, -1, -1))

@@ -54,7 +54,7 @@ class SliderBatcher:
         push = float(steer.scalar_alpha) * steer.vector.float()
         if not torch.isfinite(push).all():  # checked alone, so one user's overflow never fails a group
             raise SteeringError("α × vector overflows the model's number range: use a smaller α")
-        key = (prompt, steer.layer, steer.positions)
+        key = (prompt, steer.layer, steer.positions, steer.special_tokens)
         with self._lock:
             group = self._open.get(key)
             leader = group is None or len(group.rows) >= self.max_rows
@@ -71,7 +71,8 @@ class SliderBatcher:
                     del self._open[key]
             try:
                 st = prefix_state(self.handle, prompt, steer.layer)
-                combined = Steer(layer=steer.layer, vector=torch.stack(group.rows), positions=steer.positions)
+                combined = Steer(layer=steer.layer, vector=torch.stack(group.rows), positions=steer.positions,
+                                 special_tokens=steer.special_tokens)
                 group.logits = st.logits([combined], rows=len(group.rows))
                 self.passes += 1
                 self.largest = max(self.largest, len(group.rows))
@@ -84,6 +85,7 @@ class SliderBatcher:
                 raise group.error
             # whatever failed the shared pass, each member finds out alone whether it was theirs
             st = prefix_state(self.handle, prompt, steer.layer)
-            alone = Steer(layer=steer.layer, vector=push.unsqueeze(0), positions=steer.positions)
+            alone = Steer(layer=steer.layer, vector=push.unsqueeze(0), positions=steer.positions,
+                          special_tokens=steer.special_tokens)
             return st.logits([alone], rows=1)[0]
         return group.logits[row]

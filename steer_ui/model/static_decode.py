@@ -448,11 +448,13 @@ class StaticDecode:
         live = set()
         for s in steers:
             if isinstance(s, Steer):
-                self.resid[s.layer].index_copy_(0, self._slot_index, s.vector.to(self.resid))
+                # added, not copied: a layer may come twice (steers that also take special tokens, and those that
+                # do not); every decoded token is steered here, special or not (generation stops at most of them)
+                self.resid[s.layer].index_add_(0, self._slot_index, s.vector.to(self.resid))
                 live.add(s.layer)
             elif isinstance(s, HeadSteer):
                 for layer, shift in s.shifts.items():
-                    self.heads[layer].index_copy_(0, self._slot_index, shift.to(self.heads))
+                    self.heads[layer].index_add_(0, self._slot_index, shift.to(self.heads))
                     live.add(("heads", layer))
         self._live_layers = live
 

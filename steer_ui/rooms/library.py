@@ -120,7 +120,8 @@ class Library:
         return int(layer)
 
     def steers(self, session: str | None, vector_name: str | None, layer: int | None, alpha: float,
-               relative: bool = True, seed: int = 0, positions: str | None = None) -> list:
+               relative: bool = True, seed: int = 0, positions: str | None = None,
+               special_tokens: bool = False) -> list:
         """Hook specs for the chosen vector, layer and α (raw or relative units)."""
         from ..steering import build_steers
 
@@ -131,7 +132,8 @@ class Library:
         alpha = guard.alpha(alpha)
         try:
             steers = build_steers(handle, vector, alpha, layer=self._vector_layer(vector, layer),
-                                  relative=guards.flag(relative, "relative"), positions=positions)
+                                  relative=guards.flag(relative, "relative"), positions=positions,
+                                  special_tokens=guards.flag(special_tokens, "special_tokens"))
         except UserError:
             raise
         except expected_errors() as exc:  # check_compatible's refusals are keyed; others keep their English detail
@@ -153,7 +155,8 @@ class Library:
             vector = self.get_vector(session, source, term.layers[0] if term.layers else None, term.seed)
             movable = term.random or self._vector_layer(vector, 0) is not None
             for layer in (term.layers if movable and term.layers else (term.layers[:1] or (None,))):
-                steers += self.steers(session, source, layer, term.scale, term.normalize, term.seed, term.positions)
+                steers += self.steers(session, source, layer, term.scale, term.normalize, term.seed, term.positions,
+                                      term.special_tokens)
         self.shared.guard.pushes(handle, steers)  # terms at one layer add: their sum must stay finite too
         return steers
 
@@ -183,7 +186,7 @@ class Library:
         return {"vectors": terms}
 
     # ---------------------------------------------------- saved results
-    def _freeze(self, s, payload: dict, vector_name) -> str:
+    def freeze(self, s, payload: dict, vector_name) -> str:
         """Keep ``payload`` (stamped with the model and the time) as a saved result; its id."""
         payload = {**payload, "model_id": self.models.handle.model_id,
                    "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
@@ -200,10 +203,10 @@ class Library:
         s = self.shared.find(session)
         if not generation:  # only the prompt, bounded as every prompt is
             prompt = guards.text(view.get("prompt"), "prompt", self.shared.policy.max_prompt_chars)
-            return self._freeze(s, {"kind": "link", "view": {"prompt": prompt}}, None)
+            return self.freeze(s, {"kind": "link", "view": {"prompt": prompt}}, None)
         if not s.last_generation:
             raise UserError("no_generation")
-        return self._freeze(s, {"view": view, "generation": s.last_generation}, view.get("vector"))
+        return self.freeze(s, {"view": view, "generation": s.last_generation}, view.get("vector"))
 
     def save_comparison(self, session: str | None) -> str:
         """Freeze the session's last *Many prompts* comparison (its settings, every row and the summary); its id
@@ -212,7 +215,7 @@ class Library:
         last = s.cache.get(LAST_COMPARISON)
         if not last:
             raise UserError("no_comparison")
-        return self._freeze(s, {"kind": "comparison", "comparison": last["comparison"], "settings": last["settings"]},
+        return self.freeze(s, {"kind": "comparison", "comparison": last["comparison"], "settings": last["settings"]},
                             last["settings"].get("vector"))
 
     def open_result_vector(self, session: str | None, result_id, client: str | None = None) -> str | None:

@@ -315,7 +315,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         # every panel the page filled, re-worded from what it shows (no model work), after gradio re-translates its
         # labels (which also puts each panel's first text, e.g. the readout's "drag α", back: redrawn here)
         relabelled = [banner] + model.relabelled + data.relabelled + train.relabelled + explore.relabelled \
-            + compare.relabelled + concepts.relabelled + detect.relabelled + export.relabelled
+            + compare.relabelled + concepts.relabelled + detect.relabelled + export.relabelled + explore.chat.relabelled
         relabelled = list({id(c): c for c in relabelled if c is not None}.values())
 
         def relabel_page(request: gr.Request):
@@ -385,6 +385,8 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             .then(compare.show_saved, None, [opens_tab, compare.prompts] + compare.outputs,
                   api_name="page_comparison", api_visibility="undocumented", queue=False) \
             .then(None, [opens_tab], None, js=js_open_tab("compare", "args[0] === 'compare'")) \
+            .then(explore.chat.show_saved, None, explore.chat.saved_outputs, api_name="page_chat",
+                  api_visibility="undocumented", queue=False) \
             .then(saved_or(explore.next_token_fn, functools.partial(library_ui.saved_next_token, explore), "bars",
                            next_token_outputs), explore.next_token_inputs, next_token_outputs,
                   api_name="page_next_token", api_visibility="undocumented", show_progress="hidden", **SLIDER) \

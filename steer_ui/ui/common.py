@@ -62,6 +62,14 @@ def lang_of(backend, request: gr.Request | None) -> str:
     return backend.language(sid(request))
 
 
+def page_url(request) -> str:
+    """The page's own address, where a saved result's ``?result=`` link starts."""
+    try:
+        return str(request.base_url)
+    except Exception:  # noqa: BLE001 - a link relative to the page still works
+        return "/"
+
+
 def _find_request(args, kwargs) -> gr.Request | None:
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, gr.Request):

@@ -20,6 +20,7 @@ from ..model.analysis import EXPLOSION_THRESHOLD
 from ..model.units import alpha_grid
 from ..service import RANDOM, Service
 from . import i18n, panel_keys, relabel
+from .chat_panel import build_chat_panel
 from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
                      table)
 from .drawn import Drawn
@@ -489,6 +490,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     tab.refresh_all = refresh_all
     tab.sampling_inputs, tab.gen_outputs, tab.sweep_inputs = sampling_inputs, gen_outputs, sweep_inputs
     steered.select(token_details, None, [token_detail], api_name="token_details", api_visibility="undocumented")
+    tab.chat = build_chat_panel(backend, tab)  # Completion or Chat (ui/chat_panel.py)
     return tab
 
 

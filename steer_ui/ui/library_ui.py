@@ -18,7 +18,8 @@ from .. import plots
 from ..messages import UserError
 from ..service import Service
 from . import i18n, panel_keys, relabel
-from .common import EXPLORE, SLIDER, as_gr_error, handler, sid, table
+from .chat_panel import SHOW_CHAT
+from .common import EXPLORE, SLIDER, as_gr_error, handler, page_url, sid, table
 from .request_guard import client_address
 from . import url_state
 from .url_state import JS_COPY_URL, JS_SHARE_URL, Notice
@@ -30,13 +31,6 @@ SHOW_COMPARISON = "show_comparison"  # a saved comparison the page load hands to
 
 def owner_state(backend: Service) -> gr.BrowserState:
     return gr.BrowserState("", storage_key=STORAGE_KEY, secret=backend.browser_secret)
-
-
-def page_url(request) -> str:
-    try:
-        return str(request.base_url)
-    except Exception:  # noqa: BLE001 - a link relative to the page still works
-        return "/"
 
 
 # ------------------------------------------------------------------------------------- a saved result's panels
@@ -313,6 +307,10 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
         else:
             if saved.get("kind") == "link":  # a link's saved prompt opened as a result: nothing to draw from
                 out["notices"].append(Notice("unknown_id"))
+                return out
+            if saved.get("kind") == "chat":  # Explore's Chat shows it (chat_panel.show_saved)
+                backend.session(session).cache[SHOW_CHAT] = saved
+                out["notices"].append(Notice("chat_view", when=saved.get("when", "?")))
                 return out
             if saved.get("kind") == "comparison":  # the Many prompts tab shows it (compare_tab.show_saved)
                 backend.session(session).cache[SHOW_COMPARISON] = saved

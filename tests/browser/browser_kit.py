@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from app_process import free_port  # noqa: F401 (re-exported for the browser tests)
+from app_process import free_port, served  # noqa: F401 (re-exported for the browser tests)
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -31,3 +31,4 @@ def upload_statements(page) -> None:
     page.locator("#data-file input[type=file]").set_input_files(str(ROOT / "assets/datasets/capitals_statements.csv"))
     page.wait_for_function("() => document.querySelector('#data-summary').innerText.includes('capitals_statements')",
                            timeout=30_000)
+

@@ -156,7 +156,8 @@ def our_logits(handle, vector, alpha: float, ids: list[list[int]], relative: boo
     x = torch.tensor(ids, device=handle.input_device)
     with torch.no_grad():
         unsteered = handle.model(x).logits[:, -1].float().cpu()
-        with steering(handle, build_steers(handle, vector, alpha, relative=relative)):
+        # repeng and steering-vectors (and llama.cpp) steer every position, BOS included: so do we, on request
+        with steering(handle, build_steers(handle, vector, alpha, relative=relative, special_tokens=True)):
             steered = handle.model(x).logits[:, -1].float().cpu()
     return unsteered, steered
 

@@ -25,19 +25,25 @@ def _record_blocks(handle, ids):
 
 
 def test_adds_alpha_times_vector_at_block_output(tiny):
-    """Steering block 1 equals re-running blocks 2.. by hand on (block-1 output + α·v)."""
+    """Steering block 1 equals re-running blocks 2.. by hand on (block-1 output + α·v), α·v added at every position
+    but BOS (a special token) unless the steer asks for special tokens too."""
     handle = tiny("llama")
     ids = handle.tokenizer("abc", return_tensors="pt").input_ids
+    assert ids[0, 0] == handle.tokenizer.bos_token_id
     v = torch.randn(64)
-    steered_logits = naive_logits(handle, "abc", [Steer(layer=1, vector=v, alpha=2.0)])
-    outputs, calls = _record_blocks(handle, ids)
-    h = outputs[1] + 2.0 * v
-    with torch.inference_mode():
-        for i in range(2, handle.arch.num_layers):
-            out = handle.arch.layers[i](h, *calls[i][0], **calls[i][1])
-            h = out[0] if isinstance(out, tuple) else out
-        expect = handle.arch.logits(handle.arch.final_hidden(h)[:, -1])
-    torch.testing.assert_close(steered_logits, expect, atol=1e-5, rtol=1e-5)
+    for special_tokens, first in ((False, 0.0), (True, 1.0)):
+        steered_logits = naive_logits(handle, "abc", [Steer(layer=1, vector=v, alpha=2.0,
+                                                            special_tokens=special_tokens)])
+        outputs, calls = _record_blocks(handle, ids)
+        where = torch.ones(1, ids.shape[1], 1)
+        where[0, 0] = first
+        h = outputs[1] + 2.0 * v * where
+        with torch.inference_mode():
+            for i in range(2, handle.arch.num_layers):
+                out = handle.arch.layers[i](h, *calls[i][0], **calls[i][1])
+                h = out[0] if isinstance(out, tuple) else out
+            expect = handle.arch.logits(handle.arch.final_hidden(h)[:, -1])
+        torch.testing.assert_close(steered_logits, expect, atol=1e-5, rtol=1e-5)
 
 
 def test_per_row_alpha(tiny):
@@ -74,11 +80,15 @@ def test_position_masks(tiny):
     ids = handle.tokenizer("abcdef", return_tensors="pt").input_ids  # 7 tokens incl. <s>
     v = torch.ones(64)
     base = _input_of_block(handle, ids, 2, [], StepState())
-    for positions, expect_changed in (("all", range(7)), ("prompt", range(4)), ("generated", range(4, 7))):
+    # position 0 holds BOS, a special token: left alone unless the steer asks for special tokens
+    for positions, expect_changed, special_tokens in (
+            ("all", range(1, 7), False), ("prompt", range(1, 4), False), ("generated", range(4, 7), False),
+            ("all", range(7), True), ("prompt", range(4), True)):
         state = StepState(prompt_len=4)
-        out = _input_of_block(handle, ids, 2, [Steer(layer=1, vector=v, alpha=5.0, positions=positions)], state)
+        out = _input_of_block(handle, ids, 2, [Steer(layer=1, vector=v, alpha=5.0, positions=positions,
+                                                     special_tokens=special_tokens)], state)
         changed = [(out[0, p] - base[0, p]).abs().max() > 1e-6 for p in range(7)]
-        assert [i for i, c in enumerate(changed) if c] == list(expect_changed), positions
+        assert [i for i, c in enumerate(changed) if c] == list(expect_changed), (positions, special_tokens)
 
 
 def test_bad_steers_are_refused(tiny):

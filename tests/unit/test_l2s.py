@@ -158,8 +158,10 @@ def test_hook_calls_g_once_per_prompt_and_adds_a_per_row_vector(tiny):
         expected = 1.5 * net(ctx)
     added = steered - plain
     assert added.shape == (3, ids.shape[1], 64)
+    assert ids[0, 0] == handle.tokenizer.bos_token_id
     for r in range(3):
-        for t in range(ids.shape[1]):  # positions="all": the same per-row vector everywhere
+        assert torch.equal(added[r, 0], torch.zeros(64))  # BOS, a special token, is not steered
+        for t in range(1, ids.shape[1]):  # positions="all": the same per-row vector at every other position
             torch.testing.assert_close(added[r, t], expected[r], atol=1e-4, rtol=1e-4)
     assert not torch.allclose(expected[0], expected[1], atol=1e-3)  # really per input
 
