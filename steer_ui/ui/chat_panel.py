@@ -137,7 +137,7 @@ def build_chat_panel(backend: Service, tab) -> ChatPanel:
     @handler(backend)
     def show_saved(request: gr.Request):
         """On a saved conversation's page: Chat picked, both sides as saved, read-only; else nothing."""
-        session = backend.sessions.peek(sid(request))
+        session = backend.peek_session(sid(request))
         saved = session.cache.pop(SHOW_CHAT, None) if session is not None else None
         if saved is None:
             return (gr.skip(),) * 5
