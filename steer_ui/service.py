@@ -245,8 +245,8 @@ class Service:
     def stream_generate(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, sampling=None):
         yield from self.explore.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling)
 
-    def stream_generate_for(self, session, prompt, steering, sampling=None):
-        yield from self.explore.stream_generate_for(session, prompt, steering, sampling)
+    def stream_generate_for(self, session, prompt, steering, sampling=None, settings=None):
+        yield from self.explore.stream_generate_for(session, prompt, steering, sampling, settings)
 
     def generate(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, sampling=None) -> Frame:
         # through this door's stream_generate, so whatever wraps the door's stream (a test's spy) sees the run
