@@ -253,9 +253,9 @@ class Service:
         return last_frame(self.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling))
 
     def sweep(self, session, prompt, vector_name, layer, alpha_max=1.0, relative=True, seed=0, points=21,
-              target=None, alphas=None):
+              target=None, alphas=None, held=None):
         return self.explore.sweep(session, prompt, vector_name, layer, alpha_max, relative, seed, points, target,
-                                  alphas)
+                                  alphas, held)
 
     # ================================================================ evaluation (rooms/evaluation.py)
     def compare(self, session, *args, **kwargs) -> dict:

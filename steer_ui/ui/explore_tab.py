@@ -238,13 +238,6 @@ def dose_panel(lang: str, made_for: dict, frame, current_alpha: float) -> tuple:
             plots.dose_response(frame, current_alpha=current_alpha, labels=_plot_labels(lang, "dose")))
 
 
-def dose_one_vector_panel(lang: str, made_for: dict) -> tuple:
-    """(made-for element, a chart saying so) while vectors are added: the sweep moves the main vector alone, and a
-    curve drawn without the added ones would not be this view's."""
-    return (panel_keys.made_for(lang, "dose", made_for),
-            plots.empty_figure(i18n.message(lang, "dose_one_vector")))
-
-
 def highlighted(frame) -> list[tuple[str, float | None]]:
     """Steered tokens with their Δlogit scaled to [-1, 1] for gr.HighlightedText."""
     out = []
@@ -419,22 +412,22 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                                     tokens_frame)
             yield key, frame.unsteered_text, highlighted(frame), fig, table(tokens_frame), frame.as_dict()
 
-    def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended):
+    def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended, extra=""):
         return (prompt, vector, int(layer), bool(relative), int(vector_seed or 0), float(alpha_max), target or "",
-                bool(extended))
+                bool(extended), extra or "")
 
     @handler(backend)
     def sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False, extra="",
               request: gr.Request = None):
-        """The dose-response over the slider's whole range (the extended one when *Extend range* is on)."""
+        """The dose-response over the slider's whole range (the extended one when *Extend range* is on): the main
+        vector swept, the added ones held at their α."""
         session = sid(request)
         made_for = panel_keys.key_of("dose", locals())
-        if extra_terms.added(extra):  # checked like every spec; with vectors added, the chart says it sweeps one
-            return relabel.keep(backend, session, [dose_key, dose], dose_one_vector_panel, made_for) + (gr.skip(),)
         top = backend.guard.alpha(alpha_max) * (EXTEND if extended else 1.0)
-        frame = backend.sweep(session, prompt, vector, layer, top, relative, vector_seed, target=target or None)
+        frame = backend.sweep(session, prompt, vector, layer, top, relative, vector_seed, target=target or None,
+                              held=extra_terms.held(relative, vector_seed, extra))
         backend.session(session).cache["sweep"] = (_sweep_key(prompt, vector, layer, relative, vector_seed,
-                                                              alpha_max, target, extended), frame)
+                                                              alpha_max, target, extended, extra), frame)
         return relabel.keep(backend, session, [dose_key, dose], dose_panel, made_for, frame,
                             backend.guard.alpha(alpha)) + (table(frame),)
 
@@ -442,11 +435,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False, extra="",
                    request: gr.Request = None):
         """Re-mark α on the cached dose-response; recompute only when the inputs changed."""
-        if extra_terms.added(extra):
-            return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, extra,
-                         request=request)[:2]
         cached = backend.session(sid(request)).cache.get("sweep")
-        key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended)
+        key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended, extra)
         if cached is None or cached[0] != key:
             return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, extra,
                          request=request)[:2]
@@ -581,8 +571,9 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
 def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_outputs: list) -> None:
     """The added vectors' rows (ui/extra_terms.py): Add and Remove show and hide them; each row's α drives the
     next-token view as the main α does (its release, both generations and the dose-response), and a row's vector
-    or layer every panel.  A row's values reach the handlers as one text (``extra``), written by ``compose`` first:
-    ``compose`` is where the page's α of an added row is held to its slider's range, as the main α is."""
+    or layer every panel.  A row's values reach the handlers as one text (``extra``), written from the rows by
+    ``compose`` (or by ``next_token_rows`` during a drag), where the page's α of an added row is held to its
+    slider's range, as the main α is by ``handler``."""
     rows = tab.rows
     assert len(rows.groups) == 3 == extra_terms.EXTRA_ROWS  # compose's arguments below name three rows
 

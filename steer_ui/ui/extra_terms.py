@@ -92,15 +92,20 @@ def added(extra) -> list:
     return list(steering_spec.parse(text, steering_spec.MAX_TERMS - 1).terms)
 
 
-def full_spec(vector, layer, alpha, relative, seed, extra) -> steering_spec.Spec | None:
-    """The whole steering, main row first; None when nothing was added (today's one-vector path, unchanged).
-    The added terms take the main row's units and seed (one checkbox and one seed box on the page)."""
+def held(relative, seed, extra) -> steering_spec.Spec | None:
+    """The added terms alone, as they steer (the dose-response holds them while it sweeps the main vector); None
+    when nothing was added.  They take the main row's units and seed (one checkbox and one seed box on the page)."""
     terms = added(extra)
-    if not terms:
+    return steering_spec.Spec(tuple(replace(t, normalize=relative, seed=seed) for t in terms)) if terms else None
+
+
+def full_spec(vector, layer, alpha, relative, seed, extra) -> steering_spec.Spec | None:
+    """The whole steering, main row first; None when nothing was added (today's one-vector path, unchanged)."""
+    others = held(relative, seed, extra)
+    if others is None:
         return None
     source = steering_spec.RANDOM_SOURCE if not vector or vector == RANDOM else vector
-    main = steering_spec.one(source, alpha, layer, relative, seed).terms[0]
-    return steering_spec.Spec((main,) + tuple(replace(t, normalize=relative, seed=seed) for t in terms))
+    return steering_spec.Spec(steering_spec.one(source, alpha, layer, relative, seed).terms + others.terms)
 
 
 def any_steering(alpha, extra) -> bool:

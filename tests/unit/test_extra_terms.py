@@ -102,3 +102,21 @@ def test_an_added_row_at_alpha_zero_is_no_row(service):
     assert p2.keys() == p1.keys() and all(abs(p2[k] - p1[k]) <= 1e-5 for k in p1)
     g2, g1 = _generation(service, PROMPT, RANDOM, 2, 4.0, zero), _generation(service, PROMPT, RANDOM, 2, 4.0, "")
     assert g2.steered_text == g1.steered_text
+
+
+def test_the_dose_response_sweeps_the_main_vector_with_the_added_ones_held(service):
+    """Each α of the sweep is the main vector at that α beside the added terms at theirs: with an added row of the
+    same vector at the same layer at α b, the sweep's point α = a is the one vector at a + b."""
+    a, b = 2.0, 3.0
+    held = extra_terms.held(True, 0, extra_terms.compose(1, [(RANDOM, 2, b)]))
+    frame = service.sweep(SESSION, PROMPT, RANDOM, 2, relative=True, seed=0, alphas=[-a, a], held=held)
+    for alpha, kl in zip(frame["alpha"], frame["kl"]):
+        assert kl == pytest.approx(_view(service, RANDOM, 2, alpha + b, "").kl, abs=1e-5)
+    alone = service.sweep(SESSION, PROMPT, RANDOM, 2, relative=True, seed=0, alphas=[a])
+    assert alone["kl"][0] == pytest.approx(_view(service, RANDOM, 2, a, "").kl, abs=1e-5)
+    # an added term at a lower block than the swept one still acts (the prefix is cached below both)
+    low = extra_terms.held(True, 0, extra_terms.compose(1, [(RANDOM, 0, b)]))
+    lower = service.sweep(SESSION, PROMPT, RANDOM, 2, relative=True, seed=0, alphas=[a], held=low)
+    both = service.next_token_for(SESSION, PROMPT, extra_terms.full_spec(RANDOM, 2, a, True, 0,
+                                                                        extra_terms.compose(1, [(RANDOM, 0, b)])))
+    assert lower["kl"][0] == pytest.approx(both.kl, abs=1e-5)
