@@ -39,7 +39,7 @@ PANELS = {
     "dose": STEERING + ("alpha_max", "target", "extended") + EXTRA,
     # Many prompts: its own inputs and the Explore settings it runs with
     "compare": ("prompts", "use_dataset", "vector", "layer", "alpha", "relative", "vector_seed", "alpha_max",
-                "max_tokens"),
+                "max_tokens") + EXTRA,
     "detect": ("vector", "answers", "file"),
     # "train" and "probe": the method, its layer and its own settings, named per method (train_tab names them)
 }

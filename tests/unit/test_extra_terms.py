@@ -120,3 +120,21 @@ def test_the_dose_response_sweeps_the_main_vector_with_the_added_ones_held(servi
     both = service.next_token_for(SESSION, PROMPT, extra_terms.full_spec(RANDOM, 2, a, True, 0,
                                                                         extra_terms.compose(1, [(RANDOM, 0, b)])))
     assert lower["kl"][0] == pytest.approx(both.kl, abs=1e-5)
+
+
+def test_many_prompts_steer_with_the_added_vectors_too(service):
+    """Many prompts with an added row of the main vector at its layer (α b beside α a) is the one vector at a + b."""
+    a, b = 2.0, 3.0
+    prompts = "The weather today is\nMy favourite food is"
+    sampling = service.sampling(max_new_tokens=6, greedy=True)
+    held = extra_terms.held(True, 0, extra_terms.compose(1, [(RANDOM, 2, b)]))
+    two = service.compare(SESSION, prompts, False, RANDOM, 2, a, True, 0, 4.0, sampling=sampling, held=held)
+    from steer_ui.rooms.library import LAST_COMPARISON
+
+    kept = service.session(SESSION).cache[LAST_COMPARISON]["settings"]["held"]  # what Save result keeps
+    assert [(t["source"], t["scale"], t["layers"]) for t in kept["vectors"]] == [("random", b, [2])]
+    one = service.compare(SESSION, prompts, False, RANDOM, 2, a + b, True, 0, 4.0, sampling=sampling)
+    assert [r["steered"] for r in two["rows"]] == [r["steered"] for r in one["rows"]]
+    assert [r["kl"] for r in two["rows"]] == pytest.approx([r["kl"] for r in one["rows"]], abs=1e-5)
+    alone = service.compare(SESSION, prompts, False, RANDOM, 2, a, True, 0, 4.0, sampling=sampling)
+    assert [r["kl"] for r in alone["rows"]] != pytest.approx([r["kl"] for r in one["rows"]], abs=1e-5)
