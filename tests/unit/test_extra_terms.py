@@ -138,3 +138,19 @@ def test_many_prompts_steer_with_the_added_vectors_too(service):
     assert [r["kl"] for r in two["rows"]] == pytest.approx([r["kl"] for r in one["rows"]], abs=1e-5)
     alone = service.compare(SESSION, prompts, False, RANDOM, 2, a, True, 0, 4.0, sampling=sampling)
     assert [r["kl"] for r in alone["rows"]] != pytest.approx([r["kl"] for r in one["rows"]], abs=1e-5)
+
+
+def test_many_prompts_margins_sweep_the_main_vector_with_the_added_ones_held(service):
+    """With pairs, the margin at each α of the grid is the main vector at that α beside the added terms at theirs:
+    an added row of the main vector at its layer at α b shifts the curve by b."""
+    b = 0.5
+    service.upload_dataset(SESSION, None, bundled="sentiment_pairs.csv")
+    sampling = service.sampling(max_new_tokens=2)
+    held = extra_terms.held(True, 0, extra_terms.compose(1, [(RANDOM, 2, b)]))
+    two = service.compare(SESSION, "", True, RANDOM, 2, 0.25, True, 0, 1.0, sampling=sampling,
+                          alphas=[-1.0, 0.0, 1.0], held=held)
+    one = service.compare(SESSION, "", True, RANDOM, 2, 0.25 + b, True, 0, 1.0 + b, sampling=sampling,
+                          alphas=[-1.0 + b, b, 1.0 + b])
+    assert two["rows"] and all("margins" in r for r in two["rows"])
+    for with_row, shifted in zip(two["rows"], one["rows"]):
+        assert with_row["margins"] == pytest.approx(shifted["margins"], abs=1e-4)
