@@ -229,17 +229,17 @@ class Service:
     def stream_generate(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, sampling=None):
         yield from self.explore.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling)
 
-    def stream_generate_for(self, session, prompt, steering, sampling=None):
-        yield from self.explore.stream_generate_for(session, prompt, steering, sampling)
+    def stream_generate_for(self, session, prompt, steering, sampling=None, settings=None):
+        yield from self.explore.stream_generate_for(session, prompt, steering, sampling, settings)
 
     def generate(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, sampling=None) -> Frame:
         # through this door's stream_generate, so whatever wraps the door's stream (a test's spy) sees the run
         return last_frame(self.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling))
 
     def sweep(self, session, prompt, vector_name, layer, alpha_max=1.0, relative=True, seed=0, points=21,
-              target=None, alphas=None):
+              target=None, alphas=None, held=None):
         return self.explore.sweep(session, prompt, vector_name, layer, alpha_max, relative, seed, points, target,
-                                  alphas)
+                                  alphas, held)
 
     # ================================================================ chat (rooms/chat.py): plain values in and out
     def chat_turn(self, session, message, steering, system=None, steer_prompt=False, sampling=None):

@@ -200,9 +200,10 @@ def concept_from_projections(pairs: Sequence[tuple]) -> list[float | None]:
     return [None if u is None or s is None else float((s.mean() - u.mean()) / spread) for u, s in pairs]
 
 
-def margins(handle, pairs: Sequence, unit_steer, raw_alphas: Sequence[float]) -> np.ndarray:
+def margins(handle, pairs: Sequence, unit_steer, raw_alphas: Sequence[float], held: Sequence = ()) -> np.ndarray:
     """(pairs, alphas) teacher-forced margins log p(positive) − log p(negative) after each pair's prompt, with
-    ``unit_steer`` at each raw α (one batched pass per completion: each α a row)."""
+    ``unit_steer`` at each raw α (one batched pass per completion: each α a row) and the ``held`` steers (other
+    vectors of a spec) unchanged in every row."""
     from .methods.l2s.pairs import join_text
 
     alphas = torch.tensor([float(a) for a in raw_alphas])
@@ -212,7 +213,7 @@ def margins(handle, pairs: Sequence, unit_steer, raw_alphas: Sequence[float]) ->
         totals = []
         for completion in (pair.positive, pair.negative):
             prompt, text = join_text(pair.prompt, completion)
-            totals.append(teacher_forced(handle, prompt, text, [steer], rows=len(alphas)).logprobs.sum(-1))
+            totals.append(teacher_forced(handle, prompt, text, [steer, *held], rows=len(alphas)).logprobs.sum(-1))
         out[i] = (totals[0] - totals[1]).numpy()
     return out
 
@@ -252,13 +253,14 @@ def summarise(rows: list[dict], alphas: Sequence[float] | None, alpha: float, st
 
 def compare(handle, generated: Sequence[Generated], steers: Sequence, unit_steer=None, scale: float = 1.0,
             pairs: Sequence | None = None, alphas: Sequence[float] | None = None, alpha: float = 0.0,
-            progress: Callable[[float, str], None] | None = None, vector=None) -> dict:
+            progress: Callable[[float, str], None] | None = None, vector=None, held: Sequence = ()) -> dict:
     """``{"rows": [...], "summary": {...}}`` for prompts already generated side by side with ``steers``.
 
     ``unit_steer``: the vector at raw α 1 when it is one steer (else None: no margins); ``scale``: raw α per
     user α; ``vector``: the steering vector itself, whose method decides the concept read-out
     (:func:`readout_for`).  ``pairs`` (aligned with ``generated``) and ``alphas`` (user units): the margins and
-    each prompt's steerability.
+    each prompt's steerability; ``held``: other vectors' steers, unchanged along the margins' α (the page's added
+    vectors).
     """
     report = progress or (lambda _f, _m="": None)
     readout = readout_for(handle, vector, unit_steer, [g.prompt for g in generated])
@@ -284,7 +286,7 @@ def compare(handle, generated: Sequence[Generated], steers: Sequence, unit_steer
     steerability = margin_rows = None
     if pairs and alphas and unit_steer is not None:
         report(0.8, Said("progress_margins"))
-        margin_rows = margins(handle, pairs, unit_steer, [a * scale for a in alphas])
+        margin_rows = margins(handle, pairs, unit_steer, [a * scale for a in alphas], held)
         steerability = slopes(alphas, margin_rows)
         for row, m, slope in zip(rows, margin_rows, steerability):
             row["margins"] = [float(v) for v in m]

@@ -319,12 +319,14 @@ def next_token(handle, prompt: str, steers: Sequence[Steer], top_k: int = 10, fa
 
 
 def sweep(handle, prompt: str, vector: torch.Tensor, layer: int, alphas: Sequence[float],
-          positions: str = "all", target: str | None = None) -> pd.DataFrame:
-    """Dose-response from one batched pass: each α is a batch row."""
+          positions: str = "all", target: str | None = None, held: Sequence = ()) -> pd.DataFrame:
+    """Dose-response from one batched pass: each α is a batch row.  ``held``: other steers applied unchanged in
+    every row (several vectors at once: one term swept, the others held); the prefix is cached below the lowest
+    steered block, where only residual steers may act (``Prefix.logits``)."""
     alphas = [float(a) for a in alphas]
-    st = prefix_state(handle, prompt, layer)
+    st = prefix_state(handle, prompt, min([layer] + [s.layer for s in held]))
     steer = Steer(layer=layer, vector=vector, alpha=torch.tensor(alphas), positions=positions)
-    logits = st.logits([steer], rows=len(alphas))
+    logits = st.logits([steer, *held], rows=len(alphas))
     base = st.unsteered_logits[:1]
     lu, ls = base.log_softmax(-1), logits.log_softmax(-1)
     top1 = argmax_last(ls)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import admission, guards
+from .. import admission, guards, steering_spec
 from ..messages import Said, UserError
 from .common import Shared, expected_errors, first_line
 from .datasets import Datasets
@@ -53,11 +53,12 @@ class Evaluation:
     def compare(self, session: str | None, prompts: Any = "", use_dataset: bool = False,
                 vector_name: str | None = None, layer: int | None = None, alpha: float = 0.0, relative: bool = True,
                 seed: int = 0, alpha_max: float = 1.0, sampling=None, progress=None, alphas=None,
-                positions: str | None = None) -> dict:
+                positions: str | None = None, held=None) -> dict:
         """One vector over many prompts (pasted, one per line, or the loaded dataset's held-out pairs): both
         generations of every prompt from the shared decode batch, and per prompt and overall the numbers of
         :mod:`steer_ui.steerability` (margins and steerability when the prompts come with pairs, over ``alphas``
-        or a grid over ±``alpha_max``)."""
+        or a grid over ±``alpha_max``).  ``held``: a steering spec of other vectors steering beside this one (the
+        page's added vectors): in both generations, and unchanged along the margins' α."""
         from .. import steerability
         from ..model.budget import count_tokens
         from ..model.engine import EngineBusy
@@ -75,7 +76,8 @@ class Evaluation:
         if top == 0:
             raise UserError("number_not_positive", what="alpha_max", value="0")
         layer = None if layer is None else guard.layer(self.models.handle, layer)  # once: the read-out and the save
-        steers = steers_of(session, vector_name, layer, alpha, relative, seed, positions)
+        others = self.library.steers_for(session, held) if held is not None else []
+        steers = steers_of(session, vector_name, layer, alpha, relative, seed, positions) + others
         unit = steers_of(session, vector_name, layer, 1.0, relative, seed, positions)
         unit_steer = unit[0] if len(unit) == 1 and isinstance(unit[0], Steer) else None
         scale = float(unit_steer.alpha.reshape(-1)[0]) if unit_steer is not None else 1.0
@@ -122,7 +124,8 @@ class Evaluation:
                 with guard.reserve(reading, long=True):
                     out = steerability.compare(self.models.handle, generated, steers, unit_steer, scale, pairs,
                                                alphas, alpha, progress=lambda f, m="": report(0.5 + f / 2, m),
-                                               vector=self.library.get_vector(session, vector_name, layer, seed))
+                                               vector=self.library.get_vector(session, vector_name, layer, seed),
+                                               held=others)
             except expected_errors() as exc:
                 raise UserError("explore_failed", detail=first_line(exc)) from None
         out["summary"]["units"] = "relative" if relative else "raw"
@@ -132,5 +135,6 @@ class Evaluation:
         s.cache[LAST_COMPARISON] = {"comparison": out, "settings": {
             "prompts": texts, "use_dataset": flag, "vector": vector_name, "layer": layer, "alpha": alpha,
             "relative": bool(relative), "seed": int(seed or 0), "alpha_max": top,
-            "max_new_tokens": sampling.max_new_tokens}}
+            "max_new_tokens": sampling.max_new_tokens,
+            "held": None if held is None else steering_spec.parse(held).as_dict()}}
         return out

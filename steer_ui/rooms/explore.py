@@ -242,9 +242,10 @@ class Explore:
 
     def sweep(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
               alpha_max: float = 1.0, relative: bool = True, seed: int = 0, points: int = 21,
-              target: str | None = None, alphas=None) -> pd.DataFrame:
+              target: str | None = None, alphas=None, held=None) -> pd.DataFrame:
         """Dose-response over α in [-alpha_max, alpha_max] (user units) from one batched pass, or over the
-        given ``alphas`` (the CLI's list)."""
+        given ``alphas`` (the CLI's list).  ``held``: a steering spec of other terms applied unchanged at every α
+        (the page's added vectors), or None."""
         from ..model.analysis import sweep
         from ..model.hooks import Steer
 
@@ -266,10 +267,14 @@ class Explore:
         steer = unit[0]
         scale = float(steer.alpha.reshape(-1)[0])
         handle = self.models.handle
+        others = self.library.steers_for(session, held) if held is not None else []
+        if not all(isinstance(s, Steer) for s in others):
+            # the prefix is cached below the lowest steered block, where only residual steers can act
+            raise UserError("sweep_unsupported")
         try:
             with guard.reserve(needed):
                 frame = sweep(handle, prompt, steer.vector, steer.layer, [a * scale for a in alphas],
-                              positions=steer.positions, target=target)
+                              positions=steer.positions, target=target, held=others)
         except expected_errors() as exc:
             raise UserError("explore_failed", detail=first_line(exc)) from None
         frame = frame.rename(columns={"alpha": "raw_alpha"})

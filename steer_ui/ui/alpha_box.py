@@ -29,15 +29,18 @@ _JS = """
   if (window.__steerAlphaBox) return;
   window.__steerAlphaBox = true;
   const lines = %(lines)s;
-  const BOX = '#alpha-slider input[type=number]', RANGE = '#alpha-slider input[type=range]';
+  // every α slider of the page (the main one and the rows of ui/extra_terms.py) carries this class; each box is
+  // checked against its own slider's range and says why beside its own slider
+  const SLIDER = '.steer-alpha', BOX = SLIDER + ' input[type=number]', RANGE = SLIDER + ' input[type=range]';
+  const rangeOf = (box) => { const s = box.closest(SLIDER); return s ? s.querySelector('input[type=range]') : null; };
   const KEYS = ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'];
   const on = (el, selector) => el instanceof Element && el.matches(selector);
   let entered = null;  // the box's value when it was entered: the last value the slider took
   let committing = false;  // our own input event, which carries a committed value through to gradio
   let resting = null;
   // why a typed text is refused, or null: not a number (the browser's badInput reads as ''), or off the range
-  const refusal = (text, bad) => {
-    const range = document.querySelector(RANGE), trimmed = String(text ?? '').trim();
+  const refusal = (text, bad, range) => {
+    const trimmed = String(text ?? '').trim();
     const value = trimmed === '' || bad ? NaN : Number(trimmed);
     if (!Number.isFinite(value)) return ['number', {}];
     if (!range) return null;
@@ -45,13 +48,15 @@ _JS = """
     const slack = 1e-9 * Math.max(1, Math.abs(low), Math.abs(high));
     return (value < low - slack || value > high + slack) ? ['range', {low: range.min, high: range.max}] : null;
   };
-  const refused = (box) => refusal(box.value, box.validity.badInput);
-  const say = (text) => {
-    const slider = document.querySelector('#alpha-slider');
-    let line = document.getElementById('alpha-refusal');
+  const refused = (box) => refusal(box.value, box.validity.badInput, rangeOf(box));
+  const say = (box, text) => {
+    const slider = box.closest(SLIDER);
+    // the main slider's line keeps its id (alpha-refusal); an added row's is named after its slider
+    const id = !slider || slider.id === 'alpha-slider' ? 'alpha-refusal' : slider.id + '-refusal';
+    let line = document.getElementById(id);
     if (!line && slider && text) {
       line = document.createElement('div');
-      line.id = 'alpha-refusal';
+      line.id = id;
       line.setAttribute('role', 'alert');
       slider.appendChild(line);
     }
@@ -73,17 +78,17 @@ _JS = """
     if (!why) {
       // a refusal's line stays until a new value is taken (the box, put back, loses the focus without one)
       if (box.value !== entered) {
-        say('');
+        say(box, '');
         committing = true;
         try { box.dispatchEvent(new Event('input', {bubbles: true})); } finally { committing = false; }
       }
       entered = box.value;
       return true;
     }
-    const range = document.querySelector(RANGE);
-    box.value = entered !== null && !refusal(entered, false) ? entered : (range ? range.value : '0');
+    const range = rangeOf(box);
+    box.value = entered !== null && !refusal(entered, false, range) ? entered : (range ? range.value : '0');
     const text = (lines[window.__steerLang] || lines.en)[why[0]];
-    say(text.replace('{low}', why[1].low).replace('{high}', why[1].high));
+    say(box, text.replace('{low}', why[1].low).replace('{high}', why[1].high));
     return false;
   };
   // leaving the box commits, and gradio's own blur then releases the slider (both generations and the sweep follow)

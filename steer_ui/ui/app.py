@@ -17,7 +17,7 @@ from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
 from .compare_tab import build_compare_tab, wire_open_in_explore
-from .explore_tab import DEFAULT_PROMPT, alpha_controls, build_explore_tab
+from .explore_tab import DEFAULT_PROMPT, alpha_controls, build_explore_tab, rows_view
 from .export_tab import build_export_tab
 from .model_tab import build_model_tab, model_view, status_markdown
 from .train_tab import build_train_tab
@@ -367,11 +367,12 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
                     gr.update(choices=choices, value=state.vector), picker, picker,
                     state.prompt, slider, box, state.relative, state.seed, linked["vector_ref"],
-                    gr.update(visible=linked["run_live"]), linked["prompt_ref"], state.extend)
+                    gr.update(visible=linked["run_live"]), linked["prompt_ref"], state.extend) + \
+                rows_view(state.extra, choices, n, state.alpha_max, state.extend)
 
         page_outputs = [banner, explore.layer, train.layer] + vector_pickers + [
             explore.prompt, explore.alpha, explore.alpha_max, explore.relative, explore.vector_seed,
-            explore.vector_ref, explore.run_live, explore.prompt_ref, explore.extend]
+            explore.vector_ref, explore.run_live, explore.prompt_ref, explore.extend] + explore.rows_outputs
         # A fresh page shows steering at work without a click: the view, then next-token bars, both generations
         # (streamed) and the dose-response chart.
         # A saved result's page (?result=) draws its panels from the saved numbers instead of running the model.
@@ -391,7 +392,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                            next_token_outputs), explore.next_token_inputs, next_token_outputs,
                   api_name="page_next_token", api_visibility="undocumented", show_progress="hidden", **SLIDER) \
             .then(saved_or(explore.generate_fn, library_ui.saved_generation, "generations", explore.gen_outputs),
-                  explore.steering_inputs + explore.sampling_inputs, explore.gen_outputs,
+                  explore.generate_inputs, explore.gen_outputs,
                   api_name="page_generate", api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
             .then(saved_or(explore.sweep_fn, library_ui.no_sweep, "dose", sweep_outputs), explore.sweep_inputs,
                   sweep_outputs,

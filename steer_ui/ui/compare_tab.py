@@ -12,7 +12,7 @@ import pandas as pd
 
 from .. import plots
 from ..service import Service
-from . import i18n, panel_keys, relabel
+from . import extra_terms, i18n, panel_keys, relabel
 from .common import MODEL, T, handler, sid, table
 from .job_line import cancel_fn, follow
 from ..service import LAST_COMPARISON
@@ -118,24 +118,26 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
                                 elem_id="compare-table", column_widths=COLUMN_WIDTHS)
     outputs = [compare_key, summary, curves, histogram, rows]
     inputs = [prompts, use_dataset, explore.vector, explore.layer, explore.alpha, explore.relative,
-              explore.vector_seed, explore.alpha_max, max_tokens]
+              explore.vector_seed, explore.alpha_max, max_tokens, explore.rows.extra]
     panel_keys.watch("compare", dict(zip(panel_keys.PANELS["compare"], inputs)))
 
     def compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_,
-                request) -> dict:
+                request, extra="") -> dict:
+        # Explore's added vectors steer beside the main one (issue #48: ui/extra_terms.py)
         return backend.compare(sid(request), prompts_, use_dataset_, vector, layer, alpha, relative, seed,
-                               alpha_max, sampling=backend.sampling(max_new_tokens=max_tokens_))
+                               alpha_max, sampling=backend.sampling(max_new_tokens=max_tokens_),
+                               held=extra_terms.held(relative, seed, extra))
 
     @handler(backend, status=summary)
     async def compare_view(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_,
-                           request: gr.Request):
+                           extra="", request: gr.Request = None):
         def work():
             out = compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_,
-                          request)
+                          request, extra)
             last = backend.session(sid(request)).cache.get(LAST_COMPARISON) or {}
             backend.session(sid(request)).cache[SHOWN] = {"settings": last.get("settings") or {}, "rows": out["rows"]}
             made_for = panel_keys.key_of("compare", dict(zip(panel_keys.PANELS["compare"], (
-                prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_))))
+                prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_tokens_, extra))))
             return relabel.keep(backend, sid(request), outputs, compare_panel, made_for, None, out) + (
                 gr.update(visible=False),)
 
@@ -171,10 +173,12 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
 
     @handler(backend)
     def compare_api(prompts_: str, use_dataset_: bool, vector: str, layer: float, alpha: float, relative: bool,
-                    seed: float, alpha_max: float, max_new_tokens: float, request: gr.Request) -> dict:
-        """One vector over many prompts: {"rows": [...], "summary": {...}} (see steer_ui/steerability.py)."""
+                    seed: float, alpha_max: float, max_new_tokens: float, extra: str = "",
+                    request: gr.Request = None) -> dict:
+        """One vector over many prompts: {"rows": [...], "summary": {...}} (see steer_ui/steerability.py);
+        ``extra``: other vectors steering beside it, as Explore's added rows write them."""
         return compute(prompts_, use_dataset_, vector, layer, alpha, relative, seed, alpha_max, max_new_tokens,
-                       request)
+                       request, extra)
 
     run.click(compare_view, inputs, outputs + [link], api_name="compare_view", api_visibility="undocumented",
               show_progress="hidden", **MODEL)

@@ -19,7 +19,7 @@ from .. import plots
 from ..model.analysis import EXPLOSION_THRESHOLD
 from ..model.units import alpha_grid
 from ..service import RANDOM, Service
-from . import i18n, panel_keys, relabel
+from . import extra_terms, i18n, panel_keys, relabel
 from .chat_panel import build_chat_panel
 from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
                      table)
@@ -74,6 +74,28 @@ def alpha_controls(alpha_max, alpha=None, extended: bool = False, set_alpha: boo
     return box, gr.update(**update)
 
 
+def rows_view(extra: str, choices: list, num_layers: int, alpha_max, extended: bool) -> tuple:
+    """The added vectors' rows showing ``extra`` (a link's or a saved result's terms, already checked), for
+    :attr:`ExploreTab.rows_outputs`: a page opened from a link shows every term it steers with."""
+    terms = extra_terms.added(extra)[:extra_terms.EXTRA_ROWS]
+    n, rows = len(terms), extra_terms.EXTRA_ROWS
+    groups, vectors, layers, alphas = [], [], [], []
+    for i in range(rows):
+        term = terms[i] if i < n else None
+        groups.append(gr.update(visible=term is not None))
+        if term is None:
+            vectors.append(gr.update(choices=choices))
+            layers.append(gr.update(maximum=num_layers - 1))
+            alphas.append(alpha_controls(alpha_max, 0.0, extended, set_alpha=True)[1])
+            continue
+        vectors.append(gr.update(choices=choices, value=RANDOM if term.random else term.source))
+        layers.append(gr.update(maximum=num_layers - 1, value=term.layers[0] if term.layers else num_layers // 2))
+        alphas.append(alpha_controls(alpha_max, term.scale, extended, set_alpha=True)[1])
+    return (n, gr.update(visible=n > 0), gr.update(visible=n < rows), *groups, *vectors, *layers, *alphas,
+            extra_terms.compose(n, [(RANDOM if t.random else t.source, t.layers[0] if t.layers else 0, t.scale)
+                                    for t in terms]))
+
+
 @dataclass
 class ExploreTab:
     prompt: gr.Textbox
@@ -116,6 +138,7 @@ class ExploreTab:
     gen_outputs: list | None = None
     sweep_inputs: list | None = None
     refresh_all: object = None  # refresh_all(event, trigger): every panel after ``event`` (another tab's too)
+    rows: extra_terms.Rows | None = None  # the vectors added under the main one (issue #48)
 
     @property
     def steering_inputs(self) -> list:
@@ -123,8 +146,14 @@ class ExploreTab:
 
     @property
     def next_token_inputs(self) -> list:
-        """The steering inputs and the Δlogit chart's scope: what the next-token view is made from."""
-        return self.steering_inputs + [self.whole_vocabulary]
+        """The steering inputs, the Δlogit chart's scope and the added vectors: what the next-token view is made
+        from."""
+        return self.steering_inputs + [self.whole_vocabulary, self.rows.extra]
+
+    @property
+    def generate_inputs(self) -> list:
+        """What both generations are made from: the steering, the sampling and the added vectors."""
+        return self.steering_inputs + self.sampling_inputs + [self.rows.extra]
 
     @property
     def relabelled(self) -> list:
@@ -137,7 +166,14 @@ class ExploreTab:
     @property
     def url_inputs(self) -> list:
         return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed, self.alpha_max,
-                self.vector_ref, self.prompt_ref, self.extend]
+                self.vector_ref, self.prompt_ref, self.extend, self.rows.extra]
+
+    @property
+    def rows_outputs(self) -> list:
+        """What :func:`rows_view` sets: the rows shown, their buttons, each row's controls, the added terms."""
+        rows = self.rows
+        return [rows.count, rows.remove, rows.add] + rows.groups + rows.vectors + rows.layers + rows.alphas + \
+            [rows.extra]
 
 
 def _plot_labels(lang: str, prefix: str) -> dict:
@@ -165,15 +201,22 @@ def delta_figure(lang: str, view, whole_vocabulary: bool):
                                   rule=labels["rule"])
 
 
-def bars_panel(lang: str, made_for: dict, view, whole_vocabulary: bool) -> tuple:
+def bars_panel(lang: str, made_for: dict, view, whole_vocabulary: bool, moved: tuple | None = None) -> tuple:
     """(made-for element, bars, Δlogit chart, readout) of one next-token view in ``lang``: pure, so a language
-    switch redraws them from the same view (ui/relabel.py)."""
+    switch redraws them from the same view (ui/relabel.py).  ``moved``: the term that changed since the page's
+    previous drawing, (number, vector, layer, α), named above the readout when several vectors steer."""
     key = panel_keys.made_for(lang, "bars", made_for)
     bars_fig = plots.next_token_bars(view.unsteered, view.steered, labels=_plot_labels(lang, "bars"))
-    if float(made_for.get("alpha") or 0) == 0:  # nothing moved: say so rather than rank arbitrary zero-change tokens
+    if not extra_terms.any_steering(made_for.get("alpha"), made_for.get("extra")):
+        # nothing moved: say so rather than rank arbitrary zero-change tokens
         nothing = i18n.message(lang, "no_steering")
         return key, bars_fig, plots.empty_figure(nothing), nothing
-    return key, bars_fig, delta_figure(lang, view, bool(whole_vocabulary)), readout_markdown(lang, view)
+    readout = readout_markdown(lang, view)
+    if moved is not None:
+        n, vector, layer, alpha = moved
+        readout = i18n.message(lang, "readout_moved", term=n, vector=i18n.plain(str(vector)), layer=layer,
+                               alpha=f"{alpha:.4g}") + "\n\n" + readout
+    return key, bars_fig, delta_figure(lang, view, bool(whole_vocabulary)), readout
 
 
 def generations_panel(lang: str, made_for: dict, tokens_frame) -> tuple:
@@ -210,7 +253,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             vector = gr.Dropdown(choices=[RANDOM], value=RANDOM, allow_custom_value=True, label=T("explore.vector"),
                                  info=T("explore.vector_info"), elem_id="explore-vector")
             alpha = AlphaSlider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.alpha"), info=T("explore.alpha_info"),
-                                elem_id="alpha-slider")
+                                elem_id="alpha-slider", elem_classes=extra_terms.ALPHA_CLASS)
+            rows = extra_terms.build(layers, (num_layers or 12) // 2)
             with gr.Row():
                 generate_btn = gr.Button(T("explore.generate"), variant="primary", elem_id="generate-btn")
                 sweep_btn = gr.Button(T("explore.sweep"), elem_id="sweep-btn")
@@ -290,13 +334,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                      copy_link=copy_link, share=share, save=save,
                      run_live=run_live, library_status=library_status, bars_key=bars_key,
                      generations_key=generations_key, dose_key=dose_key, token_detail=token_detail,
-                     extend=extend)
+                     extend=extend, rows=rows)
 
     # ---------------------------------------------------------------- handlers
     drawn = Drawn()
 
     @handler(backend)
-    def next_token(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary=False,
+    def next_token(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary=False, extra="",
                    request: gr.Request = None):
         session = sid(request)
         lang = lang_of(backend, request)
@@ -309,21 +353,34 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         token = drawn.start(page, "bars", drawing)
         try:
             answer = _next_token_view(session, panel_keys.key_of("bars", locals()), prompt, vector, layer, alpha,
-                                      relative, vector_seed, whole_vocabulary)
+                                      relative, vector_seed, whole_vocabulary, extra)
         except BaseException:
             drawn.finish(page, "bars", drawing, token, ok=False)
             raise
         drawn.finish(page, "bars", drawing, token, ok=True)
         return answer
 
-    def _next_token_view(session, made_for, prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary):
-        view = backend.next_token(session, prompt, vector, layer, alpha, relative, vector_seed)
+    def _next_token_view(session, made_for, prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary,
+                         extra=""):
+        spec = extra_terms.full_spec(vector, layer, alpha, relative, vector_seed, extra)
+        if spec is None:  # one vector: today's path
+            view = backend.next_token(session, prompt, vector, layer, alpha, relative, vector_seed)
+            moved = None
+        else:
+            view = backend.next_token_for(session, prompt, spec)
+            # the readout names the term that moved since this session's previous drawing (any trigger: a drag of
+            # one row's α, its vector or layer)
+            terms = extra_terms.terms_of(vector, layer, alpha, extra)
+            cache = backend.session(session).cache
+            n = extra_terms.moved(cache.get("bars_terms"), terms)
+            cache["bars_terms"] = terms
+            moved = None if n is None else (n,) + terms[n - 1]
         return relabel.keep(backend, session, [bars_key, bars, delta, readout], bars_panel, made_for, view,
-                            bool(whole_vocabulary)) + (view.as_dict(),)
+                            bool(whole_vocabulary), moved) + (view.as_dict(),)
 
     @handler(backend)
     def generate(prompt, vector, layer, alpha, relative, vector_seed, greedy, temperature, top_k, top_p, repetition,
-                 max_tokens, seed, delta_limit=None, request: gr.Request = None):
+                 max_tokens, seed, delta_limit=None, extra="", request: gr.Request = None):
         session = sid(request)
         lang = lang_of(backend, request)
         key = panel_keys.made_for(lang, "generations", locals())
@@ -332,7 +389,12 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                                     repetition_penalty=repetition, seed=seed, greedy=greedy,
                                     max_delta_logit=backend.delta_limit(session, vector, delta_limit))
         shown = time.monotonic()
-        for frame in backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling):
+        spec = extra_terms.full_spec(vector, layer, alpha, relative, vector_seed, extra)
+        frames = backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling) \
+            if spec is None else backend.stream_generate_for(
+                session, prompt, spec, sampling, {"vector": vector or RANDOM, "layer": layer, "alpha": alpha,
+                                                  "relative": relative, "seed": vector_seed, "extra": extra})
+        for frame in frames:
             if not frame.done:
                 if time.monotonic() - shown < FRAME_INTERVAL_S:
                     continue  # the next frame carries this one's tokens too
@@ -344,31 +406,34 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                                     tokens_frame)
             yield key, frame.unsteered_text, highlighted(frame), fig, table(tokens_frame), frame.as_dict()
 
-    def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended):
+    def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended, extra=""):
         return (prompt, vector, int(layer), bool(relative), int(vector_seed or 0), float(alpha_max), target or "",
-                bool(extended))
+                bool(extended), extra or "")
 
     @handler(backend)
-    def sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False,
+    def sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False, extra="",
               request: gr.Request = None):
-        """The dose-response over the slider's whole range (the extended one when *Extend range* is on)."""
+        """The dose-response over the slider's whole range (the extended one when *Extend range* is on): the main
+        vector swept, the added ones held at their α."""
         session = sid(request)
         made_for = panel_keys.key_of("dose", locals())
         top = backend.checked_alpha(alpha_max) * (EXTEND if extended else 1.0)
-        frame = backend.sweep(session, prompt, vector, layer, top, relative, vector_seed, target=target or None)
+        frame = backend.sweep(session, prompt, vector, layer, top, relative, vector_seed, target=target or None,
+                              held=extra_terms.held(relative, vector_seed, extra))
         backend.session(session).cache["sweep"] = (_sweep_key(prompt, vector, layer, relative, vector_seed,
-                                                              alpha_max, target, extended), frame)
+                                                              alpha_max, target, extended, extra), frame)
         return relabel.keep(backend, session, [dose_key, dose], dose_panel, made_for, frame,
                             backend.checked_alpha(alpha)) + (table(frame),)
 
     @handler(backend)
-    def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False,
+    def mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False, extra="",
                    request: gr.Request = None):
         """Re-mark α on the cached dose-response; recompute only when the inputs changed."""
         cached = backend.session(sid(request)).cache.get("sweep")
-        key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended)
+        key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended, extra)
         if cached is None or cached[0] != key:
-            return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, request)[:2]
+            return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, extra,
+                         request=request)[:2]
         return relabel.keep(backend, sid(request), [dose_key, dose], dose_panel, panel_keys.key_of("dose", locals()),
                             cached[1], backend.checked_alpha(alpha))
 
@@ -427,16 +492,18 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     nt_outputs = [bars_key, bars, delta, readout, details]
     nt_inputs = tab.next_token_inputs
     sampling_inputs = [greedy, temperature, top_k, top_p, repetition, max_tokens, seed, delta_limit]
+    tab.sampling_inputs = sampling_inputs
+    gen_inputs = tab.generate_inputs
     gen_outputs = [generations_key, unsteered, steered, per_token, tokens, details]
-    sweep_inputs = steering_inputs + [alpha_max, target, extend]
+    sweep_inputs = steering_inputs + [alpha_max, target, extend, rows.extra]
 
     alpha.input(next_token, nt_inputs, nt_outputs, api_name="next_token", trigger_mode="always_last",
                 show_progress="hidden", **SLIDER)
-    alpha.release(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_release",
+    alpha.release(generate, gen_inputs, gen_outputs, api_name="generate_on_release",
                   api_visibility="undocumented", trigger_mode="always_last", show_progress="hidden", **EXPLORE) \
         .then(mark_alpha, sweep_inputs, [dose_key, dose], api_name="mark_alpha", api_visibility="undocumented",
               show_progress="hidden", **EXPLORE)
-    generate_btn.click(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate", **EXPLORE)
+    generate_btn.click(generate, gen_inputs, gen_outputs, api_name="generate", **EXPLORE)
     # every panel shows the controls' settings: Generate also redraws the bars and readout for the prompt typed
     generate_btn.click(next_token, nt_inputs, nt_outputs, api_name="next_token_on_generate",
                        api_visibility="undocumented", show_progress="hidden", **SLIDER)
@@ -446,7 +513,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     sweep_btn.click(sweep, sweep_inputs, [dose_key, dose, tokens], api_name="sweep", **EXPLORE)
     prompt.submit(next_token, nt_inputs, nt_outputs, api_name="next_token_on_submit",
                   api_visibility="undocumented", **SLIDER) \
-        .then(generate, steering_inputs + sampling_inputs, gen_outputs, api_name="generate_on_submit",
+        .then(generate, gen_inputs, gen_outputs, api_name="generate_on_submit",
               api_visibility="undocumented", **EXPLORE)
     # layer: on release only (pick_vector moves it programmatically and refreshes by itself)
     def refresh_all(event, trigger: str) -> None:
@@ -454,7 +521,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         are (a new vector, layer or range changes every panel, not only the one next to the control)."""
         event.then(next_token, nt_inputs, nt_outputs, api_name=f"next_token_on_{trigger}",
                    api_visibility="undocumented", show_progress="hidden", **SLIDER) \
-            .then(generate, steering_inputs + sampling_inputs, gen_outputs, api_name=f"generate_on_{trigger}",
+            .then(generate, gen_inputs, gen_outputs, api_name=f"generate_on_{trigger}",
                   api_visibility="undocumented", show_progress="hidden", **EXPLORE) \
             .then(mark_alpha, sweep_inputs, [dose_key, dose], api_name=f"mark_alpha_on_{trigger}",
                   api_visibility="undocumented", show_progress="hidden", **EXPLORE)
@@ -479,19 +546,107 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                              [layer, alpha_max, relative, vector_ref, alpha],
                              api_name="pick_vector", api_visibility="undocumented", **EXPLORE), "vector")
     # the page URL follows the controls (in the browser only), and "Copy link" copies it
-    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref, prompt_ref, extend):
+    for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref, prompt_ref, extend,
+                    rows.extra):
         control.change(None, tab.url_inputs, None, js=JS_SYNC_URL, queue=False)
     # every panel keeps its word: on any change of a control, the page marks each panel made for other settings
     controls = [prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary] + sampling_inputs + [
-        alpha_max, target, extend]
+        alpha_max, target, extend, rows.extra]
     assert len(controls) == len(panel_keys.CONTROLS)
     panel_keys.watch("explore", dict(zip(panel_keys.CONTROLS, controls)))
+    _wire_rows(backend, tab, next_token, refresh_all, nt_outputs)
     tab.next_token_fn, tab.generate_fn, tab.sweep_fn = next_token, generate, sweep
     tab.refresh_all = refresh_all
     tab.sampling_inputs, tab.gen_outputs, tab.sweep_inputs = sampling_inputs, gen_outputs, sweep_inputs
     steered.select(token_details, None, [token_detail], api_name="token_details", api_visibility="undocumented")
     tab.chat = build_chat_panel(backend, tab)  # Completion or Chat (ui/chat_panel.py)
     return tab
+
+
+def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_outputs: list) -> None:
+    """The added vectors' rows (ui/extra_terms.py): Add and Remove show and hide them; each row's α drives the
+    next-token view as the main α does (its release, both generations and the dose-response), and a row's vector
+    or layer every panel.  A row's values reach the handlers as one text (``extra``), written from the rows by
+    ``compose`` (or by ``next_token_rows`` during a drag), where the page's α of an added row is held to its
+    slider's range, as the main α is by ``handler``."""
+    rows = tab.rows
+    assert len(rows.groups) == 3 == extra_terms.EXTRA_ROWS  # compose's arguments below name three rows
+
+    @handler(backend)
+    def compose(count, vector_2, layer_2, alpha_2, vector_3, layer_3, alpha_3, vector_4, layer_4, alpha_4,
+                request: gr.Request = None):
+        return extra_terms.compose(count, [(vector_2, layer_2, alpha_2), (vector_3, layer_3, alpha_3),
+                                           (vector_4, layer_4, alpha_4)])
+
+    @handler(backend)
+    def next_token_rows(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary, count, vector_2,
+                        layer_2, alpha_2, vector_3, layer_3, alpha_3, vector_4, layer_4, alpha_4,
+                        request: gr.Request = None):
+        """A drag of a row's α: the added terms and the next-token view for them in one answer, as the main α's
+        drag is one event (composing first and drawing in a chained event let an older drawing land last)."""
+        extra = extra_terms.compose(count, [(vector_2, layer_2, alpha_2), (vector_3, layer_3, alpha_3),
+                                            (vector_4, layer_4, alpha_4)])
+        drawn_ = next_token(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary, extra,
+                            request=request)
+        return tuple(drawn_) + (extra,) if isinstance(drawn_, tuple) else drawn_
+
+    @handler(backend)
+    def add_row(count, layer, alpha_max, extended, request: gr.Request = None):
+        """Show the next row: any vector of the session's list, at the main layer, α = 0 on the main range."""
+        n = extra_terms.shown(count)
+        if n >= extra_terms.EXTRA_ROWS:
+            return (gr.skip(),) * (3 + 4 * extra_terms.EXTRA_ROWS)
+        top = backend.handle.arch.num_layers - 1 if backend.model_ready else None
+        slider = alpha_controls(alpha_max, 0.0, bool(extended), set_alpha=True)[1]
+        row = [gr.skip()] * (4 * extra_terms.EXTRA_ROWS)
+        row[n::extra_terms.EXTRA_ROWS] = [gr.update(visible=True),
+                                          gr.update(choices=backend.vector_names(sid(request)), value=RANDOM),
+                                          gr.update(value=layer) if top is None else gr.update(maximum=top, value=layer),
+                                          slider]
+        return (n + 1, gr.update(visible=True), gr.update(visible=n + 1 < extra_terms.EXTRA_ROWS)) + tuple(row)
+
+    @handler(backend)
+    def remove_row(count):
+        n = extra_terms.shown(count)
+        if n == 0:
+            return (gr.skip(),) * (3 + extra_terms.EXTRA_ROWS)
+        hidden = [gr.skip()] * extra_terms.EXTRA_ROWS
+        hidden[n - 1] = gr.update(visible=False)
+        return (n - 1, gr.update(visible=n - 1 > 0), gr.update(visible=True)) + tuple(hidden)
+
+    @handler(backend)
+    def rows_range(alpha_max, extended, alpha_2, alpha_3, alpha_4):
+        """The rows' α sliders span the main one's range (α clamped into it, as the main α is)."""
+        return tuple(alpha_controls(alpha_max, a, bool(extended))[1] for a in (alpha_2, alpha_3, alpha_4))
+
+    shown_rows = [rows.count, rows.remove, rows.add]
+    per_row = rows.groups + rows.vectors + rows.layers + rows.alphas
+
+    def then_compose(event, trigger: str, **kwargs):
+        return event.then(compose, rows.inputs, [rows.extra], api_name=f"compose_on_{trigger}",
+                          api_visibility="undocumented", queue=False, show_progress="hidden", **kwargs)
+
+    refresh_all(then_compose(rows.add.click(add_row, [rows.count, tab.layer, tab.alpha_max, tab.extend],
+                                            shown_rows + per_row, api_name="add_vector", queue=False),
+                             "add"), "add_vector")
+    refresh_all(then_compose(rows.remove.click(remove_row, [rows.count], shown_rows + rows.groups,
+                                               api_name="remove_vector", queue=False), "remove"), "remove_vector")
+    for n, (vector, layer, alpha) in enumerate(zip(rows.vectors, rows.layers, rows.alphas), start=2):
+        alpha.input(next_token_rows, tab.next_token_inputs[:-1] + rows.inputs, nt_outputs + [rows.extra],
+                    api_name=f"next_token_on_alpha_{n}", api_visibility="undocumented", trigger_mode="always_last",
+                    show_progress="hidden", **SLIDER)
+        refresh_all(alpha.release(compose, rows.inputs, [rows.extra], api_name=f"compose_release_{n}",
+                                  api_visibility="undocumented", trigger_mode="always_last", queue=False,
+                                  show_progress="hidden"), f"release_{n}")
+        refresh_all(vector.input(compose, rows.inputs, [rows.extra], api_name=f"compose_vector_{n}",
+                                 api_visibility="undocumented", queue=False), f"vector_{n}")
+        refresh_all(layer.release(compose, rows.inputs, [rows.extra], api_name=f"compose_layer_{n}",
+                                  api_visibility="undocumented", trigger_mode="always_last", queue=False,
+                                  show_progress="hidden"), f"layer_{n}")
+    # α max and Extend range move every α slider's range; a clamped row α changes the added terms
+    for change, how in ((tab.alpha_max.change, "alpha_max"), (tab.extend.input, "extend")):
+        then_compose(change(rows_range, [tab.alpha_max, tab.extend] + rows.alphas, rows.alphas,
+                            api_name=f"rows_range_{how}", api_visibility="undocumented", queue=False), f"range_{how}")
 
 
 def _name(component, tab: ExploreTab) -> str:

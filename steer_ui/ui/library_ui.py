@@ -16,8 +16,8 @@ import pandas as pd
 
 from .. import plots
 from ..messages import UserError
-from ..service import Service
-from . import i18n, panel_keys, relabel
+from ..service import Service, last_frame
+from . import extra_terms, i18n, panel_keys, relabel
 from .chat_panel import SHOW_CHAT
 from .common import EXPLORE, SLIDER, as_gr_error, handler, page_url, sid, table
 from .request_guard import client_address
@@ -104,7 +104,7 @@ def _live_panel(lang: str, other_model: str | None, same: bool, detail: str, mad
         status = i18n.message(lang, "result_other_model", model=other_model)
     else:
         status = i18n.message(lang, "reproduced" if same else "not_reproduced", numbers=detail, detail=detail)
-    made = panel_keys.made_for(lang, "generations", made_for, panel_keys.STEERING)
+    made = panel_keys.made_for(lang, "generations", made_for, panel_keys.STEERING + panel_keys.EXTRA)
     return (status, made) + saved_generation(lang, result)[:4]
 
 
@@ -130,14 +130,16 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
         return url_state.prompt_ref(prompt_id, prompt), gr.skip()
 
     @handler(backend)
-    def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, extend=False,
+    def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, extend=False, extra="",
              request: gr.Request = None):
         # the next-token numbers are measured here for exactly these settings: the page's raw-numbers panel may
         # hold a generation's numbers or an older α's (one slider pass, no generation)
-        numbers = backend.next_token(sid(request), prompt, vector, layer, alpha, relative, seed).as_dict()
+        spec = extra_terms.full_spec(vector, layer, alpha, relative, seed, extra)  # every term (issue #48)
+        numbers = (backend.next_token(sid(request), prompt, vector, layer, alpha, relative, seed) if spec is None
+                   else backend.next_token_for(sid(request), prompt, spec)).as_dict()
         view = {"prompt": prompt, "vector": vector, "vector_ref": vector_ref or "", "layer": layer,
                 "alpha": alpha, "relative": relative, "seed": seed, "alpha_max": alpha_max, "extend": bool(extend),
-                "next_token": numbers}
+                "extra": extra or "", "next_token": numbers}
         result_id = backend.save_result(sid(request), view)
         link = f"{page_url(request)}?result={result_id}"
         return (relabel.keep(backend, sid(request), [explore.library_status], *relabel.text("saved_result")),
@@ -157,14 +159,17 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
         vector = settings.get("vector")
         if saved.get("has_vector"):
             vector = backend.open_result_vector(session, saved["id"], client_address(request)) or vector
-        frame = backend.generate(session, settings.get("prompt") or saved["view"]["prompt"], vector,
-                                 settings.get("layer"), settings.get("alpha", 0.0), settings.get("relative", True),
-                                 settings.get("seed", 0), sampling)
+        prompt, layer, alpha = settings.get("prompt") or saved["view"]["prompt"], settings.get("layer"), \
+            settings.get("alpha", 0.0)
+        relative, seed, extra = settings.get("relative", True), settings.get("seed", 0), settings.get("extra") or ""
+        spec = extra_terms.full_spec(vector, layer, alpha, relative, seed, extra)  # the saved result's every term
+        frame = backend.generate(session, prompt, vector, layer, alpha, relative, seed, sampling) if spec is None \
+            else last_frame(backend.stream_generate_for(session, prompt, spec, sampling))
         same, detail = reproduced(saved, frame.as_dict())
         other_model = saved["model_id"] if saved.get("model_id") and saved["model_id"] != backend.handle.model_id \
             else None
         made_for = panel_keys.key_of("generations", {**settings, "vector": vector,
-                                                     "vector_seed": settings.get("seed", 0)}, panel_keys.STEERING)
+                                                     "vector_seed": settings.get("seed", 0)}, panel_keys.STEERING + panel_keys.EXTRA)
         return relabel.keep(backend, session, [explore.library_status, explore.generations_key, explore.unsteered,
                                                explore.steered, explore.per_token, explore.tokens], _live_panel,
                             other_model, same, detail, made_for, {**saved, "generation": frame.as_dict()})
@@ -249,7 +254,7 @@ def unless_saved(backend: Service, fn, render, panel: str, outputs: list):
         return request, (session.cache.get(SHOW_RESULT) if session is not None else None)
 
     def draw(lang, inputs, saved):
-        return (panel_keys.made_for_inputs(lang, panel, inputs, panel_keys.STEERING),) + tuple(render(lang, saved))
+        return (panel_keys.made_for_inputs(lang, panel, inputs, panel_keys.STEERING + panel_keys.EXTRA),) + tuple(render(lang, saved))
 
     def drawn(request, saved, args):
         inputs = [a for a in args if not isinstance(a, gr.Request)]
@@ -326,6 +331,9 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
             for key in ("layer", "alpha", "relative", "seed"):
                 if settings.get(key) is not None:
                     setattr(state, key, settings[key])
+            if settings.get("extra"):  # the added vectors, checked as a link's are
+                state.extra = url_state.added_terms(str(settings["extra"]), choices, backend.handle.arch.num_layers,
+                                                    out["notices"])
             state.alpha_max = max(abs(float(state.alpha)), float(saved["view"].get("alpha_max") or state.alpha_max))
             out["run_live"] = True
             out["notices"].append(Notice("result_view", when=saved.get("when", "?")))

@@ -30,18 +30,21 @@ from . import i18n
 
 STEERING = ("prompt", "vector", "layer", "alpha", "relative", "vector_seed")
 SAMPLING = ("greedy", "temperature", "top_k", "top_p", "repetition", "max_tokens", "seed", "delta_limit")
+# the vectors added under the main one (ui/extra_terms.py), as one text: last, as the handlers take it, so a panel
+# made before a term was added or moved is stale like one made for another α
+EXTRA = ("extra",)
 PANELS = {
-    "bars": STEERING + ("whole_vocabulary",),
-    "generations": STEERING + SAMPLING,
-    "dose": STEERING + ("alpha_max", "target", "extended"),
+    "bars": STEERING + ("whole_vocabulary",) + EXTRA,
+    "generations": STEERING + SAMPLING + EXTRA,
+    "dose": STEERING + ("alpha_max", "target", "extended") + EXTRA,
     # Many prompts: its own inputs and the Explore settings it runs with
     "compare": ("prompts", "use_dataset", "vector", "layer", "alpha", "relative", "vector_seed", "alpha_max",
-                "max_tokens"),
+                "max_tokens") + EXTRA,
     "detect": ("vector", "answers", "file"),
     # "train" and "probe": the method, its layer and its own settings, named per method (train_tab names them)
 }
 # every control of Explore the page reads, in the order its check receives their values (explore_tab wires them so)
-CONTROLS = STEERING + ("whole_vocabulary",) + SAMPLING + ("alpha_max", "target", "extended")
+CONTROLS = STEERING + ("whole_vocabulary",) + SAMPLING + ("alpha_max", "target", "extended") + EXTRA
 
 
 def made_for_inputs(lang: str, panel: str, inputs, fields: tuple | None = None) -> str:
@@ -177,8 +180,10 @@ JS_ENTER_COMMITS = """
 () => {
   if (!window.__steerEnterCommits) {
     window.__steerEnterCommits = true;
+    const SELECTOR = '.steer-alpha input[type=number], #explore-layer input[type=number], '
+      + '.explore-term input[type=number]';  // every α (ui/extra_terms.py's rows too) and every layer
     document.addEventListener('keydown', (e) => {
-      if (e.key === 'Enter' && e.target.matches('#alpha-slider input[type=number], #explore-layer input[type=number]')) {
+      if (e.key === 'Enter' && e.target.matches(SELECTOR)) {
         e.target.blur();
       }
     }, true);

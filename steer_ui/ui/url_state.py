@@ -1,4 +1,6 @@
-"""The Explore view in the page URL: ``?prompt=…&vector=…&layer=…&alpha=…&relative=…&alpha_max=…``.
+"""The Explore view in the page URL: ``?prompt=…&vector=…&layer=…&alpha=…&relative=…&alpha_max=…``, and
+``&steer=…`` for the vectors added under the main one (issue #48: their spec, ui/extra_terms.py; absent for one
+vector, so a one-vector link is what it always was).
 
 Opening such a link restores those controls and runs the view; the page keeps
 the query string in step as the controls change (``JS_SYNC_URL``) and the
@@ -17,7 +19,9 @@ from typing import Mapping
 
 from ..messages import english
 
-KEYS = ("prompt", "vector", "layer", "alpha", "alpha_max", "relative", "seed", "extend")
+KEYS = ("prompt", "vector", "layer", "alpha", "alpha_max", "relative", "seed", "extend", "steer")
+RANDOM_NAME = "random direction"  # the page's name of the seeded random direction (rooms.common.RANDOM)
+MAX_STEER_CHARS = 4096  # the added terms' text (ui/extra_terms.MAX_EXTRA_CHARS)
 EXTEND = 5.0  # Extend range widens the α slider this many times: room to see the explosion
 ALPHA_MAX_RANGE = (0.001, 1e6)  # what the page's α-max field accepts
 
@@ -42,6 +46,7 @@ class ExploreState:
     relative: bool = True
     seed: int = 0
     extend: bool = False  # Extend range: the slider spans EXTEND × α max
+    extra: str = ""  # the added vectors' spec text (ui/extra_terms.py), "" for one vector
     notices: list[str] = field(default_factory=list)
 
 
@@ -93,7 +98,41 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
     seed = _number(query.get("seed"))
     if seed is not None and seed == int(seed) and 0 <= seed < 2**31:
         state.seed = int(seed)
+    if query.get("steer"):
+        state.extra = added_terms(query["steer"], vectors, num_layers, state.notices)
+        for term in json.loads(state.extra or '{"vectors": []}')["vectors"]:  # every α on the page's one range
+            state.alpha_max = max(state.alpha_max, abs(term["scale"]) / (EXTEND if state.extend else 1.0))
     return state
+
+
+def added_terms(text: str, vectors: list[str], num_layers: int, notices: list, max_terms: int = 3) -> str:
+    """The link's added vectors as the page writes them (ui/extra_terms.compose), or "": each term checked as the
+    main one is (a vector on this server, a layer of this model, a finite α in the page's range); a term that is
+    not is left out with a notice, and a text that is no spec at all with one notice."""
+    from .. import steering_spec
+    from ..messages import UserError
+
+    try:
+        if len(text) > MAX_STEER_CHARS:
+            raise UserError("steering_shape", limit=max_terms)
+        terms = steering_spec.parse(text, max_terms, num_layers).terms
+    except UserError:
+        notices.append(Notice("link_steer_bad", limit=max_terms))
+        return ""
+    kept = []
+    for term in terms:
+        name = RANDOM_NAME if term.random else term.source
+        if not term.random and term.source not in vectors:
+            notices.append(Notice("link_vector_missing", vector=term.source[:60]))
+            continue
+        layer = term.layers[0] if term.layers else None
+        if layer is None or layer >= num_layers:
+            notices.append(Notice("link_layer_missing", layer=repr(str(layer)[:10]), top=num_layers - 1))
+            continue
+        scale = max(-ALPHA_MAX_RANGE[1], min(ALPHA_MAX_RANGE[1], term.scale))
+        kept.append({"source": steering_spec.RANDOM_SOURCE if name == RANDOM_NAME else name, "scale": scale,
+                     "layers": [layer]})
+    return json.dumps({"vectors": kept}, ensure_ascii=False, separators=(",", ":")) if kept else ""
 
 
 # Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
@@ -152,10 +191,10 @@ _JS_QUERY = """
   const fields = byId ? {prompt_id: byId} : (fits ? {prompt: text} : {});
   const q = new URLSearchParams(Object.assign(fields, {vector: vector_ref || vector || "", layer: String(layer),
     alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
-    alpha_max: String(alpha_max)}, extend ? {extend: "1"} : {}));
+    alpha_max: String(alpha_max)}, extend ? {extend: "1"} : {}, extra ? {steer: extra} : {}));
   const whole = Boolean(byId) || fits;
 """ % {"limit": PROMPT_IN_LINK}
-_JS_ARGS = "prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, prompt_ref, extend"
+_JS_ARGS = "prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, prompt_ref, extend, extra"
 
 # Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
 JS_SYNC_URL = f"""

@@ -111,6 +111,17 @@ def test_oversized_or_strange_training_settings_are_refused_before_any_work(serv
     ((PROMPT, RANDOM, 10**6, 0.5, True, 0), ["layer", "at most 17"]),
     ((PROMPT, RANDOM, LAYER, 0.5, True, 10**30), ["seed"]),
     ((PROMPT, "someone else's vector", LAYER, 0.5, True, 0), ["no vector named"]),
+    # the vectors added under the main one (issue #48: ui/extra_terms.py), the last argument, as any caller sends it
+    ((PROMPT, RANDOM, LAYER, 0.5, True, 0, False, "{"), ["not valid JSON"]),
+    ((PROMPT, RANDOM, LAYER, 0.5, True, 0, False, "x" * 100_000), ["limit"]),
+    ((PROMPT, RANDOM, LAYER, 0.5, True, 0, False, json.dumps({"vectors": [{"source": "random", "scale": 1}] * 8})),
+     ["1 to 7 terms"]),
+    ((PROMPT, RANDOM, LAYER, 0.5, True, 0, False, json.dumps({"vectors": [{"source": "/etc/passwd", "scale": 1}]})),
+     ["no vector named"]),
+    ((PROMPT, RANDOM, LAYER, 0.5, True, 0, False, '{"vectors": [{"source": "random", "scale": NaN}]}'),
+     ["must be a finite number"]),
+    ((PROMPT, RANDOM, LAYER, 0.5, True, 0, False,
+      json.dumps({"vectors": [{"source": "random", "scale": 1, "layers": [10**6]}]})), ["layer", "17"]),
 ])
 def test_bad_explore_arguments_get_one_line(server, honest, args, words):
     c = client(server)

@@ -1,0 +1,155 @@
+"""Issue #48 in Chromium: Explore with two vectors.  Add a vector, drag each α and the bars follow (every panel
+shows the controls' settings or says it is stale); the readout names the term that moved; a typed α outside an
+added row's range runs nothing; the page's link restores both terms in a fresh context.  In English at 1400 px and
+in 简体中文 at 390 px (tiny model with its default view, as test_alpha_and_link.py)."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from browser_kit import NEEDS_CHROMIUM, browser, free_port  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
+
+PANELS = ("bars", "generations", "dose")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    from steer_ui.policy import Policy
+    from steer_ui.service import Service
+    from steer_ui.store import open_library
+    from steer_ui.ui.app import build_demo, launch_kwargs
+
+    folder = tmp_path_factory.mktemp("several")
+    policy = Policy()
+    backend = Service(workdir=folder, policy=policy, default_view=True,
+                      library=open_library(str(folder / "library.db"), policy))
+    backend.load_model("tiny:llama")
+    demo = build_demo(backend)
+    demo.queue()
+    port = free_port()
+    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+def _open(browser, url: str, locale: str, width: int):
+    context = browser.new_context(viewport={"width": width, "height": 900}, locale=locale)
+    page = context.new_page()
+    page.goto(url)
+    page.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=60_000)
+    _settled(page)
+    return context, page
+
+
+def _keys(page) -> dict:
+    return {p: (json.loads(k), s) for p, k, s in page.evaluate(
+        "() => Array.from(document.querySelectorAll('.made-for')).map(e => [e.dataset.panel, e.dataset.key,"
+        " e.classList.contains('stale')])")}
+
+
+def _settled(page, timeout: float = 90.0) -> dict:
+    """Every Explore panel has a key that matches the controls and is not marked stale."""
+    deadline = time.monotonic() + timeout
+    while True:
+        keys = _keys(page)
+        now = page.evaluate("() => (window.__steerControls || {}).explore || {}")
+        fresh = set(PANELS) <= set(keys) and now and all(
+            not stale and all(k not in now or now[k] == v or (isinstance(v, float) and isinstance(now[k], (int, float))
+                                                             and abs(now[k] - v) <= 1e-9 * max(1, abs(v)))
+                              for k, v in key.items())
+            for key, stale in (keys[p] for p in PANELS))
+        if fresh:
+            return keys
+        assert time.monotonic() < deadline, f"the panels did not settle: {keys} against {now}"
+        time.sleep(0.2)
+
+
+def _bars(page) -> str:
+    return page.evaluate("() => JSON.stringify(document.querySelector('#next-token-bars .js-plotly-plot')"
+                         "._fullData.map(t => Array.from(t.y)))")
+
+
+def _drag(page, slider: str, fraction: float) -> None:
+    """Drag ``slider``'s handle from the middle by ``fraction`` of its width, in steps, as a person does."""
+    page.locator(f"{slider} input[type=range]").scroll_into_view_if_needed()
+    box = page.locator(f"{slider} input[type=range]").bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    for step in range(1, 6):
+        page.mouse.move(x + step * fraction / 5 * box["width"], y)
+        time.sleep(0.05)
+    page.mouse.up()
+
+
+def _extra(keys) -> list:
+    return json.loads(keys["bars"][0]["extra"] or '{"vectors": []}')["vectors"]
+
+
+@pytest.mark.parametrize("locale, width, term_word", [("en-US", 1400, "Term 2"), ("zh-CN", 390, "第 2 项")])
+def test_two_vectors_each_alpha_drives_the_view_and_the_link_restores_both(browser, app, locale, width, term_word):
+    context, page = _open(browser, app, locale, width)
+    one = _keys(page)
+    assert one["bars"][0]["extra"] is None and not page.locator("#explore-term-2").is_visible()
+    page.locator("#add-vector-btn").click()
+    page.locator("#explore-term-2").wait_for(state="visible", timeout=10_000)
+    keys = _settled(page)
+    assert [t["scale"] for t in _extra(keys)] == [0.0]  # a new row pushes nothing until its α moves
+    # the added row's α: the bars follow, every panel for both terms, the readout names the term that moved
+    before = _bars(page)
+    _drag(page, "#alpha-slider-2", 0.3)
+    page.wait_for_function("(b) => JSON.stringify(document.querySelector('#next-token-bars .js-plotly-plot')"
+                           "._fullData.map(t => Array.from(t.y))) !== b", arg=before, timeout=30_000)
+    keys = _settled(page)
+    second = _extra(keys)[0]["scale"]
+    assert second > 0 and all(_extra(keys) == _extra({"bars": keys[p]}) for p in PANELS)
+    assert float(page.locator("#alpha-slider-2 input[type=number]").input_value()) == pytest.approx(second)
+    assert term_word in page.locator("#explore-readout").inner_text()
+    # the main α: the bars follow again, the added term held
+    main_before, before = keys["bars"][0]["alpha"], _bars(page)
+    _drag(page, "#alpha-slider", -0.2)
+    page.wait_for_function("(b) => JSON.stringify(document.querySelector('#next-token-bars .js-plotly-plot')"
+                           "._fullData.map(t => Array.from(t.y))) !== b", arg=before, timeout=30_000)
+    keys = _settled(page)
+    assert keys["bars"][0]["alpha"] != main_before and _extra(keys)[0]["scale"] == second
+    assert ("Term 1" if locale == "en-US" else "第 1 项") in page.locator("#explore-readout").inner_text()
+    # a typed α the added row's slider cannot take is refused beside it, and nothing moves
+    box = page.locator("#alpha-slider-2 input[type=number]")
+    box.click()
+    box.press("Control+a")
+    page.keyboard.type("99999")
+    box.press("Enter")
+    page.locator("#alpha-slider-2-refusal").wait_for(state="visible", timeout=5_000)
+    time.sleep(1.5)
+    assert _keys(page) == keys and float(box.input_value()) == pytest.approx(second)
+    # Save result keeps both terms (the generation the last release made carries them)
+    page.locator("#save-result-btn").click()
+    page.wait_for_function("() => (document.querySelector('#explore-link input, #explore-link textarea') || {})"
+                           ".value?.includes('result=')", timeout=30_000)
+    saved_link = page.locator("#explore-link input, #explore-link textarea").first.input_value()
+    # the link (the address bar follows the controls) restores both terms in a fresh context
+    url = page.url
+    assert "steer=" in url
+    context.close()
+    fresh, page = _open(browser, url, locale, width)
+    restored = _settled(page)
+    assert page.locator("#explore-term-2").is_visible()
+    assert _extra(restored) == _extra(keys)
+    assert restored["bars"][0]["alpha"] == pytest.approx(keys["bars"][0]["alpha"])
+    assert float(page.locator("#alpha-slider-2 input[type=number]").input_value()) == pytest.approx(second)
+    # the saved result opens for a stranger with both terms, its panels made for them
+    stranger, saved_page = _open(browser, saved_link, locale, width)
+    assert saved_page.locator("#explore-term-2").is_visible()
+    shown = _settled(saved_page)
+    assert _extra(shown) == _extra(keys) and shown["generations"][0]["extra"] == keys["generations"][0]["extra"]
+    stranger.close()
+    # removing the row is one vector again, exactly as before
+    page.locator("#remove-vector-btn").click()
+    page.locator("#explore-term-2").wait_for(state="hidden", timeout=10_000)
+    page.wait_for_function("() => window.__steerControls.explore.extra === null", timeout=10_000)
+    assert _settled(page)["bars"][0]["extra"] is None
+    fresh.close()

@@ -1,0 +1,156 @@
+"""Explore's added vectors (issue #48, ui/extra_terms.py): the rows' text, the spec it makes with the main row, the
+link's ``steer=`` and its checks, and on a tiny model the exact arithmetic the page relies on."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from steer_ui.messages import UserError
+from steer_ui.service import RANDOM, Service
+from steer_ui.ui import extra_terms
+from steer_ui.ui.url_state import ExploreState, from_query
+
+SESSION = "rows-aaaaaaaaaaaaaaaa"
+PROMPT = "The weather today is"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    from steer_ui.tiny import tiny_handle
+
+    return Service(handle=tiny_handle("llama"), workdir=tmp_path_factory.mktemp("rows"))
+
+
+def test_the_rows_shown_become_the_added_terms_and_none_is_today_s_one_vector():
+    rows = [(RANDOM, 2, 0.5), ("positive", 1.0, -0.25), (RANDOM, 0, 9.0)]
+    assert extra_terms.compose(0, rows) == ""
+    text = extra_terms.compose(2, rows)  # the third row is hidden: not a term
+    assert json.loads(text) == {"vectors": [{"source": "random", "scale": 0.5, "layers": [2]},
+                                            {"source": "positive", "scale": -0.25, "layers": [1]}]}
+    assert extra_terms.full_spec(RANDOM, 3, 0.1, True, 4, "") is None
+    spec = extra_terms.full_spec("v", 3, 0.1, False, 4, text)
+    assert [(t.source, t.scale, t.layers, t.normalize, t.seed) for t in spec.terms] == [
+        ("v", 0.1, (3,), False, 4), ("random", 0.5, (2,), False, 4), ("positive", -0.25, (1,), False, 4)]
+    assert extra_terms.shown("7") == extra_terms.EXTRA_ROWS and extra_terms.shown("nan") == 0
+
+
+@pytest.mark.parametrize("extra", ["{", '{"vectors": []}', "x" * 5000, '{"vectors": [{"source": "a"}]}',
+                                   json.dumps({"vectors": [{"source": "random", "scale": 1}] * 8}), 5])
+def test_any_caller_s_added_terms_are_checked_as_every_spec_is(extra):
+    with pytest.raises(UserError):
+        extra_terms.full_spec(RANDOM, 1, 0.1, True, 0, extra)
+
+
+def test_the_readout_names_the_one_term_that_moved():
+    before = extra_terms.terms_of(RANDOM, 1, 0.5, extra_terms.compose(1, [("v", 2, 0.1)]))
+    after = extra_terms.terms_of(RANDOM, 1, 0.5, extra_terms.compose(1, [("v", 2, 0.3)]))
+    assert extra_terms.moved(before, after) == 2 and after[1] == ("v", 2, 0.3)
+    assert extra_terms.moved(None, after) is None and extra_terms.moved(after, after) is None
+
+
+def test_a_link_restores_the_added_terms_it_may_and_says_what_it_left_out():
+    defaults = ExploreState(prompt="p", vector="v", layer=2, alpha=0.1, alpha_max=0.5)
+    steer = json.dumps({"vectors": [{"source": "random", "scale": 2.0, "layers": [1]},
+                                    {"source": "someone's <b>secret</b>", "scale": 1, "layers": [1]},
+                                    {"source": "v", "scale": -0.2, "layers": [99]}]})
+    state = from_query({"steer": steer}, defaults, ["v", RANDOM], 4, 4000)
+    assert json.loads(state.extra) == {"vectors": [{"source": "random", "scale": 2.0, "layers": [1]}]}
+    assert [n.key for n in state.notices] == ["link_vector_missing", "link_layer_missing"]
+    assert state.alpha_max == 2.0  # every α on the page's one range
+    for bad in ("not json", "{" * 5000, json.dumps({"vectors": [{"source": "v", "scale": 1}] * 4})):
+        state = from_query({"steer": bad}, defaults, ["v"], 4, 4000)
+        assert state.extra == "" and [n.key for n in state.notices] == ["link_steer_bad"]
+    assert from_query({}, defaults, ["v"], 4, 4000).extra == ""  # a one-vector link is what it always was
+
+
+def _generation(service, prompt, vector, layer, alpha, extra):
+    spec = extra_terms.full_spec(vector, layer, alpha, True, 0, extra)
+    sampling = service.sampling(max_new_tokens=10, greedy=True)
+    frames = service.stream_generate(SESSION, prompt, vector, layer, alpha, True, 0, sampling) if spec is None \
+        else service.stream_generate_for(SESSION, prompt, spec, sampling)
+    return list(frames)[-1]
+
+
+def _probs(view) -> dict:
+    return dict(zip(view.steered["token"], view.steered["prob"]))
+
+
+def _view(service, vector, layer, alpha, extra):
+    spec = extra_terms.full_spec(vector, layer, alpha, True, 0, extra)
+    return service.next_token(SESSION, PROMPT, vector, layer, alpha, True, 0) if spec is None \
+        else service.next_token_for(SESSION, PROMPT, spec)
+
+
+def test_an_added_row_of_the_main_vector_at_its_layer_adds_its_alpha(service):
+    """The page's two rows v@a and v@b at one layer are the one row v@(a+b): probabilities within 1e-5, the same
+    greedy text."""
+    a, b = 3.0, 5.0
+    both = extra_terms.compose(1, [(RANDOM, 2, b)])
+    two, one = _view(service, RANDOM, 2, a, both), _view(service, RANDOM, 2, a + b, "")
+    assert one.kl > 1e-3  # it steers
+    p2, p1 = _probs(two), _probs(one)
+    assert p2.keys() == p1.keys() and all(abs(p2[k] - p1[k]) <= 1e-5 for k in p1)
+    g2, g1 = _generation(service, PROMPT, RANDOM, 2, a, both), _generation(service, PROMPT, RANDOM, 2, a + b, "")
+    assert g2.steered_text == g1.steered_text and g2.unsteered_text == g1.unsteered_text
+
+
+def test_an_added_row_at_alpha_zero_is_no_row(service):
+    zero = extra_terms.compose(1, [(RANDOM, 1, 0.0)])
+    with_row, without = _view(service, RANDOM, 2, 4.0, zero), _view(service, RANDOM, 2, 4.0, "")
+    p2, p1 = _probs(with_row), _probs(without)
+    assert p2.keys() == p1.keys() and all(abs(p2[k] - p1[k]) <= 1e-5 for k in p1)
+    g2, g1 = _generation(service, PROMPT, RANDOM, 2, 4.0, zero), _generation(service, PROMPT, RANDOM, 2, 4.0, "")
+    assert g2.steered_text == g1.steered_text
+
+
+def test_the_dose_response_sweeps_the_main_vector_with_the_added_ones_held(service):
+    """Each α of the sweep is the main vector at that α beside the added terms at theirs: with an added row of the
+    same vector at the same layer at α b, the sweep's point α = a is the one vector at a + b."""
+    a, b = 2.0, 3.0
+    held = extra_terms.held(True, 0, extra_terms.compose(1, [(RANDOM, 2, b)]))
+    frame = service.sweep(SESSION, PROMPT, RANDOM, 2, relative=True, seed=0, alphas=[-a, a], held=held)
+    for alpha, kl in zip(frame["alpha"], frame["kl"]):
+        assert kl == pytest.approx(_view(service, RANDOM, 2, alpha + b, "").kl, abs=1e-5)
+    alone = service.sweep(SESSION, PROMPT, RANDOM, 2, relative=True, seed=0, alphas=[a])
+    assert alone["kl"][0] == pytest.approx(_view(service, RANDOM, 2, a, "").kl, abs=1e-5)
+    # an added term at a lower block than the swept one still acts (the prefix is cached below both)
+    low = extra_terms.held(True, 0, extra_terms.compose(1, [(RANDOM, 0, b)]))
+    lower = service.sweep(SESSION, PROMPT, RANDOM, 2, relative=True, seed=0, alphas=[a], held=low)
+    both = service.next_token_for(SESSION, PROMPT, extra_terms.full_spec(RANDOM, 2, a, True, 0,
+                                                                        extra_terms.compose(1, [(RANDOM, 0, b)])))
+    assert lower["kl"][0] == pytest.approx(both.kl, abs=1e-5)
+
+
+def test_many_prompts_steer_with_the_added_vectors_too(service):
+    """Many prompts with an added row of the main vector at its layer (α b beside α a) is the one vector at a + b."""
+    a, b = 2.0, 3.0
+    prompts = "The weather today is\nMy favourite food is"
+    sampling = service.sampling(max_new_tokens=6, greedy=True)
+    held = extra_terms.held(True, 0, extra_terms.compose(1, [(RANDOM, 2, b)]))
+    two = service.compare(SESSION, prompts, False, RANDOM, 2, a, True, 0, 4.0, sampling=sampling, held=held)
+    from steer_ui.rooms.library import LAST_COMPARISON
+
+    kept = service.session(SESSION).cache[LAST_COMPARISON]["settings"]["held"]  # what Save result keeps
+    assert [(t["source"], t["scale"], t["layers"]) for t in kept["vectors"]] == [("random", b, [2])]
+    one = service.compare(SESSION, prompts, False, RANDOM, 2, a + b, True, 0, 4.0, sampling=sampling)
+    assert [r["steered"] for r in two["rows"]] == [r["steered"] for r in one["rows"]]
+    assert [r["kl"] for r in two["rows"]] == pytest.approx([r["kl"] for r in one["rows"]], abs=1e-5)
+    alone = service.compare(SESSION, prompts, False, RANDOM, 2, a, True, 0, 4.0, sampling=sampling)
+    assert [r["kl"] for r in alone["rows"]] != pytest.approx([r["kl"] for r in one["rows"]], abs=1e-5)
+
+
+def test_many_prompts_margins_sweep_the_main_vector_with_the_added_ones_held(service):
+    """With pairs, the margin at each α of the grid is the main vector at that α beside the added terms at theirs:
+    an added row of the main vector at its layer at α b shifts the curve by b."""
+    b = 0.5
+    service.upload_dataset(SESSION, None, bundled="sentiment_pairs.csv")
+    sampling = service.sampling(max_new_tokens=2)
+    held = extra_terms.held(True, 0, extra_terms.compose(1, [(RANDOM, 2, b)]))
+    two = service.compare(SESSION, "", True, RANDOM, 2, 0.25, True, 0, 1.0, sampling=sampling,
+                          alphas=[-1.0, 0.0, 1.0], held=held)
+    one = service.compare(SESSION, "", True, RANDOM, 2, 0.25 + b, True, 0, 1.0 + b, sampling=sampling,
+                          alphas=[-1.0 + b, b, 1.0 + b])
+    assert two["rows"] and all("margins" in r for r in two["rows"])
+    for with_row, shifted in zip(two["rows"], one["rows"]):
+        assert with_row["margins"] == pytest.approx(shifted["margins"], abs=1e-4)
