@@ -20,6 +20,7 @@ from .. import guards, steering_spec
 from ..messages import UserError
 from ..service import RANDOM
 from .common import AlphaSlider, T
+from .request_guard import optional_trailing
 
 EXTRA_ROWS = 3  # four vectors on the page; the spec itself allows steering_spec.MAX_TERMS
 MAX_EXTRA_CHARS = 4096  # the added terms' text (a link carries it): short names and numbers, many times over
@@ -62,7 +63,8 @@ def build(layers: int, middle: int) -> Rows:
         add = gr.Button(T("explore.add_vector"), size="sm", elem_id="add-vector-btn")
         remove = gr.Button(T("explore.remove_vector"), size="sm", elem_id="remove-vector-btn", visible=False)
     count = gr.Number(value=0, precision=0, visible=False, elem_id="explore-term-count")
-    extra = gr.Textbox(value="", visible=False, elem_id="explore-extra-terms")
+    # an API call written before several vectors existed leaves it off: one vector, as then
+    extra = optional_trailing(gr.Textbox(value="", visible=False, elem_id="explore-extra-terms"))
     return Rows(add=add, remove=remove, count=count, extra=extra, groups=groups, vectors=vectors,
                 layers=layer_sliders, alphas=alphas)
 

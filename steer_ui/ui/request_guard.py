@@ -116,16 +116,32 @@ def check_value(block, value: Any, what: str) -> None:
         checked_text(value, what, MAX_TEXT_CHARS, allow_empty=True)
 
 
-def check_inputs(block_fn, inputs: list, state, lang: str) -> None:
+# Inputs an API client may leave off the end of its call (the page always sends them): a later feature's input
+# added after an endpoint's others, e.g. Explore's added vectors, so calls written before it keep working.
+OPTIONAL_TRAILING: set[int] = set()
+
+
+def optional_trailing(block):
+    """Mark ``block`` as an input a call may leave off the end (its default stands in); returns it."""
+    OPTIONAL_TRAILING.add(block._id)
+    return block
+
+
+def check_inputs(block_fn, inputs: list, state, lang: str) -> list:
+    """``inputs`` checked against the event's blocks, with left-off optional trailing inputs at their defaults."""
     blocks = list(getattr(block_fn, "inputs", []) or [])
     if len(inputs) < len(blocks):
-        raise UserError("wrong_inputs", needed=len(blocks), got=len(inputs))
+        missing = blocks[len(inputs):]
+        if not all(block._id in OPTIONAL_TRAILING for block in missing):
+            raise UserError("wrong_inputs", needed=len(blocks), got=len(inputs))
+        inputs = list(inputs) + [block.value for block in missing]
     for block, value in zip(blocks, inputs):
         try:
             current = state[block._id] if state is not None and block._id in state else block
         except (KeyError, TypeError):
             current = block
         check_value(current, value, field_label(current, lang))
+    return inputs
 
 
 def install(demo: gr.Blocks, backend) -> None:
@@ -144,7 +160,7 @@ def install(demo: gr.Blocks, backend) -> None:
                         backend.claim_owner(session, token, client_address(first), issue=False)
                 lang = backend.language(session) if session is not None else "en"
                 if not isinstance(block_fn, int):
-                    check_inputs(block_fn, list(inputs or []), state, lang)
+                    inputs = check_inputs(block_fn, list(inputs or []), state, lang)
             return await original(block_fn, inputs, state, request, iterator, *args, **kwargs)
         except gr.Error:
             raise

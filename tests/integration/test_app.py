@@ -247,7 +247,7 @@ def test_concurrent_sessions_get_exactly_their_own_results(app):
         assert same(view(numbers, alpha), view(alone[alpha][0], alpha)) is None
         assert gen["steered"]["text"] == alone[alpha][1]["steered"]["text"]
         assert same(gen["steered"]["tokens"], alone[alpha][1]["steered"]["tokens"], DECODE_TOL) is None
-    assert len({round(r[1]["kl"], 4) for r in results}) == len(alphas)  # each α its own view
+    assert len({round(r[1]["kl"], 6) for r in results}) == len(alphas)  # each α its own view
 
 
 @pytest.mark.integration
