@@ -25,6 +25,22 @@ def browser():
         b.close()
 
 
+def tiny_library_backend(folder, **service_kwargs):
+    """A door on the tiny llama with a library in ``folder`` and the default view (a named vector, a calibrated α
+    range), as the app starts; its stated 256 positions raised to 1,024, which long links and three chat turns
+    of byte-level text outgrow (its rotary positions have no table, so nothing else limits them)."""
+    from steer_ui.policy import Policy
+    from steer_ui.service import Service
+    from steer_ui.store import open_library
+
+    policy = Policy()
+    backend = Service(workdir=folder, policy=policy, default_view=True,
+                      library=open_library(str(folder / "library.db"), policy), **service_kwargs)
+    backend.load_model("tiny:llama")
+    backend.handle.model.config.max_position_embeddings = 1024
+    return backend
+
+
 def upload_statements(page) -> None:
     """Data tab: upload the bundled capitals statements and wait for the summary."""
     page.get_by_role("tab", name="Data").click()

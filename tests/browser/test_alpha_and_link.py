@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from browser_kit import NEEDS_CHROMIUM, ROOT, browser, free_port  # noqa: F401 (fixture)
+from browser_kit import NEEDS_CHROMIUM, ROOT, browser, served, tiny_library_backend  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
 
@@ -19,29 +19,15 @@ MODEL_CALLS = ("next_token", "stream_generate", "sweep")
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from steer_ui.policy import Policy
-    from steer_ui.service import Service
-    from steer_ui.store import open_library
-    from steer_ui.ui.app import build_demo, launch_kwargs
-
-    folder = tmp_path_factory.mktemp("alpha")
-    policy = Policy()
-    backend = Service(workdir=folder, policy=policy, default_view=True,
-                      library=open_library(str(folder / "library.db"), policy))
-    backend.load_model("tiny:llama")  # with the default view: a named vector and a calibrated α range
-    # a prompt too long for a link is >1,500 URL characters, at most 3 per token of this byte-level model, so over
-    # 500 tokens: the tiny llama's rotary positions have no table, and its stated limit (256) is raised to fit one
-    backend.handle.model.config.max_position_embeddings = 1024
+    # with the default view: a named vector and a calibrated α range; a prompt too long for a link is >1,500 URL
+    # characters, at most 3 per token of this byte-level model, so over 500 tokens (tiny_library_backend's 1,024)
+    backend = tiny_library_backend(tmp_path_factory.mktemp("alpha"))
     calls: list[str] = []
     for name in MODEL_CALLS:  # what reaches the model, in order (the α box's refusals must add nothing)
         real = getattr(backend, name)
         setattr(backend, name, lambda *a, _real=real, _n=name, **k: (calls.append(_n), _real(*a, **k))[1])
-    demo = build_demo(backend)
-    demo.queue()
-    port = free_port()
-    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
-    yield f"http://127.0.0.1:{port}/", calls
-    demo.close()
+    with served(backend) as url:
+        yield url, calls
 
 
 def _open(browser, url: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from browser_kit import NEEDS_CHROMIUM, browser, served  # noqa: F401 (fixture)
+from browser_kit import NEEDS_CHROMIUM, browser, served, tiny_library_backend  # noqa: F401 (fixture)
 from steer_ui.ui import i18n
 
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
@@ -17,18 +17,8 @@ TURNS = ("Hello", "Tell me more", "Thanks")
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from steer_ui.policy import Policy
-    from steer_ui.service import Service
-    from steer_ui.store import open_library
-
-    folder = tmp_path_factory.mktemp("chat")
-    policy = Policy()
-    backend = Service(workdir=folder, policy=policy, default_view=True, chat_template=TEMPLATE,
-                      library=open_library(str(folder / "library.db"), policy))
-    backend.load_model("tiny:llama")
-    # three turns of both sides' byte-level replies outgrow the tiny llama's stated 256 positions (its rotary
-    # positions have no table): raised, as tests/browser/test_alpha_and_link.py does
-    backend.handle.model.config.max_position_embeddings = 1024
+    # three turns of both sides' byte-level replies outgrow the tiny llama's stated 256 positions
+    backend = tiny_library_backend(tmp_path_factory.mktemp("chat"), chat_template=TEMPLATE)
     with served(backend) as url:
         yield url, backend
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from browser_kit import NEEDS_CHROMIUM, browser, free_port  # noqa: F401 (fixture)
+from browser_kit import NEEDS_CHROMIUM, browser, served, tiny_library_backend  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
 
@@ -18,22 +18,8 @@ PANELS = ("bars", "generations", "dose")
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from steer_ui.policy import Policy
-    from steer_ui.service import Service
-    from steer_ui.store import open_library
-    from steer_ui.ui.app import build_demo, launch_kwargs
-
-    folder = tmp_path_factory.mktemp("several")
-    policy = Policy()
-    backend = Service(workdir=folder, policy=policy, default_view=True,
-                      library=open_library(str(folder / "library.db"), policy))
-    backend.load_model("tiny:llama")
-    demo = build_demo(backend)
-    demo.queue()
-    port = free_port()
-    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    with served(tiny_library_backend(tmp_path_factory.mktemp("several"))) as url:
+        yield url
 
 
 def _open(browser, url: str, locale: str, width: int):

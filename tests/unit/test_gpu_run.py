@@ -7,9 +7,12 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~35 s; run it (python -m pytest -m slow) before spending device time on the script
 def test_the_gpu_run_script_runs_every_step_on_the_cpu(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, GPU_RUN_DRY="1", STEER_UI_CACHE=str(tmp_path / "cache"))
