@@ -118,12 +118,12 @@ def check_value(block, value: Any, what: str) -> None:
 
 # Inputs an API client may leave off the end of its call (the page always sends them): a later feature's input
 # added after an endpoint's others, e.g. Explore's added vectors, so calls written before it keep working.
-OPTIONAL_TRAILING: set[int] = set()
+OPTIONAL_TRAILING = "steer_optional_trailing"  # the mark, an attribute of the block itself
 
 
 def optional_trailing(block):
     """Mark ``block`` as an input a call may leave off the end (its default stands in); returns it."""
-    OPTIONAL_TRAILING.add(block._id)
+    setattr(block, OPTIONAL_TRAILING, True)
     return block
 
 
@@ -132,7 +132,7 @@ def check_inputs(block_fn, inputs: list, state, lang: str) -> list:
     blocks = list(getattr(block_fn, "inputs", []) or [])
     if len(inputs) < len(blocks):
         missing = blocks[len(inputs):]
-        if not all(block._id in OPTIONAL_TRAILING for block in missing):
+        if not all(getattr(block, OPTIONAL_TRAILING, False) for block in missing):
             raise UserError("wrong_inputs", needed=len(blocks), got=len(inputs))
         inputs = list(inputs) + [block.value for block in missing]
     for block, value in zip(blocks, inputs):
