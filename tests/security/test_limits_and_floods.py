@@ -194,6 +194,15 @@ def test_a_lone_surrogate_is_refused_as_text_and_logs_no_traceback(server, hones
     honest()
 
 
+def test_a_call_short_of_a_required_value_is_refused_in_one_line_and_only_added_vectors_may_be_left_off(server,
+                                                                                                       honest):
+    # /next_token's inputs: prompt, vector, layer, α, relative, seed, whole vocabulary, added vectors (optional)
+    short = raw_call(server, "next_token", ["The weather today", "random direction", 6, 0.5, True])
+    assert short[0] == "error" and "takes 8 values" in short[1] and "sent 5" in short[1], short
+    assert raw_call(server, "next_token", ["The weather today", "random direction", 6, 0.5, True, 0, False])[0] == "ok"
+    honest()
+
+
 def test_bad_input_leaves_no_traceback_in_the_server_log(server, honest):
     """Every refusal above is a visitor's mistake, not the server's: the log stays free of tracebacks."""
     assert "Traceback" not in server.log.read_text(errors="replace")
