@@ -173,6 +173,8 @@ def test_bench_does_not_import_the_cli():
 def test_quick_run_many_users_share_batches_and_match_solo(quick_result):
     users = quick_result["many_users"]
     assert users["many_users_exact"] == 8  # every concurrent result equals its solo result
+    # ... with the kinds of request mixed: unsteered, one term, several terms, chat (issue #48)
+    assert {"unsteered", "one term", "several terms", "chat", "chat, prompt steered"} == set(users["kinds"])
     assert users["engine"]["peak_requests"] > 1  # the eight really decoded together
     assert users["slider_p50_under_load_ms"] > 0 and users["slider_p95_idle_ms"] >= users["slider_p50_idle_ms"]
 
