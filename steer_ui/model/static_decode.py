@@ -40,6 +40,12 @@ replayed:
   path adds only the blocks some row steers.  Per-head (ITI) shifts get the
   same treatment at the attention output projections' inputs, allocated the
   first time a request carries one (one re-build).
+* **Special tokens** are masked as the dynamic path's hooks mask them: a
+  ``(slots, 1)`` buffer, written with the step's ids, holds 0 where a row is
+  fed a special token (BOS, EOS, a turn marker) and 1 elsewhere, and the
+  matrices multiply by it.  Steers that also take special tokens
+  (``special_tokens=True``) go to a second set of matrices, added unmasked,
+  allocated the first time a request carries one (one re-build).
 * **Inputs** (token ids, position ids) are buffers written before each step.
 * **Position masks** have nothing left to do while decoding: every decoded
   position is a generated one, so a prompt-only steer has dropped out and
@@ -80,12 +86,14 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from . import cuda_graphs, kv_rows
 from .capture import out_projection, site_width
-from .hooks import HeadSteer, Installed, Steer, between_blocks
+from .hooks import HeadSteer, Installed, Steer, between_blocks, special_ids
 
 DECODE_SETTINGS = ("auto", "static", "dynamic")
 ENV = "STEER_UI_DECODE"
 _FULL, _SLIDING = "full_attention", "sliding_attention"
 _COLUMN_BUCKET = 128  # the store's columns grow in these steps (each growth is a re-build)
+# the step's steering matrices (layers, slots, width): residual and per-head, masked at special tokens and not
+_STEERING_BUFFERS = ("resid", "heads", "resid_special", "heads_special")
 
 
 class StaticDecodeError(ValueError):
@@ -277,11 +285,17 @@ class StaticDecode:
         self._first_column: dict[int, int] = {}  # slot -> column of its row's first real token
         self._live_layers: set = set()  # blocks (and ("heads", block)) some row steers: the eager step's hooks
         self._heads = False  # per-head steering buffers allocated
+        self._special = False  # the matrices of steers that also take special tokens allocated
+        self._special_ids = special_ids(handle).to(self._device)
         self._graph = None
         self._out = None
         self._stream = None  # this store's warm-up and capture stream (CUDA), made at the first capture
         self.cache: SlotCache | None = None
+        self.resid: torch.Tensor | None = None  # (layers, slots, hidden): Σ α·v of each slot's request per block
         self.heads: torch.Tensor | None = None  # (layers, slots, heads · head_dim), once a row has per-head shifts
+        # the same shapes for steers that also take special tokens, once a row has one (added unmasked)
+        self.resid_special: torch.Tensor | None = None
+        self.heads_special: torch.Tensor | None = None
 
     # ------------------------------------------------------------ shape
     @property
@@ -321,29 +335,36 @@ class StaticDecode:
         ids = torch.zeros((slots, 1), dtype=torch.long, device=dev)
         positions = torch.zeros((slots, 1), dtype=torch.long, device=dev)
         active = torch.zeros((slots, 1), dtype=torch.long, device=dev)
-        resid = torch.zeros((layers, slots, hidden), dtype=dtype, device=dev)
-        heads = self._head_buffer(slots, dtype, dev) if self._heads else None
+        ordinary = torch.ones((slots, 1), dtype=dtype, device=dev)
+        steering = {name: self._steering_buffer(name, slots, dtype, dev) for name in _STEERING_BUFFERS}
         if old is not None:
             valid[: self.slots, : self.max_len].copy_(self.valid)
             ids[: self.slots].copy_(self.ids)
             positions[: self.slots].copy_(self.positions)
             active[: self.slots].copy_(self.active)
-            resid[:, : self.slots].copy_(self.resid)
-            if heads is not None:
-                heads[:, : self.slots].copy_(self.heads)
+            ordinary[: self.slots].copy_(self.ordinary)
+            for name, buffer in steering.items():
+                if buffer is not None:
+                    buffer[:, : self.slots].copy_(getattr(self, name))
         # from here on nothing can fail: the batch switches to the new store at once
         self.cache = SlotCache(new_layers)
         self._column = column
-        self.valid, self.ids, self.positions, self.active, self.resid = valid, ids, positions, active, resid
-        self.heads = heads
+        self.valid, self.ids, self.positions, self.active, self.ordinary = valid, ids, positions, active, ordinary
+        for name, buffer in steering.items():
+            setattr(self, name, buffer)
         self._columns_index = torch.arange(max_len, device=dev)
         self.slots, self.max_len = slots, max_len
         self._graph = self._out = None
         self.builds += 1
 
-    def _head_buffer(self, slots: int, dtype, dev) -> torch.Tensor:
-        return torch.zeros((self.handle.arch.num_layers, slots, site_width(self.handle, "heads")), dtype=dtype,
-                           device=dev)
+    def _steering_buffer(self, name: str, slots: int, dtype, dev) -> torch.Tensor | None:
+        """The (layers, slots, width) matrices ``name`` (one of :data:`_STEERING_BUFFERS`), or None while no row
+        has needed them."""
+        heads, special = name.startswith("heads"), name.endswith("_special")
+        if (heads and not self._heads) or (special and not self._special):
+            return None
+        width = site_width(self.handle, "heads") if heads else self.handle.arch.hidden_size
+        return torch.zeros((self.handle.arch.num_layers, slots, width), dtype=dtype, device=dev)
 
     def _ensure(self, rows: int, columns: int, like: Cache) -> None:
         """Room for ``rows`` live rows and ``columns`` columns (a growth is a re-build; callers compact first)."""
@@ -422,9 +443,8 @@ class StaticDecode:
             self.valid.index_fill_(0, index, False)
             self.active.index_fill_(0, index, 0)
             self.positions.index_fill_(0, index, 0)
-            self.resid.index_fill_(1, index, 0)
-            if self.heads is not None:
-                self.heads.index_fill_(1, index, 0)
+            for buffer in self._steering_buffers():
+                buffer.index_fill_(1, index, 0)
             for slot in gone:
                 self._first_column.pop(slot, None)
         self.row_slots = kept
@@ -436,27 +456,41 @@ class StaticDecode:
     def set_steering(self, steers: list) -> None:
         """Write the rows' steering: ``Steer`` s with one (rows, hidden) matrix each and a ``HeadSteer`` of
         (rows, width) shifts, as :meth:`DecodeBatch._steers_for` makes them.  In place: no re-build, no re-capture
-        (except the first per-head shift, which allocates the per-head buffers)."""
-        if any(isinstance(s, HeadSteer) for s in steers) and not self._heads:
-            self._heads = True
-            self.heads = self._head_buffer(self.slots, self.resid.dtype, self._device)
+        (except the first per-head shift, or the first steer that also takes special tokens, which allocates
+        their buffers)."""
+        heads = self._heads or any(isinstance(s, HeadSteer) for s in steers)
+        special = self._special or any(getattr(s, "special_tokens", False) for s in steers)
+        if (heads, special) != (self._heads, self._special):
+            self._heads, self._special = heads, special
+            for name in _STEERING_BUFFERS:
+                if getattr(self, name) is None:
+                    setattr(self, name, self._steering_buffer(name, self.slots, self.resid.dtype, self._device))
             self._graph = self._out = None
             self.builds += 1
-        self.resid.zero_()
-        if self.heads is not None:
-            self.heads.zero_()
+        for buffer in self._steering_buffers():
+            buffer.zero_()
         live = set()
         for s in steers:
+            # added, not copied, as the dynamic path sums the steers of one site
             if isinstance(s, Steer):
-                # added, not copied: a layer may come twice (steers that also take special tokens, and those that
-                # do not); every decoded token is steered here, special or not (generation stops at most of them)
-                self.resid[s.layer].index_add_(0, self._slot_index, s.vector.to(self.resid))
+                target = self.resid_special if s.special_tokens else self.resid
+                target[s.layer].index_add_(0, self._slot_index, s.vector.to(target))
                 live.add(s.layer)
             elif isinstance(s, HeadSteer):
+                target = self.heads_special if s.special_tokens else self.heads
                 for layer, shift in s.shifts.items():
-                    self.heads[layer].index_add_(0, self._slot_index, shift.to(self.heads))
+                    target[layer].index_add_(0, self._slot_index, shift.to(target))
                     live.add(("heads", layer))
         self._live_layers = live
+
+    def _steering_buffers(self) -> list[torch.Tensor]:
+        return [b for b in (getattr(self, name) for name in _STEERING_BUFFERS) if b is not None]
+
+    def _addition(self, masked: torch.Tensor, special: torch.Tensor | None, layer: int) -> torch.Tensor:
+        """(slots, width): block ``layer``'s steering for the step's tokens, masked at special ones (the dynamic
+        path's :meth:`~.hooks.StepState.masked`), plus that of steers that also take special tokens."""
+        add = masked[layer] * self.ordinary
+        return add if special is None else add + special[layer]
 
     # ------------------------------------------------------------ the step
     def _masks(self):
@@ -484,13 +518,14 @@ class StaticDecode:
                 if layer == self._last_block:  # recorded before the steering, as the dynamic path records it
                     final["resid"] = hidden[:, -1, :]
                 if every_block or layer in self._live_layers:
-                    hidden = hidden + self.resid[layer].unsqueeze(1)
+                    hidden = hidden + self._addition(self.resid, self.resid_special, layer).unsqueeze(1)
                 return (hidden,) + tuple(output[1:]) if isinstance(output, tuple) else hidden
             return hook
 
         def head(layer):
             def hook(_module, args):
-                return (args[0] + self.heads[layer].unsqueeze(1),) + tuple(args[1:])
+                return (args[0] + self._addition(self.heads, self.heads_special, layer).unsqueeze(1),) + \
+                    tuple(args[1:])
             return hook
 
         for layer in range(arch.num_layers):
@@ -546,7 +581,11 @@ class StaticDecode:
         if self.columns + 1 > self.max_len:  # the reserves did not cover it (a longer prompt moved the rows right)
             self._compact()
             self._ensure(len(self.row_slots), self.columns + 1, self.cache)
-        self.ids.index_copy_(0, self._slot_index, next_ids.reshape(-1, 1).to(self._device))
+        next_ids = next_ids.reshape(-1, 1).to(self._device)
+        self.ids.index_copy_(0, self._slot_index, next_ids)
+        # a row fed a special token is not steered there (unless a steer asks): the step's mask, off the graph
+        self.ordinary.index_copy_(0, self._slot_index,
+                                  (~torch.isin(next_ids, self._special_ids)).to(self.ordinary.dtype))
         if self.graph and self.capture_error is None:
             if pause is not None:
                 pause()

@@ -16,6 +16,8 @@ Headline ratios (targets from the performance issue):
   time per side-by-side decode step (all three rows).
 * ``slider_speedup``: one full forward of a 32-token prompt with the hook and
   full logits ÷ the slider's fast path (:class:`~steer_ui.model.prefix.Prefix`).
+* ``slider_two_terms_over_one``: the slider's whole next-token view with a
+  second term at another block ÷ the same view with one term (issue #48).
 * ``hook_overhead``: steered ÷ unsteered decode time per step.
 * ``static_over_dynamic`` (no target): the static decode step (a CUDA graph
   on CUDA, eager elsewhere) ÷ the dynamic one, per step; the side-by-side
@@ -77,6 +79,7 @@ TARGETS = {
     "side_by_side_speedup": (">=", 1.8),
     "decode_floor_fraction": (">=", 0.45),
     "slider_speedup": (">=", 4.0),
+    "slider_two_terms_over_one": ("<=", 1.5),  # issue #48: the whole view with a second term at another block
     "hook_overhead": ("<=", 1.03),
     "sweep_speedup": (">=", 2.0),
     "extract_speedup": (">=", 3.0),
@@ -235,6 +238,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "vs_llama_cpp": result["llama_cpp"].get("vs_llama_cpp"),
         "decode_floor_fraction": result["side_by_side"]["decode_floor_fraction"],
         "slider_speedup": result["slider"]["slider_speedup"],
+        "slider_two_terms_over_one": result["slider"]["slider_two_terms_over_one"],
         "hook_overhead": result["hook"]["hook_overhead"],
         "static_over_dynamic": result["decode_paths"]["static_over_dynamic"],
         "sweep_speedup": result["sweep"]["sweep_speedup"],
@@ -290,6 +294,10 @@ def markdown_table(result: dict) -> str:
          f"blocks {slider['blocks_rerun']} {slider['fast_blocks_ms']:.1f} ms); whole view "
          f"{slider['next_token_view_slow_ms_p50']:.0f} → {slider['next_token_view_ms_p50']:.0f} ms "
          f"({slider['next_token_view_speedup']:.1f}×)"),
+        ("slider_two_terms_over_one",
+         f"whole view, terms at blocks {slider['two_terms_layers'][0]} and {slider['two_terms_layers'][1]}: "
+         f"{slider['next_token_view_two_terms_ms_p50']:.1f} ms vs one term "
+         f"{slider['next_token_view_one_term_ms_p50']:.1f} ms (p50, interleaved)"),
         ("hook_overhead",
          f"{hook['steered_ms_per_step']:.1f} vs {hook['unsteered_ms_per_step']:.1f} ms per step"),
         ("static_over_dynamic",

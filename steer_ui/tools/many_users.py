@@ -1,9 +1,11 @@
 """Many users at once: the request batcher against one-after-another, and the slider under load.
 
 * ``many_users_speedup``: 8 sessions' generations (4 prompts of different
-  lengths, 2 vectors, 8 different α, greedy and seeded sampling) run one
-  after another ÷ the same 8 sent at once (they share the engine's decode
-  batch).  Each side is the median of ``reps``, interleaved.
+  lengths and a chat rendered by the chat template path, 2 vectors, 8
+  different α, greedy and seeded sampling; one unsteered, three of one term,
+  two of two terms at two blocks, two chats with two terms: :data:`KINDS`)
+  run one after another ÷ the same 8 sent at once (they share the engine's
+  decode batch).  Each side is the median of ``reps``, interleaved.
 * ``many_users_exact``: how many of the 8 concurrent results equal their
   solo results token for token (both sides) with every reported probability
   within 1e-5.
@@ -28,15 +30,41 @@ PROMPTS = ("Hi", "The weather in Paris today is", "My favourite thing about long
            "Write a short story about a robot who learns to paint. Once upon a time, in a quiet town by the sea,")
 
 
+# what each of the eight requests is (issue #48): every kind the page and the API send, mixed in one batch
+KINDS = ("unsteered", "one term", "several terms", "chat", "one term", "several terms", "chat, prompt steered",
+         "one term")
+CHAT = [{"role": "system", "content": "Answer in one sentence."},
+        {"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def chat_prompt(handle) -> str:
+    """:data:`CHAT` rendered by the app's chat template path: the model's own template, else Gemma's turns."""
+    from .. import chat
+
+    template, _ = chat.template_of(handle)
+    return chat.render(handle, CHAT, None if template else chat.GEMMA_TURNS)
+
+
 def _requests(handle, layer: int, n_tokens: int) -> list[tuple]:
+    """Eight (prompt, steers, sampling), one per :data:`KINDS`: several terms add a second vector at another
+    block; a chat steers the last prompt token and the generated ones (its prompt too, where steered)."""
     hidden = handle.arch.hidden_size
     vectors = [random_vector(hidden, layer, seed=s).directions[layer] for s in (0, 1)]
+    other = layer - 1 if layer > 0 else min(layer + 1, handle.arch.num_layers - 1)
+    chat = chat_prompt(handle)
     out = []
-    for i in range(8):
+    for i, kind in enumerate(KINDS):
         alpha = to_raw_alpha(handle, 0.1 + 0.05 * i, layer, relative=True) * (1 if i % 2 else -1)
         sampling = Sampling(max_new_tokens=n_tokens, stop_at_eos=False,
                             temperature=0.0 if i < 5 else 0.8, seed=i)
-        out.append((PROMPTS[i % 4], [Steer(layer=layer, vector=vectors[i % 2], alpha=alpha)], sampling))
+        positions = {"chat": "last", "chat, prompt steered": "all"}.get(kind, "all")
+        steers = [Steer(layer=layer, vector=vectors[i % 2], alpha=alpha, positions=positions)]
+        if kind == "unsteered":
+            steers = []
+        elif kind != "one term":  # several terms, and a chat's spec of two
+            steers.append(Steer(layer=other, vector=vectors[(i + 1) % 2], positions=positions,
+                                alpha=to_raw_alpha(handle, 0.15, other, relative=True)))
+        out.append((chat if kind.startswith("chat") else PROMPTS[i % 4], steers, sampling))
     return out
 
 
@@ -135,7 +163,8 @@ def bench_many_users(handle, layer: int, n_tokens: int, reps: int, log, moves: i
     slider = bench_slider_under_load(engine, handle, layer, specs, moves, log)
     engine.close(wait=60)  # the thread ends once the cancelled rows are dropped
     return {
-        "requests": 8, "new_tokens": n_tokens, "prompts": len(PROMPTS), "vectors": 2, "reps": reps,
+        "requests": 8, "new_tokens": n_tokens, "prompts": len(PROMPTS) + 1, "vectors": 2, "reps": reps,
+        "kinds": list(KINDS),
         "sequential_ms": ms(median(seq)), "concurrent_ms": ms(median(conc)),
         "sequential_ms_all": [ms(x) for x in seq], "concurrent_ms_all": [ms(x) for x in conc],
         "many_users_speedup": ratio(median(seq), median(conc)),

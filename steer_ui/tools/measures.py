@@ -328,6 +328,7 @@ def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float 
         t2 = time.perf_counter()
         slow_view_t.append(t1 - t0)
         view_t.append(t2 - t1)
+    two_terms = _bench_two_terms(handle, prompt, steer, layer, alphas[: max(3, samples // 2)])
     t0 = time.perf_counter()
     compare_logits(handle, state.unsteered_logits[0], state.unsteered_logits[0])
     view_only = time.perf_counter() - t0
@@ -361,7 +362,53 @@ def bench_slider(handle, steer, layer: int, samples: int, log, bandwidth: float 
         "blocks_rerun": f"{layer + 1}..{arch.num_layers - 1} on {n_tok} positions",
         "slider_speedup_if_blocks_were_free": ratio(median(naive_t), unembed_floor or fast_unembed),
         "max_abs_logit_diff_vs_naive": max_diff,
+        **two_terms,
         "prompt": prompt,
+    }
+
+
+def _bench_two_terms(handle, prompt: str, steer: Steer, layer: int, alphas: list[float]) -> dict:
+    """``slider_two_terms_over_one`` (issue #48): the slider's whole next-token view (both distributions, KL,
+    top-k, Δlogit extremes: :func:`next_token`, its fast path) with a second term, a seeded direction at relative
+    α 0.25 on the block below (above, for block 0), over the same view with the one term; the first term's α
+    moves as the slider's does, the two interleaved, medians.  The fast path caches the prompt below the lowest
+    steered block, so two terms re-run one block more than one term.  ``two_terms_view_max_abs_delta_prob``:
+    the two-term fast view against the slow one (both full forwards), over the top-k probabilities and KL
+    (``two_terms_view_same_top_k_as_slow``: the same top-k tokens in the same order)."""
+    device = handle.input_device
+    other = layer - 1 if layer > 0 else min(layer + 1, handle.arch.num_layers - 1)
+    second, _ = seeded_steer(handle, other, seed=1, relative_alpha=0.25)
+    next_token(handle, prompt, [steer])  # warm-up: each prefix (the one block and the lowest block) built once
+    next_token(handle, prompt, [steer, second])
+    one_t, two_t = [], []
+    for a in alphas:
+        terms = [steer.with_alpha(a)]
+        sync(device)
+        t0 = time.perf_counter()
+        next_token(handle, prompt, terms)
+        sync(device)
+        t1 = time.perf_counter()
+        next_token(handle, prompt, terms + [second])
+        sync(device)
+        t2 = time.perf_counter()
+        one_t.append(t1 - t0)
+        two_t.append(t2 - t1)
+    fast = next_token(handle, prompt, [steer, second])
+    slow = next_token(handle, prompt, [steer, second], fast=False)
+    gaps, same = [abs(fast.kl - slow.kl)], True
+    for side in ("unsteered", "steered"):
+        f, s = getattr(fast, side), getattr(slow, side)
+        same = same and list(f["token_id"]) == list(s["token_id"])
+        gaps += [abs(p - q) for p, q in zip(f["prob"], s["prob"])]
+    lowest = min(layer, other)
+    return {
+        "two_terms_layers": [layer, other],
+        "next_token_view_one_term_ms_p50": ms(median(one_t)),
+        "next_token_view_two_terms_ms_p50": ms(median(two_t)),
+        "slider_two_terms_over_one": ratio(median(two_t), median(one_t)),
+        "two_terms_blocks_rerun": f"{lowest + 1}..{handle.arch.num_layers - 1}",
+        "two_terms_view_same_top_k_as_slow": same,
+        "two_terms_view_max_abs_delta_prob": max(gaps),
     }
 
 

@@ -45,6 +45,29 @@ def test_next_token_view(tiny):
     assert slow.kl == pytest.approx(view.kl, rel=1e-3, abs=1e-6)
 
 
+def test_next_token_view_with_terms_at_two_blocks_takes_the_fast_path_and_equals_the_slow_one(tiny, monkeypatch):
+    """The slider's whole view for a spec of two terms (issue #48): the prefix is cached below the lowest steered
+    block and the blocks above re-run with the other term's hook; no full forward runs, and the view is the one
+    two full forwards give."""
+    from steer_ui.model import analysis
+
+    handle = tiny("llama")
+    g = torch.Generator().manual_seed(4)
+    steers = [Steer(layer=2, vector=torch.randn(64, generator=g), alpha=6.0),
+              Steer(layer=1, vector=torch.randn(64, generator=g), alpha=-4.0)]
+    slow = next_token(handle, "two terms", steers, top_k=5, fast=False)
+    full_forwards = []
+    real = analysis.naive_logits
+    monkeypatch.setattr(analysis, "naive_logits", lambda *a, **k: full_forwards.append(1) or real(*a, **k))
+    fast = next_token(handle, "two terms", steers, top_k=5)
+    assert not full_forwards
+    assert list(fast.steered.token_id) == list(slow.steered.token_id)
+    assert list(fast.steered.prob) == pytest.approx(list(slow.steered.prob), abs=1e-5)
+    assert fast.kl == pytest.approx(slow.kl, abs=1e-5) and fast.kl > 1e-3
+    one = next_token(handle, "two terms", steers[:1], top_k=5)
+    assert list(one.steered.prob) != pytest.approx(list(fast.steered.prob), abs=1e-5)  # the second term counted
+
+
 def test_sweep_rows_match_single_calls(tiny):
     handle = tiny("qwen3")
     v = torch.randn(64)

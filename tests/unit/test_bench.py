@@ -29,8 +29,8 @@ def _finite(x) -> bool:
 
 def test_quick_run_reports_every_ratio_as_a_finite_number(quick_result):
     ratios = quick_result["ratios"]
-    for name in ("side_by_side_speedup", "decode_floor_fraction", "slider_speedup", "hook_overhead",
-                 "sweep_speedup", "extract_speedup", "warm_load_s", "peak_rss_gb"):
+    for name in ("side_by_side_speedup", "decode_floor_fraction", "slider_speedup", "slider_two_terms_over_one",
+                 "hook_overhead", "sweep_speedup", "extract_speedup", "warm_load_s", "peak_rss_gb"):
         assert _finite(ratios[name]) and ratios[name] > 0, (name, ratios[name])
     assert set(quick_result["met"]) == set(TARGETS)
     assert all(v in (True, False, None) for v in quick_result["met"].values())
@@ -63,6 +63,13 @@ def test_quick_run_absolute_numbers_and_conditions(quick_result):
     assert slider["fast_unembed_ms"] > 0 and slider["fast_blocks_ms"] >= 0
     assert slider["fast_unembed_floor_ms"] > 0 and slider["slider_speedup_if_blocks_were_free"] > 0
     assert slider["blocks_rerun"].endswith(f"on {slider['prompt_tokens']} positions")
+    # the whole view with two terms (issue #48): both medians measured, the second term at another block
+    for key in ("next_token_view_one_term_ms_p50", "next_token_view_two_terms_ms_p50"):
+        assert _finite(slider[key]) and slider[key] > 0, key
+    assert quick_result["ratios"]["slider_two_terms_over_one"] == slider["slider_two_terms_over_one"]
+    first, second = slider["two_terms_layers"]
+    assert first == slider["layer"] and second != first
+    assert "slider_two_terms_over_one" in quick_result["met"]
     assert quick_result["conditions"]["torch_threads"] >= 1
     assert quick_result["training"]["status"].startswith("skipped")
     assert quick_result["cold_load"]["status"].startswith("skipped")
@@ -71,6 +78,9 @@ def test_quick_run_absolute_numbers_and_conditions(quick_result):
 def test_quick_run_fast_paths_agree_with_reference(quick_result):
     # the slider's fast path gives the naive full forward's logits
     assert quick_result["slider"]["max_abs_logit_diff_vs_naive"] < 1e-3
+    # ... and with two terms the fast whole view is the slow one's (two full forwards)
+    assert quick_result["slider"]["two_terms_view_same_top_k_as_slow"] is True
+    assert quick_result["slider"]["two_terms_view_max_abs_delta_prob"] < 1e-5
     # the batched sweep picks the same top-1 tokens as 21 single calls
     assert quick_result["sweep"]["top1_agree"] is True
     # our rows decode what HF generate decodes, unsteered and steered by the same hook
@@ -138,8 +148,8 @@ def test_markdown_table_lists_every_headline(quick_result):
     from steer_ui.tools.bench import markdown_table
 
     table = markdown_table(quick_result)
-    for name in ("side_by_side_speedup", "decode_floor_fraction", "slider_speedup", "hook_overhead",
-                 "sweep_speedup", "extract_speedup", "warm_load_s", "peak_rss_gb"):
+    for name in ("side_by_side_speedup", "decode_floor_fraction", "slider_speedup", "slider_two_terms_over_one",
+                 "hook_overhead", "sweep_speedup", "extract_speedup", "warm_load_s", "peak_rss_gb"):
         assert f"`{name}`" in table
     assert "nan" not in table.lower()
 
@@ -173,6 +183,8 @@ def test_bench_does_not_import_the_cli():
 def test_quick_run_many_users_share_batches_and_match_solo(quick_result):
     users = quick_result["many_users"]
     assert users["many_users_exact"] == 8  # every concurrent result equals its solo result
+    # ... with the kinds of request mixed: unsteered, one term, several terms, chat (issue #48)
+    assert {"unsteered", "one term", "several terms", "chat", "chat, prompt steered"} == set(users["kinds"])
     assert users["engine"]["peak_requests"] > 1  # the eight really decoded together
     assert users["slider_p50_under_load_ms"] > 0 and users["slider_p95_idle_ms"] >= users["slider_p50_idle_ms"]
 

@@ -86,3 +86,58 @@ def test_steering_spec_takes_special_tokens_as_an_apply_option():
     from steer_ui.messages import UserError
     with pytest.raises(UserError):
         steering_spec.parse({"vectors": [{"source": "random", "scale": 0.1, "apply": {"special_tokens": "yes"}}]})
+
+
+def _decode_step_additions(handle, decode: str, steer: Steer, fed: list[int], every_block: bool = False):
+    """What the steering added at block LAYER's output, per row, at each decode step fed the token ``fed[k]``
+    (every row gets it): the block's own output (a reader registered before the step's hooks) against the next
+    block's input (after them).  ``decode``: the batch's path; ``every_block``: the static step adds its buffers
+    at every block, as a captured CUDA graph does."""
+    from steer_ui.model.generation import DecodeBatch, Request, Sampling
+
+    batch = DecodeBatch(handle, decode=decode)
+    if batch.static is not None:
+        batch.static.every_block = every_block
+    assert batch.decode_path["path"] == ("static (eager)" if decode == "static" else "dynamic")
+    batch.admit([Request.make(handle, "Hello", [steer], Sampling(max_new_tokens=len(fed) + 1, stop_at_eos=False))])
+    seen: dict = {}
+
+    def before_steering(_m, _i, out):
+        seen["block"] = (out[0] if isinstance(out, tuple) else out)[:, -1].detach().clone()
+
+    def after_steering(_m, args, kwargs):
+        seen["next"] = (args[0] if args else kwargs["hidden_states"])[:, -1].detach().clone()
+
+    added = []
+    for token in fed:
+        batch.sample()
+        batch.next_ids = torch.full_like(batch.next_ids, token)
+        handles = [handle.arch.layers[LAYER].register_forward_hook(before_steering),
+                   handle.arch.layers[LAYER + 1].register_forward_pre_hook(after_steering, with_kwargs=True)]
+        try:
+            batch.advance()
+        finally:
+            for h in handles:
+                h.remove()
+        added.append(seen["next"] - seen["block"])  # (rows: unsteered, steered, counterfactual; hidden)
+    return added
+
+
+@pytest.mark.parametrize("decode,every_block", [("static", False), ("static", True), ("dynamic", False)])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_generated_special_token_is_unsteered_on_either_decode_path(tiny, family, decode, every_block):
+    """The static step (the GPU's, eager here) masks a fed special token as the dynamic path's hooks do: the
+    steered row's position holding </s> gets nothing, an ordinary one α·v; a steer taking special tokens adds α·v
+    at both.  The unsteered and counterfactual rows get nothing anywhere."""
+    handle = tiny(family)
+    vector = torch.randn(handle.arch.hidden_size, generator=torch.Generator().manual_seed(7))
+    fed = [40, 2, 50]  # an ordinary byte, </s>, an ordinary byte again
+    for special in (False, True):
+        steer = Steer(layer=LAYER, vector=vector, alpha=2.0, special_tokens=special)
+        added = _decode_step_additions(handle, decode, steer, fed, every_block)
+        for token, add in zip(fed, added):
+            assert torch.equal(add[0], torch.zeros_like(add[0])) and torch.equal(add[2], torch.zeros_like(add[2]))
+            if token == 2 and not special:
+                assert torch.equal(add[1], torch.zeros_like(add[1])), (decode, token)
+            else:
+                torch.testing.assert_close(add[1], 2.0 * vector, atol=1e-5, rtol=0)

@@ -275,8 +275,8 @@ def _guarded_forward(monkeypatch, seen=None):
 
 def _addresses(static) -> tuple:
     """The storage of every tensor the captured step reads or writes (a graph replays on these addresses)."""
-    tensors = [static.valid, static.ids, static.positions, static._column, static._columns_index, static.resid]
-    tensors += [static.heads] if static.heads is not None else []
+    tensors = [static.valid, static.ids, static.positions, static._column, static._columns_index, static.ordinary]
+    tensors += static._steering_buffers()
     for layer in static.cache.layers:
         assert layer.column is static._column  # one write index, moved in place
         tensors += [layer.keys, layer.values]
