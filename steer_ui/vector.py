@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from . import limits
-from .messages import KeyedError, Said
+from .messages import KeyedError, Said, first_line, said_of  # noqa: F401 (first_line: re-exported)
 from .numbers import TOO_LARGE, TOO_SMALL, NumberError, parse_number, shown
 
 FORMAT_VERSION = 1
@@ -283,18 +283,6 @@ def parse_json(text: str | bytes, where: str) -> Any:
         raise refused("vector_invalid_json", name=where, line=exc.lineno, column=exc.colno) from None
     except RecursionError:
         raise invalid(where, Said("vector_detail_json_too_deep")) from None
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def said_of(exc: BaseException) -> str:
-    """``exc``'s one line as a detail: by its key when it has one (a front then says it in the visitor's language),
-    else its English first line."""
-    key = getattr(exc, "key", None)
-    return Said(key, **exc.params) if key else first_line(exc)
 
 
 def _as_tensor(value: Any, what: str) -> torch.Tensor:

@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..guards import Guard
 from ..keeping import Keeper
-from ..messages import UserError
+from ..messages import UserError, first_line  # noqa: F401 (first_line: the rooms' one-line helper)
 from ..policy import Policy
 from ..sessions import Session, Sessions
 
@@ -17,11 +17,6 @@ Progress = Callable[[float, str], None]
 
 def noop(_f: float, _m: str = "") -> None:
     pass
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:

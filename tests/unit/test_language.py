@@ -304,3 +304,59 @@ def test_a_model_s_loading_line_reads_in_the_page_s_language():
     assert r"dequantising weights from GGUF \(slow, once\) — 35%" in status_markdown(door, "en")  # Markdown-escaped
     chinese = status_markdown(door, "zh-CN")
     assert "反量化" in chinese and "35%" in chinese and "dequantising" not in chinese
+
+
+# ------------------------------------------------------------------ a failed model load
+def _failed_load(tmp_path, source: str):
+    """A door with no model whose load of ``source`` failed: (the refusal, the door)."""
+    from steer_ui.messages import UserError
+    from steer_ui.service import Service
+
+    door = Service(handle=None, workdir=tmp_path / "work")
+    with pytest.raises(UserError) as info:
+        door.load_model(source)
+    return info.value, door
+
+
+@pytest.mark.parametrize("source, key, names", [
+    ("tiny:nope", "model_error_tiny_family", ("nope", "llama", "mistral", "qwen", "gemma", "gpt", "neox", "phi",
+                                              "opt")),
+    ("random:huge", "model_error_random_shape", ("huge", "llama", "b", "mini")),
+    ("EMPTY", "model_error_directory", ()),
+])
+def test_a_failed_model_load_is_kept_by_key_and_read_in_the_page_s_language(tmp_path, source, key, names):
+    """The model line of a server whose load failed says why in the page's language (it kept the loader's English
+    line, so 简体中文 read "无法加载模型：unknown tiny family…"); the CLI's English is the loader's own."""
+    from steer_ui.ui.model_tab import status_markdown
+
+    if source == "EMPTY":  # a folder that is no model: transformers' own words stay in the log
+        source = str(tmp_path / "not-a-model")
+        (tmp_path / "not-a-model").mkdir()
+    exc, door = _failed_load(tmp_path, source)
+    detail = door.model_status()["error"]
+    assert exc.key == "model_load_failed" and detail.key == key and door.model_status()["message"].key == exc.key
+    english = status_markdown(door, "en")
+    assert english.startswith("The model could not be loaded: ") and str(detail).split(" ")[0] in english
+    chinese = status_markdown(door, "zh-CN")
+    assert chinese.startswith("无法加载模型："), chinese
+    assert _zh_words(chinese.replace("\\", ""), source, *names) == set(), chinese
+    if key == "model_error_directory":
+        assert "tokenizer" not in english and "instantiate" not in english, english
+
+
+def test_a_model_load_that_fails_in_another_library_says_so_plainly_in_both_languages(tmp_path, monkeypatch, caplog):
+    """torch's or transformers' own words (here a RuntimeError) go to the log; the page says, in its language,
+    that the loader failed and where its words are."""
+    from steer_ui.model import loading
+    from steer_ui.ui.model_tab import status_markdown
+
+    def fails(*_a, **_k):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(loading, "load_model", fails)
+    exc, door = _failed_load(tmp_path, str(tmp_path))
+    assert door.model_status()["error"].key == "model_error_unexpected"
+    assert "illegal memory access" in caplog.text
+    for lang in i18n.LANGS:
+        assert "illegal" not in status_markdown(door, lang) and "CUDA" not in i18n.message(lang, exc.key, **exc.params)
+    assert _zh_words(status_markdown(door, "zh-CN")) == set()
