@@ -360,3 +360,48 @@ def test_a_model_load_that_fails_in_another_library_says_so_plainly_in_both_lang
     for lang in i18n.LANGS:
         assert "illegal" not in status_markdown(door, lang) and "CUDA" not in i18n.message(lang, exc.key, **exc.params)
     assert _zh_words(status_markdown(door, "zh-CN")) == set()
+
+
+# ------------------------------------------------------------------ import warnings
+# the names a warning quotes that are the same in every language: formats, fields and methods
+FORMAT_WORDS = {"steering", "vectors", "layer_activations", "steer_ui", "L", "S", "MLP", "TSV", "ITI", "hookType",
+                "hook_resid_pre", "hook_resid_post", "GGUF", "repeng", "controlvector", "model_hint", "layer_count",
+                "json", "direction", "tiny", "llama", "pt", "gguf"}
+
+
+def _imported(service, path):
+    from steer_ui.ui.export_tab import imported_markdown
+
+    name, warnings = service.import_vector("s", path)
+    return warnings, imported_markdown("zh-CN", name, warnings)
+
+
+def test_import_warnings_are_keyed_and_read_in_the_page_s_language(service, tmp_path):
+    """A steering-vectors file without its sidecar and without a model says three things to check; each is said by
+    key (the CLI's English is the reader's own, as before) and the 简体中文 page words them all in Chinese."""
+    import torch
+
+    path = tmp_path / "bare.pt"
+    torch.save({2: torch.ones(64)}, path)
+    warnings, chinese = _imported(service, path)
+    assert [w.key for w in warnings] == ["import_warning_bare_dict", "import_warning_no_sidecar",
+                                         "import_warning_no_model"]
+    assert warnings[0] == ("bare.pt: a bare {layer: tensor} dict; read as steering-vectors layer_activations "
+                           "(decoder block outputs)")
+    assert "bare.steer_ui.json" in chinese and "张量" in chinese and "模型" in chinese
+    assert _zh_words(chinese, "bare.steer_ui.json", "bare.pt", "bare") <= FORMAT_WORDS, chinese
+
+
+@pytest.mark.parametrize("doc, key", [
+    ({"hookName": "blocks.2.hook_resid_pre"}, "import_warning_resid_pre"),
+    ({"layer": 2}, "import_warning_no_hook"),
+    ({"layer": 2, "hookType": "hook_resid_post", "modelId": "x", "steer_ui": {"layers": [3], "model_type": "gpt2"}},
+     "import_warning_meta_layers"),
+])
+def test_neuronpedia_import_warnings_are_keyed(service, tmp_path, doc, key):
+    path = tmp_path / "np.json"
+    path.write_text(json.dumps({"vector": [0.5] * 64, **doc}))
+    warnings, chinese = _imported(service, path)
+    assert key in [w.key for w in warnings]
+    assert _zh_words(chinese, "np.json", "np") <= FORMAT_WORDS, chinese
+
