@@ -53,8 +53,8 @@ import torch
 
 from . import limits
 from .messages import Said
-from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, first_line, invalid, parse_json,
-                     read_safetensors, refused, said_of)
+from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, invalid, parse_json, read_safetensors,
+                     reason, refused, said_of)
 
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 SUFFIXES = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json", "caa": ""}
@@ -729,9 +729,8 @@ def _torch_load(path: Path) -> Any:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
-        text = first_line(exc)
         if "weights_only" in str(exc) or "Unsupported global" in str(exc) or "Unpickler" in str(exc):
-            raise refused("vector_torch_objects", name=path.name, why=_unsupported_global(exc) or text) from None
+            raise refused("vector_torch_objects", name=path.name, why=_unsupported_global(exc)) from None
         raise refused("vector_unreadable_torch", name=path.name) from None
     total = _check_plain(obj, path.name)
     if total > limits.MAX_VECTOR_BYTES:
@@ -763,9 +762,10 @@ def _check_plain(obj: Any, name: str, depth: int = 0) -> int:
     raise invalid(name, Said("vector_detail_object", type=type(obj).__name__))
 
 
-def _unsupported_global(exc: Exception) -> str | None:
+def _unsupported_global(exc: Exception) -> Said:
+    """What a refused pickle asked for, in plain words (torch's own paragraph is about its loader's settings)."""
     m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
-    return f"it asks for {m.group(1)}" if m else None
+    return Said("vector_reason_asks_for", what=m.group(1)[:80]) if m else Said("vector_reason_pickle")
 
 
 def _one_d(tensor: torch.Tensor, name: str, layer) -> torch.Tensor:
@@ -846,7 +846,7 @@ def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
                 raise TypeError("base64 must be a string")
         except (KeyError, TypeError, ValueError) as exc:
             raise invalid(name, Said("vector_detail_extra_malformed", tensor=str(key)[:60],
-                                     error=first_line(exc))) from None
+                                     error=reason(exc))) from None
         itemsize = torch.empty(0, dtype=dtype).element_size()
         numel = math.prod(shape)
         if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
@@ -864,9 +864,9 @@ def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
     for key, dtype, shape, text, need in plan:
         try:
             raw = bytearray(base64.b64decode(text, validate=True))
-        except ValueError as exc:
+        except ValueError:  # binascii's own words ("Incorrect padding") say less
             raise invalid(name, Said("vector_detail_extra_malformed", tensor=str(key)[:60],
-                                     error=first_line(exc))) from None
+                                     error=Said("vector_reason_base64"))) from None
         if len(raw) != need:
             raise invalid(name, Said("vector_detail_extra_bytes", tensor=str(key)[:60], bytes=len(raw), shape=shape,
                                      need=need))

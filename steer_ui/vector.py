@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -43,6 +44,9 @@ _EXTRA_KEY = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{limits.MAX_EXTRA_KEY 
 _IDENTIFIER = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:+\-]{{0,{limits.MAX_IDENTIFIER - 1}}}")
 
 
+log = logging.getLogger(__name__)
+
+
 class VectorError(KeyedError):
     """A vector file or record that cannot be used as asked.
 
@@ -53,6 +57,24 @@ class VectorError(KeyedError):
 def refused(key: str, **params: Any) -> VectorError:
     """A VectorError whose message is ``key`` of :mod:`steer_ui.messages`, in English here."""
     return VectorError.from_key(key, **params)
+
+
+def file_detail(exc: BaseException) -> str:
+    """Why a vector file was refused, as a detail for "<name> could not be imported: <detail>": the readers' own line
+    (by key where it has one, so said in the visitor's language); another library's error (safetensors', gguf's,
+    numpy's, Python's own parse errors) as one plain line in every language, its own words kept for the log."""
+    if isinstance(exc, KeyedError):
+        return said_of(exc)
+    log.warning("a vector file was refused by a library: %s: %s", type(exc).__name__, first_line(exc))
+    return Said("vector_detail_unreadable")
+
+
+def reason(exc: BaseException) -> Said:
+    """A malformed entry's reason in plain words, for a detail's brackets: Python's own ("'dtype'", "invalid
+    literal for int() with base 10: 'x'") says nothing to a person and is English on every page."""
+    if isinstance(exc, KeyError) and exc.args:
+        return Said("vector_reason_missing", field=str(exc.args[0])[:60])
+    return Said("vector_reason_bad_value")
 
 
 def invalid(name: Any, detail: str) -> VectorError:
@@ -391,7 +413,7 @@ def check_safetensors_header(path: Path) -> None:
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
             raise invalid(name, Said("vector_detail_tensor_header_entry", tensor=repr(str(key)[:60]),
-                                     error=first_line(exc))) from None
+                                     error=reason(exc))) from None
         numel = math.prod(shape)
         if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
             raise invalid(name, Said("vector_detail_tensor_shape", tensor=repr(str(key)[:60]),

@@ -405,3 +405,80 @@ def test_neuronpedia_import_warnings_are_keyed(service, tmp_path, doc, key):
     assert key in [w.key for w in warnings]
     assert _zh_words(chinese, "np.json", "np") <= FORMAT_WORDS, chinese
 
+
+
+# ------------------------------------------------------------------ a library's own words in a refusal
+FOREIGN_WORDS = LIBRARY_WORDS + ("invalid literal", "base 10", "Incorrect padding", "Non-base64", "Unsupported global",
+                                 "weights_only", "Weights only", "KeyError")
+
+
+def _safetensors_file(path, header: dict, data: bytes):
+    import struct
+
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return path
+
+
+def _gguf_with_text_layer_count(path):
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "controlvector")
+    writer.add_string("controlvector.layer_count", "two")  # gguf reads it; int() then fails in Python's words
+    writer.add_tensor("direction.2", np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _hostile(tmp_path, kind: str):
+    import pathlib
+
+    import torch
+
+    entry = {"dtype": "F32", "shape": [64], "data_offsets": [0, 256]}
+    if kind == "no dtype":
+        entry.pop("dtype")
+        return _safetensors_file(tmp_path / "a.safetensors", {"direction.2": entry}, bytes(256))
+    if kind == "text shape":
+        return _safetensors_file(tmp_path / "a.safetensors", {"direction.2": {**entry, "shape": ["x"]}}, bytes(256))
+    if kind == "bad base64":
+        path = tmp_path / "a.json"
+        path.write_text(json.dumps({"vector": [0.5] * 64, "layer": 2,
+                                    "steer_ui_extras": {"t": {"dtype": "float32", "shape": [2], "base64": "!" * 12}}}))
+        return path
+    if kind == "an object":
+        path = tmp_path / "a.pt"
+        torch.save({"layer_activations": {2: torch.ones(64)}, "x": pathlib.PurePosixPath("/")}, path)
+        return path
+    return _gguf_with_text_layer_count(tmp_path / "a.gguf")
+
+
+@pytest.mark.parametrize("kind, key, said", [
+    ("no dtype", "vector_file_invalid", "no 'dtype'"),
+    ("text shape", "vector_file_invalid", "a value of the wrong kind"),
+    ("bad base64", "vector_file_invalid", "not valid base64 text"),
+    ("an object", "vector_torch_objects", "it asks for pathlib.PurePosixPath"),
+    ("a text layer count", "import_failed", "its contents could not be read"),
+])
+def test_a_library_s_parse_error_in_a_refusal_is_said_in_plain_words(service, tmp_path, kind, key, said):
+    """A refused file whose detail was another library's error (Python's int(), binascii, torch's unpickler, a
+    value gguf read that Python could not use) says it in plain words, in English and in Chinese alike."""
+    exc = _refused_import(service, _hostile(tmp_path, kind))
+    assert exc.key == key and said in str(exc), str(exc)
+    for text in _in_both(exc):
+        assert not any(word in text for word in FOREIGN_WORDS), text
+    chinese = i18n.message("zh-CN", exc.key, **exc.params)
+    allowed = {"direction", "t", "dtype", "base", "pathlib", "PurePosixPath", "Python", "torch", "pickle"}  # names
+    assert _zh_words(chinese, exc.params.get("name", "")) <= allowed, chinese
+
+
+def test_a_library_s_own_words_go_to_the_log(caplog):
+    from steer_ui.vector import file_detail
+
+    detail = file_detail(ValueError("invalid literal for int() with base 10: 'two'"))
+    assert detail.key == "vector_detail_unreadable" and "base 10" in caplog.text
+    assert file_detail(ValueError("x")) == detail  # one line whatever the library said
