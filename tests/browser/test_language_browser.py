@@ -4,7 +4,9 @@
   shows: no English left, the numbers and each panel's made-for key unchanged, and no model work on the server;
 * one refused action is one toast, titled in the page's language;
 * a malformed CSV and a file that is not a vector are refused in plain words in both languages (never the
-  parser's own text or a Python bytes repr), and a refused import leaves no earlier vector's metadata beside it.
+  parser's own text or a Python bytes repr), and a refused import leaves no earlier vector's metadata beside it;
+  a file another library could not parse says so in plain words, and an import's warnings (toasts and status
+  line) are in the page's language.
 """
 from __future__ import annotations
 
@@ -251,4 +253,34 @@ def test_a_malformed_csv_and_a_garbage_vector_file_are_refused_in_plain_words(br
     assert "alias.safetensors" in status
     if lang != "en":
         assert "重叠" in status and not re.search(r"overlap|aliased|refused", status), status
+
+    # a file another library could not parse: plain words, never Python's own ("invalid literal for int()")
+    _close_toasts(page)
+    shaped = tmp_path / "shape.safetensors"
+    header = json.dumps({"direction.1": {**entry, "shape": ["x"]}}).encode()
+    shaped.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4 * hidden))
+    page.locator("#import-file button[aria-label='Clear'], #import-file button[aria-label='清除']").click()
+    _import(page, shaped)
+    page.locator(".toast-body").first.wait_for(timeout=20_000)
+    time.sleep(0.5)
+    status = page.locator("#import-status").inner_text()
+    assert "shape.safetensors" in status and not re.search(r"invalid literal|base 10", status), status
+    if lang != "en":
+        assert "类型不对" in status and not re.search(r"wrong kind|malformed", status), status
+
+    # a foreign file imports with three things to check: each toast and the status line in the page's language
+    _close_toasts(page)
+    bare = tmp_path / "bare.pt"
+    torch.save({1: torch.randn(hidden)}, bare)
+    page.locator("#import-file button[aria-label='Clear'], #import-file button[aria-label='清除']").click()
+    _import(page, bare)
+    _wait(page, "() => document.querySelectorAll('.toast-body .toast-message-text').length >= 3", timeout=20_000)
+    time.sleep(0.5)
+    shown = _toasts(page)
+    assert len(shown) == 3 and {t for t, _m in shown} == {i18n.message(lang, "warning_title")}, shown
+    status = page.locator("#import-status").inner_text()
+    if lang != "en":
+        for text in [m for _t, m in shown] + [status]:
+            english = set(re.findall(r"(?<![\w'.])[A-Za-z]{3,}(?![\w'.])", text)) - ALLOWED_LATIN
+            assert english <= {"bare", "steering", "vectors", "layer_activations", "steer_ui"}, text
     page.close()
