@@ -48,7 +48,8 @@ def check_weights(weights: str, device: torch.device, dtype: str) -> str:
         raise PrecisionError.from_key("model_error_int8_device", device=device.type)
     compute = "float32" if weights == "int8" else weights
     if dtype not in (None, "", "auto", compute):
-        raise PrecisionError.from_key("model_error_weights_dtype", weights=weights, compute=compute, dtype=str(dtype)[:40])
+        raise PrecisionError.from_key("model_error_weights_dtype", weights=weights, compute=compute,
+                                      dtype=str(dtype)[:40])
     return weights
 
 
