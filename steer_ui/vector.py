@@ -175,7 +175,7 @@ class SteeringVector:
             self.dataset_hash = _text(self.dataset_hash, "dataset_hash", limits.MAX_TEXT)
         self.format_version = _bounded_int(self.format_version, "format_version", 1, 10**6)
         if not isinstance(self.positions, str) or self.positions not in POSITIONS:
-            raise VectorError(f"positions must be one of {POSITIONS}, got {str(self.positions)[:40]!r}")
+            raise refused("vector_field_positions", known=POSITIONS, value=repr(str(self.positions)[:40]))
         for field_name in ("hyperparameters", "metrics"):
             _check_json_object(getattr(self, field_name), field_name)
         if self.alpha_range is not None:
@@ -329,56 +329,55 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
 
 def _bounded_int(value: Any, what: str, low: int, high: int) -> int:
     if isinstance(value, float) or (isinstance(value, str) and not value.isdigit()):  # files write 6, never 6.0
-        raise VectorError(f"{what} must be a whole number, got {shown(value)}")
+        raise refused("vector_field_whole", field=what, value=shown(value))
     try:
         return int(parse_number(value, what, integer=True, low=low, high=high))
     except NumberError as exc:
         if exc.problem in (TOO_SMALL, TOO_LARGE):
-            raise VectorError(f"{what} must be in {low}..{high}, got {exc.value}") from None
+            raise refused("vector_field_range", field=what, low=low, high=high, value=exc.value) from None
         raise VectorError(str(exc)) from None
 
 
 def _text(value: Any, what: str, limit: int) -> str:
     if not isinstance(value, str):
-        raise VectorError(f"{what} must be text, got {type(value).__name__}")
+        raise refused("vector_field_text", field=what, type=type(value).__name__)
     if len(value) > limit or "\x00" in value:
-        raise VectorError(f"{what} is {len(value)} characters long (or holds NUL); the limit is {limit}")
+        raise refused("vector_field_long", field=what, length=len(value), limit=limit)
     return value
 
 
 def _identifier(value: Any, what: str) -> str:
     if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
-        raise VectorError(f"{what} must be a short identifier (letters, digits, '_', '-', '.'; at most "
-                          f"{limits.MAX_IDENTIFIER} characters), got {str(value)[:40]!r}")
+        raise refused("vector_field_identifier", field=what, limit=limits.MAX_IDENTIFIER,
+                      value=repr(str(value)[:40]))
     return value
 
 
 def _check_json_object(value: Any, what: str) -> None:
     if not isinstance(value, dict):
-        raise VectorError(f"{what} must be a JSON object, got {type(value).__name__}")
+        raise refused("vector_field_object", field=what, type=type(value).__name__)
     try:
         size = len(json.dumps(_jsonable(value), default=str))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise VectorError(f"{what} is not JSON-serialisable ({first_line(exc)})") from None
+        raise refused("vector_field_not_json", field=what, reason=reason(exc)) from None
     if size > limits.MAX_JSON_BYTES:
-        raise VectorError(f"{what} is {size} bytes as JSON; the limit is {limits.MAX_JSON_BYTES}")
+        raise refused("vector_field_json_size", field=what, size=size, limit=limits.MAX_JSON_BYTES)
 
 
 def _delta_limit(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not 0 < value <= limits.MAX_DELTA_LOGIT_LIMIT:
-        raise VectorError(f"max_delta_logit must be a number in (0, {limits.MAX_DELTA_LOGIT_LIMIT:g}] or null, "
-                          f"got {str(value)[:40]}")
+        raise refused("vector_field_delta_limit", limit=f"{limits.MAX_DELTA_LOGIT_LIMIT:g}", value=str(value)[:40])
     return float(value)
 
 
 def _alpha_range(value: Any) -> tuple[float, float]:
     if not isinstance(value, (list, tuple)) or len(value) != 2 \
             or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
-        raise VectorError(f"alpha_range must be two numbers [low, high], got {str(value)[:60]}")
+        raise refused("vector_field_alpha_range", value=str(value)[:60])
     low, high = float(value[0]), float(value[1])
     if not (math.isfinite(low) and math.isfinite(high)) or low > high:
-        raise VectorError(f"alpha_range must be two finite numbers with low <= high, got [{low}, {high}]")
+        raise refused("vector_field_alpha_order", low=low, high=high)
     return low, high
 
 

@@ -3,6 +3,7 @@ library's own text), one toast per refusal, and the redraw a language switch mak
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -482,3 +483,24 @@ def test_a_library_s_own_words_go_to_the_log(caplog):
     detail = file_detail(ValueError("invalid literal for int() with base 10: 'two'"))
     assert detail.key == "vector_detail_unreadable" and "base 10" in caplog.text
     assert file_detail(ValueError("x")) == detail  # one line whatever the library said
+
+
+@pytest.mark.parametrize("meta, field", [
+    ({"method": "x" * 65}, "method"),
+    ({"model_type": 7}, "model_type"),
+    ({"positions": "everywhere"}, "positions"),
+    ({"alpha_range": [2, 1]}, "alpha_range"),
+    ({"max_delta_logit": 0}, "max_delta_logit"),
+    ({"hyperparameters": []}, "hyperparameters"),
+])
+def test_hand_edited_metadata_is_refused_in_the_page_s_language(service, tmp_path, meta, field):
+    """A file whose steer_ui metadata a person edited by hand: the record's own refusal is said by key, so the
+    Chinese page names the field in its brackets and says the rest in Chinese."""
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps({"vector": [0.5] * 64, "layer": 2, "steer_ui": {"layers": [2], **meta}}))
+    exc = _refused_import(service, path)
+    assert exc.key == "vector_file_invalid" and exc.params["detail"].key.startswith("vector_field_")
+    chinese = i18n.message("zh-CN", exc.key, **exc.params)
+    assert field in chinese
+    unquoted = re.sub(r"'[^']*'", "", chinese)  # the values the file holds, quoted as they are
+    assert _zh_words(unquoted, "edited.json", field) <= {"int", "list", "null", "JSON", "NUL"}, chinese
