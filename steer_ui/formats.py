@@ -53,8 +53,8 @@ import torch
 
 from . import limits
 from .messages import Said
-from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, first_line, invalid, parse_json,
-                     read_safetensors, refused, said_of)
+from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, invalid, parse_json, read_safetensors,
+                     reason, refused, said_of)
 
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 SUFFIXES = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json", "caa": ""}
@@ -105,7 +105,8 @@ def export_notes(vector: SteeringVector, fmt: str) -> list[str]:
 
 def read_vector(path: str | Path, handle=None,
                 max_bytes: int = MAX_VECTOR_FILE_BYTES) -> tuple[SteeringVector, list[str]]:
-    """Load a vector in any supported format; returns ``(vector, warnings)``.
+    """Load a vector in any supported format; returns ``(vector, warnings)`` (each warning said by key, a
+    :class:`~steer_ui.messages.Said`: the English here, the visitor's language on the page).
 
     The format is detected from the content (a directory of ``vec_layer_{L}.pt``
     files is CAA).  With ``handle`` the vector is also checked against that
@@ -215,12 +216,11 @@ def validate_for_model(vector: SteeringVector, handle) -> list[str]:
     warnings = []
     model_type = _model_type(handle)
     if not vector.model_type:
-        warnings.append(f"vector '{label}' does not say which model it was made for; the hidden size matches "
-                        f"({arch.hidden_size}), but check it is meant for {handle.model_id}")
+        warnings.append(Said("import_warning_no_model", label=label, size=arch.hidden_size, model=handle.model_id))
     elif model_type and _family(vector.model_type) != _family(model_type):
         made_for = f"{vector.model_type} ({vector.model_id})" if vector.model_id else vector.model_type
-        warnings.append(f"vector '{label}' was made for a {made_for} model but the loaded model is {model_type} "
-                        f"({handle.model_id}); the hidden size matches, but the directions may mean nothing here")
+        warnings.append(Said("import_warning_other_model", label=label, made_for=made_for, model_type=model_type,
+                             model=handle.model_id))
     return warnings
 
 
@@ -242,7 +242,7 @@ def _read_native(path: Path) -> tuple[SteeringVector, list[str]]:
     if not directions:
         raise refused("vector_no_directions", name=path.name, found=sorted(tensors)[:8])
     meta = parse_json(header["steer_ui"], f"{path.name} (steer_ui header)") if "steer_ui" in header else None
-    warnings = [f"{path.name}: ignored tensors {other[:8]}"] if other else []
+    warnings = [Said("import_warning_ignored_tensors", name=path.name, tensors=other[:8])] if other else []
     return _assemble(directions, extras, meta, path, "native", warnings=warnings)
 
 
@@ -296,7 +296,7 @@ def _read_gguf(path: Path) -> tuple[SteeringVector, list[str]]:
     directions = {}
     for tensor in reader.tensors:
         if not tensor.name.startswith("direction."):
-            warnings.append(f"{path.name}: ignored GGUF tensor '{tensor.name}'")
+            warnings.append(Said("import_warning_ignored_gguf_tensor", name=path.name, tensor=tensor.name))
             continue
         layer = _layer_from(tensor.name.split(".", 1)[1], path.name, tensor.name)
         if tensor.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
@@ -310,11 +310,11 @@ def _read_gguf(path: Path) -> tuple[SteeringVector, list[str]]:
         raise refused("vector_gguf_no_directions", name=path.name)
     layer_count = _gguf_value(reader, f"{GGUF_ARCH}.layer_count")
     if layer_count is not None and int(layer_count) != len(directions):
-        warnings.append(f"{path.name}: {GGUF_ARCH}.layer_count says {layer_count} but the file has "
-                        f"{len(directions)} direction tensors")
+        warnings.append(Said("import_warning_gguf_layer_count", name=path.name, field=f"{GGUF_ARCH}.layer_count",
+                             count=layer_count, tensors=len(directions)))
     hint = _gguf_value(reader, f"{GGUF_ARCH}.model_hint")
     if hint is None:
-        warnings.append(f"{path.name}: no {GGUF_ARCH}.model_hint (repeng refuses such files)")
+        warnings.append(Said("import_warning_gguf_no_hint", name=path.name, field=f"{GGUF_ARCH}.model_hint"))
     meta_json = _gguf_value(reader, "steer_ui.metadata")
     meta = parse_json(meta_json, f"{path.name} (steer_ui.metadata)") if meta_json else None
     extras_json = _gguf_value(reader, "steer_ui.extras")
@@ -457,8 +457,7 @@ def _read_torch(path: Path) -> tuple[SteeringVector, list[str]]:
     if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()) \
             and all(_is_int_like(k) for k in obj):
         return _from_steering_vectors({"layer_activations": obj}, path,
-                                      warnings=[f"{path.name}: a bare {{layer: tensor}} dict; read as "
-                                                "steering-vectors layer_activations (decoder block outputs)"])
+                                      warnings=[Said("import_warning_bare_dict", name=path.name)])
     keys = sorted(map(str, obj))[:8] if isinstance(obj, dict) else None
     if keys is not None:
         raise refused("vector_torch_unexpected_dict", name=path.name, held=type(obj).__name__, keys=keys)
@@ -557,15 +556,14 @@ def _neuronpedia_layer(doc: dict, name: str, warnings: list[str]) -> int:
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
         raise refused("vector_json_layer", name=name, layer=repr(layer)[:60])
     if hook is None:
-        warnings.append(f"{name}: no hookType; assuming {NEURONPEDIA_HOOK} (the output of block {layer})")
+        warnings.append(Said("import_warning_no_hook", name=name, hook=NEURONPEDIA_HOOK, layer=layer))
         return layer
     if hook == NEURONPEDIA_HOOK:
         return layer
     if hook == "hook_resid_pre":
         if layer == 0:
             raise refused("vector_json_resid_pre_0", name=name)
-        warnings.append(f"{name}: hook_resid_pre of layer {layer} is the output of block {layer - 1}; "
-                        f"imported at layer {layer - 1}")
+        warnings.append(Said("import_warning_resid_pre", name=name, layer=layer, block=layer - 1))
         return layer - 1
     raise refused("vector_json_hook_type", name=name, hook=str(hook)[:80], expected=NEURONPEDIA_HOOK)
 
@@ -650,8 +648,8 @@ def _assemble(directions: dict[int, torch.Tensor], extras: dict[str, torch.Tenso
     if meta is not None and (not isinstance(described, list) or not all(_is_int_like(x) for x in described)):
         raise invalid(name, Said("vector_detail_meta_layers"))
     if meta is not None and sorted(map(int, described)) != sorted(directions):
-        warnings.append(f"{name}: its steer_ui metadata describes layers {described[:16]} but the file has "
-                        f"layers {sorted(directions)}; metadata ignored")
+        warnings.append(Said("import_warning_meta_layers", name=name, described=described[:16],
+                             layers=sorted(directions)))
         meta = None
     if meta is not None:
         _check_declared_extras(meta, extras, name)
@@ -688,9 +686,7 @@ def _check_declared_extras(meta: dict, extras: dict[str, torch.Tensor], name: st
 
 
 def _no_sidecar_warning(path: Path, sidecar: Path) -> str:
-    return (f"{path.name}: no {sidecar.name} beside it, so only the directions are imported (as fixed "
-            "directions); a vector exported from steer_ui keeps its method's extra tensors (L2S MLP, TSV "
-            "prototypes, ITI per-head shifts) and its metadata in that file, and without it they are lost")
+    return Said("import_warning_no_sidecar", name=path.name, sidecar=sidecar.name)
 
 
 def _check_torch_file(path: Path) -> None:
@@ -733,9 +729,8 @@ def _torch_load(path: Path) -> Any:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
-        text = first_line(exc)
         if "weights_only" in str(exc) or "Unsupported global" in str(exc) or "Unpickler" in str(exc):
-            raise refused("vector_torch_objects", name=path.name, why=_unsupported_global(exc) or text) from None
+            raise refused("vector_torch_objects", name=path.name, why=_unsupported_global(exc)) from None
         raise refused("vector_unreadable_torch", name=path.name) from None
     total = _check_plain(obj, path.name)
     if total > limits.MAX_VECTOR_BYTES:
@@ -767,9 +762,10 @@ def _check_plain(obj: Any, name: str, depth: int = 0) -> int:
     raise invalid(name, Said("vector_detail_object", type=type(obj).__name__))
 
 
-def _unsupported_global(exc: Exception) -> str | None:
+def _unsupported_global(exc: Exception) -> Said:
+    """What a refused pickle asked for, in plain words (torch's own paragraph is about its loader's settings)."""
     m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
-    return f"it asks for {m.group(1)}" if m else None
+    return Said("vector_reason_asks_for", what=m.group(1)[:80]) if m else Said("vector_reason_pickle")
 
 
 def _one_d(tensor: torch.Tensor, name: str, layer) -> torch.Tensor:
@@ -850,7 +846,7 @@ def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
                 raise TypeError("base64 must be a string")
         except (KeyError, TypeError, ValueError) as exc:
             raise invalid(name, Said("vector_detail_extra_malformed", tensor=str(key)[:60],
-                                     error=first_line(exc))) from None
+                                     error=reason(exc))) from None
         itemsize = torch.empty(0, dtype=dtype).element_size()
         numel = math.prod(shape)
         if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
@@ -868,9 +864,9 @@ def _decode_extras(doc: Any, name: str) -> dict[str, torch.Tensor]:
     for key, dtype, shape, text, need in plan:
         try:
             raw = bytearray(base64.b64decode(text, validate=True))
-        except ValueError as exc:
+        except ValueError:  # binascii's own words ("Incorrect padding") say less
             raise invalid(name, Said("vector_detail_extra_malformed", tensor=str(key)[:60],
-                                     error=first_line(exc))) from None
+                                     error=Said("vector_reason_base64"))) from None
         if len(raw) != need:
             raise invalid(name, Said("vector_detail_extra_bytes", tensor=str(key)[:60], bytes=len(raw), shape=shape,
                                      need=need))

@@ -24,11 +24,6 @@ from .store import StoreUnwritable
 SHARED_SUFFIX = " (shared)"
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "unreadable"
-
-
 def native_bytes(vector) -> bytes:
     """``vector`` as the bytes of its native file (what the library stores)."""
     with tempfile.TemporaryDirectory(prefix="steer_ui-vector-") as folder:
@@ -125,6 +120,7 @@ class Keeper:
 
     def _read(self, data: bytes, name: str, handle):
         from .formats import read_vector
+        from .vector import file_detail
 
         with tempfile.TemporaryDirectory(dir=self._tmp) as folder:
             path = Path(folder) / "vector.safetensors"
@@ -132,7 +128,7 @@ class Keeper:
             try:
                 vector, _warnings = read_vector(path, handle, max_bytes=self.max_file_bytes)
             except (ValueError, OSError, KeyError, TypeError) as exc:
-                raise UserError("import_failed", name=name[:80], detail=_first_line(exc)) from None
+                raise UserError("import_failed", name=name[:80], detail=file_detail(exc)) from None
         vector.name = name
         return vector
 

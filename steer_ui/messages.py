@@ -99,3 +99,16 @@ class Said(str):
 
 def _said(key: str, params: dict[str, Any]) -> Said:
     return Said(key, **params)
+
+
+def first_line(exc: BaseException) -> str:
+    """``exc``'s message, first line only (its type's name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def said_of(exc: BaseException) -> str:
+    """``exc``'s one line as a detail: by its key when it has one (a front then says it in the visitor's language),
+    else its English first line."""
+    key = getattr(exc, "key", None)
+    return Said(key, **exc.params) if key else first_line(exc)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .messages import KeyedError
+
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gpt2", "gpt_neox", "phi3", "opt")
 VOCAB = 260  # 256 bytes + <pad>, <s>, </s>, <unk>
 
@@ -73,7 +75,7 @@ def tiny_config(family: str, layers: int = 4, hidden: int = 64):
     if family == "opt":
         return tf.OPTConfig(hidden_size=hidden, ffn_dim=hidden * 2, num_hidden_layers=layers, num_attention_heads=4,
                             max_position_embeddings=256, word_embed_proj_dim=hidden, **common)
-    raise ValueError(f"unknown tiny family '{family}' (choose from {', '.join(FAMILIES)})")
+    raise KeyedError.from_key("model_error_tiny_family", family=str(family)[:40], known=", ".join(FAMILIES))
 
 
 def tiny_model(family: str = "llama", layers: int = 4, hidden: int = 64, seed: int = 0):
@@ -114,7 +116,7 @@ def random_config(shape: str):
     import transformers as tf
 
     if shape not in SHAPES:
-        raise ValueError(f"unknown random shape '{shape}' (choose from {', '.join(SHAPES)})")
+        raise KeyedError.from_key("model_error_random_shape", shape=str(shape)[:40], known=", ".join(SHAPES))
     return tf.LlamaConfig(pad_token_id=0, bos_token_id=1, eos_token_id=2, **SHAPES[shape])
 
 

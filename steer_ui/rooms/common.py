@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..guards import Guard
 from ..keeping import Keeper
-from ..messages import UserError
+from ..messages import UserError, first_line  # noqa: F401 (first_line: the rooms' one-line helper)
 from ..policy import Policy
 from ..sessions import Session, Sessions
 
@@ -17,11 +17,6 @@ Progress = Callable[[float, str], None]
 
 def noop(_f: float, _m: str = "") -> None:
     pass
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:
@@ -34,13 +29,13 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, ModelLoadError, FileNotFoundError)
 
 
-def refusal(exc: BaseException, key: str, **params) -> UserError:
+def refusal(exc: BaseException, key: str, detail: str | None = None, **params) -> UserError:
     """A file a reader refused, as one line: in the reader's own message (translated) when it named one (a
-    DatasetError's or VectorError's key), else ``key`` with the reader's English ``detail``."""
+    DatasetError's or VectorError's key), else ``key`` with ``detail`` (by default the reader's English line)."""
     own = getattr(exc, "key", None)
     if own:
         return UserError(own, **exc.params)
-    return UserError(key, **params, detail=first_line(exc))
+    return UserError(key, **params, detail=first_line(exc) if detail is None else detail)
 
 
 def dataset_refusal(name: str, exc: BaseException) -> UserError:

@@ -109,9 +109,9 @@ class Models:
             self.current = handle
             self._load_message, self._load_fraction = Said("progress_loaded", model=handle.model_id), 1.0
             return self.facts()
-        except UserError as exc:
-            self._load_error = exc.params.get("detail", str(exc))
-            self._load_message = str(exc)
+        except UserError as exc:  # kept by key, so the model line says it in each visitor's language
+            self._load_error = exc.params.get("detail", Said(exc.key, **exc.params))
+            self._load_message = Said(exc.key, **exc.params)
             raise
         finally:
             self._loaded.set()
@@ -125,7 +125,7 @@ class Models:
             try:
                 return tiny_handle(source.split(":", 1)[1])
             except ValueError as exc:
-                raise UserError("model_load_failed", detail=first_line(exc)) from None
+                raise UserError("model_load_failed", detail=_load_detail(exc)) from None
         from ..model.loading import load_model
 
         def report(frac: float, msg: str) -> None:
@@ -138,7 +138,7 @@ class Models:
         except UserError:
             raise
         except expected_errors() + (OSError, RuntimeError) as exc:
-            raise UserError("model_load_failed", detail=first_line(exc)) from None
+            raise UserError("model_load_failed", detail=_load_detail(exc)) from None
 
     def _prepare_default_view(self, handle, progress: Progress) -> None:
         """Train and calibrate (or read from the cache) the default vector; a failure leaves the app usable."""
@@ -191,8 +191,8 @@ class Models:
                 self.load(source, device, dtype, weights=weights)
             except UserError as exc:
                 log.error("model load failed: %s", exc)
-            except Exception as exc:  # never let the thread die silently
-                self._load_error = first_line(exc)
+            except Exception:  # never let the thread die silently; its own words are for the log
+                self._load_error = Said("model_error_unexpected")
                 self._loaded.set()
                 log.exception("model load failed")
 
@@ -262,3 +262,12 @@ class Models:
         engine = self.engine()
         with self._engine_lock:
             return engine, self._slider
+
+
+def _load_detail(exc: BaseException) -> Said:
+    """Why a load failed, by key: the loader's own refusal (what to do about it), or, for another library's error
+    (torch's, transformers' own words), a plain line in every language, the words themselves logged."""
+    if getattr(exc, "key", None):
+        return Said(exc.key, **exc.params)
+    log.warning("model load failed: %s", first_line(exc))
+    return Said("model_error_unexpected")

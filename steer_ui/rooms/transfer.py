@@ -50,6 +50,7 @@ class Transfer:
                       name: str | None = None) -> tuple[str, list[str]]:
         """Read a vector file in any supported format, validated against the loaded model."""
         from ..formats import read_vector
+        from ..vector import file_detail
 
         if not path:
             raise UserError("no_file")
@@ -63,5 +64,5 @@ class Transfer:
         try:
             vector, warnings = read_vector(path, handle, max_bytes=limit)  # validates against the model
         except expected_errors() + (OSError, KeyError, TypeError) as exc:
-            raise refusal(exc, "import_failed", name=path.name) from None
+            raise refusal(exc, "import_failed", name=path.name, detail=file_detail(exc)) from None
         return self.library.add_vector(session, vector, name or vector.name or path.stem), list(warnings)

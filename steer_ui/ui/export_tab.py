@@ -85,7 +85,7 @@ def build_export_tab(backend: Service) -> ExportTab:
         name, warnings = backend.import_vector(session, path)
         lang = lang_of(backend, request)
         for w in warnings:
-            gr.Warning(i18n.message(lang, "import_warning", detail=html.escape(w, quote=False)))
+            gr.Warning(i18n.message(lang, "import_warning", detail=html.escape(i18n.say(lang, w), quote=False)))
         text = relabel.keep(backend, session, [import_status], imported_markdown, name, list(warnings))
         return text, backend.vector_info(session, name), gr.update(choices=backend.vector_names(session), value=name)
 

@@ -4,7 +4,9 @@
   shows: no English left, the numbers and each panel's made-for key unchanged, and no model work on the server;
 * one refused action is one toast, titled in the page's language;
 * a malformed CSV and a file that is not a vector are refused in plain words in both languages (never the
-  parser's own text or a Python bytes repr), and a refused import leaves no earlier vector's metadata beside it.
+  parser's own text or a Python bytes repr), and a refused import leaves no earlier vector's metadata beside it;
+  a file another library could not parse says so in plain words, and an import's warnings (toasts and status
+  line) are in the page's language.
 """
 from __future__ import annotations
 
@@ -193,6 +195,27 @@ def _import(page, path) -> None:
     page.locator("#import-file input[type=file]").set_input_files(str(path))
 
 
+def _reimport(page, path) -> None:
+    """Clear the import box of its last file, then import ``path``."""
+    page.locator("#import-file button[aria-label='Clear'], #import-file button[aria-label='清除']").click()
+    _import(page, path)
+
+
+def _refused_status(page, path) -> str:
+    """The import's status line once ``path`` is refused (its toast shown), the earlier toasts closed."""
+    _close_toasts(page)
+    _reimport(page, path)
+    page.locator(".toast-body").first.wait_for(timeout=20_000)
+    time.sleep(0.5)
+    return page.locator("#import-status").inner_text()
+
+
+def _safetensors(path, header: dict, data: bytes):
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return path
+
+
 @pytest.mark.parametrize("locale, lang", [("en-US", "en"), ("zh-CN", "zh-CN")])
 def test_a_malformed_csv_and_a_garbage_vector_file_are_refused_in_plain_words(browser, app, tmp_path, locale, lang):
     import torch
@@ -227,8 +250,7 @@ def test_a_malformed_csv_and_a_garbage_vector_file_are_refused_in_plain_words(br
     page.locator("button[role=tab][data-tab-id=export]").click()
     _import(page, honest)
     _wait(page, "() => document.querySelector('#import-info').innerText.includes('mean_diff')", timeout=20_000)
-    page.locator("#import-file button[aria-label='Clear'], #import-file button[aria-label='清除']").click()
-    _import(page, garbage)
+    _reimport(page, garbage)
     page.locator(".toast-body").first.wait_for(timeout=20_000)
     time.sleep(0.5)
     line = i18n.message(lang, "vector_unknown_format", name="notes.txt")
@@ -238,17 +260,35 @@ def test_a_malformed_csv_and_a_garbage_vector_file_are_refused_in_plain_words(br
     assert "mean_diff" not in page.locator("#import-info").inner_text()  # the earlier vector's metadata is gone
 
     # a file whose structure is refused: the detail in brackets is in the page's language too
-    _close_toasts(page)
-    aliased = tmp_path / "alias.safetensors"
     entry = {"dtype": "F32", "shape": [hidden], "data_offsets": [0, 4 * hidden]}
-    header = json.dumps({f"direction.{i}": entry for i in range(2)}).encode()
-    aliased.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4 * hidden))
-    page.locator("#import-file button[aria-label='Clear'], #import-file button[aria-label='清除']").click()
-    _import(page, aliased)
-    page.locator(".toast-body").first.wait_for(timeout=20_000)
-    time.sleep(0.5)
-    status = page.locator("#import-status").inner_text()
+    aliased = _safetensors(tmp_path / "alias.safetensors", {f"direction.{i}": entry for i in range(2)},
+                           bytes(4 * hidden))
+    status = _refused_status(page, aliased)
     assert "alias.safetensors" in status
     if lang != "en":
         assert "重叠" in status and not re.search(r"overlap|aliased|refused", status), status
+
+    # a file another library could not parse: plain words, never Python's own ("invalid literal for int()")
+    shaped = _safetensors(tmp_path / "shape.safetensors", {"direction.1": {**entry, "shape": ["x"]}},
+                          bytes(4 * hidden))
+    status = _refused_status(page, shaped)
+    assert "shape.safetensors" in status and not re.search(r"invalid literal|base 10", status), status
+    if lang != "en":
+        assert "类型不对" in status and not re.search(r"wrong kind|malformed", status), status
+
+    # a foreign file imports with three things to check: each toast and the status line in the page's language
+    _close_toasts(page)
+    bare = tmp_path / "bare.pt"
+    torch.save({1: torch.randn(hidden)}, bare)
+    _reimport(page, bare)
+    _wait(page, "() => document.querySelectorAll('.toast-body .toast-message-text').length >= 3", timeout=20_000)
+    time.sleep(0.5)
+    shown = _toasts(page)
+    title = i18n.message(lang, "warning_title")  # gradio groups them: "Warning (3)"
+    assert len(shown) == 3 and all(t.startswith(title) for t, _m in shown), shown
+    status = page.locator("#import-status").inner_text()
+    if lang != "en":
+        for text in [m for _t, m in shown] + [status]:
+            english = set(re.findall(r"(?<![\w'.])[A-Za-z]{3,}(?![\w'.])", text)) - ALLOWED_LATIN
+            assert english <= {"bare", "steering", "vectors", "layer_activations", "steer_ui"}, text
     page.close()

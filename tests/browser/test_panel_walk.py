@@ -94,17 +94,15 @@ def _tiny_walk(browser, tmp_path, steps: int, seed: int) -> None:
         demo.close()
 
 
-# ~1.6 s a step on two cores (327 s for 200 in the full run at this stop; the page's own drawing and gradio's
-# status bookkeeping are most of it, the server a fraction): the settle waits for the panels each action promises
-# rather than a fixed quiet time, and generations stream at most four frames a second (FRAME_INTERVAL_S).
-# 100 steps keep CI within its 30 minutes (the full run at 200 took 29.1; 140 steps alone took 263 s); seed 36's
-# steps are a prefix of its longer walks', so these 100 passed within the 140 and the 200 of this stop's runs.
-def test_a_hundred_random_steps_on_a_tiny_model_keep_every_panel_true_to_the_controls(browser, tmp_path):
-    _tiny_walk(browser, tmp_path, steps=100, seed=36)
+# ~1.6 s a step on two cores: the page's own drawing and gradio's status bookkeeping are most of it, the server a
+# fraction; the settle waits for the panels each action promises rather than a fixed quiet time, and generations
+# stream at most four frames a second (FRAME_INTERVAL_S).  Issue #52 asks for 200 steps here and 20 on the
+# embedded model in CI (a cut to 100 to save CI time walked half as far from the page's traps).
+def test_two_hundred_random_steps_on_a_tiny_model_keep_every_panel_true_to_the_controls(browser, tmp_path):
+    _tiny_walk(browser, tmp_path, steps=200, seed=36)
 
 
 @pytest.mark.integration
-@pytest.mark.slow  # ~55 s; the tiny walk covers the same page in CI
 def test_twenty_random_steps_on_the_embedded_model_keep_every_panel_true_to_the_controls(browser, gemma, tmp_path):
     demo, url = _app(gemma, tmp_path)
     try:

@@ -3,6 +3,7 @@ library's own text), one toast per refusal, and the redraw a language switch mak
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -304,3 +305,202 @@ def test_a_model_s_loading_line_reads_in_the_page_s_language():
     assert r"dequantising weights from GGUF \(slow, once\) — 35%" in status_markdown(door, "en")  # Markdown-escaped
     chinese = status_markdown(door, "zh-CN")
     assert "反量化" in chinese and "35%" in chinese and "dequantising" not in chinese
+
+
+# ------------------------------------------------------------------ a failed model load
+def _failed_load(tmp_path, source: str):
+    """A door with no model whose load of ``source`` failed: (the refusal, the door)."""
+    from steer_ui.messages import UserError
+    from steer_ui.service import Service
+
+    door = Service(handle=None, workdir=tmp_path / "work")
+    with pytest.raises(UserError) as info:
+        door.load_model(source)
+    return info.value, door
+
+
+@pytest.mark.parametrize("source, key, names", [
+    ("tiny:nope", "model_error_tiny_family", ("nope", "llama", "mistral", "qwen", "gemma", "gpt", "neox", "phi",
+                                              "opt")),
+    ("random:huge", "model_error_random_shape", ("huge", "llama", "b", "mini")),
+    ("EMPTY", "model_error_directory", ()),
+])
+def test_a_failed_model_load_is_kept_by_key_and_read_in_the_page_s_language(tmp_path, source, key, names):
+    """The model line of a server whose load failed says why in the page's language (it kept the loader's English
+    line, so 简体中文 read "无法加载模型：unknown tiny family…"); the CLI's English is the loader's own."""
+    from steer_ui.ui.model_tab import status_markdown
+
+    if source == "EMPTY":  # a folder that is no model: transformers' own words stay in the log
+        source = str(tmp_path / "not-a-model")
+        (tmp_path / "not-a-model").mkdir()
+    exc, door = _failed_load(tmp_path, source)
+    detail = door.model_status()["error"]
+    assert exc.key == "model_load_failed" and detail.key == key and door.model_status()["message"].key == exc.key
+    english = status_markdown(door, "en")
+    assert english.startswith("The model could not be loaded: ") and str(detail).split(" ")[0] in english
+    chinese = status_markdown(door, "zh-CN")
+    assert chinese.startswith("无法加载模型："), chinese
+    assert _zh_words(chinese.replace("\\", ""), source, *names) == set(), chinese
+    if key == "model_error_directory":
+        assert "tokenizer" not in english and "instantiate" not in english, english
+
+
+def test_a_model_load_that_fails_in_another_library_says_so_plainly_in_both_languages(tmp_path, monkeypatch, caplog):
+    """torch's or transformers' own words (here a RuntimeError) go to the log; the page says, in its language,
+    that the loader failed and where its words are."""
+    from steer_ui.model import loading
+    from steer_ui.ui.model_tab import status_markdown
+
+    def fails(*_a, **_k):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(loading, "load_model", fails)
+    exc, door = _failed_load(tmp_path, str(tmp_path))
+    assert door.model_status()["error"].key == "model_error_unexpected"
+    assert "illegal memory access" in caplog.text
+    for lang in i18n.LANGS:
+        assert "illegal" not in status_markdown(door, lang) and "CUDA" not in i18n.message(lang, exc.key, **exc.params)
+    assert _zh_words(status_markdown(door, "zh-CN")) == set()
+
+
+# ------------------------------------------------------------------ import warnings
+# the names a warning quotes that are the same in every language: formats, fields and methods
+FORMAT_WORDS = {"steering", "vectors", "layer_activations", "steer_ui", "L", "S", "MLP", "TSV", "ITI", "hookType",
+                "hook_resid_pre", "hook_resid_post", "GGUF", "repeng", "controlvector", "model_hint", "layer_count",
+                "json", "direction", "tiny", "llama", "pt", "gguf"}
+
+
+def _imported(service, path):
+    from steer_ui.ui.export_tab import imported_markdown
+
+    name, warnings = service.import_vector("s", path)
+    return warnings, imported_markdown("zh-CN", name, warnings)
+
+
+def test_import_warnings_are_keyed_and_read_in_the_page_s_language(service, tmp_path):
+    """A steering-vectors file without its sidecar and without a model says three things to check; each is said by
+    key (the CLI's English is the reader's own, as before) and the 简体中文 page words them all in Chinese."""
+    import torch
+
+    path = tmp_path / "bare.pt"
+    torch.save({2: torch.ones(64)}, path)
+    warnings, chinese = _imported(service, path)
+    assert [w.key for w in warnings] == ["import_warning_bare_dict", "import_warning_no_sidecar",
+                                         "import_warning_no_model"]
+    assert warnings[0] == ("bare.pt: a bare {layer: tensor} dict; read as steering-vectors layer_activations "
+                           "(decoder block outputs)")
+    assert "bare.steer_ui.json" in chinese and "张量" in chinese and "模型" in chinese
+    assert _zh_words(chinese, "bare.steer_ui.json", "bare.pt", "bare") <= FORMAT_WORDS, chinese
+
+
+@pytest.mark.parametrize("doc, key", [
+    ({"hookName": "blocks.2.hook_resid_pre"}, "import_warning_resid_pre"),
+    ({"layer": 2}, "import_warning_no_hook"),
+    ({"layer": 2, "hookType": "hook_resid_post", "modelId": "x", "steer_ui": {"layers": [3], "model_type": "gpt2"}},
+     "import_warning_meta_layers"),
+])
+def test_neuronpedia_import_warnings_are_keyed(service, tmp_path, doc, key):
+    path = tmp_path / "np.json"
+    path.write_text(json.dumps({"vector": [0.5] * 64, **doc}))
+    warnings, chinese = _imported(service, path)
+    assert key in [w.key for w in warnings]
+    assert _zh_words(chinese, "np.json", "np") <= FORMAT_WORDS, chinese
+
+
+
+# ------------------------------------------------------------------ a library's own words in a refusal
+FOREIGN_WORDS = LIBRARY_WORDS + ("invalid literal", "base 10", "Incorrect padding", "Non-base64", "Unsupported global",
+                                 "weights_only", "Weights only", "KeyError")
+
+
+def _safetensors_file(path, header: dict, data: bytes):
+    import struct
+
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return path
+
+
+def _gguf_with_text_layer_count(path):
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "controlvector")
+    writer.add_string("controlvector.layer_count", "two")  # gguf reads it; int() then fails in Python's words
+    writer.add_tensor("direction.2", np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _hostile(tmp_path, kind: str):
+    import pathlib
+
+    import torch
+
+    entry = {"dtype": "F32", "shape": [64], "data_offsets": [0, 256]}
+    if kind == "no dtype":
+        entry.pop("dtype")
+        return _safetensors_file(tmp_path / "a.safetensors", {"direction.2": entry}, bytes(256))
+    if kind == "text shape":
+        return _safetensors_file(tmp_path / "a.safetensors", {"direction.2": {**entry, "shape": ["x"]}}, bytes(256))
+    if kind == "bad base64":
+        path = tmp_path / "a.json"
+        path.write_text(json.dumps({"vector": [0.5] * 64, "layer": 2,
+                                    "steer_ui_extras": {"t": {"dtype": "float32", "shape": [2], "base64": "!" * 12}}}))
+        return path
+    if kind == "an object":
+        path = tmp_path / "a.pt"
+        torch.save({"layer_activations": {2: torch.ones(64)}, "x": pathlib.PurePosixPath("/")}, path)
+        return path
+    return _gguf_with_text_layer_count(tmp_path / "a.gguf")
+
+
+@pytest.mark.parametrize("kind, key, said", [
+    ("no dtype", "vector_file_invalid", "no 'dtype'"),
+    ("text shape", "vector_file_invalid", "a value of the wrong kind"),
+    ("bad base64", "vector_file_invalid", "not valid base64 text"),
+    ("an object", "vector_torch_objects", "it asks for pathlib.PurePosixPath"),
+    ("a text layer count", "import_failed", "its contents could not be read"),
+])
+def test_a_library_s_parse_error_in_a_refusal_is_said_in_plain_words(service, tmp_path, kind, key, said):
+    """A refused file whose detail was another library's error (Python's int(), binascii, torch's unpickler, a
+    value gguf read that Python could not use) says it in plain words, in English and in Chinese alike."""
+    exc = _refused_import(service, _hostile(tmp_path, kind))
+    assert exc.key == key and said in str(exc), str(exc)
+    for text in _in_both(exc):
+        assert not any(word in text for word in FOREIGN_WORDS), text
+    chinese = i18n.message("zh-CN", exc.key, **exc.params)
+    allowed = {"direction", "t", "dtype", "base", "pathlib", "PurePosixPath", "Python", "torch", "pickle"}  # names
+    assert _zh_words(chinese, exc.params.get("name", "")) <= allowed, chinese
+
+
+def test_a_library_s_own_words_go_to_the_log(caplog):
+    from steer_ui.vector import file_detail
+
+    detail = file_detail(ValueError("invalid literal for int() with base 10: 'two'"))
+    assert detail.key == "vector_detail_unreadable" and "base 10" in caplog.text
+    assert file_detail(ValueError("x")) == detail  # one line whatever the library said
+
+
+@pytest.mark.parametrize("meta, field", [
+    ({"method": "x" * 65}, "method"),
+    ({"model_type": 7}, "model_type"),
+    ({"positions": "everywhere"}, "positions"),
+    ({"alpha_range": [2, 1]}, "alpha_range"),
+    ({"max_delta_logit": 0}, "max_delta_logit"),
+    ({"hyperparameters": []}, "hyperparameters"),
+])
+def test_hand_edited_metadata_is_refused_in_the_page_s_language(service, tmp_path, meta, field):
+    """A file whose steer_ui metadata a person edited by hand: the record's own refusal is said by key, so the
+    Chinese page names the field in its brackets and says the rest in Chinese."""
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps({"vector": [0.5] * 64, "layer": 2, "steer_ui": {"layers": [2], **meta}}))
+    exc = _refused_import(service, path)
+    assert exc.key == "vector_file_invalid" and exc.params["detail"].key.startswith("vector_field_")
+    chinese = i18n.message("zh-CN", exc.key, **exc.params)
+    assert field in chinese
+    unquoted = re.sub(r"'[^']*'", "", chinese)  # the values the file holds, quoted as they are
+    assert _zh_words(unquoted, "edited.json", field) <= {"int", "list", "null", "JSON", "NUL"}, chinese
