@@ -16,7 +16,7 @@ import pandas as pd
 
 from .. import plots
 from ..messages import UserError
-from ..service import Service, last_frame
+from ..service import RANDOM, Service, last_frame
 from . import extra_terms, i18n, panel_keys, relabel
 from .chat_panel import SHOW_CHAT
 from .common import EXPLORE, SLIDER, as_gr_error, handler, page_url, sid, table
@@ -114,7 +114,12 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
 
     @handler(backend)
     def share(vector, extra, request: gr.Request):
-        share_id = backend.share_vector(sid(request), vector)
+        try:
+            share_id = backend.share_vector(sid(request), vector)
+        except UserError:
+            if not any(t.source in owned(backend, sid(request)) for t in extra_terms.added(extra)):
+                raise
+            share_id = ""  # a bundled main vector travels by name; the added rows' own ones by their share ids
         ids = url_state.terms_ref(rows_share_ids(backend, sid(request), extra))  # every added row's own vector too
         # the link itself is the page's own (JS_COPY_URL, chained below): the whole view, with the share ids
         return share_id, ids, relabel.keep(backend, sid(request), [explore.library_status], *relabel.text("shared"))
@@ -285,6 +290,11 @@ def no_sweep(lang: str, saved: dict) -> tuple:
     return plots.empty_figure(i18n.message(lang, "result_view", when=saved.get("when", "?"))), gr.skip()
 
 
+def owned(backend: Service, session: str) -> set:
+    """The names of the session's own vectors (what Share can share)."""
+    return {row["name"] for row in backend.vectors(session) if row["kind"] == "own"}
+
+
 def rows_share_ids(backend: Service, session: str, extra) -> dict:
     """``{name: share id}`` for the added rows' vectors that can travel in a link: the session's own (shared now,
     as Share shares the main one) and those a share link opened; bundled and random ones travel by name."""
@@ -332,6 +342,24 @@ def open_linked_terms(backend: Service, request, query: dict) -> dict:
     return opened
 
 
+def chat_controls(backend: Service, session: str, client, saved: dict, state, choices: list[str]) -> None:
+    """Explore's controls set to a saved conversation's last steering (its vector opened read-only, as a saved
+    result's is), so the conversation Run live starts goes on under the steering it was saved with."""
+    turns = saved["chat"].get("turns") or []
+    term = (turns[-1].get("steering") or {}).get("vectors", [{}])[0] if turns else {}
+    source = term.get("source")
+    vector = backend.open_result_vector(session, saved["id"], client) if saved.get("has_vector") else None
+    vector = RANDOM if source == "random" else vector or (source if source in choices else None)
+    if vector is None:
+        return  # a vector this server no longer has: the controls stay the default view's
+    state.vector, state.relative, state.seed = vector, bool(term.get("normalize", True)), int(term.get("seed", 0))
+    layers = term.get("layers") or []
+    if layers and 0 <= int(layers[0]) < backend.handle.arch.num_layers:
+        state.layer = int(layers[0])
+    state.alpha = float(term.get("scale", 0.0))
+    state.alpha_max = max(float(state.alpha_max), abs(state.alpha))
+
+
 def open_from_link(backend: Service, request, query: dict, state, choices: list[str]) -> dict:
     """What a link's ``vector=<share id>`` or ``result=<id>`` adds to the page view: the vector (opened into the
     session, read-only), a saved result's controls, notices for the banner (:class:`url_state.Notice`, worded in
@@ -364,6 +392,7 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
                 return out
             if saved.get("kind") == "chat":  # Explore's Chat shows it (chat_panel.show_saved)
                 backend.session(session).cache[SHOW_CHAT] = saved
+                chat_controls(backend, session, client, saved, state, choices)
                 out["notices"].append(Notice("chat_view", when=saved.get("when", "?")))
                 return out
             if saved.get("kind") == "comparison":  # the Many prompts tab shows it (compare_tab.show_saved)

@@ -234,6 +234,6 @@ _JS_COPY_BODY = f"""{_JS_QUERY}
 """
 JS_COPY_URL = f"({_JS_ARGS}, shown) => {{{_JS_COPY_BODY}}}"
 
-# "Share", after the server made the vector's share id: Copy link's URL, now carrying that id.  Without an id (the
-# share was refused; its line says why) the link box keeps what it showed.
-JS_SHARE_URL = f"({_JS_ARGS}, shown) => {{ if (!vector_ref) {{ return shown; }}{_JS_COPY_BODY}}}"
+# "Share", after the server made the vector's share id (and the added rows' own vectors' ids): Copy link's URL, now
+# carrying them.  Without any id (the share was refused; its line says why) the link box keeps what it showed.
+JS_SHARE_URL = f"({_JS_ARGS}, shown) => {{ if (!vector_ref && !extra_ref) {{ return shown; }}{_JS_COPY_BODY}}}"
