@@ -44,11 +44,8 @@ def _wait_turns(page, n: int) -> None:
         timeout=90_000)
 
 
-@pytest.mark.parametrize("locale, lang, width", [("en-US", "en", 1400), ("zh-CN", "zh-CN", 1400),
-                                                 ("en-US", "en", 390)], ids=["en", "zh-CN", "390px"])
-def test_a_three_turn_chat_side_by_side_is_saved_and_opens_for_a_stranger(browser, app, locale, lang, width):
-    url, backend = app
-    page = _open(browser, url, locale, width)
+def _three_turns(page, lang: str) -> None:
+    """Chat picked, a system message, and the three TURNS sent, each answered by both sides."""
     page.locator("#explore-prompt-kind label", has_text=i18n.label(lang, "chat.chat")).click()
     page.wait_for_selector("#explore-chat", state="visible", timeout=20_000)
     page.locator("#chat-system textarea").fill("Answer briefly.")
@@ -56,6 +53,14 @@ def test_a_three_turn_chat_side_by_side_is_saved_and_opens_for_a_stranger(browse
         page.locator("#chat-message textarea").fill(text)
         page.locator("#chat-send").click()
         _wait_turns(page, n)
+
+
+@pytest.mark.parametrize("locale, lang, width", [("en-US", "en", 1400), ("zh-CN", "zh-CN", 1400),
+                                                 ("en-US", "en", 390)], ids=["en", "zh-CN", "390px"])
+def test_a_three_turn_chat_side_by_side_is_saved_and_opens_for_a_stranger(browser, app, locale, lang, width):
+    url, backend = app
+    page = _open(browser, url, locale, width)
+    _three_turns(page, lang)
     page.wait_for_selector("#chat-first-token .js-plotly-plot", timeout=30_000)
     unsteered, steered = _bubbles(page, "unsteered"), _bubbles(page, "steered")
     assert len(unsteered) == len(steered) == 2 * len(TURNS)
@@ -87,13 +92,7 @@ def test_run_live_on_a_saved_chat_answers_both_sides_afresh_for_a_stranger(brows
     on chatting."""
     url, _backend = app
     page = _open(browser, url, "en-US", 1400)
-    page.locator("#explore-prompt-kind label", has_text="Chat").click()
-    page.wait_for_selector("#explore-chat", state="visible", timeout=20_000)
-    page.locator("#chat-system textarea").fill("Answer briefly.")
-    for n, text in enumerate(TURNS, 1):
-        page.locator("#chat-message textarea").fill(text)
-        page.locator("#chat-send").click()
-        _wait_turns(page, n)
+    _three_turns(page, "en")
     unsteered, steered = _bubbles(page, "unsteered"), _bubbles(page, "steered")
     page.locator("#chat-save").click()
     page.wait_for_function("() => (document.querySelector('#chat-link textarea, #chat-link input')?.value "
