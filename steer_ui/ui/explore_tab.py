@@ -24,6 +24,7 @@ from .chat_panel import build_chat_panel
 from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
                      table)
 from .drawn import Drawn
+from .request_guard import optional_trailing
 from .url_state import EXTEND, JS_SYNC_URL  # EXTEND: Extend range's factor
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
@@ -303,7 +304,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             library_status = gr.Markdown(elem_id="explore-library-status")
             vector_ref = gr.Textbox(visible=False, elem_id="explore-vector-ref")
             prompt_ref = gr.Textbox(visible=False, elem_id="explore-prompt-ref")
-            extra_ref = gr.Textbox(visible=False, elem_id="explore-extra-ref")  # url_state.terms_ref
+            # url_state.terms_ref; like the added vectors' text, a call written before it may leave it off
+            extra_ref = optional_trailing(gr.Textbox(visible=False, elem_id="explore-extra-ref"))
             link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, elem_id="explore-link",
                               visible=False)
             with gr.Accordion(T("explore.sampling"), open=False, elem_id="explore-sampling"):
