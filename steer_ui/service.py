@@ -249,6 +249,7 @@ class Service:
     chat_reset, chat_save = property(lambda self: self.chat.reset), property(lambda self: self.chat.save)
     chat_prompts, chat_template = property(lambda self: self.chat.prompts), property(lambda self: self.chat.template)
     chat_answer = property(lambda self: self.chat.answer)  # a whole conversation given, nothing kept (--messages)
+    chat_rerun = property(lambda self: self.chat.rerun)  # a saved conversation asked again, live (Run live)
 
     # ================================================================ evaluation (rooms/evaluation.py)
     def compare(self, session, *args, **kwargs) -> dict:

@@ -21,7 +21,7 @@ the API); what a source names and whether a layer exists is the library room's t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import guards
@@ -52,6 +52,8 @@ class Term:
     positions: str | None = None
     seed: Any = 0
     special_tokens: bool = False
+    # the fields the caller wrote (a page's added row without ``normalize`` takes the main row's units)
+    given: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def random(self) -> bool:
@@ -149,4 +151,4 @@ def _term(n: int, raw: Any, max_layer_count: int) -> Term:
             positions = POSITIONS_OF[tuple(sorted(set(phases)))]
     seed = int(guards.number(fields.get("seed", 0), "seed", integer=True, low=0, high=2 ** 63 - 1))
     return Term(source=source, scale=scale, layers=layers, normalize=normalize, positions=positions, seed=seed,
-                special_tokens=bool(special_tokens))
+                special_tokens=bool(special_tokens), given=frozenset(fields))

@@ -61,6 +61,26 @@ class Chat:
         return self.library.freeze(s, {"kind": "chat", "chat": self.view(session), "template": self.template()},
                                    vector)
 
+    def rerun(self, session: str | None, result_id, client: str | None = None, sampling=None) -> Iterator[dict]:
+        """A saved conversation run live (its page's *Run live*): the session's conversation starts afresh with the
+        saved system message, and each saved user message is asked again under its turn's saved steering (the
+        vector the result kept, opened into the session read-only as a shared one is), so both assistants answer
+        anew, each from its own new history, and the session goes on chatting from there.  Streamed as
+        :meth:`turn`'s frames, each with ``turn`` (0-based)."""
+        saved = self.library.result(result_id, client)
+        if saved.get("kind") != "chat":
+            raise UserError("no_saved_chat")
+        conv = saved["chat"]
+        vector = self.library.open_result_vector(session, result_id, client) if saved.get("has_vector") else None
+        self.reset(session)
+        for n, t in enumerate(conv["turns"]):
+            steering = {"vectors": [dict(term) for term in t["steering"]["vectors"]]}
+            if vector and steering["vectors"][0]["source"] != "random":  # the owner's vector, as kept with it
+                steering["vectors"][0]["source"] = vector
+            for frame in self.turn(session, t["user"], steering, conv["system"], t.get("steer_prompt", False),
+                                   sampling):
+                yield {**frame, "turn": n}
+
     def reset(self, session: str | None) -> dict:
         self.shared.find(session).chat = None
         return empty()

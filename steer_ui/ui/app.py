@@ -21,7 +21,7 @@ from .explore_tab import DEFAULT_PROMPT, alpha_controls, build_explore_tab, rows
 from .export_tab import build_export_tab
 from .model_tab import build_model_tab, model_view, status_markdown
 from .train_tab import build_train_tab
-from .url_state import ExploreState, fall_back, from_query
+from .url_state import ExploreState, fall_back, from_query, terms_ref
 
 log = logging.getLogger("steer_ui.ui")
 
@@ -355,6 +355,8 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                                     vector=view.name if view else RANDOM, layer=view.layer if view else n // 2,
                                     alpha=view.alpha if view else 0.0, alpha_max=view.alpha_max if view else 1.0)
             query = dict(getattr(request, "query_params", {}) or {})
+            opened = library_ui.open_linked_terms(backend, request, query)  # added rows' vectors by share id
+            choices = backend.vector_names(sid(request)) if opened else choices
             state = from_query(query, defaults, choices, n, backend.policy.max_prompt_chars)
             linked = library_ui.open_from_link(backend, request, query, state, choices)
             choices = backend.vector_names(sid(request))  # a shared vector or a saved result's may have joined
@@ -367,12 +369,14 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
                     gr.update(choices=choices, value=state.vector), picker, picker,
                     state.prompt, slider, box, state.relative, state.seed, linked["vector_ref"],
-                    gr.update(visible=linked["run_live"]), linked["prompt_ref"], state.extend) + \
-                rows_view(state.extra, choices, n, state.alpha_max, state.extend)
+                    gr.update(visible=linked["run_live"]), linked["prompt_ref"], state.extend,
+                    terms_ref(opened)) + \
+                rows_view(state.extra, choices, n, state.alpha_max, state.extend, state.relative, state.seed)
 
         page_outputs = [banner, explore.layer, train.layer] + vector_pickers + [
             explore.prompt, explore.alpha, explore.alpha_max, explore.relative, explore.vector_seed,
-            explore.vector_ref, explore.run_live, explore.prompt_ref, explore.extend] + explore.rows_outputs
+            explore.vector_ref, explore.run_live, explore.prompt_ref, explore.extend, explore.extra_ref] + \
+            explore.rows_outputs
         # A fresh page shows steering at work without a click: the view, then next-token bars, both generations
         # (streamed) and the dose-response chart.
         # A saved result's page (?result=) draws its panels from the saved numbers instead of running the model.

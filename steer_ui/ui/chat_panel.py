@@ -5,7 +5,9 @@
 from its own history, streamed side by side; the bars show the next-token distribution of the steered assistant's
 first token.  The conversation is the server's (the chat room, through the door); this page only draws it.
 *Save result* freezes the whole conversation; its ``?result=`` link shows it read-only (:func:`ChatPanel.show_saved`
-on the page load).
+on the page load), with *Run live*: every saved user message asked again under its saved steering, both assistants
+answering afresh from their own new histories (the saved replies are not replayed: the visitor sees this model
+answer now), after which the visitor goes on chatting.
 """
 from __future__ import annotations
 
@@ -17,9 +19,12 @@ import gradio as gr
 from .. import plots, steering_spec
 from ..service import RANDOM, Service
 from . import i18n, relabel
+from ..messages import UserError
 from .common import EXPLORE, T, handler, page_url, sid
+from .request_guard import client_address
 
 SHOW_CHAT = "show_chat"  # a saved conversation the page load is about to draw (set by library_ui.page_links)
+CHAT_RESULT = "chat_result"  # the saved conversation this page shows, for its Run live
 FRAME_INTERVAL_S = 0.25  # as Explore's generations: four frames a second read as live text
 
 
@@ -33,6 +38,8 @@ class ChatPanel:
     bars: gr.Plot
     status: gr.Markdown
     link: gr.Textbox
+    system: gr.Textbox
+    run_live: gr.Button
     show_saved: object = None  # the page-load step that draws a saved conversation (?result=)
 
     @property
@@ -42,7 +49,7 @@ class ChatPanel:
 
     @property
     def saved_outputs(self) -> list:
-        return [self.mode, self.group, self.note, self.unsteered, self.steered]
+        return [self.mode, self.group, self.note, self.unsteered, self.steered, self.system, self.run_live]
 
 
 def bubbles(view: dict, side: str, pending: dict | None = None) -> list[dict]:
@@ -87,11 +94,12 @@ def build_chat_panel(backend: Service, tab) -> ChatPanel:
             send = gr.Button(T("chat.send"), variant="primary", elem_id="chat-send")
             reset = gr.Button(T("chat.reset"), elem_id="chat-reset")
             save = gr.Button(T("explore.save_result"), elem_id="chat-save")
+            run_live = gr.Button(T("explore.run_live"), variant="primary", elem_id="chat-run-live", visible=False)
         status = gr.Markdown(elem_id="chat-status")
         link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, visible=False, elem_id="chat-link")
         bars = gr.Plot(label=T("chat.first_token"), elem_id="chat-first-token")
     panel = ChatPanel(mode=mode, group=group, note=note, unsteered=unsteered, steered=steered, bars=bars,
-                      status=status, link=link)
+                      status=status, link=link, system=system, run_live=run_live)
 
     def _note(lang: str, saved: bool) -> str:
         return note_line(lang, backend.chat_template(), saved)
@@ -140,10 +148,37 @@ def build_chat_panel(backend: Service, tab) -> ChatPanel:
         session = backend.peek_session(sid(request))
         saved = session.cache.pop(SHOW_CHAT, None) if session is not None else None
         if saved is None:
-            return (gr.skip(),) * 5
+            return (gr.skip(),) * 7
+        session.cache[CHAT_RESULT] = saved["id"]
         view = saved["chat"]
         return ("chat", gr.update(visible=True), relabel.keep(backend, sid(request), [note], _note, True),
-                bubbles(view, "unsteered"), bubbles(view, "steered"))
+                bubbles(view, "unsteered"), bubbles(view, "steered"), view["system"], gr.update(visible=True))
+
+    @handler(backend, status=status)
+    def chat_run_live(vector, greedy, temperature, top_k, top_p, repetition, max_tokens, seed, delta_limit=None,
+                      request: gr.Request = None):
+        """The saved conversation of this page asked again, live (rooms/chat.py ``rerun``), with the page's
+        sampling; the conversation is then this visitor's own, to go on with."""
+        session = sid(request)
+        result_id = backend.session(session).cache.get(CHAT_RESULT)
+        if not result_id:
+            raise UserError("no_saved_chat")
+        sampling = backend.sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    repetition_penalty=repetition, seed=seed, greedy=greedy,
+                                    max_delta_logit=backend.delta_limit(session, vector, delta_limit))
+        view, turn, shown, turns = None, -1, 0.0, 0
+        for frame in backend.chat_rerun(session, result_id, client_address(request), sampling):
+            if frame["turn"] != turn:  # the turns before this one, as this run answered them
+                turn, view = frame["turn"], backend.chat_view(session)
+            turns = frame["turn"] + 1
+            if not frame["done"] and time.monotonic() - shown < FRAME_INTERVAL_S:
+                continue
+            shown = time.monotonic()
+            yield (bubbles(view, "unsteered", frame), bubbles(view, "steered", frame)) + (gr.skip(),) * 3
+        view = backend.chat_view(session)
+        done = relabel.keep(backend, session, [status], *relabel.text("chat_live", turns=turns))
+        yield (bubbles(view, "unsteered"), bubbles(view, "steered"), done,
+               relabel.keep(backend, session, [note], _note, False), gr.update(visible=False))
 
     steering = [tab.vector, tab.layer, tab.alpha, tab.relative, tab.vector_seed]
     mode.input(pick_mode, [mode], [group, note], api_name="chat_mode", api_visibility="undocumented")
@@ -153,6 +188,8 @@ def build_chat_panel(backend: Service, tab) -> ChatPanel:
     message.submit(chat_send, turn_inputs, turn_outputs, api_name="chat_turn_on_submit",
                    api_visibility="undocumented", **EXPLORE)
     reset.click(chat_reset, None, [unsteered, steered, bars, status, link], api_name="chat_reset")
+    run_live.click(chat_run_live, [tab.vector] + list(tab.sampling_inputs), [unsteered, steered, status, note, run_live],
+                   api_name="chat_run_live", api_visibility="undocumented", **EXPLORE)
     save.click(chat_save, None, [status, link], api_name="chat_save")
     panel.show_saved = show_saved
     return panel

@@ -24,6 +24,7 @@ from .chat_panel import build_chat_panel
 from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
                      table)
 from .drawn import Drawn
+from .request_guard import optional_trailing
 from .url_state import EXTEND, JS_SYNC_URL  # EXTEND: Extend range's factor
 
 DEFAULT_PROMPT = "My favourite thing about the weekend is"
@@ -74,12 +75,14 @@ def alpha_controls(alpha_max, alpha=None, extended: bool = False, set_alpha: boo
     return box, gr.update(**update)
 
 
-def rows_view(extra: str, choices: list, num_layers: int, alpha_max, extended: bool) -> tuple:
+def rows_view(extra: str, choices: list, num_layers: int, alpha_max, extended: bool, relative=True,
+              seed=0) -> tuple:
     """The added vectors' rows showing ``extra`` (a link's or a saved result's terms, already checked), for
-    :attr:`ExploreTab.rows_outputs`: a page opened from a link shows every term it steers with."""
-    terms = extra_terms.added(extra)[:extra_terms.EXTRA_ROWS]
+    :attr:`ExploreTab.rows_outputs`: a page opened from a link shows every term it steers with, each with its own
+    units and seed (the main row's, ``relative`` and ``seed``, for a term that gave none)."""
+    terms = [extra_terms.own_units(t, relative, seed) for t in extra_terms.added(extra)[:extra_terms.EXTRA_ROWS]]
     n, rows = len(terms), extra_terms.EXTRA_ROWS
-    groups, vectors, layers, alphas = [], [], [], []
+    groups, vectors, layers, alphas, relatives, seeds = [], [], [], [], [], []
     for i in range(rows):
         term = terms[i] if i < n else None
         groups.append(gr.update(visible=term is not None))
@@ -87,13 +90,18 @@ def rows_view(extra: str, choices: list, num_layers: int, alpha_max, extended: b
             vectors.append(gr.update(choices=choices))
             layers.append(gr.update(maximum=num_layers - 1))
             alphas.append(alpha_controls(alpha_max, 0.0, extended, set_alpha=True)[1])
+            relatives.append(gr.skip())
+            seeds.append(gr.skip())
             continue
         vectors.append(gr.update(choices=choices, value=RANDOM if term.random else term.source))
         layers.append(gr.update(maximum=num_layers - 1, value=term.layers[0] if term.layers else num_layers // 2))
         alphas.append(alpha_controls(alpha_max, term.scale, extended, set_alpha=True)[1])
+        relatives.append(bool(term.normalize))
+        seeds.append(int(term.seed))
     return (n, gr.update(visible=n > 0), gr.update(visible=n < rows), *groups, *vectors, *layers, *alphas,
-            extra_terms.compose(n, [(RANDOM if t.random else t.source, t.layers[0] if t.layers else 0, t.scale)
-                                    for t in terms]))
+            *relatives, *seeds,
+            extra_terms.compose(n, [(RANDOM if t.random else t.source, t.layers[0] if t.layers else 0, t.scale,
+                                     t.normalize, t.seed) for t in terms]))
 
 
 @dataclass
@@ -123,6 +131,7 @@ class ExploreTab:
     # the library (ui/library_ui.py wires them): share the vector, save the view, run a saved view live
     vector_ref: gr.Textbox | None = None  # the share id a link carries for the vector, "" for a bundled one
     prompt_ref: gr.Textbox | None = None  # a long prompt's saved copy, for the link (url_state.prompt_ref)
+    extra_ref: gr.Textbox | None = None  # the added rows' vectors' share ids, for the link (url_state.terms_ref)
     extend: gr.Checkbox | None = None  # Extend range: part of the view a link restores
     copy_link: gr.Button | None = None
     share: gr.Button | None = None
@@ -166,14 +175,14 @@ class ExploreTab:
     @property
     def url_inputs(self) -> list:
         return [self.prompt, self.vector, self.layer, self.alpha, self.relative, self.vector_seed, self.alpha_max,
-                self.vector_ref, self.prompt_ref, self.extend, self.rows.extra]
+                self.vector_ref, self.prompt_ref, self.extend, self.rows.extra, self.extra_ref]
 
     @property
     def rows_outputs(self) -> list:
         """What :func:`rows_view` sets: the rows shown, their buttons, each row's controls, the added terms."""
         rows = self.rows
         return [rows.count, rows.remove, rows.add] + rows.groups + rows.vectors + rows.layers + rows.alphas + \
-            [rows.extra]
+            rows.relatives + rows.seeds + [rows.extra]
 
 
 def _plot_labels(lang: str, prefix: str) -> dict:
@@ -295,6 +304,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             library_status = gr.Markdown(elem_id="explore-library-status")
             vector_ref = gr.Textbox(visible=False, elem_id="explore-vector-ref")
             prompt_ref = gr.Textbox(visible=False, elem_id="explore-prompt-ref")
+            # url_state.terms_ref; like the added vectors' text, a call written before it may leave it off
+            extra_ref = optional_trailing(gr.Textbox(visible=False, elem_id="explore-extra-ref"))
             link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, elem_id="explore-link",
                               visible=False)
             with gr.Accordion(T("explore.sampling"), open=False, elem_id="explore-sampling"):
@@ -331,7 +342,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                      alpha_max=alpha_max, alpha=alpha, readout=readout, bars=bars, delta=delta, unsteered=unsteered,
                      steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details, link=link,
                      whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, prompt_ref=prompt_ref,
-                     copy_link=copy_link, share=share, save=save,
+                     extra_ref=extra_ref, copy_link=copy_link, share=share, save=save,
                      run_live=run_live, library_status=library_status, bars_key=bars_key,
                      generations_key=generations_key, dose_key=dose_key, token_detail=token_detail,
                      extend=extend, rows=rows)
@@ -547,7 +558,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                              api_name="pick_vector", api_visibility="undocumented", **EXPLORE), "vector")
     # the page URL follows the controls (in the browser only), and "Copy link" copies it
     for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref, prompt_ref, extend,
-                    rows.extra):
+                    rows.extra, extra_ref):
         control.change(None, tab.url_inputs, None, js=JS_SYNC_URL, queue=False)
     # every panel keeps its word: on any change of a control, the page marks each panel made for other settings
     controls = [prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary] + sampling_inputs + [
@@ -570,39 +581,44 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
     ``compose`` (or by ``next_token_rows`` during a drag), where the page's α of an added row is held to its
     slider's range, as the main α is by ``handler``."""
     rows = tab.rows
-    assert len(rows.groups) == 3 == extra_terms.EXTRA_ROWS  # compose's arguments below name three rows
+
+    assert len(rows.groups) == 3 == extra_terms.EXTRA_ROWS  # the handlers below name three rows' values
+    # gradio hands gr.Request only to a named parameter (never after *args), so each row's values are named
 
     @handler(backend)
-    def compose(count, vector_2, layer_2, alpha_2, vector_3, layer_3, alpha_3, vector_4, layer_4, alpha_4,
-                request: gr.Request = None):
-        return extra_terms.compose(count, [(vector_2, layer_2, alpha_2), (vector_3, layer_3, alpha_3),
-                                           (vector_4, layer_4, alpha_4)])
+    def compose(count, vector_2, layer_2, alpha_2, relative_2, seed_2, vector_3, layer_3, alpha_3, relative_3, seed_3,
+                vector_4, layer_4, alpha_4, relative_4, seed_4, request: gr.Request = None):
+        return extra_terms.compose(count, [(vector_2, layer_2, alpha_2, relative_2, seed_2),
+                                           (vector_3, layer_3, alpha_3, relative_3, seed_3),
+                                           (vector_4, layer_4, alpha_4, relative_4, seed_4)])
 
     @handler(backend)
     def next_token_rows(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary, count, vector_2,
-                        layer_2, alpha_2, vector_3, layer_3, alpha_3, vector_4, layer_4, alpha_4,
-                        request: gr.Request = None):
+                        layer_2, alpha_2, relative_2, seed_2, vector_3, layer_3, alpha_3, relative_3, seed_3,
+                        vector_4, layer_4, alpha_4, relative_4, seed_4, request: gr.Request = None):
         """A drag of a row's α: the added terms and the next-token view for them in one answer, as the main α's
         drag is one event (composing first and drawing in a chained event let an older drawing land last)."""
-        extra = extra_terms.compose(count, [(vector_2, layer_2, alpha_2), (vector_3, layer_3, alpha_3),
-                                            (vector_4, layer_4, alpha_4)])
+        extra = extra_terms.compose(count, [(vector_2, layer_2, alpha_2, relative_2, seed_2),
+                                            (vector_3, layer_3, alpha_3, relative_3, seed_3),
+                                            (vector_4, layer_4, alpha_4, relative_4, seed_4)])
         drawn_ = next_token(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary, extra,
                             request=request)
         return tuple(drawn_) + (extra,) if isinstance(drawn_, tuple) else drawn_
 
     @handler(backend)
-    def add_row(count, layer, alpha_max, extended, request: gr.Request = None):
-        """Show the next row: any vector of the session's list, at the main layer, α = 0 on the main range."""
+    def add_row(count, layer, alpha_max, extended, relative, vector_seed, request: gr.Request = None):
+        """Show the next row: any vector of the session's list, at the main layer, α = 0 on the main range, in
+        the main row's units and seed (each row's own from then on)."""
         n = extra_terms.shown(count)
         if n >= extra_terms.EXTRA_ROWS:
-            return (gr.skip(),) * (3 + 4 * extra_terms.EXTRA_ROWS)
+            return (gr.skip(),) * (3 + 6 * extra_terms.EXTRA_ROWS)
         top = backend.handle.arch.num_layers - 1 if backend.model_ready else None
         slider = alpha_controls(alpha_max, 0.0, bool(extended), set_alpha=True)[1]
-        row = [gr.skip()] * (4 * extra_terms.EXTRA_ROWS)
+        row = [gr.skip()] * (6 * extra_terms.EXTRA_ROWS)
         row[n::extra_terms.EXTRA_ROWS] = [gr.update(visible=True),
                                           gr.update(choices=backend.vector_names(sid(request)), value=RANDOM),
                                           gr.update(value=layer) if top is None else gr.update(maximum=top, value=layer),
-                                          slider]
+                                          slider, bool(relative), extra_terms.seed_of(vector_seed)]
         return (n + 1, gr.update(visible=True), gr.update(visible=n + 1 < extra_terms.EXTRA_ROWS)) + tuple(row)
 
     @handler(backend)
@@ -620,18 +636,24 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
         return tuple(alpha_controls(alpha_max, a, bool(extended))[1] for a in (alpha_2, alpha_3, alpha_4))
 
     shown_rows = [rows.count, rows.remove, rows.add]
-    per_row = rows.groups + rows.vectors + rows.layers + rows.alphas
+    per_row = rows.groups + rows.vectors + rows.layers + rows.alphas + rows.relatives + rows.seeds
 
     def then_compose(event, trigger: str, **kwargs):
         return event.then(compose, rows.inputs, [rows.extra], api_name=f"compose_on_{trigger}",
                           api_visibility="undocumented", queue=False, show_progress="hidden", **kwargs)
 
-    refresh_all(then_compose(rows.add.click(add_row, [rows.count, tab.layer, tab.alpha_max, tab.extend],
+    refresh_all(then_compose(rows.add.click(add_row, [rows.count, tab.layer, tab.alpha_max, tab.extend,
+                                                      tab.relative, tab.vector_seed],
                                             shown_rows + per_row, api_name="add_vector", queue=False),
                              "add"), "add_vector")
     refresh_all(then_compose(rows.remove.click(remove_row, [rows.count], shown_rows + rows.groups,
                                                api_name="remove_vector", queue=False), "remove"), "remove_vector")
-    for n, (vector, layer, alpha) in enumerate(zip(rows.vectors, rows.layers, rows.alphas), start=2):
+    for n, (vector, layer, alpha, relative, seed) in enumerate(zip(rows.vectors, rows.layers, rows.alphas,
+                                                                  rows.relatives, rows.seeds), start=2):
+        for own, what in ((relative, "relative"), (seed, "seed")):  # a row's units or seed: every panel
+            refresh_all(own.input(compose, rows.inputs, [rows.extra], api_name=f"compose_{what}_{n}",
+                                  api_visibility="undocumented", trigger_mode="always_last", queue=False),
+                        f"{what}_{n}")
         alpha.input(next_token_rows, tab.next_token_inputs[:-1] + rows.inputs, nt_outputs + [rows.extra],
                     api_name=f"next_token_on_alpha_{n}", api_visibility="undocumented", trigger_mode="always_last",
                     show_progress="hidden", **SLIDER)

@@ -5,8 +5,9 @@ gradio makes components when the page is built, so the page has ``EXTRA_ROWS`` h
 reveals the next one.  The rows' values travel as one hidden text, ``extra``: the added terms as a steering spec
 (:mod:`steer_ui.steering_spec`, EasySteer's words) written by :func:`compose` from the rows, so every handler, the
 panels' keys, the link and a saved result take one more value instead of a dozen.  ``extra`` empty is today's one
-vector, exactly.  The units (relative or raw) and the random direction's seed are the main row's for every term:
-one checkbox and one seed box, as before.
+vector, exactly.  Each row has its own units (relative or raw: the term's ``normalize``) and its own seed for the
+random direction, written into ``extra`` with the term; a term written without them (a link or an API call made
+before rows had their own) takes the main row's, as it did then.
 """
 from __future__ import annotations
 
@@ -37,19 +38,21 @@ class Rows:
     vectors: list = field(default_factory=list)
     layers: list = field(default_factory=list)
     alphas: list = field(default_factory=list)
+    relatives: list = field(default_factory=list)  # each row's units: relative (True) or raw
+    seeds: list = field(default_factory=list)  # each row's seed, for the random direction
 
     @property
     def inputs(self) -> list:
-        """compose's inputs: the count, then each row's vector, layer and α."""
+        """compose's inputs: the count, then each row's vector, layer, α, units and seed."""
         out = [self.count]
-        for row in zip(self.vectors, self.layers, self.alphas):
+        for row in zip(self.vectors, self.layers, self.alphas, self.relatives, self.seeds):
             out += list(row)
         return out
 
 
 def build(layers: int, middle: int) -> Rows:
     """The hidden rows (under the main α slider) and the buttons that show and hide them."""
-    groups, vectors, layer_sliders, alphas = [], [], [], []
+    groups, vectors, layer_sliders, alphas, relatives, seeds = [], [], [], [], [], []
     for n in range(2, EXTRA_ROWS + 2):
         with gr.Row(visible=False, elem_id=f"explore-term-{n}", elem_classes="explore-term") as group:
             vectors.append(gr.Dropdown(choices=[RANDOM], value=RANDOM, allow_custom_value=True,
@@ -58,6 +61,10 @@ def build(layers: int, middle: int) -> Rows:
                                            elem_id=f"explore-layer-{n}", min_width=120))
             alphas.append(AlphaSlider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.term_alpha"),
                                       elem_id=f"alpha-slider-{n}", elem_classes=ALPHA_CLASS, min_width=160))
+            relatives.append(gr.Checkbox(value=True, label=T("explore.term_relative"), elem_id=f"explore-relative-{n}",
+                                         min_width=90))
+            seeds.append(gr.Number(value=0, precision=0, minimum=0, label=T("explore.term_seed"),
+                                   elem_id=f"explore-seed-{n}", min_width=90))
         groups.append(group)
     with gr.Row():
         add = gr.Button(T("explore.add_vector"), size="sm", elem_id="add-vector-btn")
@@ -66,7 +73,7 @@ def build(layers: int, middle: int) -> Rows:
     # an API call written before several vectors existed leaves it off: one vector, as then
     extra = optional_trailing(gr.Textbox(value="", visible=False, elem_id="explore-extra-terms"))
     return Rows(add=add, remove=remove, count=count, extra=extra, groups=groups, vectors=vectors,
-                layers=layer_sliders, alphas=alphas)
+                layers=layer_sliders, alphas=alphas, relatives=relatives, seeds=seeds)
 
 
 def shown(count) -> int:
@@ -78,12 +85,29 @@ def shown(count) -> int:
 
 
 def compose(count, rows: list) -> str:
-    """The shown rows as the added terms' spec text ("" for none); ``rows`` is each row's (vector, layer, α)."""
+    """The shown rows as the added terms' spec text ("" for none); ``rows`` is each row's (vector, layer, α,
+    relative, seed): its units always written, its seed for the random direction (a row of three values leaves
+    both to the main row's, as links made before rows had their own)."""
     terms = []
-    for vector, layer, alpha in rows[:shown(count)]:
-        source = steering_spec.RANDOM_SOURCE if not vector or vector == RANDOM else str(vector)
-        terms.append({"source": source, "scale": float(alpha or 0.0), "layers": [int(float(layer or 0))]})
+    for vector, layer, alpha, *own in rows[:shown(count)]:
+        random = not vector or vector == RANDOM
+        term = {"source": steering_spec.RANDOM_SOURCE if random else str(vector), "scale": float(alpha or 0.0),
+                "layers": [int(float(layer or 0))]}
+        if own:
+            term["normalize"] = own[0] not in (False, 0, "false", "0")
+            if random:
+                term["seed"] = seed_of(own[1] if len(own) > 1 else 0)
+        terms.append(term)
     return json.dumps({"vectors": terms}, ensure_ascii=False, separators=(",", ":")) if terms else ""
+
+
+def seed_of(value) -> int:
+    """A row's seed box as a seed (the spec's checks bound it again); an empty or unreadable box is 0."""
+    try:
+        number = float(value or 0)
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) and number >= 0 else 0
 
 
 def added(extra) -> list:
@@ -94,11 +118,18 @@ def added(extra) -> list:
     return list(steering_spec.parse(text, steering_spec.MAX_TERMS - 1).terms)
 
 
+def own_units(term: steering_spec.Term, relative, seed) -> steering_spec.Term:
+    """``term`` with the main row's units and seed where it gave none of its own (a link made before rows had
+    their own units)."""
+    return replace(term, normalize=term.normalize if "normalize" in term.given else relative,
+                   seed=term.seed if "seed" in term.given else seed)
+
+
 def held(relative, seed, extra) -> steering_spec.Spec | None:
     """The added terms alone, as they steer (the dose-response holds them while it sweeps the main vector); None
-    when nothing was added.  They take the main row's units and seed (one checkbox and one seed box on the page)."""
+    when nothing was added.  Each has its own units and seed (:func:`own_units`)."""
     terms = added(extra)
-    return steering_spec.Spec(tuple(replace(t, normalize=relative, seed=seed) for t in terms)) if terms else None
+    return steering_spec.Spec(tuple(own_units(t, relative, seed) for t in terms)) if terms else None
 
 
 def full_spec(vector, layer, alpha, relative, seed, extra) -> steering_spec.Spec | None:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from .. import plots
 from ..messages import UserError
-from ..service import Service, last_frame
+from ..service import RANDOM, Service, last_frame
 from . import extra_terms, i18n, panel_keys, relabel
 from .chat_panel import SHOW_CHAT
 from .common import EXPLORE, SLIDER, as_gr_error, handler, page_url, sid, table
@@ -113,10 +113,16 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
     """Share, Save result and Run live on the Explore tab, and the library's API endpoints."""
 
     @handler(backend)
-    def share(vector, request: gr.Request):
-        share_id = backend.share_vector(sid(request), vector)
-        # the link itself is the page's own (JS_COPY_URL, chained below): the whole view, with the share id
-        return share_id, relabel.keep(backend, sid(request), [explore.library_status], *relabel.text("shared"))
+    def share(vector, extra, request: gr.Request):
+        try:
+            share_id = backend.share_vector(sid(request), vector)
+        except UserError:
+            if not any(t.source in owned(backend, sid(request)) for t in extra_terms.added(extra)):
+                raise
+            share_id = ""  # a bundled main vector travels by name; the added rows' own ones by their share ids
+        ids = url_state.terms_ref(rows_share_ids(backend, sid(request), extra))  # every added row's own vector too
+        # the link itself is the page's own (JS_COPY_URL, chained below): the whole view, with the share ids
+        return share_id, ids, relabel.keep(backend, sid(request), [explore.library_status], *relabel.text("shared"))
 
     @handler(backend, status=explore.library_status)
     def link_prompt(prompt, prompt_ref, request: gr.Request):
@@ -131,7 +137,7 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
 
     @handler(backend)
     def save(prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, extend=False, extra="",
-             request: gr.Request = None):
+             extra_ref="", request: gr.Request = None):
         # the next-token numbers are measured here for exactly these settings: the page's raw-numbers panel may
         # hold a generation's numbers or an older α's (one slider pass, no generation)
         spec = extra_terms.full_spec(vector, layer, alpha, relative, seed, extra)  # every term (issue #48)
@@ -183,7 +189,8 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
             .then(lambda: gr.update(visible=True), None, [explore.link], queue=False, api_visibility="undocumented")
 
     link_chain(explore.copy_link.click, "copy", JS_COPY_URL)
-    link_chain(explore.share.click(share, [explore.vector], [explore.vector_ref, explore.library_status],
+    link_chain(explore.share.click(share, [explore.vector, explore.rows.extra],
+                                   [explore.vector_ref, explore.extra_ref, explore.library_status],
                                    api_name="share_button", api_visibility="undocumented", queue=False).then,
                "share", JS_SHARE_URL)
     # a saved result keeps its prompt whole (it is opened by ?result=, not by the view's link)
@@ -283,6 +290,76 @@ def no_sweep(lang: str, saved: dict) -> tuple:
     return plots.empty_figure(i18n.message(lang, "result_view", when=saved.get("when", "?"))), gr.skip()
 
 
+def owned(backend: Service, session: str) -> set:
+    """The names of the session's own vectors (what Share can share)."""
+    return {row["name"] for row in backend.vectors(session) if row["kind"] == "own"}
+
+
+def rows_share_ids(backend: Service, session: str, extra) -> dict:
+    """``{name: share id}`` for the added rows' vectors that can travel in a link: the session's own (shared now,
+    as Share shares the main one) and those a share link opened; bundled and random ones travel by name."""
+    rows = {row["name"]: row for row in backend.vectors(session)}
+    out = {}
+    for term in extra_terms.added(extra):
+        row = rows.get(term.source) or {}
+        if row.get("kind") == "shared" and row.get("share_id"):
+            out[term.source] = row["share_id"]
+        elif row.get("kind") == "own":
+            try:
+                out[term.source] = backend.share_vector(session, term.source)
+            except UserError:
+                continue  # one the library does not keep (a saved result's): it travels by name, as before
+    return out
+
+
+def open_linked_terms(backend: Service, request, query: dict) -> dict:
+    """A link's added rows whose vector is a share id (``steer=``, as :func:`rows_share_ids` wrote it): each
+    opened into the session, read-only, and renamed in ``query`` to its name here, so the link's checks
+    (url_state.added_terms) find it; ``{name: share id}`` for this page's own link.  One that does not open stays
+    as it was (the checks leave it out with a notice)."""
+    from ..store.library import PUBLIC_ID
+
+    text = query.get("steer")
+    try:
+        spec = json.loads(text) if text and len(text) <= url_state.MAX_STEER_CHARS else None
+    except ValueError:
+        return {}
+    terms = spec.get("vectors") if isinstance(spec, dict) else None
+    if not isinstance(terms, list):
+        return {}
+    session, client = sid(request), client_address(request)
+    known, opened = set(backend.vector_names(session)), {}
+    for term in terms[:extra_terms.EXTRA_ROWS]:  # more is no link the page wrote: the checks refuse it whole
+        source = term.get("source") if isinstance(term, dict) else None
+        if isinstance(source, str) and source not in known and PUBLIC_ID.match(source):
+            try:
+                term["source"] = name = backend.open_shared(session, source, client)
+            except UserError:
+                continue
+            opened[name] = source
+    if opened:
+        query["steer"] = json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
+    return opened
+
+
+def chat_controls(backend: Service, session: str, client, saved: dict, state, choices: list[str]) -> None:
+    """Explore's controls set to a saved conversation's last steering (its vector opened read-only, as a saved
+    result's is), so the conversation Run live starts goes on under the steering it was saved with."""
+    turns = saved["chat"].get("turns") or []
+    term = (turns[-1].get("steering") or {}).get("vectors", [{}])[0] if turns else {}
+    source = term.get("source")
+    vector = backend.open_result_vector(session, saved["id"], client) if saved.get("has_vector") else None
+    vector = RANDOM if source == "random" else vector or (source if source in choices else None)
+    if vector is None:
+        return  # a vector this server no longer has: the controls stay the default view's
+    state.vector, state.relative, state.seed = vector, bool(term.get("normalize", True)), int(term.get("seed", 0))
+    layers = term.get("layers") or []
+    if layers and 0 <= int(layers[0]) < backend.handle.arch.num_layers:
+        state.layer = int(layers[0])
+    state.alpha = float(term.get("scale", 0.0))
+    state.alpha_max = max(float(state.alpha_max), abs(state.alpha))
+
+
 def open_from_link(backend: Service, request, query: dict, state, choices: list[str]) -> dict:
     """What a link's ``vector=<share id>`` or ``result=<id>`` adds to the page view: the vector (opened into the
     session, read-only), a saved result's controls, notices for the banner (:class:`url_state.Notice`, worded in
@@ -315,6 +392,7 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
                 return out
             if saved.get("kind") == "chat":  # Explore's Chat shows it (chat_panel.show_saved)
                 backend.session(session).cache[SHOW_CHAT] = saved
+                chat_controls(backend, session, client, saved, state, choices)
                 out["notices"].append(Notice("chat_view", when=saved.get("when", "?")))
                 return out
             if saved.get("kind") == "comparison":  # the Many prompts tab shows it (compare_tab.show_saved)

@@ -130,12 +130,22 @@ def added_terms(text: str, vectors: list[str], num_layers: int, notices: list, m
             notices.append(Notice("link_layer_missing", layer=repr(str(layer)[:10]), top=num_layers - 1))
             continue
         scale = max(-ALPHA_MAX_RANGE[1], min(ALPHA_MAX_RANGE[1], term.scale))
-        kept.append({"source": steering_spec.RANDOM_SOURCE if name == RANDOM_NAME else name, "scale": scale,
-                     "layers": [layer]})
+        term_ = {"source": steering_spec.RANDOM_SOURCE if name == RANDOM_NAME else name, "scale": scale,
+                 "layers": [layer]}
+        if "normalize" in term.given:  # the row's own units (absent: the main row's, as before rows had their own)
+            term_["normalize"] = term.normalize
+        if term.random and "seed" in term.given:
+            term_["seed"] = term.seed
+        kept.append(term_)
     return json.dumps({"vectors": kept}, ensure_ascii=False, separators=(",", ":")) if kept else ""
 
 
-# Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
+def terms_ref(share_ids: dict) -> str:
+    """The hidden field the page keeps its added rows' share ids in (``{name: share id}``, "" for none): the link
+    writes each row's vector by its share id where it has one, as it writes the main vector's (``vector_ref``)."""
+    return json.dumps(share_ids, ensure_ascii=False, separators=(",", ":")) if share_ids else ""
+
+
 def fall_back(state: ExploreState, defaults: ExploreState, wanted: str | None, opened_ref: str = "") -> bool:
     """A link whose vector could not be opened shows the default vector: at that vector's own layer, α, range
     and units, since the link's were chosen for another vector (issue #36).  Whether it fell back."""
@@ -189,12 +199,21 @@ _JS_QUERY = """
   const byId = ref && ref.id && ref.prompt === text ? String(ref.id) : "";
   const fits = new URLSearchParams({p: text}).toString().length - 2 <= %(limit)d;
   const fields = byId ? {prompt_id: byId} : (fits ? {prompt: text} : {});
+  let steer = extra || "";
+  try {  // each added row's vector by its share id where it has one (terms_ref), so a stranger opens it too
+    const ids = JSON.parse(extra_ref || "{}");
+    const spec = steer ? JSON.parse(steer) : null;
+    if (spec && spec.vectors.some(t => ids[t.source])) {
+      spec.vectors.forEach(t => { if (ids[t.source]) { t.source = ids[t.source]; } });
+      steer = JSON.stringify(spec);
+    }
+  } catch (e) { steer = extra || ""; }
   const q = new URLSearchParams(Object.assign(fields, {vector: vector_ref || vector || "", layer: String(layer),
     alpha: String(parseFloat(Number(alpha).toPrecision(4))), relative: relative ? "1" : "0", seed: String(seed ?? 0),
-    alpha_max: String(alpha_max)}, extend ? {extend: "1"} : {}, extra ? {steer: extra} : {}));
+    alpha_max: String(alpha_max)}, extend ? {extend: "1"} : {}, steer ? {steer} : {}));
   const whole = Boolean(byId) || fits;
 """ % {"limit": PROMPT_IN_LINK}
-_JS_ARGS = "prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, prompt_ref, extend, extra"
+_JS_ARGS = "prompt, vector, layer, alpha, relative, seed, alpha_max, vector_ref, prompt_ref, extend, extra, extra_ref"
 
 # Keeps the query string in step with the Explore controls (runs in the browser; no server round trip).
 JS_SYNC_URL = f"""
@@ -215,6 +234,6 @@ _JS_COPY_BODY = f"""{_JS_QUERY}
 """
 JS_COPY_URL = f"({_JS_ARGS}, shown) => {{{_JS_COPY_BODY}}}"
 
-# "Share", after the server made the vector's share id: Copy link's URL, now carrying that id.  Without an id (the
-# share was refused; its line says why) the link box keeps what it showed.
-JS_SHARE_URL = f"({_JS_ARGS}, shown) => {{ if (!vector_ref) {{ return shown; }}{_JS_COPY_BODY}}}"
+# "Share", after the server made the vector's share id (and the added rows' own vectors' ids): Copy link's URL, now
+# carrying them.  Without any id (the share was refused; its line says why) the link box keeps what it showed.
+JS_SHARE_URL = f"({_JS_ARGS}, shown) => {{ if (!vector_ref && !extra_ref) {{ return shown; }}{_JS_COPY_BODY}}}"

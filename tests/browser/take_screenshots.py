@@ -1,10 +1,11 @@
 """Screenshots of every tab with the embedded model, driven the way a user would (not a test).
 
-    python tests/browser/take_screenshots.py [--out assets/screenshots] [--model embedded]
+    python tests/browser/take_screenshots.py [--out assets/screenshots] [--model embedded] [--only several,chat]
 
 Loads bundled data, trains a mean-difference vector on the sentiment pairs and
 a small TSV on the QA answers, steers, sweeps, scores and exports, saving one
-PNG per tab (and the Explore tab in Chinese).  Needs /usr/bin/chromium; CJK
+PNG per tab (and the Explore tab in Chinese), then Explore with two vectors and a chat side by side (``--only``
+takes just those).  Needs /usr/bin/chromium; CJK
 text needs a font such as Debian's fonts-wqy-microhei.
 """
 from __future__ import annotations
@@ -52,11 +53,54 @@ def settle(page, seconds: float = 1.0) -> None:
     time.sleep(seconds)
 
 
+def quiet(page) -> None:
+    """Every Explore panel made for the controls (none marked stale), its generations finished, no toast left."""
+    page.wait_for_function("() => document.querySelectorAll('.made-for').length >= 3 && "
+                           "!document.querySelector('.made-for.stale')", timeout=600_000)
+    settle(page, 3)
+    for button in page.locator("[data-testid=toast-close]").all():
+        button.click()
+
+
+def several_vectors(page, out: Path) -> None:
+    """Explore with a second vector added under the main one (the random direction, its own α), both steering."""
+    page.get_by_role("tab", name="Explore").click()
+    page.locator("#add-vector-btn").click()
+    page.locator("#explore-term-2").wait_for(state="visible", timeout=30_000)
+    quiet(page)
+    number = page.locator("#alpha-slider-2 input[type=number]")
+    number.fill("0.03")  # a random direction beside the default vector, gently: more breaks the small model's text
+    number.press("Enter")
+    page.wait_for_function("() => (window.__steerControls?.explore?.extra || '').includes('0.03')", timeout=60_000)
+    wait_text(page, "#explore-readout", "Term 2", timeout=300)
+    quiet(page)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.screenshot(path=str(out / "several_vectors.png"))
+
+
+def chat(page, out: Path) -> None:
+    """Explore's Chat: two turns answered by the unsteered and the steered assistant side by side."""
+    page.get_by_role("tab", name="Explore").click()
+    quiet(page)
+    page.locator("#explore-prompt-kind label", has_text="Chat").click()
+    page.wait_for_selector("#explore-chat", state="visible", timeout=30_000)
+    for n, text in enumerate(("What did you think of the film?", "And the ending?"), 1):
+        page.locator("#chat-message textarea").fill(text)
+        page.locator("#chat-send").click()
+        page.wait_for_function(
+            "(n) => ['unsteered', 'steered'].every(s => document.querySelectorAll(`#chat-${s} .message-row`).length"
+            " >= 2 * n) && document.querySelector('#chat-message textarea').value === ''", arg=n, timeout=600_000)
+        settle(page, 2)
+    page.locator("#chat-sides").screenshot(path=str(out / "chat.png"))  # the group itself has no box of its own
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "assets" / "screenshots"))
     parser.add_argument("--model", default="embedded")
+    parser.add_argument("--only", default="", help="comma-separated: several, chat (default: every view)")
     args = parser.parse_args()
+    only = {v for v in args.only.split(",") if v}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -65,7 +109,7 @@ def main() -> int:
     from steer_ui.service import Service
     from steer_ui.ui.app import build_demo, launch_kwargs
 
-    backend = Service()
+    backend = Service(default_view=bool(only))  # --only: the first page a person sees, as app.py starts it
     backend.load_model(args.model)
     demo = build_demo(backend)
     demo.queue()
@@ -78,6 +122,14 @@ def main() -> int:
         page.goto(url)
         page.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=120_000)
         settle(page)
+        if only:
+            for view in ("several", "chat"):
+                if view in only:
+                    {"several": several_vectors, "chat": chat}[view](page, out)
+            browser.close()
+            demo.close()
+            print("\n".join(str(out / f"{v}.png") for v in ("several_vectors", "chat") if v.split("_")[0] in only))
+            return 0
 
         page.get_by_role("tab", name="Model").click()
         settle(page, 2)
@@ -155,6 +207,8 @@ def main() -> int:
         zh.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=120_000)
         settle(zh, 2)
         zh.screenshot(path=str(out / "explore_zh.png"), full_page=True)
+        several_vectors(page, out)
+        chat(page, out)
         browser.close()
     demo.close()
     print("\n".join(str(p) for p in sorted(out.glob("*.png"))))

@@ -44,11 +44,8 @@ def _wait_turns(page, n: int) -> None:
         timeout=90_000)
 
 
-@pytest.mark.parametrize("locale, lang, width", [("en-US", "en", 1400), ("zh-CN", "zh-CN", 1400),
-                                                 ("en-US", "en", 390)], ids=["en", "zh-CN", "390px"])
-def test_a_three_turn_chat_side_by_side_is_saved_and_opens_for_a_stranger(browser, app, locale, lang, width):
-    url, backend = app
-    page = _open(browser, url, locale, width)
+def _three_turns(page, lang: str) -> None:
+    """Chat picked, a system message, and the three TURNS sent, each answered by both sides."""
     page.locator("#explore-prompt-kind label", has_text=i18n.label(lang, "chat.chat")).click()
     page.wait_for_selector("#explore-chat", state="visible", timeout=20_000)
     page.locator("#chat-system textarea").fill("Answer briefly.")
@@ -56,6 +53,14 @@ def test_a_three_turn_chat_side_by_side_is_saved_and_opens_for_a_stranger(browse
         page.locator("#chat-message textarea").fill(text)
         page.locator("#chat-send").click()
         _wait_turns(page, n)
+
+
+@pytest.mark.parametrize("locale, lang, width", [("en-US", "en", 1400), ("zh-CN", "zh-CN", 1400),
+                                                 ("en-US", "en", 390)], ids=["en", "zh-CN", "390px"])
+def test_a_three_turn_chat_side_by_side_is_saved_and_opens_for_a_stranger(browser, app, locale, lang, width):
+    url, backend = app
+    page = _open(browser, url, locale, width)
+    _three_turns(page, lang)
     page.wait_for_selector("#chat-first-token .js-plotly-plot", timeout=30_000)
     unsteered, steered = _bubbles(page, "unsteered"), _bubbles(page, "steered")
     assert len(unsteered) == len(steered) == 2 * len(TURNS)
@@ -79,3 +84,37 @@ def test_a_three_turn_chat_side_by_side_is_saved_and_opens_for_a_stranger(browse
     assert _bubbles(stranger, "unsteered") == unsteered and _bubbles(stranger, "steered") == steered
     assert i18n.label(lang, "chat.saved") in stranger.locator("#chat-note").inner_text()
     stranger.close()
+
+
+def test_run_live_on_a_saved_chat_answers_both_sides_afresh_for_a_stranger(browser, app):
+    """A saved three-turn conversation opened by a stranger in a fresh context: Run live asks its user messages
+    again with its steering, both assistants answer live (greedy: the saved replies again), and the stranger goes
+    on chatting."""
+    url, _backend = app
+    page = _open(browser, url, "en-US", 1400)
+    _three_turns(page, "en")
+    unsteered, steered = _bubbles(page, "unsteered"), _bubbles(page, "steered")
+    page.locator("#chat-save").click()
+    page.wait_for_function("() => (document.querySelector('#chat-link textarea, #chat-link input')?.value "
+                           "|| '').includes('?result=')", timeout=20_000)
+    link = page.locator("#chat-link textarea, #chat-link input").first.input_value()
+    page.context.close()
+
+    stranger = _open(browser, link, "en-US", 1400)
+    stranger.wait_for_function("() => document.querySelectorAll('#chat-steered .message-row').length >= 6",
+                               timeout=30_000)
+    assert stranger.locator("#chat-system textarea").input_value() == "Answer briefly."
+    live = stranger.locator("#chat-run-live")
+    assert live.is_visible()
+    live.click()
+    done = i18n.message("en", "chat_live", turns=3)
+    stranger.wait_for_function("(t) => document.querySelector('#chat-status')?.innerText.includes(t)", arg=done,
+                               timeout=120_000)
+    assert not live.is_visible() and i18n.label("en", "chat.saved") not in stranger.locator("#chat-note").inner_text()
+    assert _bubbles(stranger, "unsteered") == unsteered and _bubbles(stranger, "steered") == steered
+    stranger.locator("#chat-message textarea").fill("One more")
+    stranger.locator("#chat-send").click()
+    _wait_turns(stranger, 4)
+    assert _bubbles(stranger, "unsteered")[6] == _bubbles(stranger, "steered")[6] == "One more"
+    assert all(_bubbles(stranger, side)[7] not in ("", "…") for side in ("unsteered", "steered"))
+    stranger.context.close()

@@ -14,6 +14,7 @@ from browser_kit import NEEDS_CHROMIUM, browser, served, tiny_library_backend  #
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
 
 PANELS = ("bars", "generations", "dose")
+DEFAULT_NAME = "positive sentiment (default)"  # the tiny library backend's default view's vector
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +140,93 @@ def test_two_vectors_each_alpha_drives_the_view_and_the_link_restores_both(brows
     page.wait_for_function("() => window.__steerControls.explore.extra === null", timeout=10_000)
     assert _settled(page)["bars"][0]["extra"] is None
     fresh.close()
+
+
+def _kl(page) -> str:
+    import re
+
+    text = page.locator("#explore-readout").inner_text()
+    found = re.search(r"KL\S*\s*=\s*([0-9.]+)", text)
+    assert found, text
+    return found.group(1)
+
+
+def test_an_added_row_s_own_raw_units_are_what_a_link_restores(browser, app):
+    """An added row in raw units beside the main row in relative ones (issue #48): its box says so, the panels are
+    made for it, and the page's link restores the row in raw units in a fresh context."""
+    context, page = _open(browser, app, "en-US", 1400)
+    page.locator("#add-vector-btn").click()
+    page.locator("#explore-term-2").wait_for(state="visible", timeout=10_000)
+    assert page.locator("#explore-relative-2 input").is_checked()  # the main row's units to begin with
+    _settled(page)
+    page.locator("#explore-relative-2 input").uncheck()
+    page.wait_for_function("() => (window.__steerControls.explore.extra || '').includes('\"normalize\":false')",
+                           timeout=10_000)
+    _drag(page, "#alpha-slider-2", 0.3)
+    keys = _settled(page)
+    term = _extra(keys)[0]
+    assert term["normalize"] is False and term["scale"] > 0 and keys["bars"][0]["relative"] is True
+    url = page.url
+    context.close()
+    fresh, page = _open(browser, url, "en-US", 1400)
+    restored = _settled(page)
+    assert _extra(restored) == _extra(keys) and restored["bars"][0]["relative"] is True
+    assert page.locator("#explore-term-2").is_visible() and not page.locator("#explore-relative-2 input").is_checked()
+    assert page.locator("#explore-relative input").is_checked()
+    fresh.close()
+
+
+def test_share_carries_an_added_row_s_own_vector_to_a_stranger(browser, app, tmp_path):
+    """The owner imports a vector, adds it as a row beside the bundled main vector and presses Share: a stranger in
+    a fresh context opens the link with both terms, the imported one by its share id, and reads the same KL."""
+    import torch
+
+    from steer_ui.formats import write_vector
+    from steer_ui.vector import SteeringVector
+
+    from steer_ui.tiny import tiny_handle
+
+    context, page = _open(browser, app, "en-US", 1400)
+    torch.manual_seed(11)
+    hidden = tiny_handle("llama").arch.hidden_size
+    vector = SteeringVector(directions={1: torch.randn(hidden)}, hidden_size=hidden, method="mean_diff",
+                            name="my second", model_type="llama")
+    path = write_vector(vector, "native", tmp_path / "second.safetensors")[0]
+    page.locator("button[role=tab][data-tab-id=export]").click()
+    page.locator("#import-file input[type=file]").set_input_files(str(path))
+    page.wait_for_function("() => document.querySelector('#import-info').innerText.includes('mean_diff')",
+                           timeout=30_000)
+    page.locator("button[role=tab][data-tab-id=explore]").click()
+    page.locator("#explore-vector input").click()  # the import picked it everywhere: the main row's back
+    page.locator("ul[role=listbox] li", has_text=DEFAULT_NAME).first.click()
+    page.wait_for_function("(n) => window.__steerControls.explore.vector === n", arg=DEFAULT_NAME, timeout=10_000)
+    _settled(page)
+    page.locator("#add-vector-btn").click()
+    page.locator("#explore-term-2").wait_for(state="visible", timeout=10_000)
+    page.locator("#explore-vector-2 input").click()
+    page.locator("ul[role=listbox] li", has_text="my second").first.click()
+    page.wait_for_function("() => (window.__steerControls.explore.extra || '').includes('my second')",
+                           timeout=10_000)
+    _drag(page, "#alpha-slider-2", 0.3)
+    try:
+        keys = _settled(page)
+    except AssertionError:
+        page.screenshot(path="/tmp/wtc_share_fail.png", full_page=True)
+        raise
+    assert _extra(keys)[0]["source"] == "my second" and _extra(keys)[0]["scale"] > 0
+    owner_kl = _kl(page)
+    page.locator("#share-btn").click()
+    page.wait_for_function("() => (document.querySelector('#explore-link input, #explore-link textarea') || {})"
+                           ".value?.includes('steer=')", timeout=30_000)
+    link = page.locator("#explore-link input, #explore-link textarea").first.input_value()
+    assert "my+second" not in link and "my%20second" not in link  # the link names it by its share id
+    stranger, seen = _open(browser, link, "en-US", 1400)
+    shown = _settled(seen)
+    assert seen.locator("#explore-term-2").is_visible()
+    theirs, ours = _extra(shown), _extra(keys)
+    assert len(theirs) == 1 and theirs[0]["scale"] == ours[0]["scale"] and theirs[0]["source"] != "random"
+    assert seen.locator("#explore-vector-2 input").input_value() == theirs[0]["source"]
+    assert shown["bars"][0]["alpha"] == pytest.approx(keys["bars"][0]["alpha"])
+    assert _kl(seen) == owner_kl
+    stranger.close()
+    context.close()

@@ -101,3 +101,37 @@ def test_turns_are_bounded(service, monkeypatch):
         list(service.chat_turn(sid, "three", STEERING, sampling=_sampling(service)))
     assert err.value.key == "chat_turns"
     assert len(service.chat_view(sid)["turns"]) == 2
+
+
+def test_a_saved_conversation_runs_live_for_a_stranger_who_goes_on_chatting(tmp_path):
+    """Run live on a saved conversation (issue #48): each saved user message asked again under its saved steering,
+    both sides answering afresh from their own new histories (greedy: the saved replies again), in the stranger's
+    own session, which then goes on."""
+    from steer_ui.policy import Policy
+    from steer_ui.store import open_library
+
+    policy = Policy()
+    handle = tiny_handle("llama")
+    handle.tokenizer.chat_template = TEMPLATE
+    service = Service(handle=handle, workdir=tmp_path, policy=policy,
+                      library=open_library(str(tmp_path / "library.db"), policy))
+    owner, stranger = "chat-owner-aaaaaaaaaaaa", "chat-stranger-aaaaaaaaa"
+    service.claim_owner(owner, None)
+    service.claim_owner(stranger, None)
+    for text in ("Hello", "More", "And then?"):
+        _turn(service, owner, text, system="You are terse." if text == "Hello" else None)
+    saved = service.chat_view(owner)
+    result_id = service.chat_save(owner)
+    frames = list(service.chat_rerun(stranger, result_id, None, _sampling(service)))
+    assert [f["turn"] for f in frames if f["done"]] == [0, 1, 2] and frames[-1]["done"]
+    live = service.chat_view(stranger)
+    assert live["system"] == "You are terse."
+    assert [(t["user"], t["unsteered"], t["steered"]) for t in live["turns"]] == \
+        [(t["user"], t["unsteered"], t["steered"]) for t in saved["turns"]]
+    assert live["turns"][0]["unsteered"] != live["turns"][0]["steered"]
+    fourth = _turn(service, stranger, "Last one")  # the stranger's conversation now, each side its own history
+    assert saved["turns"][2]["steered"] in fourth["prompts"]["steered"]
+    assert saved["turns"][2]["unsteered"] in fourth["prompts"]["unsteered"]
+    assert len(service.chat_view(owner)["turns"]) == 3  # the owner's conversation is untouched
+    with pytest.raises(UserError):
+        list(service.chat_rerun(stranger, "not-a-result-id", None, _sampling(service)))

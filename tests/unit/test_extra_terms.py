@@ -154,3 +154,39 @@ def test_many_prompts_margins_sweep_the_main_vector_with_the_added_ones_held(ser
     assert two["rows"] and all("margins" in r for r in two["rows"])
     for with_row, shifted in zip(two["rows"], one["rows"]):
         assert with_row["margins"] == pytest.approx(shifted["margins"], abs=1e-4)
+
+
+def test_a_raw_added_row_beside_a_relative_main_row_gives_the_spec_it_shows(service):
+    """Each added row has its own units and seed (issue #48): the rows a link restores show them, the text they
+    compose says them, the spec steers with them, and a raw row is the one-vector raw request at its α."""
+    from steer_ui.ui.explore_tab import rows_view
+
+    extra = extra_terms.compose(1, [(RANDOM, 1, 0.75, False, 7)])
+    assert json.loads(extra) == {"vectors": [{"source": "random", "scale": 0.75, "layers": [1], "normalize": False,
+                                              "seed": 7}]}
+    spec = extra_terms.full_spec(RANDOM, 2, 0.1, True, 3, extra)
+    assert [(t.scale, t.layers, t.normalize, t.seed) for t in spec.terms] == [(0.1, (2,), True, 3),
+                                                                             (0.75, (1,), False, 7)]
+    shown = rows_view(extra, [RANDOM], 4, 1.0, False, True, 3)  # a page opened with it: the row as composed
+    rows = extra_terms.EXTRA_ROWS
+    relatives, seeds, text = shown[3 + 4 * rows:3 + 5 * rows], shown[3 + 5 * rows:3 + 6 * rows], shown[-1]
+    assert relatives[0] is False and seeds[0] == 7 and text == extra
+    # a term written without units (a link made before rows had their own) takes the main row's, as it did then
+    old = json.dumps({"vectors": [{"source": "random", "scale": 0.75, "layers": [1]}]})
+    assert [(t.normalize, t.seed) for t in extra_terms.full_spec(RANDOM, 2, 0.1, False, 3, old).terms] == \
+        [(False, 3), (False, 3)]
+    assert rows_view(old, [RANDOM], 4, 1.0, False, False, 3)[3 + 4 * rows] is False
+    # the raw row steers as the raw one-vector request does (the main row at α 0 is no steering)
+    raw_row = service.next_token_for(SESSION, PROMPT, extra_terms.full_spec(RANDOM, 2, 0.0, True, 0, extra))
+    alone = service.next_token(SESSION, PROMPT, RANDOM, 1, 0.75, False, 7)
+    relative_row = service.next_token(SESSION, PROMPT, RANDOM, 1, 0.75, True, 7)
+    assert raw_row.kl == pytest.approx(alone.kl, abs=1e-6) and raw_row.kl != pytest.approx(relative_row.kl)
+
+
+def test_a_link_keeps_each_added_row_s_own_units():
+    defaults = ExploreState(prompt="p", vector="v", layer=2, alpha=0.1, alpha_max=0.5)
+    steer = extra_terms.compose(2, [(RANDOM, 1, 0.2, False, 5), ("v", 3, -0.1, True, 9)])
+    state = from_query({"steer": steer}, defaults, ["v", RANDOM], 4, 4000)
+    assert json.loads(state.extra) == json.loads(steer) == {"vectors": [
+        {"source": "random", "scale": 0.2, "layers": [1], "normalize": False, "seed": 5},
+        {"source": "v", "scale": -0.1, "layers": [3], "normalize": True}]}
