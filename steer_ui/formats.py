@@ -747,7 +747,7 @@ def _check_plain(obj: Any, name: str, depth: int = 0) -> int:
     if depth > 6:
         raise invalid(name, Said("vector_detail_too_deep"))
     if isinstance(obj, torch.Tensor):
-        return check_tensor(obj, f"{name}: a tensor")
+        return check_tensor(obj, Said("vector_tensor_in_file", name=name))
     if obj is None or isinstance(obj, (str, int, float, bool)):
         return 0
     if isinstance(obj, dict):

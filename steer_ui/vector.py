@@ -116,47 +116,46 @@ class SteeringVector:
         # promises far more memory than its storage holds (an expanded tensor from a 1 KB file).
         self.hidden_size = _bounded_int(self.hidden_size, "hidden size", 1, limits.MAX_HIDDEN)
         if not isinstance(self.directions, dict) or not self.directions:
-            raise VectorError("a steering vector needs at least one layer direction")
+            raise refused("vector_no_layers")
         if len(self.directions) > limits.MAX_LAYERS:
-            raise VectorError(f"a vector has at most {limits.MAX_LAYERS} layer directions, got {len(self.directions)}")
+            raise refused("vector_too_many_layers", limit=limits.MAX_LAYERS, count=len(self.directions))
         if not isinstance(self.extras, dict):
-            raise VectorError(f"extras must be a {{name: tensor}} dict, got {type(self.extras).__name__}")
+            raise refused("vector_extras_not_dict", type=type(self.extras).__name__)
         if len(self.extras) > limits.MAX_EXTRAS:
-            raise VectorError(f"a vector has at most {limits.MAX_EXTRAS} extra tensors, got {len(self.extras)}")
+            raise refused("vector_too_many_extras", limit=limits.MAX_EXTRAS, count=len(self.extras))
         directions: dict[int, torch.Tensor] = {}
         total = 0
         for layer, vec in self.directions.items():
             layer = _bounded_int(layer, "layer", 0, limits.MAX_LAYERS - 1)
-            vec = _as_tensor(vec, f"direction for layer {layer}")
-            total += check_tensor(vec, f"direction for layer {layer}", FLOAT_DTYPES)
+            what = Said("vector_tensor_direction", layer=layer)
+            vec = _as_tensor(vec, what)
+            total += check_tensor(vec, what, FLOAT_DTYPES)
             if vec.ndim != 1:
-                raise VectorError(f"direction for layer {layer} must be 1-D, got shape {tuple(vec.shape)}")
+                raise refused("vector_direction_not_1d", layer=layer, shape=tuple(vec.shape))
             if vec.shape[0] != self.hidden_size:
-                raise VectorError(
-                    f"direction for layer {layer} has {vec.shape[0]} values but hidden size is {self.hidden_size}"
-                )
+                raise refused("vector_direction_size", layer=layer, size=vec.shape[0], hidden=self.hidden_size)
             directions[layer] = vec
         extras: dict[str, torch.Tensor] = {}
         for key, tensor in self.extras.items():
             if not isinstance(key, str) or not _EXTRA_KEY.fullmatch(key):
-                raise VectorError(f"extra tensor name {str(key)[:40]!r} refused (letters, digits, '_', '.', '-'; "
-                                  f"at most {limits.MAX_EXTRA_KEY} characters)")
-            extras[key] = _as_tensor(tensor, f"extra tensor '{key}'")
-            total += check_tensor(extras[key], f"extra tensor '{key}'", EXTRA_DTYPES)
+                raise refused("vector_extra_name", value=repr(str(key)[:40]), limit=limits.MAX_EXTRA_KEY)
+            what = Said("vector_tensor_extra", tensor=key)
+            extras[key] = _as_tensor(tensor, what)
+            total += check_tensor(extras[key], what, EXTRA_DTYPES)
         if total > limits.MAX_VECTOR_BYTES:
-            raise VectorError(f"the vector's tensors take {total / 2**20:.1f} MB; the limit is "
-                              f"{limits.MAX_VECTOR_BYTES / 2**20:.0f} MB")
+            raise refused("vector_tensors_over_mb", size=f"{total / 2**20:.1f}",
+                          limit=f"{limits.MAX_VECTOR_BYTES / 2**20:.0f}")
         clean: dict[int, torch.Tensor] = {}
         for layer, vec in directions.items():
             vec = vec.detach().to("cpu")
             if not torch.isfinite(vec).all():
-                raise VectorError(f"direction for layer {layer} contains NaN or inf values")
+                raise refused("vector_direction_not_finite", layer=layer)
             clean[layer] = vec.float().contiguous()
         self.directions = dict(sorted(clean.items()))
         for key, tensor in extras.items():
             tensor = tensor.detach().to("cpu")
             if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                raise VectorError(f"extra tensor '{key}' contains NaN or inf values")
+                raise refused("vector_extra_tensor_not_finite", tensor=key)
             extras[key] = tensor.contiguous()
         self.extras = extras
         self._check_metadata()
@@ -254,22 +253,23 @@ def check_tensor(tensor: torch.Tensor, what: str, dtypes: dict[str, torch.dtype]
     view that promises terabytes (``torch.zeros(1).expand(1 << 40)``): such a
     tensor is refused here, before ``.contiguous()`` or any arithmetic would
     materialise it.  Zero strides (expanded), strides that make elements
-    overlap and views reaching past their storage are all refused.
+    overlap and views reaching past their storage are all refused.  ``what`` names the tensor in the refusal
+    (a :class:`~steer_ui.messages.Said`, such as "direction for layer 2", so the page names it in its language).
     """
     if not isinstance(tensor, torch.Tensor):
-        raise VectorError(f"{what} is a {type(tensor).__name__}, not a tensor")
+        raise refused("vector_tensor_not_tensor", tensor=what, type=type(tensor).__name__)
     if tensor.layout != torch.strided or tensor.is_quantized or getattr(tensor, "is_nested", False):
-        raise VectorError(f"{what} is a {tensor.layout} tensor; only plain dense tensors are accepted")
+        raise refused("vector_tensor_layout", tensor=what, layout=str(tensor.layout))
     dtype = str(tensor.dtype).removeprefix("torch.")
     if dtype not in dtypes:
-        raise VectorError(f"{what} has dtype {dtype}; accepted: {', '.join(dtypes)}")
+        raise refused("vector_tensor_dtype", tensor=what, dtype=dtype, accepted=", ".join(dtypes))
     shape, strides = [int(d) for d in tensor.shape], [int(s) for s in tensor.stride()]
     if len(shape) > limits.MAX_DIMS:
-        raise VectorError(f"{what} has {len(shape)} dimensions; the limit is {limits.MAX_DIMS}")
+        raise refused("vector_tensor_dims", tensor=what, dims=len(shape), limit=limits.MAX_DIMS)
     numel = math.prod(shape)  # Python ints: no overflow, whatever the file claims
     if numel > limits.MAX_ELEMENTS:
-        raise VectorError(f"{what} has shape {tuple(shape)} ({numel} elements); the limit is "
-                          f"{limits.MAX_ELEMENTS} elements per tensor")
+        raise refused("vector_tensor_elements", tensor=what, shape=tuple(shape), elements=numel,
+                      limit=limits.MAX_ELEMENTS)
     if numel == 0:
         return 0
     # Walking the dimensions from the smallest stride up, each must step past everything the smaller ones
@@ -277,14 +277,13 @@ def check_tensor(tensor: torch.Tensor, what: str, dtypes: dict[str, torch.dtype]
     span = 1
     for stride, size in sorted((s, n) for n, s in zip(shape, strides) if n > 1):
         if stride < span:
-            raise VectorError(f"{what} is a view with strides {tuple(strides)} over shape {tuple(shape)} whose "
-                              "elements overlap (expanded or aliased); only plain tensors are accepted")
+            raise refused("vector_tensor_overlap", tensor=what, strides=tuple(strides), shape=tuple(shape))
         span = stride * size
     itemsize = tensor.element_size()
     reach = (tensor.storage_offset() + sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * itemsize
     if tensor.storage_offset() < 0 or reach > tensor.untyped_storage().nbytes():
-        raise VectorError(f"{what} claims shape {tuple(shape)} but its storage holds only "
-                          f"{tensor.untyped_storage().nbytes()} bytes; refused")
+        raise refused("vector_tensor_storage", tensor=what, shape=tuple(shape),
+                      bytes=tensor.untyped_storage().nbytes())
     return numel * itemsize
 
 
@@ -319,12 +318,13 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
         pass
     if isinstance(value, (list, tuple)):
         if len(value) > limits.MAX_HIDDEN:
-            raise VectorError(f"{what} has {len(value)} values; the limit is {limits.MAX_HIDDEN}")
+            raise refused("vector_tensor_values", tensor=what, count=len(value), limit=limits.MAX_HIDDEN)
         try:
             return torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise VectorError(f"{what}: not a list of numbers ({first_line(exc)})") from None
-    raise VectorError(f"{what} is a {type(value).__name__}, not a tensor")
+        except (TypeError, ValueError, RuntimeError) as exc:  # torch's words name its internals: to the log
+            log.warning("a list refused as a tensor: %s: %s", type(exc).__name__, first_line(exc))
+            raise refused("vector_tensor_not_numbers", tensor=what) from None
+    raise refused("vector_tensor_not_tensor", tensor=what, type=type(value).__name__)
 
 
 def _bounded_int(value: Any, what: str, low: int, high: int) -> int:

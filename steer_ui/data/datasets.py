@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..messages import KeyedError
+from ..messages import KeyedError, Said
 from ..vector import dataset_hash
 
 MAX_BYTES = 50 * 2**20
@@ -55,9 +55,10 @@ POSITIVE_COLS = ("positive", "chosen", "pos", "positive_completion", "answer_mat
 NEGATIVE_COLS = ("negative", "rejected", "neg", "negative_completion", "answer_not_matching_behavior")
 GROUP_COLS = ("group", "entity", "group_id")
 
-EXPECTED = ("statement,label | prompt,completion,label (or question,answer,label) | "
-            "TruthfulQA (Question, Correct Answers, Incorrect Answers) | prompt,positive,negative | "
-            "CAA JSON (question, answer_matching_behavior, answer_not_matching_behavior)")
+# The role a missing column plays, said in the visitor's language (the aliases after it are column names)
+ROLES = {"positive": Said("dataset_role_positive"), "negative": Said("dataset_role_negative"),
+         "label": Said("dataset_role_label"), "prompt/question": Said("dataset_role_prompt"),
+         "completion/answer": Said("dataset_role_completion"), "statement": Said("dataset_role_statement")}
 
 _PICKLE_EXTS = {".pkl", ".pickle", ".pt", ".pth", ".joblib", ".npy", ".npz", ".ckpt"}
 _TEXT_EXTS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl",
@@ -74,6 +75,25 @@ class DatasetError(KeyedError):
 def _refusal(key: str, **params: Any) -> DatasetError:
     """A DatasetError whose message is ``key`` of :mod:`steer_ui.messages`, in English here."""
     return DatasetError.from_key(key, **params)
+
+
+def _problem(name: str, key: str, **params: Any) -> DatasetError:
+    """A DatasetError about file ``name``: "<name>: <detail>" in English, the detail said by ``key`` (so the page
+    says "<name> could not be used: <detail>" in the visitor's language; the CLI's English is as it was)."""
+    return DatasetError.from_key("dataset_problem", name=name, detail=Said(key, **params))
+
+
+def _warning(key: str, **params: Any) -> Said:
+    """A note about a file that was read anyway (rows dropped, UTF-16): English text, said by key on the page."""
+    return Said(key, **params)
+
+
+def _either(options: Sequence[str]) -> str:
+    """``options`` as "a or b or c", the "or" said in the visitor's language."""
+    said = options[0]
+    for option in options[1:]:
+        said = Said("dataset_or", first=said, last=option)
+    return said
 
 
 def _shown(column: Any) -> str:
@@ -110,7 +130,7 @@ class Dataset:
     @property
     def labels(self) -> np.ndarray:
         if not self.labelled:
-            raise DatasetError(f"{self.source}: contrastive pairs have no label column (use as_labelled())")
+            raise _problem(self.source, "dataset_pairs_no_labels")
         return np.array(self.frame["label"].to_numpy(), dtype=np.int64)  # a writable copy
 
     @property
@@ -180,7 +200,7 @@ class Dataset:
             for i in range(n):
                 p, q = pos.iloc[i % len(pos)], neg.iloc[i % len(neg)]
                 rows.append(("", _join(p.prompt, p.completion), _join(q.prompt, q.completion), f"{p.group}|{q.group}"))
-            warnings.append("no group holds both a true and a false row: positives and negatives were paired at random")
+            warnings.append(_warning("dataset_warn_paired_at_random"))
         frame = pd.DataFrame(rows, columns=PAIR_COLUMNS)
         return Dataset(frame=frame, kind="pairs", schema=self.schema, source=self.source, warnings=warnings)
 
@@ -214,12 +234,12 @@ def load_dataset(source: Any, schema: str | None = None, max_bytes: int = MAX_BY
     :class:`DatasetError`.
     """
     if schema is not None and schema not in SCHEMAS:
-        raise DatasetError(f"unknown schema '{schema}' (choose from {', '.join(SCHEMAS)})")
+        raise DatasetError.from_key("dataset_unknown_schema", schema=str(schema)[:40], known=", ".join(SCHEMAS))
     warnings: list[str] = []
     if isinstance(source, pd.DataFrame):
         name = filename or "<dataframe>"
         if len(source) > max_rows:
-            raise DatasetError(f"{name}: {len(source)} rows, over the limit of {max_rows} rows")
+            raise _problem(name, "dataset_too_many_rows", rows=len(source), limit=max_rows)
         _bound_cells(source, name, max_cell_chars)
         records = source.copy()
         fmt = "dataframe"
@@ -234,21 +254,21 @@ def load_dataset(source: Any, schema: str | None = None, max_bytes: int = MAX_BY
                 raise DatasetError(f"dataset file not found: {path}")
             size = path.stat().st_size
             if size > max_bytes:
-                raise DatasetError(f"{name}: file is {size / 2**20:.1f} MB, over the limit of {max_bytes / 2**20:g} MB")
+                raise _problem(name, "dataset_too_large", size=f"{size / 2**20:.1f}", limit=f"{max_bytes / 2**20:g}")
             data = path.read_bytes()
         else:
             raise DatasetError(f"cannot read a dataset from {type(source).__name__}; give a path, bytes or a DataFrame")
         if len(data) > max_bytes:
-            raise DatasetError(f"{name}: file is {len(data) / 2**20:.1f} MB, over the limit of {max_bytes / 2**20:g} MB")
+            raise _problem(name, "dataset_too_large", size=f"{len(data) / 2**20:.1f}", limit=f"{max_bytes / 2**20:g}")
         records, fmt = _parse_bytes(data, name, warnings, max_cell_chars)
         del data  # the parsed table is what is kept from here on
         _bound_cells(records, name, max_cell_chars)
         if len(records) > max_rows:
-            raise DatasetError(f"{name}: {len(records)} rows, over the limit of {max_rows} rows")
+            raise _problem(name, "dataset_too_many_rows", rows=len(records), limit=max_rows)
     if len(records.columns) == 0:
-        raise DatasetError(f"{name}: no columns found (expected {EXPECTED})")
+        raise _problem(name, "dataset_no_columns", expected=Said("dataset_expected"))
     if len(records) == 0:
-        raise DatasetError(f"{name}: has a header ({', '.join(map(str, records.columns))}) but no data rows")
+        raise _problem(name, "dataset_no_rows", columns=", ".join(map(str, records.columns)))
     return _canonical(records, name, schema, warnings)
 
 
@@ -257,15 +277,14 @@ def _parse_bytes(data: bytes, name: str, warnings: list[str],
                  max_cell_chars: int = MAX_CELL_CHARS) -> tuple[pd.DataFrame, str]:
     ext = Path(name).suffix.lower()
     if not data.strip():
-        raise DatasetError(f"{name}: the file is empty")
+        raise _problem(name, "dataset_empty")
     if (data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")) or ext in _PICKLE_EXTS:
-        raise DatasetError(f"{name}: looks like a Python pickle/checkpoint; those are never loaded because they can "
-                           "run code. Save the data as CSV, TSV, JSON, JSONL or Parquet")
+        raise _problem(name, "dataset_pickle")
     if data[:4] == b"PAR1" or ext in (".parquet", ".pq"):
         return _read_parquet(data, name), "parquet"
     text = _decode(data, name, warnings)
     if not text.strip():
-        raise DatasetError(f"{name}: the file is empty")
+        raise _problem(name, "dataset_empty")
     fmt = _TEXT_EXTS.get(ext)
     if fmt is None:
         first_line = _first_line(text)
@@ -318,13 +337,12 @@ def _read_parquet(data: bytes, name: str) -> pd.DataFrame:
     except Exception:  # pyarrow raises several types for junk, in its own words
         raise _refusal("data_not_parquet", name=name) from None
     if meta.num_columns > MAX_COLUMNS:
-        raise DatasetError(f"{name}: {meta.num_columns} columns; the limit is {MAX_COLUMNS}")
+        raise _problem(name, "dataset_too_many_columns", columns=meta.num_columns, limit=MAX_COLUMNS)
     if meta.num_rows > MAX_ROWS:
-        raise DatasetError(f"{name}: {meta.num_rows} rows; the limit is {MAX_ROWS}")
+        raise _problem(name, "dataset_rows_limit", rows=meta.num_rows, limit=MAX_ROWS)
     inflated = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     if inflated > MAX_DECODED_BYTES:
-        raise DatasetError(f"{name}: decompresses to {inflated / 2**20:.0f} MB; the limit is "
-                           f"{MAX_DECODED_BYTES / 2**20:g} MB")
+        raise _problem(name, "dataset_inflates", size=f"{inflated / 2**20:.0f}", limit=f"{MAX_DECODED_BYTES / 2**20:g}")
     try:
         return pd.read_parquet(io.BytesIO(data))
     except Exception:
@@ -337,15 +355,14 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
             text = data.decode("utf-16")
         except UnicodeDecodeError:
             raise _refusal("data_not_utf16", name=name) from None
-        warnings.append(f"{name}: read as UTF-16 (byte-order mark found); UTF-8 is preferred")
+        warnings.append(_warning("dataset_warn_utf16", name=name))
         return text
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     sample = data[:65536]
     controls = sum(1 for b in sample if b < 32 and b not in (9, 10, 13))
     if b"\x00" in sample or controls > max(2, len(sample) // 100):
-        raise DatasetError(f"{name}: looks like binary data, not a text table "
-                           "(expected CSV, TSV, JSON, JSONL or Parquet)")
+        raise _problem(name, "dataset_binary")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -357,14 +374,14 @@ def _read_delimited(text: str, name: str, sep: str) -> pd.DataFrame:
     kind = "TSV" if sep == "\t" else "CSV"
     header = _first_line(text)
     if header.count(sep) + 1 > MAX_COLUMNS:  # a wide header would make pandas allocate per column first
-        raise DatasetError(f"{name}: {header.count(sep) + 1} columns; the limit is {MAX_COLUMNS}")
+        raise _problem(name, "dataset_too_many_columns", columns=header.count(sep) + 1, limit=MAX_COLUMNS)
     del header
     try:
         # as UTF-8 bytes: a text buffer (StringIO) would hold the file at four bytes a character
         frame = pd.read_csv(io.BytesIO(text.encode("utf-8")), sep=sep, dtype=str, keep_default_na=False,
                             skip_blank_lines=True, encoding="utf-8")
     except pd.errors.EmptyDataError:
-        raise DatasetError(f"{name}: the file is empty") from None
+        raise _problem(name, "dataset_empty") from None
     except (pd.errors.ParserError, ValueError) as exc:
         key, params = table_problem(str(exc))
         raise _refusal(key, name=name, kind=kind, **params) from None
@@ -422,16 +439,15 @@ def _read_json(text: str, name: str, max_cell_chars: int = MAX_CELL_CHARS) -> pd
                     _bound_cell(name, i, key, value, max_cell_chars)
             try:
                 return pd.DataFrame(obj)
-            except ValueError as exc:
-                raise DatasetError(f"{name}: JSON columns of unequal length ({exc})") from None
+            except ValueError:  # pandas' words ("All arrays must be of the same length") add nothing
+                raise _problem(name, "dataset_json_unequal_columns") from None
         else:
-            raise DatasetError(f"{name}: expected a JSON list of row objects (or an object holding one), "
-                               f"found an object with keys {[_shown(k) for k in sorted(obj)[:8]]}")
+            raise _problem(name, "dataset_json_object", keys=[_shown(k) for k in sorted(obj)[:8]])
     if not isinstance(obj, list):
-        raise DatasetError(f"{name}: expected a JSON list of row objects, found {type(obj).__name__}")
+        raise _problem(name, "dataset_json_not_list", type=type(obj).__name__)
     for i, row in enumerate(obj, start=1):
         if not isinstance(row, dict):
-            raise DatasetError(f"{name}: row {i}: expected an object with named fields, found {type(row).__name__}")
+            raise _problem(name, "dataset_json_row", row=i, type=type(row).__name__)
         _bound_row(name, i, row, max_cell_chars)
     return pd.DataFrame(obj)
 
@@ -447,8 +463,7 @@ def _read_jsonl(text: str, name: str, max_cell_chars: int = MAX_CELL_CHARS) -> p
         except (RecursionError, ValueError) as exc:
             raise _refusal(_json_problem(exc), name=name, line=lineno) from None
         if not isinstance(row, dict):
-            raise DatasetError(f"{name}: line {lineno}: expected an object with named fields, found "
-                               f"{type(row).__name__}")
+            raise _problem(name, "dataset_jsonl_line", line=lineno, type=type(row).__name__)
         _bound_row(name, len(rows) + 1, row, max_cell_chars)  # as parsed: a long cell stops the file here
         rows.append(row)
     return pd.DataFrame(rows)
@@ -535,7 +550,7 @@ def _bound_cells(records: pd.DataFrame, name: str, limit: int) -> None:
     """Every column name and cell of a parsed table within its character bound, or one DatasetError naming
     the file, the row (data rows from 1) and the column of the first that is not."""
     if records.columns.size > MAX_COLUMNS:
-        raise DatasetError(f"{name}: {records.columns.size} columns; the limit is {MAX_COLUMNS}")
+        raise _problem(name, "dataset_too_many_columns", columns=records.columns.size, limit=MAX_COLUMNS)
     for column in records.columns:
         _bound_name(name, column)
     first = first_long_cell(records, limit)
@@ -579,14 +594,14 @@ def _canonical(records: pd.DataFrame, name: str, schema: str | None, warnings: l
     detected = detect_schema(records.columns)
     schema = schema or detected
     if schema is None:
-        raise DatasetError(f"{name}: no recognised columns; found [{', '.join(found)}]; expected {EXPECTED}")
+        raise _problem(name, "dataset_no_schema", found=", ".join(found), expected=Said("dataset_expected"))
     cols = {_norm(c): c for c in records.columns}
 
     def need(aliases: Sequence[str], role: str) -> str:
         col = _pick(cols, aliases)
         if col is None:
-            raise DatasetError(f"{name}: schema '{schema}' needs a {role} column ({' or '.join(aliases[:4])}); "
-                               f"found [{', '.join(found)}]")
+            raise _problem(name, "dataset_needs_column", schema=schema, role=ROLES[role],
+                           aliases=_either(aliases[:4]), found=", ".join(found))
         return col
 
     group_col = _pick(cols, GROUP_COLS)
@@ -623,13 +638,12 @@ def _canonical(records: pd.DataFrame, name: str, schema: str | None, warnings: l
         frame = _drop_blank(frame, ["completion"], name, warnings)
     frame = _drop_duplicates(frame, kind, name, warnings)
     if len(frame) == 0:
-        raise DatasetError(f"{name}: no usable rows left after dropping blank and duplicate rows")
+        raise _problem(name, "dataset_no_usable_rows")
     if kind != "pairs":
         counts = frame["label"].value_counts()
         if len(counts) < 2:
-            which = "true (1)" if int(counts.index[0]) == 1 else "false (0)"
-            raise DatasetError(f"{name}: every row is labelled {which} ({len(frame)} rows); "
-                               "probes and steering directions need both classes")
+            key = "dataset_all_true" if int(counts.index[0]) == 1 else "dataset_all_false"
+            raise _problem(name, key, rows=len(frame))
     return Dataset(frame=frame, kind=kind, schema=schema, source=name, warnings=warnings)
 
 
@@ -643,7 +657,7 @@ def _text_column(records: pd.DataFrame, col: Any, name: str) -> pd.Series:
         elif isinstance(v, (int, float, np.integer, np.floating, bool)):
             out.append(str(v))
         else:
-            raise DatasetError(f"{name}: row {i}, column '{_shown(col)}': expected text, found {type(v).__name__}")
+            raise _problem(name, "dataset_not_text", row=i, column=_shown(col), type=type(v).__name__)
     return pd.Series(out, dtype=object)
 
 
@@ -663,9 +677,9 @@ def _parse_labels(series: pd.Series, name: str, col: str) -> list[int]:
         elif word in FALSE_WORDS:
             out.append(0)
         else:
-            shown = "an empty cell" if not word else f"'{str(v)[:40]}'"
-            raise DatasetError(f"{name}: row {i}, column '{col}': cannot read {shown} as a label "
-                               "(expected true/false, yes/no, 1/0 or truthful/hallucinated)")
+            if word:
+                raise _problem(name, "dataset_label_unreadable", row=i, column=col, value=str(v)[:40])
+            raise _problem(name, "dataset_label_empty", row=i, column=col)
     return out
 
 
@@ -675,8 +689,8 @@ def _drop_blank(frame: pd.DataFrame, cols: list[str], name: str, warnings: list[
         blank |= frame[c].astype(str).str.strip().eq("").to_numpy()
     if blank.any():
         rows = (np.flatnonzero(blank) + 1).tolist()
-        warnings.append(f"{name}: dropped {len(rows)} row(s) with empty text ({'/'.join(cols)}): rows "
-                        f"{_few(rows)}")
+        warnings.append(_warning("dataset_warn_blank", name=name, count=len(rows), columns="/".join(cols),
+                                 rows=_few(rows)))
         frame = frame[~blank]
     return frame.reset_index(drop=True)
 
@@ -686,16 +700,18 @@ def _drop_duplicates(frame: pd.DataFrame, kind: str, name: str, warnings: list[s
     if kind == "pairs":
         dup = frame.duplicated(subset=["prompt", "positive", "negative"], keep="first")
         if dup.any():
-            warnings.append(f"{name}: dropped {int(dup.sum())} duplicate row(s): rows {_few(_rows_of(frame, dup))}")
+            warnings.append(_warning("dataset_warn_duplicates", name=name, count=int(dup.sum()),
+                                     rows=_few(_rows_of(frame, dup))))
         return frame[~dup].reset_index(drop=True)
     conflict = frame.groupby(["prompt", "completion"], sort=False)["label"].transform("nunique") > 1
     if conflict.any():
-        warnings.append(f"{name}: dropped {int(conflict.sum())} row(s) whose text appears with both labels: rows "
-                        f"{_few(_rows_of(frame, conflict))}")
+        warnings.append(_warning("dataset_warn_conflicts", name=name, count=int(conflict.sum()),
+                                 rows=_few(_rows_of(frame, conflict))))
         frame = frame[~conflict]
     dup = frame.duplicated(subset=["prompt", "completion", "label"], keep="first")
     if dup.any():
-        warnings.append(f"{name}: dropped {int(dup.sum())} duplicate row(s): rows {_few(_rows_of(frame, dup))}")
+        warnings.append(_warning("dataset_warn_duplicates", name=name, count=int(dup.sum()),
+                                 rows=_few(_rows_of(frame, dup))))
         frame = frame[~dup]
     return frame.reset_index(drop=True)
 
@@ -707,7 +723,7 @@ def _rows_of(frame: pd.DataFrame, mask: pd.Series) -> list[int]:
 
 def _few(rows: list[int], n: int = 8) -> str:
     shown = ", ".join(map(str, rows[:n]))
-    return shown + (f" and {len(rows) - n} more" if len(rows) > n else "")
+    return Said("dataset_rows_more", rows=shown, more=len(rows) - n) if len(rows) > n else shown
 
 
 def _split_answers(cell: Any) -> list[str]:
@@ -727,23 +743,23 @@ def _expand_truthfulqa(records: pd.DataFrame, name: str, cols: dict[str, str], w
     for i, question in enumerate(questions, start=1):
         question = question.strip()
         if not question:
-            raise DatasetError(f"{name}: row {i}, column '{q_col}' is empty")
+            raise _problem(name, "dataset_question_empty", row=i, column=_shown(q_col))
         correct = _split_answers(records.at[i - 1, c_col])
         incorrect = _split_answers(records.at[i - 1, i_col])
         best = str(records.at[i - 1, best_col]).strip() if best_col else ""
         if best and best not in correct:
             correct.insert(0, best)
         if not correct and not incorrect:
-            raise DatasetError(f"{name}: row {i}: both '{c_col}' and '{i_col}' are empty")
+            raise _problem(name, "dataset_answers_empty", row=i, correct=_shown(c_col), incorrect=_shown(i_col))
         if not correct or not incorrect:
             one_sided.append(i)
         category = str(records.at[i - 1, cat_col]) if cat_col else ""
         rows += [(question, a, 1, question, category, a == best) for a in correct]
         rows += [(question, a, 0, question, category, False) for a in incorrect]
     if one_sided:
-        warnings.append(f"{name}: {len(one_sided)} question(s) have only one kind of answer: rows {_few(one_sided)}")
+        warnings.append(_warning("dataset_warn_one_sided", name=name, count=len(one_sided), rows=_few(one_sided)))
     frame = pd.DataFrame(rows, columns=LABELLED_COLUMNS + ["category", "best"])
-    warnings.append(f"{name}: expanded {len(questions)} questions into {len(frame)} labelled answers")
+    warnings.append(_warning("dataset_warn_expanded", name=name, questions=len(questions), answers=len(frame)))
     return frame
 
 

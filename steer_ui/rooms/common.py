@@ -39,7 +39,10 @@ def refusal(exc: BaseException, key: str, detail: str | None = None, **params) -
 
 
 def dataset_refusal(name: str, exc: BaseException) -> UserError:
-    """A dataset the readers refused, as one line (:func:`refusal`; else "could not be used" with the detail)."""
+    """A dataset the readers refused, as one line (:func:`refusal`; else "could not be used" with the detail).
+    A problem the reader said as "<file>: <detail>" is said "<file> could not be used: <detail>", by key."""
+    if getattr(exc, "key", None) == "dataset_problem":
+        return UserError("dataset_invalid", name=exc.params["name"], detail=exc.params["detail"])
     return refusal(exc, "dataset_invalid", name=name)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import names
-from ..messages import UserError
+from ..messages import Said, UserError
 from ..sessions import frame_bytes
 from .common import Shared, dataset_refusal, expected_errors, first_line
 
@@ -78,7 +78,7 @@ class Datasets:
         summary = dataset.summary() if hasattr(dataset, "summary") else {}
         out = {"name": s.dataset_name, "kind": getattr(dataset, "kind", ""), "rows": int(len(dataset.frame)),
                "columns": [str(c) for c in dataset.frame.columns],
-               "warnings": [str(w) for w in getattr(dataset, "warnings", [])]}
+               "warnings": [w if isinstance(w, Said) else str(w) for w in getattr(dataset, "warnings", [])]}
         if isinstance(summary, dict):
             out["summary"] = summary
         return out

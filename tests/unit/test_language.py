@@ -504,3 +504,157 @@ def test_hand_edited_metadata_is_refused_in_the_page_s_language(service, tmp_pat
     assert field in chinese
     unquoted = re.sub(r"'[^']*'", "", chinese)  # the values the file holds, quoted as they are
     assert _zh_words(unquoted, "edited.json", field) <= {"int", "list", "null", "JSON", "NUL"}, chinese
+
+
+# ------------------------------------------------------------------ datasets refused or read with notes (#52)
+DATASET_NOTES = {"completion", "UTF", "label", "true", "false", "yes", "no", "truthful", "hallucinated", "CSV",
+                 "TSV", "JSON", "JSONL", "Parquet", "Python", "pickle", "dict", "list", "int", "str"}
+
+
+def _dataset_refused_on_the_page(service, path, schema=None):
+    from steer_ui.messages import UserError
+
+    with pytest.raises(UserError) as info:
+        service.upload_dataset("s", str(path), schema)
+    return info.value
+
+
+@pytest.mark.parametrize("name, content, schema, key", [
+    ("cols.csv", "foo,bar\n1,2\n", None, "dataset_no_schema"),
+    ("pairs.csv", "statement,label\nParis is in France.,1\n", "pairs", "dataset_needs_column"),
+    ("maybe.csv", "statement,label\nParis is in France.,maybe\n", None, "dataset_label_unreadable"),
+    ("blank.csv", "statement,label\nParis is in France.,\n", None, "dataset_label_empty"),
+    ("true.csv", "statement,label\nParis is in France.,1\nRome is in Italy.,1\n", None, "dataset_all_true"),
+    ("header.csv", "statement,label\n", None, "dataset_no_rows"),
+    ("model.pkl", "not really a pickle", None, "dataset_pickle"),
+    ("cols.json", '{"statement": ["a", "b"], "label": [1]}', None, "dataset_json_unequal_columns"),
+    ("number.json", "5", None, "dataset_json_not_list"),
+    ("rows.jsonl", '{"statement": "a", "label": 1}\n[1]\n', None, "dataset_jsonl_line"),
+    ("binary.csv", "statement,label\n\x00\x01\x02,1\n", None, "dataset_binary"),
+])
+def test_a_refused_dataset_is_said_in_the_page_s_language(service, tmp_path, name, content, schema, key):
+    """The same file in both languages: the CLI's English is the reader's own line, "<file>: <detail>"; the page
+    says "<file> could not be used: <detail>. ..." by key, and in Chinese has no English words but the file's and
+    the format's names (pandas' own words, for unequal JSON columns, go nowhere near either)."""
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DatasetError) as info:
+        load_dataset(path, schema=schema)
+    assert info.value.key == "dataset_problem" and info.value.params["detail"].key == key
+    assert str(info.value).startswith(f"{name}: ")
+    exc = _dataset_refused_on_the_page(service, path, schema)
+    assert exc.key == "dataset_invalid"
+    en, zh = _in_both(exc)
+    assert en.startswith(f"{name} could not be used: ") and name not in en[len(name):]
+    _plain([en, zh])
+    assert "same length" not in en
+    found = {"foo", "bar", "statement", "maybe", "pairs", "positive", "chosen", "pos", "negative", "rejected",
+             "neg"}  # what the file holds or the columns it could name, quoted as they are
+    expected = "应为 " + i18n.message("zh-CN", "dataset_expected")
+    assert _zh_words(zh.replace(expected, ""), name, *found) <= DATASET_NOTES, zh
+
+
+def test_the_english_of_a_refused_dataset_is_the_cli_s_as_before(tmp_path):
+    path = tmp_path / "pairs.csv"
+    path.write_text("statement,label\nParis is in France.,1\n")
+    with pytest.raises(DatasetError) as info:
+        load_dataset(path, schema="pairs")
+    assert str(info.value) == ("pairs.csv: schema 'pairs' needs a positive column (positive or chosen or pos or "
+                               "positive_completion); found [statement, label]")
+    zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+    assert "正例列" in zh and "positive 或 chosen 或 pos 或 positive_completion" in zh
+
+
+def test_dataset_warnings_are_keyed_and_read_in_the_page_s_language(service, tmp_path):
+    """Dropped rows, duplicates and a UTF-16 file: the Data tab's notes in Chinese, the CLI's English as before."""
+    from steer_ui.ui.data_tab import summary_markdown
+
+    rows = "".join(f"Statement {i} is here.,{i % 2}\n" for i in range(12)) * 2  # twelve duplicates
+    path = tmp_path / "notes.csv"
+    path.write_bytes(("statement,label\n,1\n" + rows).encode("utf-16"))
+    dataset = load_dataset(path)
+    english = [str(w) for w in dataset.warnings]
+    assert english == ["notes.csv: read as UTF-16 (byte-order mark found); UTF-8 is preferred",
+                       "notes.csv: dropped 1 row(s) with empty text (completion): rows 1",
+                       "notes.csv: dropped 12 duplicate row(s): rows 13, 14, 15, 16, 17, 18, 19, 20 and 4 more"]
+    summary = service.upload_dataset("s", str(path), None)
+    zh = summary_markdown("zh-CN", summary)
+    assert "另有 4 行" in zh and "UTF-16" in zh and "重复行" in zh
+    notes = "\n".join(line for line in zh.splitlines() if line.startswith("⚠"))  # the summary line names columns
+    assert notes.count("⚠") == 3 and _zh_words(notes, "notes.csv", "completion") <= {"UTF"}, zh
+    assert "dropped 12 duplicate" in summary_markdown("en", summary)
+
+
+def test_truthfulqa_notes_are_keyed(tmp_path):
+    path = tmp_path / "tqa.csv"
+    path.write_text("Question,Correct Answers,Incorrect Answers\nWhere is Paris?,France,Spain\nWhy?,Because,\n")
+    warnings = load_dataset(path).warnings
+    assert [w.key for w in warnings] == ["dataset_warn_one_sided", "dataset_warn_expanded"]
+    assert str(warnings[1]) == "tqa.csv: expanded 2 questions into 3 labelled answers"
+    for w in warnings:
+        assert _zh_words(i18n.say("zh-CN", w), "tqa.csv") == set()
+
+
+# ------------------------------------------------------------------ a vector's tensors checked when it is built (#52)
+def _refused_vector(**fields):
+    import torch
+
+    from steer_ui.vector import SteeringVector, VectorError
+
+    with pytest.raises(VectorError) as info:
+        SteeringVector(**{"directions": {2: torch.ones(8)}, "hidden_size": 8, **fields})
+    return info.value
+
+
+@pytest.mark.parametrize("fields, key, english", [
+    ({"directions": {}}, "vector_no_layers", "a steering vector needs at least one layer direction"),
+    ({"directions": {2: "abc"}}, "vector_tensor_not_tensor", "direction for layer 2 is a str, not a tensor"),
+    ({"directions": {2: [1.0, "x"] * 4}}, "vector_tensor_not_numbers", "direction for layer 2: not a list of numbers"),
+    ({"directions": {2: "int"}}, "vector_tensor_not_tensor", None),
+    ({"directions": {2: [[1.0] * 8] * 2}}, "vector_direction_not_1d",
+     "direction for layer 2 must be 1-D, got shape (2, 8)"),
+    ({"directions": {2: [1.0] * 4}}, "vector_direction_size", "direction for layer 2 has 4 values but hidden size is 8"),
+    ({"directions": {2: [float("nan")] * 8}}, "vector_direction_not_finite",
+     "direction for layer 2 contains NaN or inf values"),
+    ({"extras": {"a b": [1.0]}}, "vector_extra_name", None),
+    ({"extras": {"w": [float("inf")]}}, "vector_extra_tensor_not_finite", "extra tensor 'w' contains NaN or inf values"),
+    ({"extras": 5}, "vector_extras_not_dict", "extras must be a {name: tensor} dict, got int"),
+])
+def test_a_vector_s_tensor_checks_are_keyed(fields, key, english):
+    exc = _refused_vector(**fields)
+    assert exc.key == key
+    if english:
+        assert str(exc) == english
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert _zh_words(re.sub(r"'[^']*'|“[^”]*”", "", zh), "NaN", "inf") <= {"str", "extras", "name", "tensor", "int"}, zh
+
+
+def test_check_tensor_s_refusals_are_keyed_with_the_tensor_named_in_the_page_s_language():
+    import torch
+
+    from steer_ui.messages import Said
+    from steer_ui.vector import FLOAT_DTYPES, VectorError, check_tensor
+
+    what = Said("vector_tensor_direction", layer=3)
+    for tensor, key in ((torch.zeros(1).expand(64), "vector_tensor_overlap"),
+                        (torch.zeros(8, dtype=torch.int64), "vector_tensor_dtype"),
+                        (torch.zeros([1] * 9), "vector_tensor_dims"),
+                        (torch.zeros(4).to_sparse(), "vector_tensor_layout")):
+        with pytest.raises(VectorError) as info:
+            check_tensor(tensor, what, FLOAT_DTYPES)
+        assert info.value.key == key and str(info.value).startswith("direction for layer 3 ")
+        zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+        assert zh.startswith("第 3 层的方向"), zh
+        assert _zh_words(zh, "bfloat16", "float32", "float16", "float64", "int64", "torch", "sparse_coo") == set(), zh
+
+
+def test_a_refused_tensor_in_an_imported_file_is_said_in_the_page_s_language(service, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "wide.safetensors"
+    save_file({"direction.2": torch.ones(2, 32)}, str(path))
+    exc = _refused_import(service, path)
+    en, zh = _in_both(exc)
+    assert "must be 1-D" in en and "一维" in zh
+    assert _zh_words(zh, "wide.safetensors") == set(), zh
