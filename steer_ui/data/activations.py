@@ -82,7 +82,7 @@ def _check_template(template: str | None) -> str:
     if template is None:
         return "join"
     if template.count("{completion}") != 1:
-        raise DatasetError(f"the template must contain '{{completion}}' exactly once, got {template!r}")
+        raise DatasetError.from_key("activations_template", template=repr(template))
     return template
 
 
@@ -111,7 +111,7 @@ def _encode(handle, text: str, start: int, end: int) -> tuple[list[int], list[bo
         n_prefix = len(tok(text[:start]).input_ids)
         mask = [i >= n_prefix for i in range(len(ids))]
     if not ids:
-        raise DatasetError(f"a row tokenised to nothing: {text[:60]!r}")
+        raise DatasetError.from_key("activations_no_tokens", text=repr(text[:60]))
     if len(ids) > MAX_TOKENS:
         ids, mask = ids[-MAX_TOKENS:], mask[-MAX_TOKENS:]
     return ids, mask
@@ -123,7 +123,7 @@ def extract_texts(handle, prompts: Sequence[str], completions: Sequence[str], po
                   progress: Progress | None = None) -> torch.Tensor:
     """(rows, layers, width) activations for raw texts, no cache.  ``batch_size=1`` runs one at a time, unpadded."""
     if site not in SITES:
-        raise DatasetError(f"site must be one of {SITES}, got {site!r}")
+        raise DatasetError.from_key("activations_site", sites=SITES, site=repr(site))
     position = _check_position(position)
     template = _check_template(template)
     progress = progress or (lambda _f, _m: None)
@@ -179,7 +179,7 @@ def _check_position(position: str | int) -> str | int:
             return int(position)
         except ValueError:
             pass
-    raise DatasetError(f"position must be 'last', 'mean' or a token index, got {position!r}")
+    raise DatasetError.from_key("activations_position", position=repr(position))
 
 
 # ------------------------------------------------------------------ cache

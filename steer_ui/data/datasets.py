@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..messages import KeyedError, Said
+from ..messages import KeyedError, Said, said_of
 from ..vector import dataset_hash
 
 MAX_BYTES = 50 * 2**20
@@ -774,11 +774,11 @@ def group_split(groups: Sequence[str], labels: Sequence[int] | None = None, test
     two or more) to test, chosen by a permutation seeded with ``seed``.
     """
     if not 0 < test_fraction < 1:
-        raise DatasetError(f"test_fraction must be between 0 and 1, got {test_fraction}")
+        raise _refusal("split_test_fraction", value=test_fraction)
     groups = pd.Series([str(g) for g in groups])
     if groups.nunique() < 2:
         first = groups.iloc[0] if len(groups) else None
-        raise DatasetError(f"only one group ({first!r}); a split by group needs at least two")
+        raise _refusal("split_one_group", group=repr(first))
     if labels is not None:
         frame = pd.DataFrame({"group": groups, "label": list(labels)})
         make_up = frame.groupby("group", sort=True)["label"].agg(lambda s: "mixed" if s.nunique() > 1 else str(s.iloc[0]))
@@ -796,7 +796,7 @@ def group_split(groups: Sequence[str], labels: Sequence[int] | None = None, test
     is_test = groups.isin(test_groups).to_numpy()
     train, test = np.flatnonzero(~is_test).tolist(), np.flatnonzero(is_test).tolist()
     if not train or not test:
-        raise DatasetError(f"too few groups ({groups.nunique()}) for a train/test split")
+        raise _refusal("split_too_few_groups", count=groups.nunique())
     return train, test
 
 
@@ -806,8 +806,8 @@ def split_indices(dataset: Dataset, test_fraction: float = 0.25, seed: int = 0) 
     labels = frame["label"].tolist() if dataset.labelled else None
     try:
         return group_split(frame["group"].astype(str).tolist(), labels, test_fraction, seed)
-    except DatasetError as exc:
-        raise DatasetError(f"{dataset.source}: {exc}") from None
+    except DatasetError as exc:  # "<source>: <why>", the why said by key
+        raise DatasetError.from_key("dataset_problem", name=str(dataset.source), detail=said_of(exc)) from None
 
 
 def split_by_group(dataset: Dataset, test_fraction: float = 0.25, seed: int = 0) -> tuple[Dataset, Dataset]:

@@ -25,6 +25,7 @@ import torch
 
 from ..data import Dataset, DatasetError, split_indices
 from ..data.activations import Activations, extract
+from ..messages import Said
 from ..model.units import NEUTRAL_PROMPTS
 from ..vector import SteeringVector
 from .base import Progress
@@ -72,10 +73,13 @@ def prepare(handle, dataset: Dataset, position: str | int = "last", template: st
     return labelled, acts, train_idx, test_idx
 
 
+TRAINING_SPLIT, TEST_SPLIT = Said("split_training"), Said("split_test")  # a split's name, said in the page's language
+
+
 def check_binary(y: np.ndarray, where: str) -> None:
+    """Refused unless ``y`` holds both classes; ``where`` names the split (:data:`TRAINING_SPLIT`, ...)."""
     if len(np.unique(y)) < 2:
-        raise DatasetError(f"the {where} has a single class; a probe needs true and false rows on each side of "
-                           "the split (add rows or groups)")
+        raise DatasetError.from_key("method_single_class", where=where)
 
 
 # ------------------------------------------------------------------ scores

@@ -57,8 +57,8 @@ from ..model.hooks import HeadSteer, SteeringError, StepState
 from ..model.units import NEUTRAL_PROMPTS
 from ..vector import SteeringVector
 from .base import Progress, setting, settings_dict, static_steers
-from .common import (KL_BOUND, SWEEP_PROMPTS, TEST_FRACTION, Timer, alpha_range_from_kl, auroc, check_binary, clean,
-                     fit_probe, make_record, one_blas_thread, prepare, sub_progress)
+from .common import (KL_BOUND, SWEEP_PROMPTS, TEST_FRACTION, TRAINING_SPLIT, Timer, alpha_range_from_kl, auroc,
+                     check_binary, clean, fit_probe, make_record, one_blas_thread, prepare, sub_progress)
 
 ALPHA_GRID = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0)  # σ units
 # The residual-stream export is fitted on these and its error measured on SWEEP_PROMPTS (disjoint).
@@ -326,7 +326,7 @@ class ITI:
                                          site="heads", seed=seed, test_fraction=test_fraction,
                                          progress=sub_progress(progress, 0.0, 0.5))
         y = labelled.labels
-        check_binary(y[tr], "training split")
+        check_binary(y[tr], TRAINING_SPLIT)
         num_heads, head_dim = head_geometry(handle)
         heads = acts.heads(num_heads)
         # Validation split inside the train split, by group, for choosing heads.

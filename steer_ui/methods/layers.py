@@ -9,7 +9,8 @@ from ..data import Dataset
 from ..data.activations import Activations
 from ..messages import Said
 from .base import Progress, noop
-from .common import TEST_FRACTION, Timer, auroc, check_binary, clean, fit_probe, one_blas_thread, prepare, sub_progress
+from .common import (TEST_FRACTION, TEST_SPLIT, TRAINING_SPLIT, Timer, auroc, check_binary, clean, fit_probe,
+                     one_blas_thread, prepare, sub_progress)
 
 
 def grouped_cv_splits(y: np.ndarray, train_idx: Sequence[int], groups: Sequence[str], seed: int = 0,
@@ -39,8 +40,8 @@ def layer_scores(acts: Activations, y: np.ndarray, train_idx: Sequence[int], tes
     """Per layer: held-out probe AUROC/accuracy, mean-difference AUROC and a grouped CV AUROC on train."""
     progress = progress or noop
     tr, te = np.asarray(train_idx), np.asarray(test_idx)
-    check_binary(y[tr], "training split")
-    check_binary(y[te], "test split")
+    check_binary(y[tr], TRAINING_SPLIT)
+    check_binary(y[te], TEST_SPLIT)
     splits = grouped_cv_splits(y, tr, groups, seed, folds)
     rows = []
     with one_blas_thread():

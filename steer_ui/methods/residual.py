@@ -17,8 +17,8 @@ from ..data import Dataset, DatasetError
 from ..messages import Said
 from ..vector import SteeringVector
 from .base import Progress, StaticMethod, setting, settings_dict
-from .common import (KL_BOUND, TEST_FRACTION, Timer, check_binary, clean, make_record, prepare, projection_metrics,
-                     residual_alpha_range, sub_progress)
+from .common import (KL_BOUND, TEST_FRACTION, TRAINING_SPLIT, Timer, check_binary, clean, make_record, prepare,
+                     projection_metrics, residual_alpha_range, sub_progress)
 from .layers import choose_layer_on_train
 
 MAX_LAYER = 1023  # beyond any model we load; the real bound is checked against the model
@@ -58,13 +58,13 @@ class ResidualMethod(StaticMethod):
         labelled, acts, tr, te = prepare(handle, dataset, position=st.position, template=st.template, seed=st.seed,
                                          test_fraction=st.test_fraction, progress=sub_progress(progress, 0.0, 0.6))
         y = labelled.labels
-        check_binary(y[tr], "training split")
+        check_binary(y[tr], TRAINING_SPLIT)
         layer, layer_rows = st.layer, "given"
         if layer is None:
             layer, layer_rows = choose_layer_on_train(acts, y, tr, labelled.groups, seed=st.seed,
                                                       progress=sub_progress(progress, 0.6, 0.8))
         elif not 0 <= layer < acts.num_layers:
-            raise DatasetError(f"layer {layer} does not exist: the model has layers 0..{acts.num_layers - 1}")
+            raise DatasetError.from_key("method_layer_missing", layer=layer, last=acts.num_layers - 1)
         x = acts.layer(layer)
         vec, info, warnings = self.fit(x, y, tr, dataset, labelled, st)
         progress(0.85, Said("progress_alpha_range"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..messages import UserError
-from .common import Shared, expected_errors, first_line
+from ..messages import UserError, said_of
+from .common import Shared, expected_errors
 from .datasets import Datasets
 from .library import Library
 from .models import Models
@@ -64,5 +64,5 @@ class Detection:
         except UserError:
             raise
         except expected_errors() as exc:
-            raise UserError("detect_failed", detail=first_line(exc)) from None
+            raise UserError("detect_failed", detail=said_of(exc)) from None
         return out

@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import names
 from ..jobs import JobLine, job
-from ..messages import UserError
+from ..messages import UserError, said_of
 from ..paths import cache_root, prune
 from ..sessions import Session
 from .common import Progress, Shared, expected_errors, first_line
@@ -90,7 +90,7 @@ class Training:
                 result = probe_layers(handle, s.dataset, position=position, seed=self.shared.guard.seed(seed),
                                       progress=report)
         except expected_errors() as exc:
-            raise UserError("training_failed", detail=first_line(exc)) from None
+            raise UserError("training_failed", detail=said_of(exc)) from None
         self._prune_activations()
         s.probe = result
         return result
@@ -137,7 +137,7 @@ class Training:
         except UserError:
             raise
         except expected_errors() + (RuntimeError,) as exc:
-            raise UserError("training_failed", detail=first_line(exc)) from None
+            raise UserError("training_failed", detail=said_of(exc)) from None
         self._prune_activations()
         label = name or f"{m.name} L{vector.layer}" + (f" · {s.dataset_name}" if s.dataset_name else "")
         unique = self.library.add_vector(session, vector, label, report=report or {})

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 import tempfile
 from pathlib import Path
 
-from ..messages import UserError
+from ..messages import UserError, said_of
 from ..paths import prune
-from .common import Shared, expected_errors, first_line, refusal
+from .common import Shared, expected_errors, refusal
 from .library import Library
 from .models import Models
 
@@ -37,7 +37,7 @@ class Transfer:
         try:
             written = write_vector(vector, fmt, out)
         except expected_errors() as exc:
-            raise UserError("export_failed", fmt=fmt, detail=first_line(exc)) from None
+            raise UserError("export_failed", fmt=fmt, detail=said_of(exc)) from None
         files: list[Path] = []
         for p in written or []:
             p = Path(p)

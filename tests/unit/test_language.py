@@ -658,3 +658,94 @@ def test_a_refused_tensor_in_an_imported_file_is_said_in_the_page_s_language(ser
     en, zh = _in_both(exc)
     assert "must be 1-D" in en and "一维" in zh
     assert _zh_words(zh, "wide.safetensors") == set(), zh
+
+
+# ------------------------------------------------------------------ Train / Detect refusals after a dataset is loaded (#52)
+def _refused_training(service, tmp_path, name, csv, **train):
+    """The same one-line refusal the Train tab shows, in both languages, for a dataset the readers accepted."""
+    from steer_ui.messages import UserError
+
+    path = tmp_path / name
+    path.write_text(csv)
+    service.upload_dataset("train", str(path), None)
+    with pytest.raises(UserError) as info:
+        (train.pop("call", None) or service.train)("train", **train)
+    return info.value
+
+
+def _rows(label, group, n=8) -> str:
+    return "statement,label,group\n" + "".join(f"Statement {i} is here.,{label(i)},{group(i)}\n" for i in range(n))
+
+
+@pytest.mark.parametrize("csv, detail_key, english", [
+    (_rows(lambda i: i % 2, lambda i: "g"), "split_one_group",
+     "one.csv: only one group ('g'); a split by group needs at least two"),
+    (_rows(lambda i: i % 2, lambda i: f"g{i % 2}"), "split_too_few_groups",
+     "one.csv: too few groups (2) for a train/test split"),
+])
+def test_a_dataset_that_cannot_be_split_is_refused_in_the_page_s_language(service, tmp_path, csv, detail_key,
+                                                                         english):
+    exc = _refused_training(service, tmp_path, "one.csv", csv, method="mean-diff")
+    assert exc.key == "training_failed" and str(exc) == f"Training failed: {english}"  # the CLI's English as before
+    detail = exc.params["detail"]
+    assert detail.key == "dataset_problem" and detail.params["detail"].key == detail_key
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert zh.startswith("训练失败：one.csv：") and _zh_words(zh, "one.csv") <= {"g"}, zh
+
+
+def test_a_test_split_of_one_class_is_refused_in_the_page_s_language(service, tmp_path):
+    """Three groups, one of them false: the held-out split is one true group, so probing every layer is refused."""
+    csv = _rows(lambda i: int(i % 3 == 0), lambda i: f"g{i % 3}", n=9)
+    exc = _refused_training(service, tmp_path, "three.csv", csv, call=service.probe_layers)
+    assert exc.params["detail"].key == "method_single_class"
+    assert "the test split has a single class; a probe needs true and false rows" in str(exc)
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert "测试集只有一个类别" in zh and _zh_words(zh) == set(), zh
+
+
+@pytest.mark.parametrize("method, settings, detail_key, english", [
+    ("mean-diff", {"layer": 99}, "method_layer_missing", "layer 99 does not exist: the model has layers 0..3"),
+    ("tsv", {"layer": 99}, "method_layer_missing", "layer 99 does not exist: the model has layers 0..3"),
+    ("mean-diff", {"template": "no slot"}, "activations_template",
+     "the template must contain '{completion}' exactly once, got 'no slot'"),
+])
+def test_a_bad_layer_or_template_is_refused_in_the_page_s_language(service, tmp_path, method, settings, detail_key,
+                                                                  english):
+    csv = _rows(lambda i: i % 2, lambda i: f"g{i % 4}", n=16)
+    exc = _refused_training(service, tmp_path, "ok.csv", csv, method=method, settings=settings)
+    assert exc.params["detail"].key == detail_key and str(exc) == f"Training failed: {english}"
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert _zh_words(zh, "no slot", "completion") == set(), zh
+
+
+def test_a_position_the_reader_cannot_take_is_keyed():
+    from steer_ui.data.activations import _check_position
+
+    with pytest.raises(DatasetError) as info:
+        _check_position("middle")
+    assert str(info.value) == "position must be 'last', 'mean' or a token index, got 'middle'"
+    zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+    assert _zh_words(zh, "'last'", "'mean'", "'middle'") == set(), zh
+
+
+def test_tsv_refusals_are_keyed_and_said_in_the_page_s_language(service, tmp_path):
+    """A one-class TSV training set, an empty answer to score and a vector that is not a TSV: each in Chinese."""
+    import torch
+
+    from steer_ui.methods.tsv.data import TSVError, rows_of
+    from steer_ui.methods.tsv.scoring import check_vector
+    from steer_ui.vector import SteeringVector, VectorError
+
+    with pytest.raises(TSVError) as info:
+        rows_of([("Q?", "yes", 1), ("Q?", "", 0)])
+    assert str(info.value) == "row 1: empty answer" and info.value.key == "tsv_empty_answer"
+    not_tsv = SteeringVector(directions={1: torch.ones(64)}, hidden_size=64, method="mean-diff", name="plain")
+    with pytest.raises(VectorError) as info:
+        check_vector(service.handle, not_tsv)
+    assert str(info.value).startswith("'plain' is not a TSV vector (method=mean-diff, extras=[])")
+    zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+    assert _zh_words(zh, "plain", "mean-diff", "TSV") == set(), zh
+    with pytest.raises(TSVError) as info:
+        rows_of([("Q?", "yes", "maybe")])
+    zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+    assert "maybe" in zh and _zh_words(zh, "maybe") <= {"true", "false", "yes", "no"}, zh

@@ -63,8 +63,7 @@ class TSVMethod(StaticMethod):
                                                      template=settings.template, cache_dir=answers_cache,
                                                      shots=settings.answer_shots)
             if generated.empty:
-                raise TSVError(f"the model's answers to all {generated.attrs['empty_answers']} questions were empty "
-                               f"after cleaning: nothing to label (a model this small may not answer at all)")
+                raise TSVError.from_key("tsv_answers_empty", count=generated.attrs["empty_answers"])
             progress = sub_progress(progress, GENERATE_SHARE, 1.0)
         vector, report = training.train(handle, dataset, settings, progress)
         if generated is not None:

@@ -39,24 +39,24 @@ def template_pieces(template: str) -> tuple[tuple[str, str | None], ...]:
     it is the prompt the answer continues).
     """
     if not isinstance(template, str):
-        raise TSVError(f"template must be text, got {type(template).__name__}")
+        raise TSVError.from_key("tsv_template_type", type=type(template).__name__)
     if len(template) > MAX_TEMPLATE:
-        raise TSVError(f"template is {len(template)} characters long; the limit is {MAX_TEMPLATE}")
+        raise TSVError.from_key("tsv_template_long", length=len(template), limit=MAX_TEMPLATE)
     try:
         parsed = list(string.Formatter().parse(template))  # parsing only: nothing is looked up or formatted
     except ValueError as exc:
-        raise TSVError(f"template: {exc} (write {{{{ and }}}} for literal braces)") from None
+        raise TSVError.from_key("tsv_template_braces", detail=str(exc)) from None
     pieces = []
     for literal, field, spec, conversion in parsed:
         if field is not None and (field not in TEMPLATE_FIELDS or spec or conversion):
             written = "{" + field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
-            raise TSVError(f"template may use only {{question}} and {{answer}}, not {written[:60]!r}")
+            raise TSVError.from_key("tsv_template_field", field=repr(written[:60]))
         pieces.append((literal, field))
     fields = [f for _, f in pieces if f is not None]
     if "question" not in fields:
-        raise TSVError("template must contain '{question}'")
+        raise TSVError.from_key("tsv_template_question")
     if fields.count("answer") > 1 or ("answer" in fields and fields[-1] != "answer"):
-        raise TSVError("template may hold '{answer}' once, after every '{question}'")
+        raise TSVError.from_key("tsv_template_answer")
     return tuple(pieces)
 
 
@@ -130,7 +130,7 @@ def _label_of(value, row: int) -> int:
         return 1
     if text in _FALSE:
         return 0
-    raise TSVError(f"row {row}: label '{value}' is not truthful/hallucinated (expected 1/0, true/false, yes/no)")
+    raise TSVError.from_key("tsv_label", row=row, value=value)
 
 
 def _columns(frame: pd.DataFrame) -> tuple[str | None, str | None]:
@@ -161,17 +161,16 @@ def rows_of(dataset) -> pd.DataFrame:
                         rec["group"] = item[3]
                     records.append(rec)
             else:
-                raise TSVError(f"row {i}: expected (prompt, answer, label) or a dict, got {type(item).__name__}")
+                raise TSVError.from_key("tsv_row_shape", row=i, type=type(item).__name__)
         frame = pd.DataFrame(records)
     if not isinstance(frame, pd.DataFrame):
-        raise TSVError(f"TSV needs labelled answers or statements, got {type(dataset).__name__}")
+        raise TSVError.from_key("tsv_needs_labelled", type=type(dataset).__name__)
     cols = {c.lower(): c for c in frame.columns}
     if "positive" in cols and "negative" in cols and "label" not in cols:
-        raise TSVError("TSV needs labelled answers or statements (prompt, completion, label); "
-                       "this dataset is contrastive pairs (prompt, positive, negative)")
+        raise TSVError.from_key("tsv_not_pairs")
     prompt_col, answer_col = _columns(frame)
     if answer_col is None or "label" not in cols:
-        raise TSVError(f"TSV needs columns completion (or answer/statement) and label; found {list(frame.columns)}")
+        raise TSVError.from_key("tsv_needs_columns", found=list(frame.columns))
     out = pd.DataFrame({
         "prompt": frame[prompt_col].fillna("").astype(str) if prompt_col else "",
         "completion": frame[answer_col].fillna("").astype(str),
@@ -183,9 +182,9 @@ def rows_of(dataset) -> pd.DataFrame:
         out["group"] = [p if p.strip() else a for p, a in zip(out.prompt, out.completion)]
     empty = out.completion.str.strip() == ""
     if empty.any():
-        raise TSVError(f"row {int(empty.idxmax())}: empty answer")
+        raise TSVError.from_key("tsv_empty_answer", row=int(empty.idxmax()))
     if len(out) == 0:
-        raise TSVError("the dataset has no rows")
+        raise TSVError.from_key("tsv_no_rows")
     return out.reset_index(drop=True)
 
 
@@ -207,7 +206,7 @@ def unlabelled_rows(dataset) -> pd.DataFrame:
         return pd.DataFrame([{"prompt": p, "completion": a} for p, a in frame])
     prompt_col, answer_col = _columns(frame)
     if answer_col is None:
-        raise TSVError(f"detection needs a completion (or answer/statement) column; found {list(frame.columns)}")
+        raise TSVError.from_key("tsv_detect_needs_column", found=list(frame.columns))
     return pd.DataFrame({"prompt": frame[prompt_col].fillna("").astype(str) if prompt_col else "",
                          "completion": frame[answer_col].fillna("").astype(str)})
 
@@ -225,7 +224,7 @@ def split_groups(groups: Sequence[str], labels: Sequence[int], test_fraction: fl
         train, test = group_split(groups, labels, test_fraction, seed + 1000 * attempt)
         if len({labels[i] for i in train}) == 2 and len({labels[i] for i in test}) == 2:
             return train, test
-    raise TSVError("could not split the groups so that both sides hold truthful and hallucinated rows")
+    raise TSVError.from_key("tsv_split_one_class")
 
 
 def subsample_groups(frame: pd.DataFrame, max_rows: int, seed: int = 0) -> pd.DataFrame:
@@ -264,5 +263,5 @@ def pick_exemplars(train: list[int], labels: Sequence[int], n: int, seed: int) -
             chosen.append(spare.pop(0))
             have = [i for i in chosen if labels[i] == cls]
     if len({labels[i] for i in chosen}) < 2:
-        raise TSVError("the exemplars need both truthful and hallucinated rows; the training split has one class")
+        raise TSVError.from_key("tsv_exemplars_one_class")
     return chosen

@@ -46,7 +46,7 @@ MAX_SHOTS = len(QA_PRIMER)
 def check_shots(shots: int) -> None:
     """Refuse a number of worked examples the primer does not have."""
     if not 0 <= shots <= MAX_SHOTS:
-        raise TSVError(f"answer shots must be in 0..{MAX_SHOTS}, got {shots}")
+        raise TSVError.from_key("tsv_answer_shots", limit=MAX_SHOTS, shots=shots)
 
 
 def answer_prompt(question: str, template: str = PROMPT_TEMPLATE, shots: int = 0) -> str:
@@ -110,7 +110,7 @@ def question_table(questions) -> pd.DataFrame:
     frame = getattr(questions, "frame", questions)
     if isinstance(frame, (list, tuple)):
         if all(isinstance(q, str) for q in frame):
-            raise TSVError("generate-and-label needs reference answers, not questions alone")
+            raise TSVError.from_key("tsv_label_needs_references")
         frame = rows_of(frame)
     cols = {c.lower().replace("_", " "): c for c in frame.columns}
     if "question" in cols and ("correct answers" in cols or "best answer" in cols):
@@ -124,7 +124,7 @@ def question_table(questions) -> pd.DataFrame:
         return pd.DataFrame(out)
     rows = rows_of(frame)
     if (rows.prompt.str.strip() == "").all():
-        raise TSVError("generate-and-label needs questions (a prompt/question column), not bare statements")
+        raise TSVError.from_key("tsv_label_needs_questions")
     out = []
     for q, g in rows.groupby("prompt", sort=False):
         out.append({"question": q, "correct": g.completion[g.label == 1].tolist(),
@@ -198,9 +198,9 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
     if max_questions:
         table = table.iloc[:max_questions]
     if table.empty:
-        raise TSVError("no questions to answer")
+        raise TSVError.from_key("tsv_no_questions")
     if not any(len(c) for c in table.correct):
-        raise TSVError("generate-and-label needs correct reference answers for the questions")
+        raise TSVError.from_key("tsv_label_needs_correct")
     questions = table.question.tolist()
     check_shots(shots)  # before any work
     cached = _answers_cache(cache_dir, handle, template, max_new_tokens, questions, shots)

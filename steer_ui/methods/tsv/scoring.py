@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from ...model.capture import forward, left_pad
 from ...model.hooks import StepState, steering
-from ...vector import SteeringVector, VectorError
+from ...messages import said_of
+from ...vector import SteeringVector, refused
 from ..base import static_steers
 from ..common import auroc, clean
 from .data import PROMPT_TEMPLATE, TSVError, format_text, has_labels, rows_of, template_pieces, unlabelled_rows
@@ -28,35 +29,34 @@ MAX_DETECTOR_ALPHA = 1e6
 def check_vector(handle, vector: SteeringVector) -> None:
     """Refuse, in one line, a vector that is not a usable TSV for ``handle``'s model; runs nothing."""
     if vector.method != "tsv" or "prototypes" not in vector.extras:
-        raise VectorError(f"'{vector.name or vector.method}' is not a TSV vector (method={vector.method}, "
-                          f"extras={sorted(vector.extras)}); train one with --method tsv")
+        raise refused("tsv_not_tsv", name=vector.name or vector.method, method=vector.method,
+                      extras=sorted(vector.extras))
     if len(vector.layers) != 1:
-        raise VectorError(f"a TSV vector has one layer; this one has {vector.layers}")
+        raise refused("tsv_one_layer", layers=vector.layers)
     hidden = handle.arch.hidden_size
     if vector.hidden_size != hidden:
-        raise VectorError(f"vector '{vector.name or vector.method}' is for hidden size {vector.hidden_size} but "
-                          f"the loaded model ({handle.model_id}) has hidden size {hidden}")
+        raise refused("tsv_hidden_size", name=vector.name or vector.method, size=vector.hidden_size,
+                      model=handle.model_id, hidden=hidden)
     protos = vector.extras["prototypes"]
     if not isinstance(protos, torch.Tensor) or tuple(protos.shape) != (2, hidden):
         shape = tuple(protos.shape) if isinstance(protos, torch.Tensor) else type(protos).__name__
-        raise VectorError(f"TSV prototypes have shape {shape}, expected (2, {hidden})")
+        raise refused("tsv_prototypes_shape", shape=shape, hidden=hidden)
     if not torch.isfinite(protos).all():
-        raise VectorError("TSV prototypes hold NaN or infinite values")
+        raise refused("tsv_prototypes_not_finite")
     if not torch.isfinite(vector.direction(vector.layer)).all():
-        raise VectorError("the TSV direction holds NaN or infinite values")
+        raise refused("tsv_direction_not_finite")
     detector_alpha = vector.hyperparameters.get("detector_alpha", 1.0)
     if isinstance(detector_alpha, bool) or not isinstance(detector_alpha, (int, float)) \
             or not math.isfinite(detector_alpha) or not 1.0 <= detector_alpha <= MAX_DETECTOR_ALPHA:
-        raise VectorError(f"the vector's detector_alpha must be a number in [1, {MAX_DETECTOR_ALPHA:g}], "
-                          f"got {str(detector_alpha)[:40]!r}")
+        raise refused("tsv_detector_alpha", limit=f"{MAX_DETECTOR_ALPHA:g}", value=repr(str(detector_alpha)[:40]))
     kappa = vector.hyperparameters.get("kappa", 10.0)
     if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not math.isfinite(kappa) \
             or not 0 < kappa <= MAX_KAPPA:
-        raise VectorError(f"the vector's kappa must be a number in (0, {MAX_KAPPA:g}], got {str(kappa)[:40]!r}")
+        raise refused("tsv_kappa", limit=f"{MAX_KAPPA:g}", value=repr(str(kappa)[:40]))
     try:
         template_pieces(vector.hyperparameters.get("template", PROMPT_TEMPLATE))
     except TSVError as exc:
-        raise VectorError(f"the vector's stored {exc}") from None
+        raise refused("tsv_stored_template", detail=said_of(exc)) from None
 
 
 def score(handle, vector: SteeringVector, pairs: Sequence[tuple[str, str]], batch_size: int = 16) -> list[float]:
@@ -71,9 +71,10 @@ def score(handle, vector: SteeringVector, pairs: Sequence[tuple[str, str]], batc
     texts = []
     for n, pair in enumerate(pairs):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise TSVError(f"pair {n}: expected (prompt, answer), got {pair!r}"[:200])
+            head = len(f"pair {n}: expected (prompt, answer), got ")  # the English line stays at most 200 characters
+            raise TSVError.from_key("tsv_pair_shape", n=n, pair=repr(pair)[:max(200 - head, 0)])
         if not str(pair[1]).strip():
-            raise TSVError(f"pair {n}: empty answer")
+            raise TSVError.from_key("tsv_pair_empty", n=n)
         texts.append(format_text(pair[0], pair[1], template))
     if not texts:
         return []
@@ -82,7 +83,7 @@ def score(handle, vector: SteeringVector, pairs: Sequence[tuple[str, str]], batc
     tok = handle.tokenizer
     token_rows = [tok(t).input_ids for t in texts]
     if any(len(r) == 0 for r in token_rows):
-        raise TSVError("a text tokenised to nothing")
+        raise TSVError.from_key("tsv_no_tokens")
     prototypes = vector.extras["prototypes"]
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     scores = [0.0] * len(texts)

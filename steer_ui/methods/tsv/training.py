@@ -504,8 +504,7 @@ def _layer_sweep(handle, st: TSVSettings, frame, texts, labels, exemplar_rows, u
     ex_groups = {frame.group[i] for i in exemplar_rows}
     pool = [i for i in unlabelled_rows if frame.group[i] not in ex_groups]
     if len({labels[i] for i in pool}) < 2:
-        raise TSVError("layer_sweep needs validation rows of both classes outside the exemplars' groups; "
-                       "give more data or set layer_sweep to 0")
+        raise TSVError.from_key("tsv_layer_sweep_one_class")
     groups = sorted({frame.group[i] for i in pool})
     random.Random(st.seed + 11).shuffle(groups)
     keep = set(groups[:max(2, len(groups) // 3)])
@@ -551,13 +550,13 @@ def train(handle, dataset, settings: TSVSettings, progress: Progress = noop) -> 
     st = parse_settings(TSVSettings, settings_dict(settings))
     arch = handle.arch
     if st.layer is not None and not 0 <= st.layer < arch.num_layers:
-        raise TSVError(f"layer {st.layer} does not exist: the model has layers 0..{arch.num_layers - 1}")
+        raise TSVError.from_key("method_layer_missing", layer=st.layer, last=arch.num_layers - 1)
     frame = rows_of(dataset)
     if st.max_rows:
         frame = subsample_groups(frame, st.max_rows, st.seed)
     labels = frame.label.tolist()
     if len(set(labels)) < 2:
-        raise TSVError("the dataset has only one class; TSV needs truthful and hallucinated rows")
+        raise TSVError.from_key("tsv_one_class")
     texts = [format_text(p, a, st.template) for p, a in zip(frame.prompt, frame.completion)]
     train_rows, test_rows = split_groups(frame.group.tolist(), labels, st.test_fraction, st.seed)
     exemplar_rows = train_rows if st.supervised else pick_exemplars(train_rows, labels, st.exemplars, st.seed)
