@@ -53,8 +53,8 @@ import torch
 
 from . import limits
 from .messages import Said
-from .vector import (EXTRA_DTYPES, SteeringVector, VectorError, check_tensor, invalid, parse_json, read_safetensors,
-                     reason, refused, said_of)
+from .vector import (EXTRA_DTYPES, SteeringVector, check_tensor, invalid, parse_json, read_safetensors, reason,
+                     refused, said_of)
 
 FORMATS = ("native", "gguf", "steering-vectors", "neuronpedia", "caa")
 SUFFIXES = {"native": ".safetensors", "gguf": ".gguf", "steering-vectors": ".pt", "neuronpedia": ".json", "caa": ""}
@@ -82,7 +82,7 @@ def write_vector(vector: SteeringVector, fmt: str, out: str | Path) -> list[Path
         "neuronpedia": _write_neuronpedia, "caa": _write_caa,
     }
     if fmt not in writers:
-        raise VectorError(f"unknown export format '{fmt}' (choose from {', '.join(FORMATS)})")
+        raise refused("export_unknown_format", fmt=fmt, known=", ".join(FORMATS))
     _check_finite(vector, "vector")
     return writers[fmt](vector, Path(out))
 
@@ -155,11 +155,11 @@ def safe_name(name: Any, fallback: str = "vector") -> str:
 def export_path(folder: str | Path, name: Any, fmt: str) -> Path:
     """Where ``write_vector(vector, fmt, …)`` should write inside ``folder``: the safe name plus the format's suffix."""
     if fmt not in SUFFIXES:
-        raise VectorError(f"unknown export format '{fmt}' (choose from {', '.join(FORMATS)})")
+        raise refused("export_unknown_format", fmt=fmt, known=", ".join(FORMATS))
     folder = Path(folder)
     out = folder / (safe_name(name) + SUFFIXES[fmt])
     if out.resolve().parent != folder.resolve():  # cannot happen with safe_name; kept as the last guard
-        raise VectorError(f"export name {str(name)[:60]!r} would leave the export folder")
+        raise refused("export_name_leaves_folder", name=repr(str(name)[:60]))
     return out
 
 
@@ -252,10 +252,7 @@ def _write_gguf(vector: SteeringVector, out: Path) -> list[Path]:
     import numpy as np
 
     if 0 in vector.layers:
-        raise VectorError(
-            "cannot export a layer-0 vector as a GGUF control vector: llama.cpp refuses a 'direction.0' tensor "
-            "(it never steers the output of block 0). Use a vector at layer 1 or later, or another format."
-        )
+        raise refused("export_gguf_layer_0")
 
     def write(tmp: Path) -> None:
         writer = gguf.GGUFWriter(str(tmp), GGUF_ARCH)
@@ -488,8 +485,7 @@ def _from_steering_vectors(obj: dict, path: Path, warnings: list[str] | None = N
 # ======================================================================== Neuronpedia JSON
 def _write_neuronpedia(vector: SteeringVector, out: Path) -> list[Path]:
     if len(vector.layers) != 1:
-        raise VectorError(f"a Neuronpedia vector has one layer but this vector has layers {vector.layers}; "
-                          "export it as gguf, steering-vectors or caa (they hold several layers)")
+        raise refused("export_neuronpedia_layers", layers=vector.layers)
     layer = vector.layer
     doc: dict[str, Any] = {
         "modelId": vector.model_id,
@@ -571,8 +567,7 @@ def _neuronpedia_layer(doc: dict, name: str, warnings: list[str]) -> int:
 # ======================================================================== CAA-style directory
 def _write_caa(vector: SteeringVector, out: Path) -> list[Path]:
     if out.suffix in (".pt", ".pth") or out.is_file():
-        raise VectorError(f"caa export writes a directory of vec_layer_<L>.pt files; give a directory for the "
-                          f"output, not {out.name}")
+        raise refused("export_caa_directory", name=out.name)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for layer, direction in vector.directions.items():
@@ -824,7 +819,7 @@ def _encode_extras(extras: dict[str, torch.Tensor]) -> dict[str, dict]:
     for key, tensor in extras.items():
         dtype = str(tensor.dtype).removeprefix("torch.")
         if dtype not in EXTRA_DTYPES:
-            raise VectorError(f"extra tensor '{key}' has dtype {dtype}, which cannot be exported")
+            raise refused("export_extra_dtype", tensor=key, dtype=dtype)
         raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         out[key] = {"dtype": dtype, "shape": list(tensor.shape), "base64": base64.b64encode(raw).decode("ascii")}
     return out

@@ -749,3 +749,80 @@ def test_tsv_refusals_are_keyed_and_said_in_the_page_s_language(service, tmp_pat
         rows_of([("Q?", "yes", "maybe")])
     zh = i18n.message("zh-CN", info.value.key, **info.value.params)
     assert "maybe" in zh and _zh_words(zh, "maybe") <= {"true", "false", "yes", "no"}, zh
+
+
+def test_l2s_refusals_are_keyed_and_said_in_the_page_s_language(service, tmp_path):
+    """Pairs from two prompts only: L2S needs three groups; and a pair the reader cannot take, in both languages."""
+    from steer_ui.methods.l2s.pairs import L2SError, as_pairs
+
+    csv = "prompt,positive,negative\n" + "".join(f"Prompt {i % 2}?,Yes {i},No {i}\n" for i in range(6))
+    exc = _refused_training(service, tmp_path, "pairs.csv", csv, method="l2s")
+    assert exc.params["detail"].key == "l2s_groups"
+    assert str(exc) == "Training failed: L2S needs at least 3 groups (train, validation, held-out test); found 2"
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert "至少需要 3 个分组" in zh and _zh_words(zh, "L2S") == set(), zh  # L2S: the method's name
+    with pytest.raises(L2SError) as info:
+        as_pairs([("Prompt?", " same", " same")])
+    assert str(info.value) == "pair 1: positive and negative completions are identical (' same')"
+    zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+    assert _zh_words(zh, "same") == set(), zh
+
+
+def test_an_l2s_layer_the_model_lacks_names_which_layer_in_the_page_s_language(service):
+    from steer_ui.methods.l2s.activations import check_layer
+    from steer_ui.methods.l2s.pairs import L2SError
+
+    with pytest.raises(L2SError) as info:
+        check_layer(service.handle, 9, "context layer")
+    assert str(info.value) == "context layer 9 does not exist: the model has layers 0..3"
+    zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+    assert zh.startswith("上下文层 9 不存在") and _zh_words(zh) == set(), zh
+
+
+# ------------------------------------------------------------------ export refusals (#52)
+def _refused_export(service, tmp_path, directions: dict, fmt: str):
+    import torch
+
+    from steer_ui.messages import UserError
+    from steer_ui.vector import SteeringVector
+
+    path = SteeringVector(directions={layer: torch.ones(64) for layer in directions}, hidden_size=64,
+                          method="mean-diff", name="two").save(tmp_path / f"{fmt}.safetensors")
+    name, _ = service.import_vector("export", path, name=f"v-{fmt}")
+    with pytest.raises(UserError) as info:
+        service.export_vector("export", name, fmt)
+    return info.value
+
+
+@pytest.mark.parametrize("layers, fmt, detail_key, english", [
+    ((1, 2), "neuronpedia", "export_neuronpedia_layers", "a Neuronpedia vector has one layer but this vector has "
+                                                         "layers [1, 2]; export it as gguf, steering-vectors or caa"),
+    ((0,), "gguf", "export_gguf_layer_0", "cannot export a layer-0 vector as a GGUF control vector"),
+])
+def test_an_export_a_format_cannot_hold_is_refused_in_the_page_s_language(service, tmp_path, layers, fmt,
+                                                                          detail_key, english):
+    exc = _refused_export(service, tmp_path, dict.fromkeys(layers), fmt)
+    assert exc.key == "export_failed" and exc.params["detail"].key == detail_key and english in str(exc)
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert _zh_words(zh, fmt) <= {"Neuronpedia", "gguf", "steering", "vectors", "caa", "GGUF", "llama", "cpp",
+                             "direction"}, zh
+
+
+def test_the_writers_own_export_refusals_are_keyed(tmp_path):
+    import torch
+
+    from steer_ui.formats import export_path, write_vector
+    from steer_ui.vector import SteeringVector, VectorError
+
+    vector = SteeringVector(directions={1: torch.ones(8)}, hidden_size=8, method="mean-diff", name="v")
+    for call in (lambda: write_vector(vector, "onnx", tmp_path / "v"), lambda: export_path(tmp_path, "v", "onnx")):
+        with pytest.raises(VectorError) as info:
+            call()
+        assert str(info.value).startswith("unknown export format 'onnx' (choose from native, gguf")
+        zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+        assert _zh_words(zh, "onnx") <= {"native", "gguf", "steering", "vectors", "neuronpedia", "caa"}, zh
+    with pytest.raises(VectorError) as info:
+        write_vector(vector, "caa", tmp_path / "v.pt")
+    assert info.value.key == "export_caa_directory" and "not v.pt" in str(info.value)
+    zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+    assert _zh_words(zh, "v.pt", "vec_layer_<L>.pt") == {"caa"}, zh

@@ -33,10 +33,14 @@ def _stop(_h: torch.Tensor) -> torch.Tensor:
     raise _Stop
 
 
+LAYER_WORDS = {"layer": "l2s_word_layer", "context layer": "l2s_word_context_layer"}  # what check_layer names
+
+
 def check_layer(handle, layer, what: str) -> int:
     n = handle.arch.num_layers
     if not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
-        raise L2SError(f"{what} {layer} does not exist: the model has layers 0..{n - 1}")
+        what = Said(LAYER_WORDS[what]) if what in LAYER_WORDS else what  # said in the page's language
+        raise L2SError.from_key("l2s_layer_missing", which=what, layer=layer, last=n - 1)
     return int(layer)
 
 
@@ -49,7 +53,7 @@ def tokenize(handle, prompts: Sequence[str], completions: Sequence[str] | None) 
     c_ids = [tok(c, add_special_tokens=False).input_ids for c in completions]
     for text, c in zip(completions, c_ids):
         if not c:
-            raise L2SError(f"completion {text!r} tokenises to nothing")
+            raise L2SError.from_key("l2s_no_tokens", text=repr(text))
     return p_ids, c_ids
 
 
@@ -109,7 +113,7 @@ def extract(handle, pairs: Sequence[Pair], layer: int, context_layer: int, posit
     pairs of similar length share one.
     """
     if position not in TARGET_POSITIONS:
-        raise L2SError(f"position must be one of {TARGET_POSITIONS}, got '{position}'")
+        raise L2SError.from_key("l2s_position", positions=TARGET_POSITIONS, position=position)
     layer = check_layer(handle, layer, "layer")
     context_layer = check_layer(handle, context_layer, "context layer")
     progress = progress or noop

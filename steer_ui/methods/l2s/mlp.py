@@ -132,9 +132,9 @@ def fit_mlp(contexts: torch.Tensor, targets: torch.Tensor, train_idx: Sequence[i
     started = time.perf_counter()
     train_idx, val_idx = list(train_idx), list(val_idx)
     if len(train_idx) < 2:
-        raise L2SError(f"L2S needs at least 2 training pairs, got {len(train_idx)}")
+        raise L2SError.from_key("l2s_train_pairs", count=len(train_idx))
     if not val_idx:
-        raise L2SError("L2S early stopping needs at least one validation pair")
+        raise L2SError.from_key("l2s_validation_pairs")
     x = contexts.float()
     z = targets.float()
     gen = torch.Generator().manual_seed(int(seed))

@@ -5,9 +5,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ...messages import KeyedError
 
-class L2SError(ValueError):
-    """An L2S request that cannot be carried out (bad data, layers, vector)."""
+
+class L2SError(KeyedError):
+    """An L2S request that cannot be carried out (bad data, layers, vector); by key where it has one, so a front
+    says it in the visitor's language (the English is the exception's own)."""
 
 
 @dataclass
@@ -27,17 +30,17 @@ def as_pairs(dataset) -> list[Pair]:
         prompt, pos, neg = row.prompt, row.positive, row.negative
         for col, value in (("prompt", prompt), ("positive", pos), ("negative", neg)):
             if not isinstance(value, str):
-                raise L2SError(f"pair {i}: column '{col}' must be text, found {type(value).__name__}")
+                raise L2SError.from_key("l2s_pair_not_text", row=i, column=col, type=type(value).__name__)
         if not prompt.strip():
-            raise L2SError(f"pair {i}: L2S needs a prompt (the input it predicts a vector from); the prompt is empty")
+            raise L2SError.from_key("l2s_pair_no_prompt", row=i)
         if not pos.strip() or not neg.strip():
-            raise L2SError(f"pair {i}: empty positive or negative completion")
+            raise L2SError.from_key("l2s_pair_empty", row=i)
         if pos == neg:
-            raise L2SError(f"pair {i}: positive and negative completions are identical ('{pos}')")
+            raise L2SError.from_key("l2s_pair_identical", row=i, text=pos)
         group = str(getattr(row, "group", "") or prompt)
         pairs.append(Pair(prompt, pos, neg, group))
     if not pairs:
-        raise L2SError("no contrastive pairs given")
+        raise L2SError.from_key("l2s_no_pairs")
     return pairs
 
 
@@ -51,8 +54,7 @@ def pairs_frame(dataset) -> pd.DataFrame:
     if isinstance(dataset, pd.DataFrame):
         missing = [c for c in ("prompt", "positive", "negative") if c not in dataset.columns]
         if missing:
-            raise L2SError(f"pairs need columns prompt, positive, negative; missing {missing} "
-                           f"(found {list(dataset.columns)})")
+            raise L2SError.from_key("l2s_pairs_columns", missing=missing, found=list(dataset.columns))
         return dataset
     rows = []
     for i, item in enumerate(dataset, start=1):
@@ -63,7 +65,7 @@ def pairs_frame(dataset) -> pd.DataFrame:
         elif isinstance(item, (tuple, list)) and len(item) in (3, 4):
             rows.append(dict(zip(("prompt", "positive", "negative", "group"), item)))
         else:
-            raise L2SError(f"pair {i}: expected (prompt, positive, negative[, group]), found {item!r:.80}")
+            raise L2SError.from_key("l2s_pair_shape", row=i, item=f"{item!r:.80}")
     return pd.DataFrame(rows, columns=["prompt", "positive", "negative", "group"])
 
 

@@ -60,7 +60,7 @@ def train(handle, dataset, settings: L2SSettings | None = None, progress: Progre
     pairs = as_pairs(dataset)
     groups = [p.group for p in pairs]
     if len(set(groups)) < 3:
-        raise L2SError(f"L2S needs at least 3 groups (train, validation, held-out test); found {len(set(groups))}")
+        raise L2SError.from_key("l2s_groups", count=len(set(groups)))
     fit_idx, test_idx = group_split(groups, None, st.test_fraction, st.seed)
     sub, val_sub = group_split([groups[i] for i in fit_idx], None, st.val_fraction, st.seed + 1)
     train_idx, val_idx = [fit_idx[j] for j in sub], [fit_idx[j] for j in val_sub]
