@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
+from ..messages import KeyedError
 from ..model.hooks import Steer, SteeringError
-from ..numbers import NumberError, parse_number
+from ..numbers import NOT_A_NUMBER, NOT_FINITE, NOT_WHOLE, TOO_LARGE, TOO_SMALL, NumberError, parse_number
 from ..model.units import scaled_direction
 from ..vector import SteeringVector
 
@@ -39,8 +40,9 @@ MAX_TEXT = 2000  # characters in any free-text setting (templates)
 MAX_LIST = 16  # values in any list setting (e.g. bound sweeps)
 
 
-class SettingsError(ValueError):
-    """A setting that is unknown, of the wrong type or out of bounds (one line, naming it)."""
+class SettingsError(KeyedError):
+    """A setting that is unknown, of the wrong type or out of bounds (one line, naming it); by key where it has one,
+    so the Train tab says it in the visitor's language (the English, the CLI's, is the exception's own)."""
 
 
 def noop(_f: float, _m: str = "") -> None:
@@ -137,11 +139,19 @@ def aliases(settings_cls: type) -> dict[str, tuple[str, ...]]:
     return dict(getattr(settings_cls, "ALIASES", {}) or {})
 
 
+# a refused number's problem -> its message (the English is NumberError's own, naming the setting as written)
+_NUMBER_KEYS = {NOT_A_NUMBER: "setting_not_a_number", NOT_FINITE: "setting_not_finite", NOT_WHOLE: "setting_not_whole",
+                TOO_SMALL: "setting_too_small", TOO_LARGE: "setting_too_large"}
+
+
 def _number(spec: SettingSpec, value: Any, kind: str) -> int | float:
     try:
         return parse_number(value, spec.name, integer=kind == "int", low=spec.minimum, high=spec.maximum)
     except NumberError as exc:
-        raise SettingsError(str(exc)) from None
+        if exc.problem in (TOO_SMALL, TOO_LARGE) and (exc.low if exc.problem == TOO_SMALL else exc.high) is None:
+            raise SettingsError(str(exc)) from None  # "is too small/large": unbounded settings never say it
+        raise SettingsError.from_key(_NUMBER_KEYS[exc.problem], name=exc.what, value=exc.value,
+                                     low=exc.params["low"], high=exc.params["high"]) from None
 
 
 def coerce(spec: SettingSpec, value: Any) -> Any:
@@ -160,23 +170,24 @@ def coerce(spec: SettingSpec, value: Any) -> Any:
         elif isinstance(value, (int, float)) and value in (0, 1):
             out = bool(value)
         else:
-            raise SettingsError(f"{spec.name} must be true or false, got {value!r}")
+            raise SettingsError.from_key("setting_not_bool", name=spec.name, value=repr(value))
     elif spec.kind == "str":
         if not isinstance(value, str):
-            raise SettingsError(f"{spec.name} must be text, got {type(value).__name__}")
+            raise SettingsError.from_key("setting_not_text", name=spec.name, type=type(value).__name__)
         if len(value) > spec.max_length:
-            raise SettingsError(f"{spec.name} is {len(value)} characters long; the limit is {spec.max_length}")
+            raise SettingsError.from_key("setting_too_long", name=spec.name, length=len(value), limit=spec.max_length)
         out = value
     else:  # floats
         if isinstance(value, str):
             value = [v for v in value.replace(";", ",").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            raise SettingsError(f"{spec.name} must be a list of numbers like [6, 20], got {value!r}")
+            raise SettingsError.from_key("setting_not_list", name=spec.name, value=repr(value))
         if len(value) > MAX_LIST:
-            raise SettingsError(f"{spec.name} has {len(value)} values; the limit is {MAX_LIST}")
+            raise SettingsError.from_key("setting_list_too_long", name=spec.name, count=len(value), limit=MAX_LIST)
         out = tuple(float(_number(spec, v, "float")) for v in value)
     if spec.choices and out not in spec.choices:
-        raise SettingsError(f"{spec.name} must be one of {', '.join(map(str, spec.choices))}, got {value!r}")
+        raise SettingsError.from_key("setting_choice", name=spec.name, choices=", ".join(map(str, spec.choices)),
+                                     value=repr(value))
     return out
 
 
@@ -189,7 +200,7 @@ def parse_settings(settings_cls: type, values: dict[str, Any] | None = None, *, 
     """
     values = dict(values or {})
     if not isinstance(values, dict):
-        raise SettingsError("settings must be an object like {\"epochs\": 10}")
+        raise SettingsError.from_key("setting_not_object")
     by_name = {s.name: s for s in specs(settings_cls)}
     for alias, targets in aliases(settings_cls).items():
         if alias in values:
@@ -200,12 +211,12 @@ def parse_settings(settings_cls: type, values: dict[str, Any] | None = None, *, 
     unknown = sorted(k for k in values if k not in by_name)
     if unknown and not ignore_unknown:
         known = sorted(set(by_name) | set(aliases(settings_cls)))
-        raise SettingsError(f"unknown setting(s) {', '.join(map(str, unknown))[:200]}; known: {', '.join(known)}")
+        raise SettingsError.from_key("setting_unknown", names=", ".join(map(str, unknown))[:200], known=", ".join(known))
     kwargs = {name: coerce(by_name[name], value) for name, value in values.items() if name in by_name}
     try:
         instance = settings_cls(**kwargs)
     except (TypeError, ValueError) as exc:
-        raise SettingsError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        raise _settings_error(exc) from None
     check = getattr(instance, "validate", None)
     if callable(check):
         try:
@@ -213,8 +224,15 @@ def parse_settings(settings_cls: type, values: dict[str, Any] | None = None, *, 
         except SettingsError:
             raise
         except ValueError as exc:
-            raise SettingsError(str(exc).splitlines()[0]) from None
+            raise _settings_error(exc) from None
     return instance
+
+
+def _settings_error(exc: BaseException) -> SettingsError:
+    """``exc`` (a settings class's own refusal) as a SettingsError of one line, keeping its key where it has one."""
+    key = getattr(exc, "key", None)
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return SettingsError(text, key, **exc.params) if key else SettingsError(text)
 
 
 def settings_dict(settings: Any) -> dict[str, Any]:

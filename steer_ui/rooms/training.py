@@ -8,10 +8,10 @@ from typing import Any
 
 from .. import names
 from ..jobs import JobLine, job
-from ..messages import UserError, said_of
+from ..messages import Said, UserError, said_of
 from ..paths import cache_root, prune
 from ..sessions import Session
-from .common import Progress, Shared, expected_errors, first_line
+from .common import Progress, Shared, expected_errors
 from .library import Library
 from .models import Models
 
@@ -108,7 +108,7 @@ class Training:
         except UnknownMethod:
             raise UserError("unknown_method", method=str(method)[:80], known=", ".join(method_names())) from None
         if values is not None and not isinstance(values, dict):
-            raise UserError("bad_settings", detail="settings must be an object like {\"epochs\": 10}")
+            raise UserError("bad_settings", detail=Said("setting_not_object"))
         values = dict(values or {})
         if layer is not None:
             layer = self.shared.guard.layer(self.models.handle, layer)
@@ -117,7 +117,7 @@ class Training:
         try:
             return m, parse_settings(m.Settings, values)
         except SettingsError as exc:
-            raise UserError("bad_settings", detail=first_line(exc)) from None
+            raise UserError("bad_settings", detail=said_of(exc)) from None
 
     def train(self, session: str | None, method: str, layer: int | None = None, progress: Progress | None = None,
               name: str | None = None, settings: dict[str, Any] | None = None) -> tuple[str, dict]:

@@ -826,3 +826,25 @@ def test_the_writers_own_export_refusals_are_keyed(tmp_path):
     assert info.value.key == "export_caa_directory" and "not v.pt" in str(info.value)
     zh = i18n.message("zh-CN", info.value.key, **info.value.params)
     assert _zh_words(zh, "v.pt", "vec_layer_<L>.pt") == {"caa"}, zh
+
+
+# ------------------------------------------------------------------ Train settings refused (#52)
+@pytest.mark.parametrize("method, settings, detail_key, english, names", [
+    ("mean-diff", {"position": "middle"}, "setting_choice", "position must be one of last, mean, got 'middle'",
+     ("position", "last", "mean", "middle")),
+    ("tsv", {"lam": 0}, "setting_not_positive", "lam must be > 0, got 0.0", ("lam",)),
+    ("tsv", {"epochs": "abc"}, "setting_not_a_number", "init_epochs must be a number, got 'abc'",
+     ("init_epochs", "abc")),
+    ("l2s", {"lr": 0}, "setting_not_positive", "lr must be > 0, got 0.0", ("lr",)),
+    ("mean-diff", {"nope": 1}, "setting_unknown", "unknown setting(s) nope; known: kl_bound, layer",
+     ("nope", "kl_bound", "layer", "normalize", "position", "seed", "template", "test_fraction")),
+])
+def test_a_refused_setting_is_said_in_the_page_s_language(service, tmp_path, method, settings, detail_key, english,
+                                                          names):
+    """The settings' own names stay as written (the CLI's flags and the API's fields); the rest is Chinese."""
+    csv = _rows(lambda i: i % 2, lambda i: f"g{i % 4}", n=16)
+    exc = _refused_training(service, tmp_path, "ok.csv", csv, method=method, settings=settings)
+    assert exc.key == "bad_settings" and exc.params["detail"].key == detail_key
+    assert str(exc).startswith(f"Settings refused: {english}")
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert _zh_words(zh, *names) == set(), zh

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from ..base import setting
 from .activations import TARGET_POSITIONS
 from .mlp import ACTIVATIONS, DECODER_INITS
+from .pairs import L2SError
 
 STEER_POSITIONS = ("all", "prompt", "generated")
 
@@ -56,4 +57,4 @@ class L2SSettings:
 
     def validate(self) -> None:
         if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+            raise L2SError.from_key("setting_not_positive", name="lr", value=repr(self.lr))

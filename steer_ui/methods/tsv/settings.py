@@ -135,19 +135,18 @@ class TSVSettings:
 
     def validate(self) -> None:
         """The rules bounds cannot say: strict inequalities, the template's fields, settings that need others."""
-        checks = [
-            (self.lam > 0, f"lam must be > 0, got {self.lam}"),
-            (self.kappa > 0, f"kappa must be > 0, got {self.kappa}"),
-            (self.ema < 1, f"ema must be in [0, 1), got {self.ema}"),
-            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (self.sinkhorn_epsilon > 0, "sinkhorn_epsilon must be > 0"),
-            (0 < self.test_fraction < 1, f"test_fraction must be in (0, 1), got {self.test_fraction}"),
-            (self.logit_penalty or not self.bound_sweep,
-             "bound_sweep varies max_logit_change, which only the logit penalty uses: turn logit_penalty on"),
+        checks = [  # (holds, message key, its parameters): said in the page's language
+            (self.lam > 0, "setting_not_positive", {"name": "lam", "value": self.lam}),
+            (self.kappa > 0, "setting_not_positive", {"name": "kappa", "value": self.kappa}),
+            (self.ema < 1, "setting_below_one", {"name": "ema", "value": self.ema}),
+            (self.lr > 0, "setting_not_positive", {"name": "lr", "value": self.lr}),
+            (self.sinkhorn_epsilon > 0, "setting_positive", {"name": "sinkhorn_epsilon"}),
+            (0 < self.test_fraction < 1, "setting_fraction", {"name": "test_fraction", "value": self.test_fraction}),
+            (self.logit_penalty or not self.bound_sweep, "tsv_bound_sweep", {}),
         ]
-        for ok, msg in checks:
+        for ok, key, params in checks:
             if not ok:
-                raise TSVError(msg)
+                raise TSVError.from_key(key, **params)
         template_pieces(self.template)
 
     @property
