@@ -216,13 +216,12 @@ def score_heads(heads: torch.Tensor, chosen: Sequence[tuple[int, int]], shifts: 
 def shifts_of(vector) -> tuple[list[tuple[int, int]], torch.Tensor, int]:
     """(chosen heads, (K, head_dim) shifts, num_heads) stored in an ITI vector."""
     if HEADS not in vector.extras or SHIFTS not in vector.extras:
-        raise SteeringError("this ITI vector has no per-head data (extras 'iti.heads' / 'iti.shifts'); "
-                            "it can only be used as a residual-stream vector")
+        raise SteeringError.from_key("iti_no_head_data")
     heads = [(int(l), int(h)) for l, h in vector.extras[HEADS].tolist()]
     shifts = vector.extras[SHIFTS].float()
     num_heads = int(vector.hyperparameters.get("num_heads", 0))
     if not num_heads:
-        raise SteeringError("this ITI vector does not record num_heads in its hyperparameters")
+        raise SteeringError.from_key("iti_no_num_heads")
     return heads, shifts, num_heads
 
 
@@ -234,33 +233,31 @@ def check_vector(handle, vector) -> None:
     if HEADS not in vector.extras and SHIFTS not in vector.extras:
         return
     if HEADS not in vector.extras or SHIFTS not in vector.extras:
-        raise SteeringError(f"this ITI vector has only one of '{HEADS}' and '{SHIFTS}'; both are needed")
+        raise SteeringError.from_key("iti_one_of_two", heads=HEADS, shifts=SHIFTS)
     heads, shifts = vector.extras[HEADS], vector.extras[SHIFTS]
     layers = handle.arch.num_layers
     model_heads, head_dim = head_geometry(handle)
     num_heads = vector.hyperparameters.get("num_heads")
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads != model_heads:
-        raise SteeringError(f"this ITI vector records num_heads {str(num_heads)[:20]}; the loaded model has "
-                            f"{model_heads} attention heads")
+        raise SteeringError.from_key("iti_num_heads", value=str(num_heads)[:20], heads=model_heads)
     if heads.dtype.is_floating_point or heads.dtype == torch.bool or heads.ndim != 2 or heads.shape[1] != 2:
-        raise SteeringError(f"'{HEADS}' must be (K, 2) integers [layer, head], got {heads.dtype} of shape "
-                            f"{tuple(heads.shape)}")
+        raise SteeringError.from_key("iti_heads_shape", tensor=HEADS, dtype=str(heads.dtype), shape=tuple(heads.shape))
     k = heads.shape[0]
     if not 1 <= k <= layers * model_heads:
-        raise SteeringError(f"'{HEADS}' lists {k} heads; the loaded model has {layers * model_heads}")
+        raise SteeringError.from_key("iti_heads_count", tensor=HEADS, count=k, heads=layers * model_heads)
     bad_layer = ((heads[:, 0] < 0) | (heads[:, 0] >= layers)).nonzero()
     if len(bad_layer):
-        raise SteeringError(f"'{HEADS}' names layer {int(heads[bad_layer[0, 0], 0])}; the loaded model has "
-                            f"layers 0..{layers - 1}")
+        raise SteeringError.from_key("iti_heads_layer", tensor=HEADS, layer=int(heads[bad_layer[0, 0], 0]),
+                                     last=layers - 1)
     bad_head = ((heads[:, 1] < 0) | (heads[:, 1] >= model_heads)).nonzero()
     if len(bad_head):
-        raise SteeringError(f"'{HEADS}' names head {int(heads[bad_head[0, 0], 1])}; the loaded model has heads "
-                            f"0..{model_heads - 1}")
+        raise SteeringError.from_key("iti_heads_head", tensor=HEADS, head=int(heads[bad_head[0, 0], 1]),
+                                     last=model_heads - 1)
     if not shifts.dtype.is_floating_point or tuple(shifts.shape) != (k, head_dim):
-        raise SteeringError(f"'{SHIFTS}' must be ({k}, {head_dim}) floats for the loaded model, got {shifts.dtype} "
-                            f"of shape {tuple(shifts.shape)}")
+        raise SteeringError.from_key("iti_shifts_shape", tensor=SHIFTS, k=k, size=head_dim, dtype=str(shifts.dtype),
+                                     shape=tuple(shifts.shape))
     if not torch.isfinite(shifts).all():
-        raise SteeringError(f"'{SHIFTS}' contains NaN or inf values")
+        raise SteeringError.from_key("iti_shifts_not_finite", tensor=SHIFTS)
 
 
 def build_steers(handle, vector, alpha: float, relative: bool = False, positions: str | None = None) -> list:
@@ -268,8 +265,8 @@ def build_steers(handle, vector, alpha: float, relative: bool = False, positions
     heads, shifts, num_heads = shifts_of(vector)
     model_heads, head_dim = head_geometry(handle)
     if model_heads != num_heads or shifts.shape[1] != head_dim:
-        raise SteeringError(f"ITI vector is for {num_heads} heads of size {shifts.shape[1]}; the loaded model has "
-                            f"{model_heads} heads of size {head_dim}")
+        raise SteeringError.from_key("iti_geometry", heads=num_heads, size=shifts.shape[1], model_heads=model_heads,
+                                     model_size=head_dim)
     return [HeadSteer(layer_shifts(heads, shifts, head_dim, num_heads), float(alpha), positions or vector.positions)]
 
 

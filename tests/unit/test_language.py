@@ -551,7 +551,8 @@ def test_a_refused_dataset_is_said_in_the_page_s_language(service, tmp_path, nam
     found = {"foo", "bar", "statement", "maybe", "pairs", "positive", "chosen", "pos", "negative", "rejected",
              "neg"}  # what the file holds or the columns it could name, quoted as they are
     expected = "应为 " + i18n.message("zh-CN", "dataset_expected")
-    assert _zh_words(zh.replace(expected, ""), name, *found) <= DATASET_NOTES, zh
+    longest_first = sorted(found, key=len, reverse=True)  # "pos" taken out first would leave "itive" of "positive"
+    assert _zh_words(zh.replace(expected, ""), name, *longest_first) <= DATASET_NOTES, zh
 
 
 def test_the_english_of_a_refused_dataset_is_the_cli_s_as_before(tmp_path):
@@ -848,3 +849,33 @@ def test_a_refused_setting_is_said_in_the_page_s_language(service, tmp_path, met
     assert str(exc).startswith(f"Settings refused: {english}")
     zh = i18n.message("zh-CN", exc.key, **exc.params)
     assert _zh_words(zh, *names) == set(), zh
+
+
+# ------------------------------------------------------------------ ITI / L2S vectors the model cannot take (#52)
+def test_an_iti_vector_whose_heads_do_not_fit_is_refused_in_the_page_s_language(service, tmp_path):
+    import torch
+
+    from steer_ui.model.capture import head_geometry
+    from steer_ui.vector import SteeringVector
+
+    num_heads, head_dim = head_geometry(service.handle)
+    vector = SteeringVector(directions={1: torch.ones(64)}, hidden_size=64, method="iti", name="heads",
+                            extras={"iti.heads": torch.tensor([[9, 0]]), "iti.shifts": torch.ones(1, head_dim)},
+                            hyperparameters={"num_heads": num_heads})
+    exc = _refused_import(service, vector.save(tmp_path / "heads.safetensors"))
+    assert exc.params["detail"].key == "iti_heads_layer"
+    assert str(exc) == "heads.safetensors: 'iti.heads' names layer 9; the loaded model has layers 0..3"
+    zh = i18n.message("zh-CN", exc.key, **exc.params)
+    assert "第 9 层" in zh and _zh_words(zh, "heads.safetensors", "iti.heads") == set(), zh
+
+
+def test_l2s_steering_refusals_are_keyed():
+    from steer_ui.methods.l2s.steering import check_positions
+    from steer_ui.model.hooks import SteeringError
+
+    with pytest.raises(SteeringError) as info:
+        check_positions(1, 3, "all")
+    assert str(info.value) == ("context layer 3 comes after steered layer 1: steering prompt positions needs the "
+                               "context first; use positions='generated' or a context layer <= 1")
+    zh = i18n.message("zh-CN", info.value.key, **info.value.params)
+    assert _zh_words(zh, "positions='generated'") == set(), zh

@@ -65,7 +65,7 @@ class L2SMethod:
         # g was fitted to targets at L*; it predicts nothing meaningful for another block.
         steered, _ = layers_of(vector)
         if layer is not None and int(layer) != steered:
-            raise SteeringError(f"this L2S vector steers layer {steered} only (its MLP was trained there)")
+            raise SteeringError.from_key("l2s_layer_only", layer=steered)
         return build_steers(handle, vector, alpha, relative=relative, positions=positions)
 
 

@@ -49,7 +49,7 @@ class SteeringMLP(nn.Module):
     def __init__(self, d_in: int, hidden: int, d_out: int, activation: str = "tanh"):
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise L2SError(f"activation must be one of {tuple(ACTIVATIONS)}, got '{activation}'")
+            raise L2SError.from_key("l2s_activation", known=tuple(ACTIVATIONS), value=activation)
         self.activation = activation
         self.encoder = nn.Linear(d_in, hidden)
         self.act = ACTIVATIONS[activation]()
@@ -80,12 +80,11 @@ class SteeringMLP(nn.Module):
                   "target_mean", "target_scale")
         missing = [k for k in needed if k not in state]
         if missing:
-            raise VectorError(f"L2S vector is missing the MLP tensors {[EXTRA + k for k in missing]}")
+            raise VectorError.from_key("l2s_mlp_missing", tensors=[EXTRA + k for k in missing])
         hidden, d_in = state["encoder.weight"].shape
         d_out = state["decoder.weight"].shape[0]
         if state["decoder.weight"].shape[1] != hidden:
-            raise VectorError(f"L2S decoder has {state['decoder.weight'].shape[1]} inputs but the encoder has "
-                              f"{hidden} outputs")
+            raise VectorError.from_key("l2s_mlp_inner", inputs=state["decoder.weight"].shape[1], outputs=hidden)
         net = cls(int(d_in), int(hidden), int(d_out), activation)
         net.load_state_dict({k: state[k] for k in needed})
         net.eval()
@@ -127,7 +126,7 @@ def fit_mlp(contexts: torch.Tensor, targets: torch.Tensor, train_idx: Sequence[i
     ``decoder_init``: ``"svd"`` (the decoder spans the top principal directions of the centred training
     shifts, the encoder is zero) or ``"zero"`` (a zero decoder, a random encoder).  Both start at Mean-S."""
     if decoder_init not in DECODER_INITS:
-        raise L2SError(f"decoder_init must be one of {DECODER_INITS}, got '{decoder_init}'")
+        raise L2SError.from_key("l2s_decoder_init", known=DECODER_INITS, value=decoder_init)
     progress = progress or noop
     started = time.perf_counter()
     train_idx, val_idx = list(train_idx), list(val_idx)

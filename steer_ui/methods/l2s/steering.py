@@ -15,10 +15,11 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ...messages import Said
 from ...model.hooks import Steer, SteeringError
 from ...model.units import check_alpha, relative_scale
 from ...vector import SteeringVector, VectorError
-from .activations import check_layer, extract, prompt_contexts
+from .activations import LAYER_WORDS, check_layer, extract, prompt_contexts
 from .mlp import SteeringMLP
 from .pairs import L2SError, Pair
 
@@ -28,11 +29,11 @@ NAME = "l2s"
 def mlp_of(vector: SteeringVector) -> SteeringMLP:
     """The MLP stored in an L2S vector's extras (rebuilt per call: microseconds, and never stale)."""
     if vector.method != NAME:
-        raise L2SError(f"vector '{vector.name or vector.method}' is a {vector.method} vector, not an L2S one")
+        raise L2SError.from_key("l2s_not_l2s", name=vector.name or vector.method, method=vector.method)
     net = SteeringMLP.from_tensors(vector.extras, vector.hyperparameters.get("activation", "tanh"))
     if net.sizes[0] != vector.hidden_size or net.sizes[2] != vector.hidden_size:
-        raise VectorError(f"L2S MLP maps {net.sizes[0]} -> {net.sizes[2]} values but the vector's hidden size is "
-                          f"{vector.hidden_size}")
+        raise VectorError.from_key("l2s_mlp_size", inputs=net.sizes[0], outputs=net.sizes[2],
+                                   hidden=vector.hidden_size)
     return net
 
 
@@ -51,7 +52,7 @@ def unit_scale(handle, vector: SteeringVector, relative: bool) -> float:
     if not norm > 0:
         norm = float(mlp_of(vector).target_mean.norm())
     if not norm > 0:
-        raise SteeringError("this L2S vector has no target scale; relative units are undefined")
+        raise SteeringError.from_key("l2s_no_target_scale")
     return relative_scale(handle, layers_of(vector)[0]) / norm
 
 
@@ -60,16 +61,17 @@ def check_positions(layer: int, context_layer: int, positions: str, setting: str
     """Prompt positions can be steered only from a context read at or below the steered block; ``setting`` and
     ``context_setting`` name what the caller calls those choices, so the message names what it accepts."""
     if positions in ("all", "prompt") and context_layer > layer:
-        raise SteeringError(
-            f"context layer {context_layer} comes after steered layer {layer}: steering prompt positions needs the "
-            f"context first; use {setting}='generated' or a {context_setting} <= {layer}")
+        if context_setting in LAYER_WORDS:  # a plain word, said in the page's language (a setting's name is as is)
+            context_setting = Said(LAYER_WORDS[context_setting])
+        raise SteeringError.from_key("l2s_context_after", context_layer=context_layer, layer=layer, setting=setting,
+                                     context_setting=context_setting)
 
 
 def _check_fits(handle, vector: SteeringVector) -> tuple[int, int]:
     """(L*, L′) once both exist in the loaded model and g's width matches it."""
     if vector.hidden_size != handle.arch.hidden_size:
-        raise SteeringError(f"L2S vector '{vector.name or vector.method}' is for hidden size {vector.hidden_size} but "
-                            f"the loaded model ({handle.model_id}) has hidden size {handle.arch.hidden_size}")
+        raise SteeringError.from_key("l2s_hidden_size", name=vector.name or vector.method, size=vector.hidden_size,
+                                     model=handle.model_id, hidden=handle.arch.hidden_size)
     layer, context_layer = layers_of(vector)
     return check_layer(handle, layer, "layer"), check_layer(handle, context_layer, "context layer")
 
