@@ -262,13 +262,13 @@ def static_steers(handle, vector: SteeringVector, alpha: float, *, layer: int | 
     positions = positions or vector.positions
     n_layers = handle.arch.num_layers
     if layer is not None and len(vector.layers) > 1 and layer not in vector.layers:
-        raise SteeringError(f"this vector has directions for layers {vector.layers}; pick one of them")
+        raise SteeringError.from_key("steering_pick_vector_layer", layers=", ".join(map(str, vector.layers)))
     pairs = [(layer, vector.direction(layer if layer in vector.directions else None))] if layer is not None \
         else list(vector.directions.items())
     steers = []
     for target_layer, direction in pairs:
         if not 0 <= target_layer < n_layers:
-            raise SteeringError(f"layer {target_layer} does not exist: the model has layers 0..{n_layers - 1}")
+            raise SteeringError.from_key("steering_no_such_layer", layer=target_layer, last=n_layers - 1)
         vec, multiplier = scaled_direction(handle, direction, alpha, target_layer, relative)
         steers.append(Steer(layer=target_layer, vector=vec, alpha=multiplier, positions=positions))
     return steers

@@ -364,13 +364,13 @@ def validate(steers: Sequence[Steer], num_layers: int, hidden_size: int) -> None
         if not isinstance(s, Steer):
             continue  # extensions (see `steering`) validate themselves
         if not 0 <= s.layer < num_layers:
-            raise SteeringError(f"layer {s.layer} does not exist: the model has layers 0..{num_layers - 1}")
+            raise SteeringError.from_key("steering_no_such_layer", layer=s.layer, last=num_layers - 1)
         if s.vector is not None and s.vector.shape[-1] != hidden_size:
             raise SteeringError(
                 f"vector has {s.vector.shape[-1]} values but the model's hidden size is {hidden_size}"
             )
         if s.context_layer is not None and not 0 <= s.context_layer < num_layers:
-            raise SteeringError(f"context layer {s.context_layer} does not exist (0..{num_layers - 1})")
+            raise SteeringError.from_key("steering_no_such_context_layer", layer=s.context_layer, last=num_layers - 1)
 
 
 def special_ids(handle) -> torch.Tensor:

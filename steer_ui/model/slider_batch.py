@@ -53,7 +53,7 @@ class SliderBatcher:
     def _steered_logits(self, prompt: str, steer: Steer) -> torch.Tensor:
         push = float(steer.scalar_alpha) * steer.vector.float()
         if not torch.isfinite(push).all():  # checked alone, so one user's overflow never fails a group
-            raise SteeringError("α × vector overflows the model's number range: use a smaller α")
+            raise SteeringError.from_key("steering_overflow")
         key = (prompt, steer.layer, steer.positions, steer.special_tokens)
         with self._lock:
             group = self._open.get(key)

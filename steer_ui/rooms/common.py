@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..guards import Guard
 from ..keeping import Keeper
-from ..messages import UserError, first_line  # noqa: F401 (first_line: the rooms' one-line helper)
+from ..messages import UserError, first_line, said_of  # noqa: F401 (first_line: the rooms' one-line helper)
 from ..policy import Policy
 from ..sessions import Session, Sessions
 
@@ -35,7 +35,7 @@ def refusal(exc: BaseException, key: str, detail: str | None = None, **params) -
     own = getattr(exc, "key", None)
     if own:
         return UserError(own, **exc.params)
-    return UserError(key, **params, detail=first_line(exc) if detail is None else detail)
+    return UserError(key, **params, detail=said_of(exc) if detail is None else detail)
 
 
 def dataset_refusal(name: str, exc: BaseException) -> UserError:

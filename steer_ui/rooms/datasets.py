@@ -9,7 +9,7 @@ import pandas as pd
 from .. import names
 from ..messages import Said, UserError
 from ..sessions import frame_bytes
-from .common import Shared, dataset_refusal, expected_errors, first_line
+from .common import Shared, dataset_refusal, expected_errors, said_of
 
 DATASETS_DIR = Path(__file__).resolve().parents[2] / "assets" / "datasets"
 DATASET_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
@@ -118,5 +118,5 @@ class Datasets:
             pairs = as_pairs(s.dataset)
             _train, test = group_split([pair.group for pair in pairs])
         except expected_errors() as exc:
-            raise UserError("compare_needs_pairs", detail=first_line(exc)) from None
+            raise UserError("compare_needs_pairs", detail=said_of(exc)) from None
         return [pairs[i] for i in test]

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import admission, guards, steering_spec
 from ..messages import Said, UserError
-from .common import Shared, expected_errors, first_line
+from .common import Shared, expected_errors, first_line, said_of
 from .datasets import Datasets
 from .explore import Explore
 from .library import LAST_COMPARISON, Library
@@ -97,7 +97,7 @@ class Evaluation:
         try:
             requests = steerability.requests_for(engine.handle, texts, steers, sampling)
         except expected_errors() as exc:
-            raise UserError("generation_failed", detail=first_line(exc)) from None
+            raise UserError("generation_failed", detail=said_of(exc)) from None
         s = self.shared.find(session)
         # a long job like any other: its turn in the line (the decode batch, not the model's lock), Cancel
         with self.training.job(s, handle, progress, kind="compare", model_lock=False) as report:
@@ -127,7 +127,7 @@ class Evaluation:
                                                vector=self.library.get_vector(session, vector_name, layer, seed),
                                                held=others)
             except expected_errors() as exc:
-                raise UserError("explore_failed", detail=first_line(exc)) from None
+                raise UserError("explore_failed", detail=said_of(exc)) from None
         out["summary"]["units"] = "relative" if relative else "raw"
         if stopped:
             out["summary"]["stopped"] = {"done": len(finished), "total": asked, "limit": int(p.compare_seconds)}

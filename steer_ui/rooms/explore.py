@@ -13,7 +13,7 @@ from ..limits import MAX_DELTA_LOGIT_LIMIT
 from ..messages import UserError
 from ..sessions import Session
 from ..steering import steering_kind
-from .common import RANDOM, Shared, expected_errors, first_line
+from .common import RANDOM, Shared, expected_errors, first_line, said_of
 from .library import Library
 from .models import Models
 
@@ -95,7 +95,7 @@ class Explore:
             with guard.reserve(needed), engine.interactive():
                 return slider.next_token(prompt, steers, top_k=top_k)
         except expected_errors() as exc:
-            raise UserError("explore_failed", detail=first_line(exc)) from None
+            raise UserError("explore_failed", detail=said_of(exc)) from None
 
     def calibrated_alpha_max(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
                              seed: int = 0) -> float:
@@ -127,7 +127,7 @@ class Explore:
             with guard.reserve(needed):
                 kl = mean_kl_curve(handle, direction, layer, GRID, (prompt,))
         except expected_errors() as exc:
-            raise UserError("explore_failed", detail=first_line(exc)) from None
+            raise UserError("explore_failed", detail=said_of(exc)) from None
         return round(alpha_at_kl(GRID, kl, KL_AT_MAX), 4)
 
     def vocab_projection(self, session: str | None, vector_name: str | None, layer: int | None, seed: int = 0,
@@ -227,7 +227,7 @@ class Explore:
         try:
             request = Request.make(engine.handle, prompt, steers, sampling)
         except expected_errors() as exc:
-            raise UserError("generation_failed", detail=first_line(exc)) from None
+            raise UserError("generation_failed", detail=said_of(exc)) from None
         s = self.shared.find(session)
         # the KV cache is what a generation keeps while it decodes; its prefill's scratch is bounded per request,
         # and the decode batch holds at most policy.batch_requests of them
@@ -276,7 +276,7 @@ class Explore:
                 frame = sweep(handle, prompt, steer.vector, steer.layer, [a * scale for a in alphas],
                               positions=steer.positions, target=target, held=others)
         except expected_errors() as exc:
-            raise UserError("explore_failed", detail=first_line(exc)) from None
+            raise UserError("explore_failed", detail=said_of(exc)) from None
         frame = frame.rename(columns={"alpha": "raw_alpha"})
         frame.insert(0, "alpha", alphas)
         return frame
@@ -310,7 +310,7 @@ def _frames(s: Session, prompt: str, ticket, settings: dict | None = None, promp
     except EngineBusy as exc:  # the model was replaced while this request waited
         raise UserError("busy", detail=first_line(exc)) from None
     except Exception as exc:  # noqa: BLE001 - whatever the engine met for this request, in one line
-        raise UserError("generation_failed", detail=first_line(exc)) from None
+        raise UserError("generation_failed", detail=said_of(exc)) from None
     finally:
         ticket.cancel()
     if last is not None:

@@ -879,3 +879,25 @@ def test_l2s_steering_refusals_are_keyed():
                                "context first; use positions='generated' or a context layer <= 1")
     zh = i18n.message("zh-CN", info.value.key, **info.value.params)
     assert _zh_words(zh, "positions='generated'") == set(), zh
+
+
+def test_steering_refusals_are_said_in_the_page_s_language(service):
+    """A multi-layer vector moved to a layer it lacks, and a layer the model lacks, reach Explore's line as a key
+    (the explore room says an error by its key): no English inside the Chinese line."""
+    import torch
+
+    from steer_ui.messages import said_of
+    from steer_ui.methods.base import static_steers
+    from steer_ui.model.hooks import Steer, validate
+    from steer_ui.vector import SteeringVector
+
+    two = SteeringVector(directions={1: torch.ones(64), 3: torch.ones(64)}, hidden_size=64, method="mean-diff",
+                         name="two-layers")
+    picked = pytest.raises(ValueError, static_steers, service.handle, two, 0.1, layer=2).value
+    missing = pytest.raises(ValueError, validate, [Steer(layer=9, vector=torch.ones(64), alpha=1.0)], 4, 64).value
+    assert str(picked) == "this vector has directions for layers [1, 3]; pick one of them"
+    assert str(missing) == "layer 9 does not exist: the model has layers 0..3"
+    for exc, key in ((picked, "steering_pick_vector_layer"), (missing, "steering_no_such_layer")):
+        assert said_of(exc).key == key
+        zh = i18n.message("zh-CN", exc.key, **exc.params)
+        assert _zh_words(zh) == set() and "9" in zh or "1, 3" in zh, zh
