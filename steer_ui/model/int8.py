@@ -36,17 +36,40 @@ from ..paths import cache_root
 KERNEL_MAX_ROWS = 64  # the AVX2 path's limit (decode steps, the many-users batch, the slider's re-runs)
 _SLAB_ROWS = 4096  # the torch path dequantises this many output rows at a time (~10 MB at 640 inputs)
 _SOURCE = Path(__file__).with_name("int8_kernel.c")
+_W8A8_SOURCE = Path(__file__).with_name("w8a8_kernel.c")
 _BUILD_LOCK = threading.Lock()
 
 
-def _kernel_target(extra_flags: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+def _kernel_target(extra_flags: tuple[str, ...] = (), source_path: Path = _SOURCE) -> tuple[Path, list[str]]:
     """Where the kernel built from this source, with these flags, for this CPU lives; and the flags."""
-    source = _SOURCE.read_bytes()
+    source = source_path.read_bytes()
     flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", *extra_flags]
     cpu = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
     cpu_flags = next((line for line in cpu.splitlines() if line.startswith("flags")), platform.processor())
     key = hashlib.sha256(source + " ".join(flags).encode() + cpu_flags.encode() + platform.machine().encode())
-    return cache_root() / "kernels" / f"int8_kernel-{key.hexdigest()[:16]}.so", flags
+    return cache_root() / "kernels" / f"{source_path.stem}-{key.hexdigest()[:16]}.so", flags
+
+
+def _library(source_path: Path, extra_flags: tuple[str, ...]):
+    """The C file built (once per source, flags and CPU; kept in the cache) and loaded, or None where no C
+    compiler works."""
+    target, flags = _kernel_target(extra_flags, source_path)
+    with _BUILD_LOCK:
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".{threading.get_ident()}.tmp")
+            try:
+                subprocess.run(["cc", *flags, "-o", str(tmp), str(source_path)], check=True, capture_output=True,
+                               timeout=120)
+                tmp.replace(target)
+            except (OSError, subprocess.SubprocessError):
+                tmp.unlink(missing_ok=True)
+                return None
+    return ctypes.CDLL(str(target))
+
+
+_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,25 +78,29 @@ def _kernel(extra_flags: tuple[str, ...] = ()):
 
     ``extra_flags``: added to the compiler's (the tests build the AVX2 path on an AVX-512 machine with
     ``("-mno-avx512f",)``, since CI's machine may have either)."""
-    target, flags = _kernel_target(extra_flags)
-    with _BUILD_LOCK:
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(f".{threading.get_ident()}.tmp")
-            try:
-                subprocess.run(["cc", *flags, "-o", str(tmp), str(_SOURCE)], check=True, capture_output=True,
-                               timeout=120)
-                tmp.replace(target)
-            except (OSError, subprocess.SubprocessError):
-                tmp.unlink(missing_ok=True)
-                return None
-    library = ctypes.CDLL(str(target))
+    library = _library(_SOURCE, extra_flags)
+    if library is None:
+        return None
     fn = library.int8_matmul
     fn.restype = ctypes.c_int
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, i64, i64, p, p, p, i64, i64, p, ctypes.c_int]
+    fn.argtypes = _ARGS
     library.int8_wide.restype = ctypes.c_int
     fn.wide = bool(library.int8_wide())  # this build has the AVX-512 path
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _w8a8_kernel(extra_flags: tuple[str, ...] = ()):
+    """The integer-product kernel (``w8a8_kernel.c``: activations rounded to int8 per row, int8 · int8 sums in
+    int32), or None where no C compiler works.  ``fn.path``: "avx512-vnni", "avx2" or "c"."""
+    library = _library(_W8A8_SOURCE, extra_flags)
+    if library is None:
+        return None
+    fn = library.w8a8_matmul
+    fn.restype = ctypes.c_int
+    fn.argtypes = _ARGS
+    library.w8a8_path.restype = ctypes.c_int
+    fn.path = {2: "avx512-vnni", 1: "avx2", 0: "c"}[library.w8a8_path()]
     return fn
 
 
@@ -152,6 +179,19 @@ class Int8Weight:
     def kernel_product(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         """``flat @ W.T`` (flat: contiguous float32 (rows, in) on the CPU) by the compiled kernel ``fn``; None if
         the kernel refuses the shape (inputs not a multiple of the group)."""
+        out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
+        status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
+                    None if self.offset is None else self.offset.data_ptr(), self.group, self.codes.shape[0],
+                    out.data_ptr(), torch.get_num_threads())
+        return out if status == 0 else None
+
+    def w8a8_product(self, flat: torch.Tensor, fn=None) -> torch.Tensor | None:
+        """``flat @ W.T`` with the activations rounded to int8 per row and integer products
+        (``w8a8_kernel.c``; flat: contiguous float32 (rows, in) on the CPU); None where the kernel is missing or
+        refuses the shape (a group its vector path does not take).  ``fn``: a build of it (tests)."""
+        fn = fn if fn is not None else _w8a8_kernel()
+        if fn is None:
+            return None
         out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
         status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
                     None if self.offset is None else self.offset.data_ptr(), self.group, self.codes.shape[0],
