@@ -114,6 +114,11 @@ def kernel_identity() -> str:
     return _kernel_target()[0].stem if kernel_available() else "torch"
 
 
+def w8a8_identity() -> str | None:
+    """The W8A8 kernel's build (source, flags, CPU), whose cost the loader measures; None without a compiler."""
+    return _kernel_target((), _W8A8_SOURCE)[0].stem if _w8a8_kernel() is not None else None
+
+
 @dataclass
 class Int8Weight:
     """An (out, in) weight as int8 ``codes``, float32 ``scale`` (out, in // group) and optional ``offset``."""
@@ -123,6 +128,9 @@ class Int8Weight:
     offset: torch.Tensor | None
     group: int
     exact: bool = False  # the codes are the model's own (a GGUF's), not a rounding of its floats
+    # products of at least this many rows take integer products on int8 activations (W8A8, w8a8_kernel.c); None:
+    # never.  Set by the loader only where the measured cost is within the default's bound (precision.py)
+    w8a8_min_rows: int | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -138,7 +146,8 @@ class Int8Weight:
     def slice(self, start: int, end: int | None) -> "Int8Weight":
         """Output rows ``start:end`` (views, no copy)."""
         return Int8Weight(self.codes[start:end], self.scale[start:end],
-                          None if self.offset is None else self.offset[start:end], self.group, self.exact)
+                          None if self.offset is None else self.offset[start:end], self.group, self.exact,
+                          self.w8a8_min_rows)
 
     def dequantise(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """Rows ``start:end`` as float32 (a multiply, then an add: the same roundings as a GGUF reader)."""
@@ -159,6 +168,12 @@ class Int8Weight:
             return (flat @ self.dequantise().T).reshape(*shape[:-1], -1)
         flat = flat.float().contiguous()
         out_features = self.codes.shape[0]
+        rows = flat.shape[0]
+        if (self.w8a8_min_rows is not None and rows >= self.w8a8_min_rows and flat.device.type == "cpu"
+                and (pause is None or rows <= KERNEL_MAX_ROWS)):  # long paused prefills keep their slabs
+            out = self.w8a8_product(flat)
+            if out is not None:
+                return out.reshape(*shape[:-1], out_features)
         fn = _kernel() if flat.device.type == "cpu" else None
         # past KERNEL_MAX_ROWS, only the AVX-512 path beats torch on dequantised slabs (docs/bench.md), and the
         # slabs are where a long product pauses for interactive work
