@@ -9,7 +9,8 @@ is left of the wall time: Python and the profiler's own cost.  (``profile_step``
 time against host time.)
 
 ``python -m steer_ui.tools.step_profile`` (about a minute on two cores); ``--weights float32`` for the float
-model; ``--rows 1,3`` for fewer cases.  State the load average beside its numbers (it prints it).
+model; ``--rows 1,3`` for fewer cases; ``--crossover`` times the int8 kernel against the W8A8 one, ``--w8a8-accuracy``
+measures what int8 activations cost.  State the load average beside its numbers (it prints it).
 """
 from __future__ import annotations
 
@@ -179,6 +180,53 @@ def crossover(row_counts=(1, 3, 4, 8, 16, 24, 32, 64, 128), reps: int = 7, shape
     return out
 
 
+def w8a8_accuracy(model: str, blocks=(None, 64, 32, 16)) -> list[dict]:
+    """What int8 activations cost on ``model``'s bench prompts (precision.fingerprint against float32 weights):
+    the W8A8 kernel itself (one scale per row, every product), then a simulation of finer activation scales
+    (each block of ``block`` inputs rounded to int8 with its own scale, llama.cpp's q8_0 being 32, then today's
+    product), on every product or on the block linears only (the unembedding left on float activations)."""
+    import torch
+
+    from ..model.int8 import Int8Weight, int8_weights
+    from ..model.loading import load_model
+    from ..model.precision import cost, fingerprint
+
+    reference = fingerprint(load_model(model, weights="float32"))
+    handle = load_model(model, weights="int8")
+    rows = [{"activations": "int8 weights only (today)", "products": "all",
+             **cost(reference, fingerprint(handle, alpha=reference["alpha"]))}]
+    for w in int8_weights(handle.model):
+        w.w8a8_min_rows = 1
+    rows.append({"activations": "W8A8 kernel, one scale per row", "products": "all",
+                 **cost(reference, fingerprint(handle, alpha=reference["alpha"]))})
+    for w in int8_weights(handle.model):
+        w.w8a8_min_rows = None
+    original = Int8Weight.matmul
+    vocab = handle.arch.vocab_size
+
+    def simulated(block, skip_unembedding):
+        def matmul(self, x, pause=None):
+            if skip_unembedding and self.shape[0] >= vocab:
+                return original(self, x, pause)
+            flat = x.reshape(-1, x.shape[-1]).float()
+            v = flat.view(flat.shape[0], -1, block or flat.shape[1])
+            d = v.abs().amax(-1, keepdim=True) / 127
+            rounded = torch.where(d > 0, torch.round(v / torch.where(d > 0, d, 1)), 0) * d
+            return original(self, rounded.view(x.shape), pause)
+        return matmul
+
+    try:
+        for block in blocks:
+            for skip in (False, True):
+                Int8Weight.matmul = simulated(block, skip)
+                rows.append({"activations": f"simulated, one scale per {f'{block} inputs' if block else 'row'}",
+                             "products": "block linears" if skip else "all",
+                             **cost(reference, fingerprint(handle, alpha=reference["alpha"]))})
+    finally:
+        Int8Weight.matmul = original
+    return rows
+
+
 def main(argv=None) -> None:
     import argparse
 
@@ -195,9 +243,20 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch's threads (default: as the app sets them)")
     parser.add_argument("--crossover", action="store_true",
                         help="time the int8 kernel against the integer-product (W8A8) kernel instead")
+    parser.add_argument("--w8a8-accuracy", action="store_true",
+                        help="what int8 activations cost against float32 weights, by activation scale block")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.w8a8_accuracy:
+        load_start = os.getloadavg()
+        print("| activations | products | max abs dp | top-1 | max abs ddlogit |")
+        print("|---|---|---|---|---|")
+        for r in w8a8_accuracy(args.model):
+            print(f"| {r['activations']} | {r['products']} | {r['max_abs_dp']:.4f} | {r['top1_agree']}/{r['prompts']} "
+                  f"| {r['max_abs_ddlogit']:.3f} |")
+        print(f"load average {load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+        return
     if args.crossover:
         from ..model.int8 import _w8a8_kernel
 

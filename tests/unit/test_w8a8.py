@@ -1,10 +1,9 @@
 """Integer products on int8 activations (W8A8, issue #50): ``w8a8_kernel.c`` against a float64 reference.
 
 The bound is the activations' rounding, derived, not tuned: each row is rounded with one scale ``xs = max|x| /
-127``, so every element moves by at most ``xs / 2``, and a product's sum moves by at most
-``xs / 2 · Σ_k |q[n, k] · s[n, k // group]|`` (the offsets multiply the float rows' group sums, which are not
-rounded).  The integer sums are exact, so beyond that only float32's own sums add: a slack of 1e-5 of
-``Σ |x| |W|``.  Each vector path is checked where this machine can run it (the AVX2 one is built with
+127``, so every element moves by at most ``xs / 2``, and the product (the dequantised weights times the rounded
+row: the offsets multiply the rounded rows' group sums) moves by at most ``xs / 2 · Σ_k |W[n, k]|``.  The integer
+sums are exact, so beyond that only float32's own sums add: a slack of 1e-5 of ``Σ |x| |W|``.  Each vector path is checked where this machine can run it (the AVX2 one is built with
 ``-mno-avx512f`` on an AVX-512 machine, the plain C one with ``-mno-avx2`` too), and a row's result must not
 depend on the rows sent with it, bit for bit.
 """
@@ -49,11 +48,10 @@ def _weight(out_features, in_features, group, affine, seed=0, low=-128, high=128
 
 def _bound(w: Int8Weight, x: torch.Tensor) -> torch.Tensor:
     """(rows, out) float64: the activations' rounding bound plus float32's slack."""
-    n, k = w.shape
-    scaled = (w.codes.double().view(n, -1, w.group) * w.scale.double()[..., None]).view(n, k).abs()
+    weights = w.dequantise().double().abs()
     xs = x.double().abs().amax(1, keepdim=True) / 127
-    slack = 1e-5 * (x.double().abs() @ w.dequantise().double().abs().T)
-    return 0.5 * xs * scaled.sum(1)[None, :] + slack + 1e-12
+    slack = 1e-5 * (x.double().abs() @ weights.T)
+    return 0.5 * xs * weights.sum(1)[None, :] + slack + 1e-12
 
 
 # GGUF's groups: Q8_0 (32), Q4_K (32, affine: codes 0..15), Q6_K (16, codes -32..31), per output row (group = in);
@@ -106,6 +104,19 @@ def test_exact_when_the_activations_are_already_on_the_int8_grid():
     assert torch.allclose(got, reference, rtol=1e-5, atol=1e-4)
 
 
+def test_the_offsets_meet_the_rounded_rows():
+    """With affine codes all of one sign (Q4_K's 0..15), the rounding must meet the centred weights: the product
+    equals the dequantised weights times the rounded row, up to float32's sums."""
+    fn = _build("native")
+    w = _weight(64, 640, 32, True, seed=6, low=0, high=16)
+    x = torch.randn(4, 640, generator=torch.Generator().manual_seed(7))
+    xs = x.abs().amax(1, keepdim=True) / 127
+    rounded = torch.round(x * (127 / x.abs().amax(1, keepdim=True))).double() * xs.double()
+    expected = rounded @ w.dequantise().double().T
+    got = w.w8a8_product(x, fn).double()
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+
+
 def test_zero_and_non_finite_rows():
     fn = _build("native")
     w = _weight(20, 64, 32, True, seed=5)
@@ -113,7 +124,7 @@ def test_zero_and_non_finite_rows():
     x[1, 3] = float("nan")
     x[2, 5] = float("inf")
     got = w.w8a8_product(x, fn)
-    assert torch.allclose(got[0], torch.zeros(20))  # no activations: offsets times zero sums
+    assert torch.equal(got[0], torch.zeros(20))  # no activations: nothing, offsets included
     assert not torch.isfinite(got[1]).any() and not torch.isfinite(got[2]).any()
 
 
