@@ -169,8 +169,8 @@ class Int8Weight:
         flat = flat.float().contiguous()
         out_features = self.codes.shape[0]
         rows = flat.shape[0]
-        if (self.w8a8_min_rows is not None and rows >= self.w8a8_min_rows and flat.device.type == "cpu"
-                and (pause is None or rows <= KERNEL_MAX_ROWS)):  # long paused prefills keep their slabs
+        # whatever the row count or pause (rounded activations would otherwise depend on who shares the batch)
+        if self.w8a8_min_rows is not None and rows >= self.w8a8_min_rows and flat.device.type == "cpu":
             out = self.w8a8_product(flat)
             if out is not None:
                 return out.reshape(*shape[:-1], out_features)

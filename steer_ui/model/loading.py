@@ -369,7 +369,7 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
         measured = cost(reference, fingerprint(int8, alpha=reference["alpha"]))
         measured["exact_codes"], measured["rounded"] = len(made["exact"]), len(made["rounded"])
         measured["kernel"] = kernel
-        measured["w8a8"] = w8a8_cost(int8, reference)
+        measured["w8a8"] = w8a8_cost(int8, reference, exact_codes=bool(made["exact"]) and not made["rounded"])
         if cost_file is not None:
             write_cost(cost_file, measured)
     if (measured.get("w8a8") or {}).get("on"):  # only where its measured cost is within the default's bound

@@ -23,7 +23,7 @@ import time
 GROUPS = {
     "attention": ("scaled_dot_product", "softmax", "bmm", "baddbmm", "_efficient_attention", "_flash_attention",
                   "matmul", "mm"),
-    "norm": ("rsqrt", "pow", "mean", "norm"),
+    "norm": ("rsqrt", "pow", "mean", "norm", "rms_norm", "fused_rms_norm"),
     "elementwise (rope, soft-cap, act, residual)": ("mul", "add", "sub", "neg", "cos", "sin", "tanh", "gelu",
                                                     "div", "silu", "cat", "where"),
 }
@@ -66,6 +66,23 @@ def _group(key: str) -> str:
         if any(name == n or name.startswith(n + "_") or name == n.lstrip("_") for n in names):
             return group
     return "other torch operators"
+
+
+def _dispatched(fn) -> int:
+    """How many torch operators ``fn`` dispatches (as Python calls them: a load-independent count of a step's
+    per-operator overhead)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
 
 
 def profile_rows(handle, steer, rows: int, steps: int, prompt: str) -> dict:
@@ -112,6 +129,7 @@ def profile_rows(handle, steer, rows: int, steps: int, prompt: str) -> dict:
             start = time.perf_counter()
             run(batch, steps)
             profiled_wall = time.perf_counter() - start
+        dispatched = _dispatched(lambda: run(batch, 1))
     parts: dict[str, float] = {}
     for e in prof.key_averages():
         if e.key.startswith("int8 "):
@@ -119,13 +137,53 @@ def profile_rows(handle, steer, rows: int, steps: int, prompt: str) -> dict:
         elif e.key.startswith(("aten::", "_")) or "::" in e.key:
             g = _group(e.key)
             parts[g] = parts.get(g, 0.0) + e.self_cpu_time_total
+    top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
     ms = {k: v / 1e3 / steps for k, v in parts.items()}  # µs total → ms a step
     accounted = sum(ms.values())
     return {"rows": rows, "forward_ms": 1e3 * statistics.median(forward), "sample_ms": 1e3 * statistics.median(sample),
             "step_ms": 1e3 * statistics.median([a + b for a, b in zip(forward, sample)]),
             "profiled_step_ms": 1e3 * profiled_wall / steps, "parts_ms": ms,
             "python_and_profiler_ms": 1e3 * profiled_wall / steps - accounted,
-            "decode_path": batch.decode_path.get("path")}
+            "decode_path": batch.decode_path.get("path"), "dispatched": dispatched,
+            "top": [(e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in top]}
+
+
+def fused_norms_ab(handle, steer, prompt: str, rows: int, rounds: int = 10, steps: int = 8) -> dict:
+    """A step with Gemma's norms fused (the app's load) against their own forwards, ``rounds`` alternating blocks
+    of ``steps`` steps each in one batch; medians of the per-step times in ms."""
+    import functools
+
+    import torch
+
+    from ..model.generation import DecodeBatch, Request, Sampling
+
+    fused = {m: m.__dict__["forward"] for m in handle.model.modules()
+             if type(m).__name__.endswith("RMSNorm") and isinstance(m.__dict__.get("forward"), functools.partial)}
+    side = rows % 3 == 0
+    batch = DecodeBatch(handle)
+    batch.admit([Request.make(handle, prompt, [steer], Sampling(max_new_tokens=2 * rounds * steps + 8,
+                                                                 temperature=0.0, stop_at_eos=False,
+                                                                 unsteered=side, counterfactual=side))
+                 for _ in range(rows // 3 if side else rows)])
+    batch.sample()
+    times = {"fused": [], "own": []}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for mode in ("fused", "own"):
+                for m, forward in fused.items():
+                    if mode == "fused":
+                        m.forward = forward
+                    else:
+                        m.__dict__.pop("forward", None)
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    batch.advance()
+                    batch.sample()
+                    times[mode].append(time.perf_counter() - start)
+    for m, forward in fused.items():
+        m.forward = forward
+    return {"rows": rows, "norms": len(fused), "fused_ms": 1e3 * statistics.median(times["fused"]),
+            "own_ms": 1e3 * statistics.median(times["own"])}
 
 
 def markdown(results: list[dict]) -> str:
@@ -145,6 +203,7 @@ def markdown(results: list[dict]) -> str:
     for k in kinds:
         row(k, [f"{r['parts_ms'].get(k, 0.0):.2f}" for r in results])
     row("Python, hooks, the profiler's own cost (the rest)", [f"{r['python_and_profiler_ms']:.2f}" for r in results])
+    row("torch operators dispatched a step (count)", [str(r["dispatched"]) for r in results])
     return "\n".join(lines)
 
 
@@ -243,6 +302,11 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch's threads (default: as the app sets them)")
     parser.add_argument("--crossover", action="store_true",
                         help="time the int8 kernel against the integer-product (W8A8) kernel instead")
+    parser.add_argument("--own-norms", action="store_true",
+                        help="profile with the norms' own forwards (the step before they were fused)")
+    parser.add_argument("--norms-ab", action="store_true",
+                        help="a step with Gemma's norms fused against their own forwards, alternating")
+    parser.add_argument("--top", action="store_true", help="also list each row count's costliest operators")
     parser.add_argument("--w8a8-accuracy", action="store_true",
                         help="what int8 activations cost against float32 weights, by activation scale block")
     args = parser.parse_args(argv)
@@ -271,9 +335,22 @@ def main(argv=None) -> None:
                   f"{r['float32_ms'] / r['w8a8_ms']:.2f} |")
         return
     handle = load_model(args.model, weights=args.weights)
+    if args.own_norms:  # the step before the norms were fused (issue #50's before profile)
+        for module in handle.model.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                module.__dict__.pop("forward", None)
     layer = handle.arch.num_layers // 2
     handle.layer_norms()
     steer, _ = seeded_steer(handle, layer)
+    if args.norms_ab:
+        load_start = os.getloadavg()
+        for r in args.rows.split(","):
+            ab = fused_norms_ab(handle, steer, GENERATION_PROMPT, int(r))
+            print(f"{ab['rows']} rows, {ab['norms']} norms: fused {ab['fused_ms']:.2f} ms a step, own forwards "
+                  f"{ab['own_ms']:.2f} ms (own / fused {ab['own_ms'] / ab['fused_ms']:.3f})")
+        print(f"torch threads {torch.get_num_threads()}; load average {load_start[0]:.2f} at the start, "
+              f"{os.getloadavg()[0]:.2f} at the end; medians of 10 alternating blocks of 8 steps")
+        return
     load_start = os.getloadavg()
     results = [profile_rows(handle, steer, int(r), args.steps, GENERATION_PROMPT) for r in args.rows.split(",")]
     load_end = os.getloadavg()
@@ -281,6 +358,11 @@ def main(argv=None) -> None:
           f"decode path {results[0]['decode_path']}, {args.steps} steps a row count; "
           f"load average {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end")
     print(markdown(results))
+    if args.top:
+        for r in results:
+            print(f"== {r['rows']} rows: costliest operators by self time (ms a step, calls a step)")
+            for key, ms, calls in r["top"]:
+                print(f"{ms:8.2f} ms {calls:5d}x  {key[:80]}")
 
 
 if __name__ == "__main__":
