@@ -298,12 +298,24 @@ def fast_cpu_linears(model: torch.nn.Module, layers) -> int:
     return changed
 
 
-def _fused_norm_forward(module: torch.nn.Module, original, scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    # calls that need gradients (training through the blocks) keep the original, whose backward is torch's usual
-    if x.dtype == torch.float32 and x.device == scale.device and not (
-            torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad)):
-        return torch.nn.functional.rms_norm(x, scale.shape, scale, module.eps)
-    return original(x)
+class _FusedNorm:
+    """A Gemma norm's forward as one ``F.rms_norm`` call; ``1 + w`` is kept, and made again whenever the weight
+    is written in place (its version counter moves: a test or a user may set a norm's gain after loading)."""
+
+    def __init__(self, module: torch.nn.Module, original):
+        self.module, self.original = module, original
+        self.version, self.scale = -1, None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.module.weight
+        # calls that need gradients (training through the blocks) keep the original, whose backward is torch's own
+        if x.dtype != torch.float32 or x.device != weight.device or (
+                torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+            return self.original(x)
+        if weight._version != self.version or self.scale is None:
+            self.scale = (1.0 + weight.detach().float()).contiguous()
+            self.version = weight._version
+        return torch.nn.functional.rms_norm(x, self.scale.shape, self.scale, self.module.eps)
 
 
 def fused_norms(model: torch.nn.Module) -> int:
@@ -312,8 +324,6 @@ def fused_norms(model: torch.nn.Module) -> int:
     torch operators, 1,412 with its norms fused; each norm was ten).  A norm is changed only if, on a probe input,
     the call gives its own forward's result bit for bit (the same operations in the same order, so nothing the
     model computes changes); float32 only, and calls that need gradients keep the original."""
-    import functools
-
     changed = 0
     for module in model.modules():
         name = type(module).__name__
@@ -322,13 +332,12 @@ def fused_norms(model: torch.nn.Module) -> int:
                 or not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32 or weight.dim() != 1
                 or not isinstance(getattr(module, "eps", None), float)):
             continue
-        original = module.forward
-        scale = (1.0 + weight.detach().float()).contiguous()
+        fused = _FusedNorm(module, module.forward)
         probe = torch.randn(5, weight.shape[0], generator=torch.Generator().manual_seed(50)).to(weight.device) * 30
         with torch.no_grad():
-            same = torch.equal(original(probe), _fused_norm_forward(module, original, scale, probe))
+            same = torch.equal(fused.original(probe), fused(probe))
         if same:
-            module.forward = functools.partial(_fused_norm_forward, module, original, scale)
+            module.forward = fused
             changed += 1
     return changed
 

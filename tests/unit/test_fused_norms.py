@@ -43,3 +43,18 @@ def test_training_the_norms_weight_keeps_its_own_forward():
     x = torch.randn(2, norm.weight.shape[0])
     norm(x).sum().backward()
     assert norm.weight.grad is not None and norm.weight.grad.abs().sum() > 0
+
+
+def test_a_gain_written_after_loading_is_used():
+    """``1 + w`` is kept, but a weight written in place (a test sets a final norm's gain this way) is read again."""
+    handle = load_model("tiny:gemma3", weights="float32")
+    norm = handle.arch.final_norm
+    assert "forward" in norm.__dict__
+    x = torch.randn(3, norm.weight.shape[0])
+    with torch.no_grad():
+        norm(x)
+        norm.weight.copy_(torch.rand(norm.weight.shape[0], generator=torch.Generator().manual_seed(1)) * 3)
+        fused = norm(x)
+    del norm.forward
+    with torch.no_grad():
+        assert torch.equal(fused, norm(x))
