@@ -347,7 +347,8 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
     cost_file = codes_dir / INT8_COST if codes_dir is not None else None
     kernel = kernel_identity()
     measured = read_cost(cost_file, kernel) if cost_file is not None else None
-    if measured is not None and (measured.get("w8a8") or {}).get("kernel", "") != w8a8_identity():
+    w8a8 = (measured or {}).get("w8a8") or {}
+    if measured is not None and (w8a8.get("kernel", "") != w8a8_identity() or "status" not in w8a8):
         measured = None  # measured before W8A8 (issue #50) or with another build of it: measured again, once
     reference = None
     if measured is None:
