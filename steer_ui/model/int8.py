@@ -72,20 +72,29 @@ _ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctype
          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 
 
+def _entry(source_path: Path, extra_flags: tuple[str, ...], name: str, about: str):
+    """(the product function ``name`` of the built file, the int its ``about`` function returns), or (None, None)
+    where no C compiler works.  Both kernels' products take the same arguments."""
+    library = _library(source_path, extra_flags)
+    if library is None:
+        return None, None
+    fn = getattr(library, name)
+    fn.restype = ctypes.c_int
+    fn.argtypes = _ARGS
+    info = getattr(library, about)
+    info.restype = ctypes.c_int
+    return fn, info()
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(extra_flags: tuple[str, ...] = ()):
     """The compiled kernel's function, or None where no C compiler works (the torch path is used).
 
     ``extra_flags``: added to the compiler's (the tests build the AVX2 path on an AVX-512 machine with
     ``("-mno-avx512f",)``, since CI's machine may have either)."""
-    library = _library(_SOURCE, extra_flags)
-    if library is None:
-        return None
-    fn = library.int8_matmul
-    fn.restype = ctypes.c_int
-    fn.argtypes = _ARGS
-    library.int8_wide.restype = ctypes.c_int
-    fn.wide = bool(library.int8_wide())  # this build has the AVX-512 path
+    fn, wide = _entry(_SOURCE, extra_flags, "int8_matmul", "int8_wide")
+    if fn is not None:
+        fn.wide = bool(wide)  # this build has the AVX-512 path
     return fn
 
 
@@ -93,14 +102,9 @@ def _kernel(extra_flags: tuple[str, ...] = ()):
 def _w8a8_kernel(extra_flags: tuple[str, ...] = ()):
     """The integer-product kernel (``w8a8_kernel.c``: activations rounded to int8 per row, int8 · int8 sums in
     int32), or None where no C compiler works.  ``fn.path``: "avx512-vnni", "avx2" or "c"."""
-    library = _library(_W8A8_SOURCE, extra_flags)
-    if library is None:
-        return None
-    fn = library.w8a8_matmul
-    fn.restype = ctypes.c_int
-    fn.argtypes = _ARGS
-    library.w8a8_path.restype = ctypes.c_int
-    fn.path = {2: "avx512-vnni", 1: "avx2", 0: "c"}[library.w8a8_path()]
+    fn, path = _entry(_W8A8_SOURCE, extra_flags, "w8a8_matmul", "w8a8_path")
+    if fn is not None:
+        fn.path = {2: "avx512-vnni", 1: "avx2", 0: "c"}[path]
     return fn
 
 
@@ -194,6 +198,9 @@ class Int8Weight:
     def kernel_product(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         """``flat @ W.T`` (flat: contiguous float32 (rows, in) on the CPU) by the compiled kernel ``fn``; None if
         the kernel refuses the shape (inputs not a multiple of the group)."""
+        return self._call(fn, flat)
+
+    def _call(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
         status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
                     None if self.offset is None else self.offset.data_ptr(), self.group, self.codes.shape[0],
@@ -205,13 +212,7 @@ class Int8Weight:
         (``w8a8_kernel.c``; flat: contiguous float32 (rows, in) on the CPU); None where the kernel is missing or
         refuses the shape (a group its vector path does not take).  ``fn``: a build of it (tests)."""
         fn = fn if fn is not None else _w8a8_kernel()
-        if fn is None:
-            return None
-        out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
-        status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
-                    None if self.offset is None else self.offset.data_ptr(), self.group, self.codes.shape[0],
-                    out.data_ptr(), torch.get_num_threads())
-        return out if status == 0 else None
+        return None if fn is None else self._call(fn, flat)
 
 
 def _float32(w: Int8Weight) -> torch.Tensor:
