@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .architecture import Architecture, discover, fast_cpu_linears
+from .architecture import Architecture, discover, fast_cpu_linears, fused_norms
 from .int8 import int8_weights
 
 
@@ -99,6 +99,7 @@ def from_model(model: torch.nn.Module, tokenizer, model_id: str = "in-memory", s
     arch = discover(model)
     if p.device.type == "cpu" and p.dtype == torch.float32:
         fast_cpu_linears(model, arch.layers)  # few-row products (decode steps, slider) through oneDNN where faster
+        fused_norms(model)  # Gemma's norms: one dispatch each instead of ten, bit for bit the same
     return ModelHandle(model=model, tokenizer=tokenizer, arch=arch, model_id=model_id,
                        source=source or model_id, device=device or p.device, dtype=dtype or p.dtype,
                        load_seconds=load_seconds)

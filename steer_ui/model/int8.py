@@ -36,17 +36,54 @@ from ..paths import cache_root
 KERNEL_MAX_ROWS = 64  # the AVX2 path's limit (decode steps, the many-users batch, the slider's re-runs)
 _SLAB_ROWS = 4096  # the torch path dequantises this many output rows at a time (~10 MB at 640 inputs)
 _SOURCE = Path(__file__).with_name("int8_kernel.c")
+_W8A8_SOURCE = Path(__file__).with_name("w8a8_kernel.c")
 _BUILD_LOCK = threading.Lock()
 
 
-def _kernel_target(extra_flags: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+def _kernel_target(extra_flags: tuple[str, ...] = (), source_path: Path = _SOURCE) -> tuple[Path, list[str]]:
     """Where the kernel built from this source, with these flags, for this CPU lives; and the flags."""
-    source = _SOURCE.read_bytes()
+    source = source_path.read_bytes()
     flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", *extra_flags]
     cpu = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
     cpu_flags = next((line for line in cpu.splitlines() if line.startswith("flags")), platform.processor())
     key = hashlib.sha256(source + " ".join(flags).encode() + cpu_flags.encode() + platform.machine().encode())
-    return cache_root() / "kernels" / f"int8_kernel-{key.hexdigest()[:16]}.so", flags
+    return cache_root() / "kernels" / f"{source_path.stem}-{key.hexdigest()[:16]}.so", flags
+
+
+def _library(source_path: Path, extra_flags: tuple[str, ...]):
+    """The C file built (once per source, flags and CPU; kept in the cache) and loaded, or None where no C
+    compiler works."""
+    target, flags = _kernel_target(extra_flags, source_path)
+    with _BUILD_LOCK:
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".{threading.get_ident()}.tmp")
+            try:
+                subprocess.run(["cc", *flags, "-o", str(tmp), str(source_path)], check=True, capture_output=True,
+                               timeout=120)
+                tmp.replace(target)
+            except (OSError, subprocess.SubprocessError):
+                tmp.unlink(missing_ok=True)
+                return None
+    return ctypes.CDLL(str(target))
+
+
+_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+
+
+def _entry(source_path: Path, extra_flags: tuple[str, ...], name: str, about: str):
+    """(the product function ``name`` of the built file, the int its ``about`` function returns), or (None, None)
+    where no C compiler works.  Both kernels' products take the same arguments."""
+    library = _library(source_path, extra_flags)
+    if library is None:
+        return None, None
+    fn = getattr(library, name)
+    fn.restype = ctypes.c_int
+    fn.argtypes = _ARGS
+    info = getattr(library, about)
+    info.restype = ctypes.c_int
+    return fn, info()
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,25 +92,19 @@ def _kernel(extra_flags: tuple[str, ...] = ()):
 
     ``extra_flags``: added to the compiler's (the tests build the AVX2 path on an AVX-512 machine with
     ``("-mno-avx512f",)``, since CI's machine may have either)."""
-    target, flags = _kernel_target(extra_flags)
-    with _BUILD_LOCK:
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(f".{threading.get_ident()}.tmp")
-            try:
-                subprocess.run(["cc", *flags, "-o", str(tmp), str(_SOURCE)], check=True, capture_output=True,
-                               timeout=120)
-                tmp.replace(target)
-            except (OSError, subprocess.SubprocessError):
-                tmp.unlink(missing_ok=True)
-                return None
-    library = ctypes.CDLL(str(target))
-    fn = library.int8_matmul
-    fn.restype = ctypes.c_int
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, i64, i64, p, p, p, i64, i64, p, ctypes.c_int]
-    library.int8_wide.restype = ctypes.c_int
-    fn.wide = bool(library.int8_wide())  # this build has the AVX-512 path
+    fn, wide = _entry(_SOURCE, extra_flags, "int8_matmul", "int8_wide")
+    if fn is not None:
+        fn.wide = bool(wide)  # this build has the AVX-512 path
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _w8a8_kernel(extra_flags: tuple[str, ...] = ()):
+    """The integer-product kernel (``w8a8_kernel.c``: activations rounded to int8 per row, int8 · int8 sums in
+    int32), or None where no C compiler works.  ``fn.path``: "avx512-vnni", "avx2" or "c"."""
+    fn, path = _entry(_W8A8_SOURCE, extra_flags, "w8a8_matmul", "w8a8_path")
+    if fn is not None:
+        fn.path = {2: "avx512-vnni", 1: "avx2", 0: "c"}[path]
     return fn
 
 
@@ -87,6 +118,11 @@ def kernel_identity() -> str:
     return _kernel_target()[0].stem if kernel_available() else "torch"
 
 
+def w8a8_identity() -> str | None:
+    """The W8A8 kernel's build (source, flags, CPU), whose cost the loader measures; None without a compiler."""
+    return _kernel_target((), _W8A8_SOURCE)[0].stem if _w8a8_kernel() is not None else None
+
+
 @dataclass
 class Int8Weight:
     """An (out, in) weight as int8 ``codes``, float32 ``scale`` (out, in // group) and optional ``offset``."""
@@ -96,6 +132,9 @@ class Int8Weight:
     offset: torch.Tensor | None
     group: int
     exact: bool = False  # the codes are the model's own (a GGUF's), not a rounding of its floats
+    # products of at least this many rows take integer products on int8 activations (W8A8, w8a8_kernel.c); None:
+    # never.  Set by the loader only where the measured cost is within the default's bound (precision.py)
+    w8a8_min_rows: int | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -111,7 +150,8 @@ class Int8Weight:
     def slice(self, start: int, end: int | None) -> "Int8Weight":
         """Output rows ``start:end`` (views, no copy)."""
         return Int8Weight(self.codes[start:end], self.scale[start:end],
-                          None if self.offset is None else self.offset[start:end], self.group, self.exact)
+                          None if self.offset is None else self.offset[start:end], self.group, self.exact,
+                          self.w8a8_min_rows)
 
     def dequantise(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """Rows ``start:end`` as float32 (a multiply, then an add: the same roundings as a GGUF reader)."""
@@ -132,6 +172,12 @@ class Int8Weight:
             return (flat @ self.dequantise().T).reshape(*shape[:-1], -1)
         flat = flat.float().contiguous()
         out_features = self.codes.shape[0]
+        rows = flat.shape[0]
+        # whatever the row count or pause (rounded activations would otherwise depend on who shares the batch)
+        if self.w8a8_min_rows is not None and rows >= self.w8a8_min_rows and flat.device.type == "cpu":
+            out = self.w8a8_product(flat)
+            if out is not None:
+                return out.reshape(*shape[:-1], out_features)
         fn = _kernel() if flat.device.type == "cpu" else None
         # past KERNEL_MAX_ROWS, only the AVX-512 path beats torch on dequantised slabs (docs/bench.md), and the
         # slabs are where a long product pauses for interactive work
@@ -152,11 +198,21 @@ class Int8Weight:
     def kernel_product(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         """``flat @ W.T`` (flat: contiguous float32 (rows, in) on the CPU) by the compiled kernel ``fn``; None if
         the kernel refuses the shape (inputs not a multiple of the group)."""
+        return self._call(fn, flat)
+
+    def _call(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
         status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
                     None if self.offset is None else self.offset.data_ptr(), self.group, self.codes.shape[0],
                     out.data_ptr(), torch.get_num_threads())
         return out if status == 0 else None
+
+    def w8a8_product(self, flat: torch.Tensor, fn=None) -> torch.Tensor | None:
+        """``flat @ W.T`` with the activations rounded to int8 per row and integer products
+        (``w8a8_kernel.c``; flat: contiguous float32 (rows, in) on the CPU); None where the kernel is missing or
+        refuses the shape (a group its vector path does not take).  ``fn``: a build of it (tests)."""
+        fn = fn if fn is not None else _w8a8_kernel()
+        return None if fn is None else self._call(fn, flat)
 
 
 def _float32(w: Int8Weight) -> torch.Tensor:

@@ -46,6 +46,8 @@ def weights_text(lang: str, facts: dict) -> str:
         return kind
     # in words a person reads (issue #52): the same top token on so many test prompts, the largest probability
     # change as the bound; the full measurement stays in the model's facts (JSON) and docs/models.md
+    if weights == "int8" and (cost.get("w8a8") or {}).get("on"):
+        cost = cost["w8a8"]  # many rows take integer products (issue #50): the line shows that path's cost
     numbers = {"dp": f"{cost['max_abs_dp']:.2g}", "agree": cost["top1_agree"], "prompts": cost["prompts"]}
     if weights != "int8":  # auto measured int8 and kept float32
         return i18n.message(lang, "weights_int8_declined", kind=kind, **numbers)

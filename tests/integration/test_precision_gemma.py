@@ -41,6 +41,18 @@ def test_the_default_on_a_cpu_is_int8_because_its_measured_cost_is_within_the_bo
     assert cost["kernel"] == kernel_identity()  # measured by the arithmetic this machine runs
 
 
+def test_w8a8_is_measured_and_on_only_within_the_bound(gemma):
+    """Issue #50: integer products on int8 activations are measured at the first load on the same prompts and
+    used (for every product) only if their cost is within the default's bound; the weights say which."""
+    from steer_ui.model.int8 import int8_weights, w8a8_identity
+
+    w8a8 = gemma.precision_cost["w8a8"]
+    assert w8a8["status"] == "measured" and w8a8["kernel"] == w8a8_identity()
+    assert w8a8["on"] == within_default_bound(w8a8)
+    expected = w8a8["min_rows"] if w8a8["on"] else None
+    assert {w.w8a8_min_rows for w in int8_weights(gemma.model)} == {expected}
+
+
 def test_int8_next_token_probabilities_and_greedy_text_match_float32(float32, int8):
     dp = float((next_token_probs(int8) - next_token_probs(float32)).abs().max())
     assert dp <= INT8_MAX_DP
