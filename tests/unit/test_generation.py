@@ -128,16 +128,22 @@ def test_large_alpha_changes_output_and_records_delta(tiny):
 
 def test_counterfactual_delta_on_later_tokens(tiny):
     """Δlogit at step k uses the unsteered model on the *steered* prefix."""
+    from steer_ui.model.hooks import StepState, steering
+    from steer_ui.model.generation import encode_prompt
+
     handle = tiny("qwen2")
-    v = torch.randn(64)
+    v = torch.randn(64, generator=torch.Generator().manual_seed(7))
     steer = Steer(layer=0, vector=v, alpha=10.0)
     result = side_by_side(handle, "abc", [steer], Sampling(max_new_tokens=5))
-    from steer_ui.model.analysis import naive_logits
-    prefix = "abc" + handle.tokenizer.decode(ids_of(result.steered)[:3])
     tok = result.steered.tokens[3]
-    # the byte tokenizer round-trips text exactly, so re-encoding the prefix gives the same ids
-    steered = naive_logits(handle, prefix, [Steer(layer=0, vector=v, alpha=10.0)])[0]
-    plain = naive_logits(handle, prefix, [])[0]
+    # the prefix as ids, not re-encoded text: a byte token that is not UTF-8 alone does not round-trip through text
+    ids = torch.cat([encode_prompt(handle, "abc")[0], torch.tensor(ids_of(result.steered)[:3])])[None]
+
+    def last_logits(steers):
+        with torch.inference_mode(), steering(handle, steers, StepState(prompt_len=None)):
+            return handle.model(input_ids=ids, use_cache=False).logits[0, -1].float()
+
+    steered, plain = last_logits([Steer(layer=0, vector=v, alpha=10.0)]), last_logits([])
     # prompt positions are steered in both, so compare to full-steer reference
     assert tok.delta_logit == pytest.approx(float(steered[tok.token_id] - plain[tok.token_id]), abs=1e-3)
 
