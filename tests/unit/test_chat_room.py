@@ -105,10 +105,8 @@ def test_turns_are_bounded(service, monkeypatch):
     assert len(service.chat_view(sid)["turns"]) == 2
 
 
-def test_a_saved_conversation_runs_live_for_a_stranger_who_goes_on_chatting(tmp_path):
-    """Run live on a saved conversation (issue #48): each saved user message asked again under its saved steering,
-    both sides answering afresh from their own new histories (greedy: the saved replies again), in the stranger's
-    own session, which then goes on."""
+def _owner_and_stranger(tmp_path):
+    """A service with a library (saved results need one) and two claimed sessions: (service, owner, stranger)."""
     from steer_ui.policy import Policy
     from steer_ui.store import open_library
 
@@ -120,6 +118,14 @@ def test_a_saved_conversation_runs_live_for_a_stranger_who_goes_on_chatting(tmp_
     owner, stranger = "chat-owner-aaaaaaaaaaaa", "chat-stranger-aaaaaaaaa"
     service.claim_owner(owner, None)
     service.claim_owner(stranger, None)
+    return service, owner, stranger
+
+
+def test_a_saved_conversation_runs_live_for_a_stranger_who_goes_on_chatting(tmp_path):
+    """Run live on a saved conversation (issue #48): each saved user message asked again under its saved steering,
+    both sides answering afresh from their own new histories (greedy: the saved replies again), in the stranger's
+    own session, which then goes on."""
+    service, owner, stranger = _owner_and_stranger(tmp_path)
     for text in ("Hello", "More", "And then?"):
         _turn(service, owner, text, system="You are terse." if text == "Hello" else None)
     saved = service.chat_view(owner)
@@ -199,19 +205,10 @@ def test_a_saved_conversation_keeps_every_terms_own_vector_for_a_stranger(tmp_pa
     replies are the owner's (greedy)."""
     import dataclasses
 
-    from steer_ui.policy import Policy
-    from steer_ui.store import open_library
     from steer_ui.vector import random_vector
 
-    policy = Policy()
-    handle = tiny_handle("llama")
-    handle.tokenizer.chat_template = TEMPLATE
-    service = Service(handle=handle, workdir=tmp_path, policy=policy,
-                      library=open_library(str(tmp_path / "library.db"), policy))
-    owner, stranger = "chat-owner-bbbbbbbbbbbb", "chat-stranger-bbbbbbbbb"
-    service.claim_owner(owner, None)
-    service.claim_owner(stranger, None)
-    hidden = handle.arch.hidden_size
+    service, owner, stranger = _owner_and_stranger(tmp_path)
+    hidden = service.handle.arch.hidden_size
     main = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 1, seed=41), name="mine"))
     other = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 0, seed=42), name="other"))
     steering = {"vectors": [{"source": main, "scale": 6.0, "layers": [1]},
