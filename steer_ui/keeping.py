@@ -22,6 +22,7 @@ from .sessions import Session
 from .store import StoreUnwritable
 
 SHARED_SUFFIX = " (shared)"
+TERM_VECTOR = "term_vector"  # the kind of a saved result's companion item keeping one of its added vectors
 
 
 def native_bytes(vector) -> bytes:
@@ -185,21 +186,38 @@ class Keeper:
             raise UserError("not_kept")
 
     # ---------------------------------------------------------------- results
-    def save_result(self, s: Session, payload: dict, vector_name: str | None, handle) -> str:
+    def save_result(self, s: Session, payload: dict, vector_name: str | None, handle, term_names=()) -> str:
         """Keep ``payload``; a kept or shared vector it was made with is kept with it (by content), so the result
-        runs live for anyone even after its owner removes or unshares the vector."""
+        runs live for anyone even after its owner removes or unshares the vector.  ``term_names``: the other
+        vectors it was steered with (several at once, issue #48), each kept the same way, by content, in an item
+        of its own (an item keeps one blob) that the payload's ``term_vectors`` names: ``{name: item id}``."""
         self._need_owner(s)
-        uses = None
-        if vector_name in s.stored:
-            uses = s.stored[vector_name]["content_id"]
-        elif vector_name in s.shared:
-            shared = self.library.shared(s.shared[vector_name], None)
-            uses = shared["content_id"] if shared else None
+        kept = {}
+        for name in dict.fromkeys(term_names):
+            uses = self._content_of(s, name) if name != vector_name else None
+            if uses:
+                kept[name] = self.library.save(s.owner, "result", self._result_name(), None,
+                                               {"kind": TERM_VECTOR, "name": name}, self._model(handle),
+                                               uses=uses)["item_id"]
+        payload = {**payload, "term_vectors": kept} if kept else payload
+        item = self.library.save(s.owner, "result", self._result_name(), None, payload, self._model(handle),
+                                 uses=self._content_of(s, vector_name))
+        return item["item_id"]
+
+    def _content_of(self, s: Session, name: str | None) -> str | None:
+        """The content id of a kept or shared vector of ``s`` named ``name``; None for a bundled or random one."""
+        if name in s.stored:
+            return s.stored[name]["content_id"]
+        if name in s.shared:
+            shared = self.library.shared(s.shared[name], None)
+            return shared["content_id"] if shared else None
+        return None
+
+    @staticmethod
+    def _result_name() -> str:
         # a name of its own: saving replaces an item of the same name, and "result N" counted by two saves at once
         # made one of two acknowledged results vanish (the SIGKILL test caught it)
-        name = f"result {time.strftime('%Y-%m-%d %H:%M:%S')} {secrets.token_hex(4)}"
-        item = self.library.save(s.owner, "result", name, None, payload, self._model(handle), uses=uses)
-        return item["item_id"]
+        return f"result {time.strftime('%Y-%m-%d %H:%M:%S')} {secrets.token_hex(4)}"
 
     def result(self, result_id: Any, client: str | None) -> dict:
         if not self.on:
@@ -208,6 +226,8 @@ class Keeper:
         if item is None:
             raise UserError("unknown_id")
         payload = json.loads(item["meta"])
+        if payload.get("kind") == TERM_VECTOR:  # a result's added vector, nothing to show on its own
+            raise UserError("unknown_id")
         payload["id"], payload["model_fingerprint"] = item["item_id"], item["model"]
         payload["has_vector"] = bool(item["content_id"])
         return payload
@@ -220,6 +240,18 @@ class Keeper:
         meta = json.loads(item["meta"])  # an Explore view names its vector in "view", a comparison in "settings"
         name = (meta.get("view") or meta.get("settings") or {}).get("vector") or "vector"
         return self._read(self.library.data(item), name, handle)
+
+    def result_term_vectors(self, result_id: Any, client: str | None, handle) -> dict:
+        """The other vectors a saved result was steered with (:meth:`save_result`'s ``term_names``), read:
+        ``{name as saved: vector}``."""
+        item = self.library.result(result_id, client) if self.on else None
+        kept = json.loads(item["meta"]).get("term_vectors") if item is not None else None
+        out = {}
+        for name, item_id in (kept if isinstance(kept, dict) else {}).items():
+            term = self.library.result(item_id, client)
+            if term is not None and term["content_id"] and term["owner"] == item["owner"]:
+                out[name] = self._read(self.library.data(term), name, handle)
+        return out
 
     # ------------------------------------------------------------------ listing
     def listed(self, handle) -> list[tuple[str, Any]]:

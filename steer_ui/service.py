@@ -184,6 +184,8 @@ class Service:
     def open_result_vector(self, session, result_id, client=None):
         return self.library.open_result_vector(session, result_id, client)
 
+    open_result_terms = property(lambda self: self.library.open_result_terms)  # a result's other vectors, read-only
+
     def result(self, result_id, client=None) -> dict:
         return self.library.result(result_id, client)
 

@@ -58,8 +58,11 @@ class Chat:
             raise UserError("no_chat")
         first = s.chat["turns"][-1]["steering"]["vectors"][0]  # the vector kept with the result, to run it live
         vector = None if first["source"] == "random" else first["source"]
+        # and every other vector a turn was steered with (the added rows, an earlier turn's), each kept the same way
+        others = [t["source"] for turn in s.chat["turns"] for t in turn["steering"]["vectors"]
+                  if t["source"] != "random"]
         return self.library.freeze(s, {"kind": "chat", "chat": self.view(session), "template": self.template()},
-                                   vector)
+                                   vector, others)
 
     def rerun(self, session: str | None, result_id, client: str | None = None, sampling=None) -> Iterator[dict]:
         """A saved conversation run live (its page's *Run live*): the session's conversation starts afresh with the
@@ -72,11 +75,16 @@ class Chat:
             raise UserError("no_saved_chat")
         conv = saved["chat"]
         vector = self.library.open_result_vector(session, result_id, client) if saved.get("has_vector") else None
+        kept = self.library.open_result_terms(session, result_id, client)  # the other terms' vectors, kept with it
         self.reset(session)
+        last = conv["turns"][-1]["steering"]["vectors"][0]["source"] if conv["turns"] else None
         for n, t in enumerate(conv["turns"]):
             steering = {"vectors": [dict(term) for term in t["steering"]["vectors"]]}
-            if vector and steering["vectors"][0]["source"] != "random":  # the owner's vector, as kept with it
-                steering["vectors"][0]["source"] = vector
+            for term in steering["vectors"]:  # the owner's vectors, as kept with it
+                if vector and term["source"] == last:
+                    term["source"] = vector
+                elif term["source"] in kept:
+                    term["source"] = kept[term["source"]]
             for frame in self.turn(session, t["user"], steering, conv["system"], t.get("steer_prompt", False),
                                    sampling):
                 yield {**frame, "turn": n}

@@ -11,7 +11,7 @@ from .. import guards, names
 from ..messages import UserError
 from ..sessions import vector_bytes
 from ..steering import steering_kind
-from ..steering_spec import RANDOM_SOURCE
+from ..steering_spec import RANDOM_SOURCE, parse
 from ..store.library import PUBLIC_ID
 from .common import RANDOM, Shared, expected_errors, refusal
 from .models import Models
@@ -186,15 +186,16 @@ class Library:
         return {"vectors": terms}
 
     # ---------------------------------------------------- saved results
-    def freeze(self, s, payload: dict, vector_name) -> str:
-        """Keep ``payload`` (stamped with the model and the time) as a saved result; its id."""
+    def freeze(self, s, payload: dict, vector_name, term_names=()) -> str:
+        """Keep ``payload`` (stamped with the model and the time) as a saved result; its id.  ``term_names``: the
+        other vectors it was steered with, kept with it as ``vector_name`` is (:meth:`open_result_terms`)."""
         payload = {**payload, "model_id": self.models.handle.model_id,
                    "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         text = json.dumps(payload)
         limit = self.shared.policy.max_result_chars
         if len(text) > limit:
             raise UserError("text_too_long", what="result", size=len(text), limit=limit)
-        return self.shared.keeper.save_result(s, payload, vector_name, self.models.handle)
+        return self.shared.keeper.save_result(s, payload, vector_name, self.models.handle, term_names)
 
     def save_result(self, session: str | None, view: dict, generation: bool = True) -> str:
         """Freeze the session's last Explore view (``view``: its settings and next-token numbers) with its last
@@ -206,7 +207,8 @@ class Library:
             return self.freeze(s, {"kind": "link", "view": {"prompt": prompt}}, None)
         if not s.last_generation:
             raise UserError("no_generation")
-        return self.freeze(s, {"view": view, "generation": s.last_generation}, view.get("vector"))
+        return self.freeze(s, {"view": view, "generation": s.last_generation}, view.get("vector"),
+                           added_sources(view.get("extra")))
 
     def save_comparison(self, session: str | None) -> str:
         """Freeze the session's last *Many prompts* comparison (its settings, every row and the summary); its id
@@ -229,6 +231,28 @@ class Library:
         s.vectors.setdefault(name, vector)
         return name
 
+    def open_result_terms(self, session: str | None, result_id, client: str | None = None) -> dict:
+        """Put the other vectors a saved result was steered with (an Explore view's added rows, a conversation's
+        terms) into the session, read-only, as :meth:`open_result_vector` does the main one: ``{name as saved:
+        name here}``, empty when every one was bundled or random."""
+        s = self.shared.find(session)
+        out = {}
+        for saved, vector in self.shared.keeper.result_term_vectors(result_id, client, self.models.handle).items():
+            out[saved] = name = f"{saved} (saved result)"
+            s.vectors.setdefault(name, vector)
+        return out
+
     def result(self, result_id, client: str | None = None) -> dict:
         """A saved result as it was saved, read without running the model."""
         return self.shared.keeper.result(result_id, client)
+
+
+def added_sources(extra) -> list[str]:
+    """The vectors an Explore view's added rows name (``extra``, a spec's text); bundled or random ones are
+    kept by name and left out by the keeper.  A text that does not parse adds none (the view ran with it)."""
+    if not isinstance(extra, str) or not extra.strip():
+        return []
+    try:
+        return [t.source for t in parse(extra).terms if not t.random]
+    except UserError:
+        return []

@@ -1,7 +1,8 @@
 """Explore's Chat: a conversation answered by the unsteered and the steered assistant side by side (issue #48).
 
-*Prompt kind* picks Completion (the tab as it always was) or Chat.  In Chat the steering is Explore's own controls
-(vector, layer, α, units, seed) and its sampling; each Send is one user turn, which both assistants answer, each
+*Prompt kind* picks Completion (the tab as it always was) or Chat.  In Chat the steering is Explore's own controls, the
+whole spec they show (the main vector and every added row, each with its own layer, α, units and seed: the same
+terms a completion is steered by), and its sampling; each Send is one user turn, which both assistants answer, each
 from its own history, streamed side by side; the bars show the next-token distribution of the steered assistant's
 first token.  The conversation is the server's (the chat room, through the door); this page only draws it.
 *Save result* freezes the whole conversation; its ``?result=`` link shows it read-only (:func:`ChatPanel.show_saved`
@@ -12,13 +13,13 @@ answer now), after which the visitor goes on chatting.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
 from .. import plots, steering_spec
 from ..service import RANDOM, Service
-from . import i18n, relabel
+from . import extra_terms, i18n, relabel
 from ..messages import UserError
 from .common import EXPLORE, T, handler, page_url, sid
 from .request_guard import client_address
@@ -73,6 +74,17 @@ def note_line(lang: str, template: dict, saved: bool = False) -> str:
     return ""
 
 
+def turn_spec(vector, layer, alpha, relative, vector_seed, extra, steer_prompt) -> dict:
+    """The steering a chat turn asks for: the whole spec the page shows (the main row and every added row, each
+    with its own layer, α, units and seed), every term acting where the chat steers: ``last`` (the generation
+    prompt's last token and the generated ones), or ``all`` (``apply.phases`` prompt and generation) when the
+    prompt is steered too.  The chat room sets the same positions; the first-token bars read them here."""
+    spec = extra_terms.full_spec(vector, layer, alpha, relative, vector_seed, extra) or steering_spec.one(
+        steering_spec.RANDOM_SOURCE if vector in (None, "", RANDOM) else vector, alpha, layer, relative, vector_seed)
+    positions = "all" if steer_prompt in (True, 1) else "last"
+    return steering_spec.Spec(tuple(replace(t, positions=positions) for t in spec.terms)).as_dict()
+
+
 def _first_token_bars(lang: str, view) -> object:
     return plots.next_token_bars(view.unsteered, view.steered, labels=i18n.plot_labels(lang, "bars"))
 
@@ -111,10 +123,9 @@ def build_chat_panel(backend: Service, tab) -> ChatPanel:
 
     @handler(backend, status=status)
     def chat_send(text, system_, steer_prompt_, vector, layer, alpha, relative, vector_seed, greedy, temperature,
-                  top_k, top_p, repetition, max_tokens, seed, delta_limit=None, request: gr.Request = None):
+                  top_k, top_p, repetition, max_tokens, seed, delta_limit=None, extra="", request: gr.Request = None):
         session = sid(request)
-        spec = steering_spec.one("random" if vector in (None, "", RANDOM) else vector, alpha, layer, relative,
-                                 vector_seed, positions="all" if steer_prompt_ in (True, 1) else "last").as_dict()
+        spec = turn_spec(vector, layer, alpha, relative, vector_seed, extra, steer_prompt_)
         sampling = backend.sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                     repetition_penalty=repetition, seed=seed, greedy=greedy,
                                     max_delta_logit=backend.delta_limit(session, vector, delta_limit))
@@ -182,7 +193,7 @@ def build_chat_panel(backend: Service, tab) -> ChatPanel:
 
     steering = [tab.vector, tab.layer, tab.alpha, tab.relative, tab.vector_seed]
     mode.input(pick_mode, [mode], [group, note], api_name="chat_mode", api_visibility="undocumented")
-    turn_inputs = [message, system, steer_prompt] + steering + list(tab.sampling_inputs)
+    turn_inputs = [message, system, steer_prompt] + steering + list(tab.sampling_inputs) + [tab.rows.extra]
     turn_outputs = [unsteered, steered, bars, status, message]
     send.click(chat_send, turn_inputs, turn_outputs, api_name="chat_turn", **EXPLORE)
     message.submit(chat_send, turn_inputs, turn_outputs, api_name="chat_turn_on_submit",

@@ -631,9 +631,20 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
         return (n - 1, gr.update(visible=n - 1 > 0), gr.update(visible=True)) + tuple(hidden)
 
     @handler(backend)
-    def rows_range(alpha_max, extended, alpha_2, alpha_3, alpha_4):
-        """The rows' α sliders span the main one's range (α clamped into it, as the main α is)."""
-        return tuple(alpha_controls(alpha_max, a, bool(extended))[1] for a in (alpha_2, alpha_3, alpha_4))
+    def rows_range(alpha_max, extended, count, vector_2, layer_2, alpha_2, relative_2, seed_2, vector_3, layer_3,
+                   alpha_3, relative_3, seed_3, vector_4, layer_4, alpha_4, relative_4, seed_4):
+        """The rows' α sliders span the main one's range (α clamped into it, as the main α is); the added terms are
+        written again only when an α was clamped.  A page load sets the range and the rows together, and the
+        range's change can read the rows as they were before it (a stranger's saved result lost its added row to a
+        recompose from the empty rows), so an unclamped range leaves ``extra`` as the load wrote it."""
+        rows_ = [[vector_2, layer_2, alpha_2, relative_2, seed_2], [vector_3, layer_3, alpha_3, relative_3, seed_3],
+                 [vector_4, layer_4, alpha_4, relative_4, seed_4]]
+        updates = [alpha_controls(alpha_max, row[2], bool(extended))[1] for row in rows_]
+        clamped = False
+        for row, update in zip(rows_, updates):
+            if "value" in update:
+                row[2], clamped = update["value"], True
+        return tuple(updates) + (extra_terms.compose(count, rows_) if clamped else gr.skip(),)
 
     shown_rows = [rows.count, rows.remove, rows.add]
     per_row = rows.groups + rows.vectors + rows.layers + rows.alphas + rows.relatives + rows.seeds
@@ -667,8 +678,8 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
                                   show_progress="hidden"), f"layer_{n}")
     # α max and Extend range move every α slider's range; a clamped row α changes the added terms
     for change, how in ((tab.alpha_max.change, "alpha_max"), (tab.extend.input, "extend")):
-        then_compose(change(rows_range, [tab.alpha_max, tab.extend] + rows.alphas, rows.alphas,
-                            api_name=f"rows_range_{how}", api_visibility="undocumented", queue=False), f"range_{how}")
+        change(rows_range, [tab.alpha_max, tab.extend] + rows.inputs, rows.alphas + [rows.extra],
+               api_name=f"rows_range_{how}", api_visibility="undocumented", queue=False)
 
 
 def _name(component, tab: ExploreTab) -> str:

@@ -101,6 +101,20 @@ def compose(count, rows: list) -> str:
     return json.dumps({"vectors": terms}, ensure_ascii=False, separators=(",", ":")) if terms else ""
 
 
+def renamed(extra, names: dict) -> str:
+    """``extra`` with each term's source renamed by ``names`` (a saved result's vectors as opened here: ``{name
+    as saved: name here}``); the text as it was when nothing is renamed or it is no spec."""
+    if not names or not isinstance(extra, str) or not extra.strip():
+        return extra or ""
+    try:
+        spec = json.loads(extra)
+        for term in spec["vectors"]:
+            term["source"] = names.get(term["source"], term["source"])
+    except (ValueError, KeyError, TypeError):
+        return extra
+    return json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
+
+
 def seed_of(value) -> int:
     """A row's seed box as a seed (the spec's checks bound it again); an empty or unreadable box is 0."""
     try:

@@ -168,13 +168,16 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
         prompt, layer, alpha = settings.get("prompt") or saved["view"]["prompt"], settings.get("layer"), \
             settings.get("alpha", 0.0)
         relative, seed, extra = settings.get("relative", True), settings.get("seed", 0), settings.get("extra") or ""
+        if saved.get("term_vectors"):  # the added rows' own vectors, kept with it as the main one is
+            extra = extra_terms.renamed(extra, backend.open_result_terms(session, saved["id"],
+                                                                         client_address(request)))
         spec = extra_terms.full_spec(vector, layer, alpha, relative, seed, extra)  # the saved result's every term
         frame = backend.generate(session, prompt, vector, layer, alpha, relative, seed, sampling) if spec is None \
             else last_frame(backend.stream_generate_for(session, prompt, spec, sampling))
         same, detail = reproduced(saved, frame.as_dict())
         other_model = saved["model_id"] if saved.get("model_id") and saved["model_id"] != backend.handle.model_id \
             else None
-        made_for = panel_keys.key_of("generations", {**settings, "vector": vector,
+        made_for = panel_keys.key_of("generations", {**settings, "vector": vector, "extra": extra,
                                                      "vector_seed": settings.get("seed", 0)}, panel_keys.STEERING + panel_keys.EXTRA)
         return relabel.keep(backend, session, [explore.library_status, explore.generations_key, explore.unsteered,
                                                explore.steered, explore.per_token, explore.tokens], _live_panel,
@@ -358,6 +361,12 @@ def chat_controls(backend: Service, session: str, client, saved: dict, state, ch
         state.layer = int(layers[0])
     state.alpha = float(term.get("scale", 0.0))
     state.alpha_max = max(float(state.alpha_max), abs(state.alpha))
+    others = [{k: v for k, v in t.items() if k != "apply"} for t in turns[-1]["steering"]["vectors"][1:]]
+    if others:  # the added rows, their own vectors opened as the main one is, checked as a link's are
+        opened = backend.open_result_terms(session, saved["id"], client) if saved.get("term_vectors") else {}
+        text = extra_terms.renamed(json.dumps({"vectors": others}, ensure_ascii=False), opened)
+        state.extra = url_state.added_terms(text, choices + list(opened.values()), backend.handle.arch.num_layers,
+                                            [])
 
 
 def open_from_link(backend: Service, request, query: dict, state, choices: list[str]) -> dict:
@@ -409,8 +418,10 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
             for key in ("layer", "alpha", "relative", "seed"):
                 if settings.get(key) is not None:
                     setattr(state, key, settings[key])
-            if settings.get("extra"):  # the added vectors, checked as a link's are
-                state.extra = url_state.added_terms(str(settings["extra"]), choices, backend.handle.arch.num_layers,
+            if settings.get("extra"):  # the added vectors (their own kept with it, opened here), checked as a link's
+                opened = backend.open_result_terms(session, result_id, client) if saved.get("term_vectors") else {}
+                state.extra = url_state.added_terms(extra_terms.renamed(str(settings["extra"]), opened),
+                                                    choices + list(opened.values()), backend.handle.arch.num_layers,
                                                     out["notices"])
             state.alpha_max = max(abs(float(state.alpha)), float(saved["view"].get("alpha_max") or state.alpha_max))
             out["run_live"] = True

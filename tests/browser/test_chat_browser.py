@@ -118,3 +118,33 @@ def test_run_live_on_a_saved_chat_answers_both_sides_afresh_for_a_stranger(brows
     assert _bubbles(stranger, "unsteered")[6] == _bubbles(stranger, "steered")[6] == "One more"
     assert all(_bubbles(stranger, side)[7] not in ("", "…") for side in ("unsteered", "steered"))
     stranger.context.close()
+
+
+def test_a_chat_turn_steers_with_the_added_row_too(browser, app):
+    """A vector row added under the main one (its own α) steers the chat turn as well (issue #48): the turn the
+    conversation keeps, and its saved result, record both terms at their own layers and α."""
+    url, backend = app
+    page = _open(browser, url, "en-US", 1400)
+    page.locator("#add-vector-btn").click()
+    page.locator("#explore-term-2").wait_for(state="visible", timeout=30_000)
+    number = page.locator("#alpha-slider-2 input[type=number]")
+    number.fill("0.4")
+    number.press("Enter")
+    page.wait_for_function("() => (window.__steerControls?.explore?.extra || '').includes('0.4')", timeout=60_000)
+    page.locator("#explore-prompt-kind label", has_text=i18n.label("en", "chat.chat")).click()
+    page.wait_for_selector("#explore-chat", state="visible", timeout=20_000)
+    page.locator("#chat-message textarea").fill("Hello")
+    # the row's α regenerates Explore's panels first: the chat turn waits for them (a session runs two at once)
+    page.wait_for_function("() => Array.from(document.querySelectorAll('.made-for')).every(e => "
+                           "!e.classList.contains('stale') && (e.dataset.key || '').includes('0.4'))",
+                           timeout=120_000)
+    page.locator("#chat-send").click()
+    _wait_turns(page, 1)
+    page.locator("#chat-save").click()
+    page.wait_for_function("() => (document.querySelector('#chat-link textarea, #chat-link input')?.value "
+                           "|| '').includes('?result=')", timeout=20_000)
+    link = page.locator("#chat-link textarea, #chat-link input").first.input_value()
+    page.context.close()
+    terms = backend.result(link.split("?result=")[1])["chat"]["turns"][0]["steering"]["vectors"]
+    assert len(terms) == 2 and terms[1]["scale"] == pytest.approx(0.4)
+    assert all(t["apply"] == {"positions": "last"} for t in terms)

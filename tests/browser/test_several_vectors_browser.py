@@ -176,9 +176,9 @@ def test_an_added_row_s_own_raw_units_are_what_a_link_restores(browser, app):
     fresh.close()
 
 
-def test_share_carries_an_added_row_s_own_vector_to_a_stranger(browser, app, tmp_path):
-    """The owner imports a vector, adds it as a row beside the bundled main vector and presses Share: a stranger in
-    a fresh context opens the link with both terms, the imported one by its share id, and reads the same KL."""
+def _own_vector_as_added_row(browser, app, tmp_path):
+    """A fresh owner imports a vector and adds it as a row (its α dragged) beside the bundled main vector, every
+    panel settled: (context, page, the panels' keys)."""
     import torch
 
     from steer_ui.formats import write_vector
@@ -214,18 +214,47 @@ def test_share_carries_an_added_row_s_own_vector_to_a_stranger(browser, app, tmp
         page.screenshot(path="/tmp/wtc_share_fail.png", full_page=True)
         raise
     assert _extra(keys)[0]["source"] == "my second" and _extra(keys)[0]["scale"] > 0
-    owner_kl = _kl(page)
-    page.locator("#share-btn").click()
-    page.wait_for_function("() => (document.querySelector('#explore-link input, #explore-link textarea') || {})"
-                           ".value?.includes('steer=')", timeout=30_000)
+    return context, page, keys
+
+
+def _link_opened_by_a_stranger(browser, app, page, button: str, marker: str):
+    """``button`` pressed (Share, Save result), the link it shows opened in a fresh context with its added row
+    shown, every panel settled: (link, the stranger's context, their page, their panels' keys)."""
+    page.locator(button).click()
+    page.wait_for_function("(m) => (document.querySelector('#explore-link input, #explore-link textarea') || {})"
+                           ".value?.includes(m)", arg=marker, timeout=30_000)
     link = page.locator("#explore-link input, #explore-link textarea").first.input_value()
-    assert "my+second" not in link and "my%20second" not in link  # the link names it by its share id
     stranger, seen = _open(browser, link, "en-US", 1400)
     shown = _settled(seen)
     assert seen.locator("#explore-term-2").is_visible()
+    return link, stranger, seen, shown
+
+
+def test_share_carries_an_added_row_s_own_vector_to_a_stranger(browser, app, tmp_path):
+    """The owner imports a vector, adds it as a row beside the bundled main vector and presses Share: a stranger in
+    a fresh context opens the link with both terms, the imported one by its share id, and reads the same KL."""
+    context, page, keys = _own_vector_as_added_row(browser, app, tmp_path)
+    owner_kl = _kl(page)
+    link, stranger, seen, shown = _link_opened_by_a_stranger(browser, app, page, "#share-btn", "steer=")
+    assert "my+second" not in link and "my%20second" not in link  # the link names it by its share id
     theirs, ours = _extra(shown), _extra(keys)
     assert len(theirs) == 1 and theirs[0]["scale"] == ours[0]["scale"] and theirs[0]["source"] != "random"
     assert seen.locator("#explore-vector-2 input").input_value() == theirs[0]["source"]
+    assert shown["bars"][0]["alpha"] == pytest.approx(keys["bars"][0]["alpha"])
+    assert _kl(seen) == owner_kl
+    stranger.close()
+    context.close()
+
+
+def test_a_saved_result_keeps_an_added_row_s_own_vector_for_a_stranger(browser, app, tmp_path):
+    """The owner's imported vector, unshared, as an added row: Save result keeps it with the result (by content,
+    as the main vector is), so a stranger in a fresh context opening ``?result=`` sees both terms, the added one
+    as the saved result's, and reads the owner's KL."""
+    context, page, keys = _own_vector_as_added_row(browser, app, tmp_path)
+    owner_kl = _kl(page)
+    _link, stranger, seen, shown = _link_opened_by_a_stranger(browser, app, page, "#save-result-btn", "result=")
+    theirs, ours = _extra(shown), _extra(keys)
+    assert [(t["source"], t["scale"]) for t in theirs] == [("my second (saved result)", ours[0]["scale"])]
     assert shown["bars"][0]["alpha"] == pytest.approx(keys["bars"][0]["alpha"])
     assert _kl(seen) == owner_kl
     stranger.close()

@@ -2,6 +2,8 @@
 side (unsteered, steered) keeps its own history, on a tiny random model."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from steer_ui.messages import UserError
@@ -103,10 +105,8 @@ def test_turns_are_bounded(service, monkeypatch):
     assert len(service.chat_view(sid)["turns"]) == 2
 
 
-def test_a_saved_conversation_runs_live_for_a_stranger_who_goes_on_chatting(tmp_path):
-    """Run live on a saved conversation (issue #48): each saved user message asked again under its saved steering,
-    both sides answering afresh from their own new histories (greedy: the saved replies again), in the stranger's
-    own session, which then goes on."""
+def _owner_and_stranger(tmp_path):
+    """A service with a library (saved results need one) and two claimed sessions: (service, owner, stranger)."""
     from steer_ui.policy import Policy
     from steer_ui.store import open_library
 
@@ -118,6 +118,14 @@ def test_a_saved_conversation_runs_live_for_a_stranger_who_goes_on_chatting(tmp_
     owner, stranger = "chat-owner-aaaaaaaaaaaa", "chat-stranger-aaaaaaaaa"
     service.claim_owner(owner, None)
     service.claim_owner(stranger, None)
+    return service, owner, stranger
+
+
+def test_a_saved_conversation_runs_live_for_a_stranger_who_goes_on_chatting(tmp_path):
+    """Run live on a saved conversation (issue #48): each saved user message asked again under its saved steering,
+    both sides answering afresh from their own new histories (greedy: the saved replies again), in the stranger's
+    own session, which then goes on."""
+    service, owner, stranger = _owner_and_stranger(tmp_path)
     for text in ("Hello", "More", "And then?"):
         _turn(service, owner, text, system="You are terse." if text == "Hello" else None)
     saved = service.chat_view(owner)
@@ -135,3 +143,85 @@ def test_a_saved_conversation_runs_live_for_a_stranger_who_goes_on_chatting(tmp_
     assert len(service.chat_view(owner)["turns"]) == 3  # the owner's conversation is untouched
     with pytest.raises(UserError):
         list(service.chat_rerun(stranger, "not-a-result-id", None, _sampling(service)))
+
+
+def _spy_frames(service, monkeypatch) -> list:
+    """Every frame the chat room's generations give, as they pass (the last one is the finished turn's)."""
+    frames, real = [], service.explore.stream_generate_for
+
+    def spy(*args, **kwargs):
+        for frame in real(*args, **kwargs):
+            frames.append(frame)
+            yield frame
+
+    monkeypatch.setattr(service.explore, "stream_generate_for", spy)
+    return frames
+
+
+@pytest.mark.parametrize("steer_prompt", [False, True])
+def test_a_chat_turn_steers_with_every_term_of_the_page(service, monkeypatch, steer_prompt):
+    """A chat turn steers with the whole spec the page shows (issue #48): the main row and an added row, each with
+    its own layer, α, units and seed, exactly as the spec steers a generation given directly (same greedy tokens,
+    probabilities within 1e-5), and not as the main row alone."""
+    from steer_ui.service import RANDOM
+    from steer_ui.ui import chat_panel, extra_terms
+
+    extra = extra_terms.compose(1, [(RANDOM, 0, -6.0, True, 5)])  # the added row, as the page writes it
+    page = chat_panel.turn_spec(RANDOM, 1, 8.0, True, 3, extra, steer_prompt)
+    apply = {"phases": ["prompt", "generation"]} if steer_prompt else {"positions": "last"}
+    direct = {"vectors": [{"source": "random", "scale": 8.0, "layers": [1], "seed": 3, "apply": apply},
+                          {"source": "random", "scale": -6.0, "layers": [0], "seed": 5, "apply": apply}]}
+    main_only = {"vectors": direct["vectors"][:1]}
+    prompt = service.chat_prompt([{"role": "user", "content": "Hello"}])
+    sampling = service.chat._sampling(_sampling(service), prompt)  # the chat's own stops (its turn markers)
+
+    def steered(steering):
+        frames = _spy_frames(service, monkeypatch)
+        service.chat_reset("chat-terms")
+        reply = list(service.chat_turn("chat-terms", "Hello", steering, steer_prompt=steer_prompt,
+                                       sampling=_sampling(service)))[-1]
+        monkeypatch.undo()
+        return reply, frames[-1]
+
+    chat, chat_frame = steered(page)
+    alone = list(service.stream_generate_for("chat-direct", prompt, direct, sampling))[-1]
+    assert chat["steered"] == alone.steered_text and chat["unsteered"] == alone.unsteered_text
+    assert [t.token for t in chat_frame.steered_tokens] == [t.token for t in alone.steered_tokens]
+    assert chat_frame.steered_tokens and all(
+        abs(math.exp(a.logprob) - math.exp(b.logprob)) < 1e-5
+        for a, b in zip(chat_frame.steered_tokens, alone.steered_tokens))
+    kept = service.chat_view("chat-terms")["turns"][0]
+    assert [(t["source"], t["layers"], t["scale"], t.get("seed"), t["apply"]) for t in kept["steering"]["vectors"]] \
+        == [("random", [1], 8.0, 3, apply), ("random", [0], -6.0, 5, apply)]
+    assert kept["steer_prompt"] is steer_prompt
+    one, one_frame = steered(main_only)
+    assert [round(t.logprob, 4) for t in one_frame.steered_tokens] != \
+        [round(t.logprob, 4) for t in chat_frame.steered_tokens], "the added row must change the steered side"
+
+
+def test_a_saved_conversation_keeps_every_terms_own_vector_for_a_stranger(tmp_path):
+    """A conversation steered by the owner's own vector and an added row's own vector: its Run live, for a stranger
+    who has neither, asks each turn again under both (kept with the result, as the main one is), so the stranger's
+    replies are the owner's (greedy)."""
+    import dataclasses
+
+    from steer_ui.vector import random_vector
+
+    service, owner, stranger = _owner_and_stranger(tmp_path)
+    hidden = service.handle.arch.hidden_size
+    main = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 1, seed=41), name="mine"))
+    other = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 0, seed=42), name="other"))
+    steering = {"vectors": [{"source": main, "scale": 6.0, "layers": [1]},
+                            {"source": other, "scale": -6.0, "layers": [0]}]}
+    service.chat_reset(owner)
+    for text in ("Hello", "More"):
+        list(service.chat_turn(owner, text, steering, sampling=_sampling(service)))
+    saved = service.chat_view(owner)
+    result_id = service.chat_save(owner)
+    assert other not in service.vector_names(stranger)
+    list(service.chat_rerun(stranger, result_id, None, _sampling(service)))
+    live = service.chat_view(stranger)
+    assert [(t["unsteered"], t["steered"]) for t in live["turns"]] == \
+        [(t["unsteered"], t["steered"]) for t in saved["turns"]]
+    first, second = (t["source"] for t in live["turns"][0]["steering"]["vectors"])
+    assert first.endswith(" (saved result)") and second == f"{other} (saved result)"

@@ -190,3 +190,52 @@ def test_a_link_keeps_each_added_row_s_own_units():
     assert json.loads(state.extra) == json.loads(steer) == {"vectors": [
         {"source": "random", "scale": 0.2, "layers": [1], "normalize": False, "seed": 5},
         {"source": "v", "scale": -0.1, "layers": [3], "normalize": True}]}
+
+
+def test_a_saved_result_keeps_each_added_row_s_own_vector_for_a_stranger(tmp_path):
+    """An Explore result steered by the owner's own vector and an added row's own (unshared) vector keeps both with
+    it, by content (issue #48): a stranger's fresh session opens every term, the link's checks keep it, and it
+    steers to the owner's numbers, even after the owner removes the added vector."""
+    import dataclasses
+
+    from steer_ui.policy import Policy
+    from steer_ui.store import open_library
+    from steer_ui.tiny import tiny_handle
+    from steer_ui.ui import url_state
+    from steer_ui.vector import random_vector
+
+    policy = Policy()
+    service = Service(handle=tiny_handle("llama"), workdir=tmp_path, policy=policy,
+                      library=open_library(str(tmp_path / "library.db"), policy))
+    owner, stranger = "saved-owner-aaaaaaaaaa", "saved-stranger-aaaaaaa"
+    service.claim_owner(owner, None)
+    service.claim_owner(stranger, None)
+    hidden = service.handle.arch.hidden_size
+    main = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 1, seed=51), name="main one"))
+    other = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 0, seed=52), name="added one"))
+    extra = extra_terms.compose(2, [(other, 0, -0.6, True, 0), (RANDOM, 1, 0.3, False, 4)])
+    spec = extra_terms.full_spec(main, 1, 0.5, True, 0, extra)
+    sampling = service.sampling(max_new_tokens=5, greedy=True)
+    settings = {"vector": main, "layer": 1, "alpha": 0.5, "relative": True, "seed": 0, "extra": extra}
+    owners = list(service.stream_generate_for(owner, PROMPT, spec, sampling, settings))[-1]
+    numbers = service.next_token_for(owner, PROMPT, spec).as_dict()
+    result_id = service.save_result(owner, {"prompt": PROMPT, **settings, "next_token": numbers})
+    assert service.keeper.library.remove(service.session(owner).owner, "vector", other)  # gone from the owner's
+
+    saved = service.result(result_id)
+    assert saved["has_vector"] and set(saved["term_vectors"]) == {other}
+    for item_id in saved["term_vectors"].values():  # the kept vector's own item is no result to open
+        with pytest.raises(UserError):
+            service.result(item_id)
+    assert other not in service.vector_names(stranger)
+    vector = service.open_result_vector(stranger, result_id)
+    opened = service.open_result_terms(stranger, result_id)
+    assert opened == {other: f"{other} (saved result)"}
+    notices = []
+    shown = url_state.added_terms(extra_terms.renamed(saved["view"]["extra"], opened),
+                                  service.vector_names(stranger), service.handle.arch.num_layers, notices)
+    assert notices == [] and [t.source for t in extra_terms.added(shown)] == [opened[other], "random"]
+    theirs_spec = extra_terms.full_spec(vector, 1, 0.5, True, 0, shown)
+    theirs = list(service.stream_generate_for(stranger, PROMPT, theirs_spec, sampling))[-1]
+    assert theirs.steered_text == owners.steered_text != owners.unsteered_text
+    assert service.next_token_for(stranger, PROMPT, theirs_spec).as_dict() == numbers
