@@ -228,11 +228,13 @@ class Service:
     def delta_limit(self, session, vector_name, requested=None) -> float:
         return self.explore.delta_limit(session, vector_name, requested)
 
-    def stream_generate(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, sampling=None):
-        yield from self.explore.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling)
+    def stream_generate(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, sampling=None,
+                        supersede=False):
+        yield from self.explore.stream_generate(session, prompt, vector_name, layer, alpha, relative, seed, sampling,
+                                                supersede)
 
-    def stream_generate_for(self, session, prompt, steering, sampling=None, settings=None):
-        yield from self.explore.stream_generate_for(session, prompt, steering, sampling, settings)
+    def stream_generate_for(self, session, prompt, steering, sampling=None, settings=None, supersede=False):
+        yield from self.explore.stream_generate_for(session, prompt, steering, sampling, settings, supersede)
 
     def generate(self, session, prompt, vector_name, layer, alpha, relative=True, seed=0, sampling=None) -> Frame:
         # through this door's stream_generate, so whatever wraps the door's stream (a test's spy) sees the run

@@ -28,7 +28,7 @@ import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .messages import UserError
 from .policy import ANONYMOUS_PREFIX, MAX_ANONYMOUS, Policy
@@ -65,6 +65,7 @@ class Session:
     running: bool = False  # a long job (training, probing, a lesson) is under way
     job_end: str = ""  # how the last job ended: "finished", "cancelled" or "failed" ("" while one runs)
     generating: int = 0  # this session's generations in the decode batch or waiting for it
+    superseding: list = field(default_factory=list, repr=False)  # its page generations' tickets, oldest first
     client: str | None = None  # the address it was admitted from (None: a Python or CLI caller)
     owner: str | None = None  # the library owner it is bound to (steer_ui/keeping.py); None: nothing is kept
     owner_token: str = field(default="", repr=False)  # that owner's token, as its browser or client holds it
@@ -226,14 +227,36 @@ class Sessions:
             raise UserError("server_full", limit=self.policy.max_total_session_bytes >> 20)
 
     @contextmanager
-    def generation_slot(self, s: Session) -> Iterator[None]:
-        """One of the session's ``policy.generations_per_session`` places, held for one generation."""
+    def generation_slot(self, s: Session, supersede: bool = False) -> Iterator[Callable]:
+        """One of the session's ``policy.generations_per_session`` places, held for one generation; yields
+        ``hold(ticket)``, which makes a submitted ticket one that a later superseding generation may cancel.
+
+        ``supersede``: the page's generations (a slider release, a vector picked, a row added) are made stale by
+        the next one, so at the cap the session's oldest held generation is cancelled (it leaves the batch at the
+        next step) instead of refusing the newest, which left the panel stale under the latest settings.  Those
+        cancelled but not yet unwound still count, up to twice the cap: a flood from one page stays bounded."""
+        cap = self.policy.generations_per_session
         with self._lock:  # one visitor cannot take every place in the batch
-            if s.generating >= self.policy.generations_per_session:
-                raise UserError("session_busy", count=s.generating)
+            if s.generating >= cap:
+                if not supersede or not s.superseding or s.generating >= 2 * cap:
+                    raise UserError("session_busy", count=s.generating)
+                oldest = s.superseding.pop(0)
+                oldest.superseded = True
+                oldest.cancel()
             s.generating += 1
+        held = []
+
+        def hold(ticket) -> None:
+            if supersede:
+                with self._lock:
+                    s.superseding.append(ticket)
+                    held.append(ticket)
+
         try:
-            yield
+            yield hold
         finally:
             with self._lock:
                 s.generating -= 1
+                for ticket in held:
+                    if ticket in s.superseding:
+                        s.superseding.remove(ticket)

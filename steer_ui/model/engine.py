@@ -65,6 +65,7 @@ class Ticket:
     def __init__(self, engine: "Engine", request: Request, deadline: float):
         self.request = request
         self.deadline = deadline
+        self.superseded = False  # cancelled because a newer generation of the same page took its place
         self._engine = engine
         self._events: "queue.Queue" = queue.Queue()
 

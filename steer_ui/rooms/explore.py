@@ -194,7 +194,8 @@ class Explore:
         return own if own is not None else 0.0
 
     def stream_generate(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
-                        alpha: float, relative: bool = True, seed: int = 0, sampling=None) -> Iterator[Frame]:
+                        alpha: float, relative: bool = True, seed: int = 0, sampling=None,
+                        supersede: bool = False) -> Iterator[Frame]:
         """Unsteered and steered continuations, yielded as snapshots while they decode.
 
         The request joins the engine's decode batch beside every other
@@ -202,15 +203,17 @@ class Explore:
         This generator yields the newest snapshot whenever the consumer asks
         (intermediate ones are skipped if the consumer is slower than the
         model); closing it early drops the request's rows at the next step.
-        A session has at most ``policy.generations_per_session`` at once.
+        A session has at most ``policy.generations_per_session`` at once; with ``supersede`` (the page's
+        Explore generations) the newest takes the oldest's place at that cap (Sessions.generation_slot), and the
+        one it replaced ends without a final frame.
         """
         settings = {"vector": vector_name or RANDOM, "layer": layer, "alpha": alpha, "relative": relative,
                     "seed": seed}
         yield from self.stream_generate_for(session, prompt, self._one(vector_name, layer, alpha, relative, seed),
-                                            sampling, settings)
+                                            sampling, settings, supersede)
 
     def stream_generate_for(self, session: str | None, prompt: str, steering, sampling=None,
-                            settings: dict | None = None) -> Iterator[Frame]:
+                            settings: dict | None = None, supersede: bool = False) -> Iterator[Frame]:
         """:meth:`stream_generate` for a steering spec of one or more terms; ``settings`` (the one-vector
         request's, where it was one) is kept with the last generation for Save result."""
         from ..model.engine import EngineBusy
@@ -231,11 +234,12 @@ class Explore:
         s = self.shared.find(session)
         # the KV cache is what a generation keeps while it decodes; its prefill's scratch is bounded per request,
         # and the decode batch holds at most policy.batch_requests of them
-        with self.shared.sessions.generation_slot(s), guard.reserve(needed.kv):
+        with self.shared.sessions.generation_slot(s, supersede) as hold, guard.reserve(needed.kv):
             try:
                 ticket = engine.submit(request)
             except EngineBusy as exc:
                 raise UserError("busy", detail=first_line(exc)) from None
+            hold(ticket)
             kept = {"prompt": prompt, **(settings or {}), "steering": parse(steering).as_dict(),
                     "sampling": dataclasses.asdict(sampling)}
             yield from _frames(s, prompt, ticket, kept, len(request.ids))
@@ -313,7 +317,7 @@ def _frames(s: Session, prompt: str, ticket, settings: dict | None = None, promp
         raise UserError("generation_failed", detail=said_of(exc)) from None
     finally:
         ticket.cancel()
-    if last is not None:
+    if last is not None and not ticket.superseded:  # a superseded generation's partial text is not a result
         final = frame(last, True)
         s.last_generation = {**final.as_dict(), "settings": settings or {}}  # what Save result keeps
         yield final

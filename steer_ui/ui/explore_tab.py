@@ -401,10 +401,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                                     max_delta_logit=backend.delta_limit(session, vector, delta_limit))
         shown = time.monotonic()
         spec = extra_terms.full_spec(vector, layer, alpha, relative, vector_seed, extra)
-        frames = backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling) \
+        # supersede: this page's newest settings take the place of its oldest generation still running
+        frames = backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling,
+                                         supersede=True) \
             if spec is None else backend.stream_generate_for(
                 session, prompt, spec, sampling, {"vector": vector or RANDOM, "layer": layer, "alpha": alpha,
-                                                  "relative": relative, "seed": vector_seed, "extra": extra})
+                                                  "relative": relative, "seed": vector_seed, "extra": extra},
+                supersede=True)
         for frame in frames:
             if not frame.done:
                 if time.monotonic() - shown < FRAME_INTERVAL_S:
