@@ -212,13 +212,14 @@ class Library:
 
     def save_comparison(self, session: str | None) -> str:
         """Freeze the session's last *Many prompts* comparison (its settings, every row and the summary); its id
-        opens the whole table for anyone, without running the model."""
+        opens the whole table for anyone, without running the model.  The added rows' own vectors (``held``) are
+        kept with it as the main one is (:meth:`open_result_terms`)."""
         s = self.shared.find(session)
         last = s.cache.get(LAST_COMPARISON)
         if not last:
             raise UserError("no_comparison")
         return self.freeze(s, {"kind": "comparison", "comparison": last["comparison"], "settings": last["settings"]},
-                            last["settings"].get("vector"))
+                           last["settings"].get("vector"), added_sources(last["settings"].get("held")))
 
     def open_result_vector(self, session: str | None, result_id, client: str | None = None) -> str | None:
         """Put the vector a saved result was made with into the session (read-only, as a shared one is), so the
@@ -248,9 +249,10 @@ class Library:
 
 
 def added_sources(extra) -> list[str]:
-    """The vectors an Explore view's added rows name (``extra``, a spec's text); bundled or random ones are
-    kept by name and left out by the keeper.  A text that does not parse adds none (the view ran with it)."""
-    if not isinstance(extra, str) or not extra.strip():
+    """The vectors an Explore view's added rows name (``extra``, a spec's text, or a comparison's ``held``, its
+    dict); bundled or random ones are kept by name and left out by the keeper.  A spec that does not parse adds
+    none (the view ran with it)."""
+    if not isinstance(extra, (str, dict)) or not extra or (isinstance(extra, str) and not extra.strip()):
         return []
     try:
         return [t.source for t in parse(extra).terms if not t.random]

@@ -4,6 +4,7 @@ the quotable summary line, every prompt's margin curve, the steerability histogr
 ``/compare`` (API) returns ``{"rows": [...], "summary": {...}}``; the page's own event is ``/compare_view``."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from . import extra_terms, i18n, panel_keys, relabel
 from .common import MODEL, T, handler, sid, table
 from .job_line import cancel_fn, follow
 from ..service import LAST_COMPARISON
-from .explore_tab import alpha_controls
+from .explore_tab import alpha_controls, rows_view
 from .library_ui import SHOW_COMPARISON, page_url, plain_api
 from .request_guard import client_address
 
@@ -163,6 +164,9 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         if saved.get("has_vector"):  # the saved vector itself, read-only, so a row opens with it in Explore
             settings["vector"] = backend.open_result_vector(sid(request), saved["id"], client_address(request)) \
                 or settings.get("vector")
+        if saved.get("term_vectors") and settings.get("held"):  # the added rows' own vectors, kept as the main one
+            opened = backend.open_result_terms(sid(request), saved["id"], client_address(request))
+            settings["held"] = json.loads(extra_terms.renamed(json.dumps(settings["held"]), opened))
         session.cache[SHOWN] = {"settings": settings, "rows": saved["comparison"]["rows"]}
         text = "\n".join(settings.get("prompts") or [])
         # a saved comparison claims only its prompts (put in the box here): its summary line names the vector
@@ -197,31 +201,40 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
 
     @handler(backend)
     def open_row(evt: gr.SelectData, request: gr.Request):
-        """The selected row's prompt, with the vector, layer and α the comparison ran with, into Explore."""
+        """The selected row's prompt, with the vector, layer and α the comparison ran with, into Explore, and its
+        added vectors (``held``) as Explore's added rows, as a link's are shown."""
         session = backend.peek_session(sid(request))
         shown = session.cache.get(SHOWN) if session is not None else None
         index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         if not shown or not isinstance(index, int) or not 0 <= index < len(shown["rows"]):
-            return (gr.skip(),) * 7
+            return (gr.skip(),) * (7 + len(explore.rows_outputs))
         st = shown["settings"]
         keep = lambda key: gr.skip() if st.get(key) is None else st[key]  # noqa: E731
+        held = json.dumps(st["held"], ensure_ascii=False) if st.get("held") else ""
+        # one range for every α slider, the main α and each added row's within it
+        top = max([abs(float(st.get("alpha_max") or 0)), abs(float(st.get("alpha") or 0))]
+                  + [abs(t.scale) for t in extra_terms.added(held)]) or 1.0
         alpha, alpha_max = gr.skip(), keep("alpha_max")
         if st.get("alpha") is not None and st.get("alpha_max"):  # the slider's range and α in one update
-            alpha_max, alpha = alpha_controls(max(abs(float(st["alpha_max"])), abs(float(st["alpha"]))),
-                                              float(st["alpha"]), set_alpha=True)
+            alpha_max, alpha = alpha_controls(top, float(st["alpha"]), set_alpha=True)
+        # the added rows as a link's or a saved result's are shown (every row hidden when it had none)
+        rows = rows_view(held, backend.vector_names(sid(request)), backend.handle.arch.num_layers, top, False,
+                         st.get("relative", True), st.get("seed", 0))
         return (shown["rows"][index]["prompt"], keep("vector"), keep("layer"),
-                alpha_max, alpha, keep("relative"), keep("seed"))
+                alpha_max, alpha, keep("relative"), keep("seed")) + rows
 
     return CompareTab(prompts=prompts, run=run, summary=summary, outputs=outputs, show_saved=show_saved,
                       open_row=open_row)
 
 
 def wire_open_in_explore(tab: CompareTab, explore, open_explore_js: str) -> None:
-    """Clicking a row of the table opens it in Explore (the page script ``open_explore_js`` switches the tab),
-    whose panels then follow (bars, both generations, the dose-response marker)."""
+    """Clicking a row of the table opens it in Explore (the page script ``open_explore_js`` switches the tab), its
+    added vectors as Explore's added rows, whose panels then follow (bars, both generations, the dose-response
+    marker)."""
     rows = tab.outputs[-1]
     rows.select(None, None, None, js=open_explore_js, queue=False)
     event = rows.select(tab.open_row, None, [explore.prompt, explore.vector, explore.layer,
-                                             explore.alpha_max, explore.alpha, explore.relative, explore.vector_seed],
+                                             explore.alpha_max, explore.alpha, explore.relative, explore.vector_seed]
+                        + explore.rows_outputs,
                         api_name="open_row_in_explore", api_visibility="undocumented", queue=False)
     explore.refresh_all(event, "open_row")

@@ -259,3 +259,64 @@ def test_a_saved_result_keeps_an_added_row_s_own_vector_for_a_stranger(browser, 
     assert _kl(seen) == owner_kl
     stranger.close()
     context.close()
+
+
+def _run_comparison(page, prompts: str) -> None:
+    page.locator("button[role=tab][data-tab-id=compare]").click()
+    page.locator("#compare-prompts textarea").fill(prompts)
+    page.locator("#compare-run").click()
+    page.wait_for_function("() => /2 prompts at/.test(document.querySelector('#compare-summary')?.innerText || '')",
+                           timeout=120_000)
+
+
+def _open_row(page, prompt: str) -> dict:
+    """Click ``prompt``'s row of the comparison table: Explore shows it, every panel settled; their keys."""
+    cell = page.locator("#compare-table [role=gridcell]", has_text=prompt).first
+    for _attempt in range(3):  # a click while the table is redrawn can miss the cell
+        cell.click()
+        try:
+            page.wait_for_function("(p) => document.querySelector('#explore-prompt textarea')?.value === p",
+                                   arg=prompt, timeout=5_000)
+            break
+        except Exception:  # noqa: BLE001 - try again; the assertions say what is wrong
+            page.locator("button[role=tab][data-tab-id=compare]").click()
+    page.locator("#explore-term-2").wait_for(state="visible", timeout=10_000)
+    page.wait_for_function("(p) => { const e = document.querySelector('#generations-made-for .made-for');"
+                           " return e && JSON.parse(e.dataset.key).prompt === p; }", arg=prompt, timeout=60_000)
+    return _settled(page)
+
+
+def test_a_comparison_row_opens_in_explore_with_its_added_row_and_so_does_a_saved_one(browser, app, tmp_path):
+    """Many prompts run with an added row of the owner's own vector (issue #48): clicking a row of the table opens
+    it in Explore with the added row and its α (after the owner removed the row), and the saved comparison does
+    the same for a stranger, the added vector kept with it and opened as the saved result's."""
+    context, page, keys = _own_vector_as_added_row(browser, app, tmp_path)
+    ours = _extra(keys)
+    _run_comparison(page, "The weather today is\nMy favourite food is")
+    page.locator("button[role=tab][data-tab-id=explore]").click()
+    page.locator("#remove-vector-btn").click()  # the Explore view moves on; the comparison keeps its terms
+    page.locator("#explore-term-2").wait_for(state="hidden", timeout=10_000)
+    page.wait_for_function("() => window.__steerControls.explore.extra === null", timeout=10_000)
+    page.locator("button[role=tab][data-tab-id=compare]").click()
+    opened = _open_row(page, "My favourite food is")
+    assert [(t["source"], t["scale"]) for t in _extra(opened)] == [("my second", ours[0]["scale"])]
+    assert all(_extra({"bars": opened[p]}) == _extra(opened) for p in PANELS)
+    assert opened["bars"][0]["alpha"] == pytest.approx(keys["bars"][0]["alpha"])
+    assert page.locator("#explore-vector-2 input").input_value() == "my second"
+    assert float(page.locator("#alpha-slider-2 input[type=number]").input_value()) == pytest.approx(ours[0]["scale"])
+    # saved, and opened by a stranger: the added row's own vector comes with it
+    page.locator("button[role=tab][data-tab-id=compare]").click()
+    page.locator("#compare-save").click()
+    page.wait_for_function("() => (document.querySelector('#compare-link input, #compare-link textarea') || {})"
+                           ".value?.includes('result=')", timeout=30_000)
+    link = page.locator("#compare-link input, #compare-link textarea").first.input_value()
+    stranger = browser.new_context(viewport={"width": 1400, "height": 900}, locale="en-US")
+    seen = stranger.new_page()
+    seen.goto(link)
+    seen.wait_for_function("() => /2 prompts at/.test(document.querySelector('#compare-summary')?.innerText || '')",
+                           timeout=60_000)
+    shown = _open_row(seen, "The weather today is")
+    assert [(t["source"], t["scale"]) for t in _extra(shown)] == [("my second (saved result)", ours[0]["scale"])]
+    assert shown["bars"][0]["alpha"] == pytest.approx(keys["bars"][0]["alpha"])
+    stranger.close()
+    context.close()

@@ -192,16 +192,14 @@ def test_a_link_keeps_each_added_row_s_own_units():
         {"source": "v", "scale": -0.1, "layers": [3], "normalize": True}]}
 
 
-def test_a_saved_result_keeps_each_added_row_s_own_vector_for_a_stranger(tmp_path):
-    """An Explore result steered by the owner's own vector and an added row's own (unshared) vector keeps both with
-    it, by content (issue #48): a stranger's fresh session opens every term, the link's checks keep it, and it
-    steers to the owner's numbers, even after the owner removes the added vector."""
+def _owner_and_stranger(tmp_path, seed: int):
+    """A service with a library, an owner holding two vectors of their own ("main one" at layer 1, "added one" at
+    layer 0) and a stranger: (service, owner, stranger, main's name, added's name)."""
     import dataclasses
 
     from steer_ui.policy import Policy
     from steer_ui.store import open_library
     from steer_ui.tiny import tiny_handle
-    from steer_ui.ui import url_state
     from steer_ui.vector import random_vector
 
     policy = Policy()
@@ -211,8 +209,18 @@ def test_a_saved_result_keeps_each_added_row_s_own_vector_for_a_stranger(tmp_pat
     service.claim_owner(owner, None)
     service.claim_owner(stranger, None)
     hidden = service.handle.arch.hidden_size
-    main = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 1, seed=51), name="main one"))
-    other = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 0, seed=52), name="added one"))
+    main = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 1, seed=seed), name="main one"))
+    other = service.add_vector(owner, dataclasses.replace(random_vector(hidden, 0, seed=seed + 1), name="added one"))
+    return service, owner, stranger, main, other
+
+
+def test_a_saved_result_keeps_each_added_row_s_own_vector_for_a_stranger(tmp_path):
+    """An Explore result steered by the owner's own vector and an added row's own (unshared) vector keeps both with
+    it, by content (issue #48): a stranger's fresh session opens every term, the link's checks keep it, and it
+    steers to the owner's numbers, even after the owner removes the added vector."""
+    from steer_ui.ui import url_state
+
+    service, owner, stranger, main, other = _owner_and_stranger(tmp_path, 51)
     extra = extra_terms.compose(2, [(other, 0, -0.6, True, 0), (RANDOM, 1, 0.3, False, 4)])
     spec = extra_terms.full_spec(main, 1, 0.5, True, 0, extra)
     sampling = service.sampling(max_new_tokens=5, greedy=True)
@@ -239,3 +247,32 @@ def test_a_saved_result_keeps_each_added_row_s_own_vector_for_a_stranger(tmp_pat
     theirs = list(service.stream_generate_for(stranger, PROMPT, theirs_spec, sampling))[-1]
     assert theirs.steered_text == owners.steered_text != owners.unsteered_text
     assert service.next_token_for(stranger, PROMPT, theirs_spec).as_dict() == numbers
+
+
+def test_a_saved_comparison_keeps_each_added_row_s_own_vector_for_a_stranger(tmp_path):
+    """Many prompts run with an added row of the owner's own (unshared) vector, saved, keeps that vector with it
+    by content (issue #48), as a saved Explore result does: after the owner removes it, a stranger's session opens
+    it under its own name (the held spec renamed as the tab's show_saved does) and steers to the owner's table."""
+    service, owner, stranger, main, other = _owner_and_stranger(tmp_path, 61)
+    prompts = "The weather today is\nMy favourite food is"
+    sampling = service.sampling(max_new_tokens=5, greedy=True)
+    held = extra_terms.held(True, 0, extra_terms.compose(2, [(other, 0, -0.6, True, 0), (RANDOM, 1, 0.3, False, 4)]))
+    owners = service.compare(owner, prompts, False, main, 1, 0.5, True, 0, 1.0, sampling=sampling, held=held)
+    result_id = service.save_comparison(owner)
+    assert service.keeper.library.remove(service.session(owner).owner, "vector", other)  # gone from the owner's
+
+    saved = service.result(result_id)
+    assert saved["kind"] == "comparison" and saved["has_vector"] and set(saved["term_vectors"]) == {other}
+    assert other not in service.vector_names(stranger)
+    vector = service.open_result_vector(stranger, result_id)
+    opened = service.open_result_terms(stranger, result_id)
+    assert opened == {other: f"{other} (saved result)"}
+    theirs_held = json.loads(extra_terms.renamed(json.dumps(saved["settings"]["held"]), opened))
+    assert [t["source"] for t in theirs_held["vectors"]] == [opened[other], "random"]
+    assert opened[other] in service.vector_names(stranger)
+    theirs = service.compare(stranger, prompts, False, vector, 1, 0.5, True, 0, 1.0, sampling=sampling,
+                             held=json.dumps(theirs_held))
+    assert [r["steered"] for r in theirs["rows"]] == [r["steered"] for r in owners["rows"]]
+    assert [r["kl"] for r in theirs["rows"]] == pytest.approx([r["kl"] for r in owners["rows"]], abs=1e-6)
+    alone = service.compare(stranger, prompts, False, vector, 1, 0.5, True, 0, 1.0, sampling=sampling)
+    assert [r["kl"] for r in alone["rows"]] != pytest.approx([r["kl"] for r in owners["rows"]], abs=1e-6)
