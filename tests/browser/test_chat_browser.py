@@ -86,6 +86,7 @@ def test_a_three_turn_chat_side_by_side_is_saved_and_opens_for_a_stranger(browse
     stranger.close()
 
 
+@pytest.mark.slow  # 43 s in the full run; tests/unit/test_chat_room.py checks Run live's replies through the door
 def test_run_live_on_a_saved_chat_answers_both_sides_afresh_for_a_stranger(browser, app):
     """A saved three-turn conversation opened by a stranger in a fresh context: Run live asks its user messages
     again with its steering, both assistants answer live (greedy: the saved replies again), and the stranger goes
@@ -120,6 +121,8 @@ def test_run_live_on_a_saved_chat_answers_both_sides_afresh_for_a_stranger(brows
     stranger.context.close()
 
 
+@pytest.mark.slow  # 100 s and timed out in the full run at d5ae874 (open, see docs/tests.md); test_chat_room's
+# two-term turn checks the same steering through the door
 def test_a_chat_turn_steers_with_the_added_row_too(browser, app):
     """A vector row added under the main one (its own α) steers the chat turn as well (issue #48): the turn the
     conversation keeps, and its saved result, record both terms at their own layers and α."""

