@@ -132,9 +132,11 @@ class Int8Weight:
     offset: torch.Tensor | None
     group: int
     exact: bool = False  # the codes are the model's own (a GGUF's), not a rounding of its floats
-    # products of at least this many rows take integer products on int8 activations (W8A8, w8a8_kernel.c); None:
-    # never.  Set by the loader only where the measured cost is within the default's bound (precision.py)
-    w8a8_min_rows: int | None = None
+    # every product takes integer products on int8 activations (W8A8, w8a8_kernel.c), or none does: a switch by
+    # row count would make a request's result depend on how many others share its batch (the many-users batch
+    # must equal each request alone; tests/unit/test_decode_batch.py caught a switch at 8 rows).  Set by the
+    # loader only where the measured cost is within the default's bound (precision.py)
+    w8a8: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -151,7 +153,7 @@ class Int8Weight:
         """Output rows ``start:end`` (views, no copy)."""
         return Int8Weight(self.codes[start:end], self.scale[start:end],
                           None if self.offset is None else self.offset[start:end], self.group, self.exact,
-                          self.w8a8_min_rows)
+                          self.w8a8)
 
     def dequantise(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """Rows ``start:end`` as float32 (a multiply, then an add: the same roundings as a GGUF reader)."""
@@ -172,9 +174,7 @@ class Int8Weight:
             return (flat @ self.dequantise().T).reshape(*shape[:-1], -1)
         flat = flat.float().contiguous()
         out_features = self.codes.shape[0]
-        rows = flat.shape[0]
-        # whatever the row count or pause (rounded activations would otherwise depend on who shares the batch)
-        if self.w8a8_min_rows is not None and rows >= self.w8a8_min_rows and flat.device.type == "cpu":
+        if self.w8a8 and flat.device.type == "cpu":
             out = self.w8a8_product(flat)
             if out is not None:
                 return out.reshape(*shape[:-1], out_features)

@@ -26,7 +26,7 @@ from ..messages import KeyedError, Said, first_line
 from ..paths import cache_root
 from .int8 import (int8_weights, kernel_available, kernel_identity, load_codes, quantise_model, save_codes,
                    w8a8_identity)
-from .precision import (PrecisionError, W8A8_MIN_ROWS, check_weights, cost, fingerprint, read_cost, w8a8_cost,
+from .precision import (PrecisionError, check_weights, cost, fingerprint, read_cost, w8a8_cost,
                         within_default_bound, write_cost)
 from .handle import ModelHandle, from_model  # noqa: F401  (ModelHandle: re-exported for callers)
 
@@ -370,7 +370,7 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
             write_cost(cost_file, measured)
     if (measured.get("w8a8") or {}).get("on"):  # only where its measured cost is within the default's bound
         for w in int8_weights(int8.model):
-            w.w8a8_min_rows = W8A8_MIN_ROWS
+            w.w8a8 = True
     int8.weights, int8.precision_cost = "int8", measured
     int8.int8_exact = bool(made["exact"]) and not made["rounded"]
     return int8

@@ -23,10 +23,6 @@ from ..policy import WEIGHTS
 from .generation import encode_prompt
 
 DEFAULT_MAX_DP = 0.01  # #37's bound for a default: max |Δ next-token probability| against float32
-# products of at least this many rows take W8A8 integer products where the gate below lets them: every product,
-# because a switch by row count would make a request's result depend on how many others share its batch (the
-# many-users batch must equal each request alone; tests/unit/test_decode_batch.py caught a switch at 8 rows)
-W8A8_MIN_ROWS = 1
 
 PROBE_PROMPTS = (
     "The capital of France is",
@@ -107,10 +103,10 @@ def cost(reference: dict, candidate: dict) -> dict:
 
 def w8a8_cost(int8_handle, reference: dict, exact_codes: bool = True) -> dict:
     """W8A8's cost (issue #50), measured as :func:`cost` with *every* int8 product of ``int8_handle`` on int8
-    activations (``Int8Weight.w8a8_min_rows`` = 1: the prompts' passes too, the most any row count setting could
-    quantise), then put back off.  ``on``: whether it is within the default's bound (the loader then turns it on
-    for products of :data:`W8A8_MIN_ROWS` rows or more); ``kernel``: the build measured.  Only for a model on its
-    own int8 codes (a GGUF's), as int8's default is: weights rounded from floats already cost ~0.02."""
+    activations (``Int8Weight.w8a8``: the prompts' passes too, as the loader would use it), then put back off.
+    ``on``: whether it is within the default's bound (the loader then turns it on for every product);
+    ``kernel``: the build measured.  Only for a model on its own int8 codes (a GGUF's), as int8's default is:
+    weights rounded from floats already cost ~0.02."""
     from .int8 import int8_weights, w8a8_identity
 
     kernel = w8a8_identity()
@@ -120,16 +116,15 @@ def w8a8_cost(int8_handle, reference: dict, exact_codes: bool = True) -> dict:
         return {"on": False, "kernel": kernel, "status": "not measured: the int8 weights are rounded from floats"}
     weights = int8_weights(int8_handle.model)
     for w in weights:
-        w.w8a8_min_rows = 1
+        w.w8a8 = True
     try:
         measured = cost(reference, fingerprint(int8_handle, alpha=reference["alpha"]))
     finally:
         for w in weights:
-            w.w8a8_min_rows = None
+            w.w8a8 = False
     measured["kernel"], measured["activations"] = kernel, "int8, one scale per row"
     measured["status"] = "measured"
     measured["on"] = within_default_bound(measured)
-    measured["min_rows"] = W8A8_MIN_ROWS
     return measured
 
 

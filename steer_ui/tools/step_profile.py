@@ -212,10 +212,11 @@ CROSSOVER_SHAPES = ((1024, 640, 32, True), (2048, 640, 32, True), (640, 2048, 16
 
 def crossover(row_counts=(1, 3, 4, 8, 16, 24, 32, 64, 128), reps: int = 7, shapes=CROSSOVER_SHAPES) -> list[dict]:
     """The float32-arithmetic kernel (today's int8 path) against the integer-product one, each row count and
-    shape timed alternately ``reps`` times on random codes of the model's shapes; the best of each in ms (on a shared machine the best is the least disturbed)."""
+    shape timed alternately ``reps`` times on random codes of the model's shapes; the best of each in ms (on a
+    shared machine the best is the least disturbed)."""
     import torch
 
-    from ..model.int8 import Int8Weight, _kernel, _w8a8_kernel
+    from ..model.int8 import Int8Weight, _kernel
 
     fn = _kernel()
     out = []
@@ -253,11 +254,11 @@ def w8a8_accuracy(model: str, blocks=(None, 64, 32, 16)) -> list[dict]:
     rows = [{"activations": "int8 weights only (today)", "products": "all",
              **cost(reference, fingerprint(handle, alpha=reference["alpha"]))}]
     for w in int8_weights(handle.model):
-        w.w8a8_min_rows = 1
+        w.w8a8 = True
     rows.append({"activations": "W8A8 kernel, one scale per row", "products": "all",
                  **cost(reference, fingerprint(handle, alpha=reference["alpha"]))})
     for w in int8_weights(handle.model):
-        w.w8a8_min_rows = None
+        w.w8a8 = False
     original = Int8Weight.matmul
     vocab = handle.arch.vocab_size
 
