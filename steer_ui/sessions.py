@@ -114,6 +114,7 @@ class Sessions:
         # the owner tokens of sessions no longer kept, so the same tab comes back to its owner's work
         self._tokens: "OrderedDict[str, str]" = OrderedDict()
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a generation's place given back (generation_slot)
 
     # ------------------------------------------------------------------ lookup
     def get(self, session: str | None, client: str | None = None) -> Session:
@@ -227,27 +228,37 @@ class Sessions:
             raise UserError("server_full", limit=self.policy.max_total_session_bytes >> 20)
 
     @contextmanager
-    def generation_slot(self, s: Session, supersede: bool = False) -> Iterator[Callable]:
+    def generation_slot(self, s: Session, supersede: bool = False, supersedable: bool | None = None,
+                        wait_s: float = 0.0) -> Iterator[Callable]:
         """One of the session's ``policy.generations_per_session`` places, held for one generation; yields
         ``hold(ticket)``, which makes a submitted ticket one that a later superseding generation may cancel.
 
         ``supersede``: the page's generations (a slider release, a vector picked, a row added) are made stale by
         the next one, so at the cap the session's oldest held generation is cancelled (it leaves the batch at the
         next step) instead of refusing the newest, which left the panel stale under the latest settings.  Those
-        cancelled but not yet unwound still count, up to twice the cap: a flood from one page stays bounded."""
+        cancelled but not yet unwound still count, up to twice the cap: a flood from one page stays bounded.
+        ``supersedable`` (default: ``supersede``): whether this one's ticket may be cancelled so; a chat turn
+        takes the place of the page's Explore generations but is never cancelled by one.  ``wait_s``: how long
+        to wait for a place (one freed or unwound by another thread) before refusing."""
         cap = self.policy.generations_per_session
-        with self._lock:  # one visitor cannot take every place in the batch
-            if s.generating >= cap:
-                if not supersede or not s.superseding or s.generating >= 2 * cap:
+        supersedable = supersede if supersedable is None else supersedable
+        deadline = time.monotonic() + wait_s
+        with self._freed:  # one visitor cannot take every place in the batch
+            while s.generating >= cap:
+                if supersede and s.superseding and s.generating < 2 * cap:
+                    oldest = s.superseding.pop(0)
+                    oldest.superseded = True
+                    oldest.cancel()
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise UserError("session_busy", count=s.generating)
-                oldest = s.superseding.pop(0)
-                oldest.superseded = True
-                oldest.cancel()
+                self._freed.wait(left)
             s.generating += 1
         held = []
 
         def hold(ticket) -> None:
-            if supersede:
+            if supersedable:
                 with self._lock:
                     s.superseding.append(ticket)
                     held.append(ticket)
@@ -255,8 +266,9 @@ class Sessions:
         try:
             yield hold
         finally:
-            with self._lock:
+            with self._freed:
                 s.generating -= 1
                 for ticket in held:
                     if ticket in s.superseding:
                         s.superseding.remove(ticket)
+                self._freed.notify_all()

@@ -184,7 +184,9 @@ class Chat:
         """Both sides' texts as they decode.  While the histories agree (the first turn) one request gives both
         sides; after that each side is its own request on its own prompt (the unsteered row of the unsteered
         side's, the steered row of the steered side's), decoding together in the engine's batch."""
-        stream = self.explore.stream_generate_for
+        def stream(*args):  # a turn's generations take the page's Explore ones' places, never give theirs up
+            return self.explore.stream_generate_for(*args, turn=True)
+
         if prompts["unsteered"] == prompts["steered"]:
             for frame in stream(session, prompts["steered"], spec, sampling):
                 yield {"unsteered": frame.unsteered_text, "steered": frame.steered_text}

@@ -213,9 +213,12 @@ class Explore:
                                             sampling, settings, supersede)
 
     def stream_generate_for(self, session: str | None, prompt: str, steering, sampling=None,
-                            settings: dict | None = None, supersede: bool = False) -> Iterator[Frame]:
+                            settings: dict | None = None, supersede: bool = False,
+                            turn: bool = False) -> Iterator[Frame]:
         """:meth:`stream_generate` for a steering spec of one or more terms; ``settings`` (the one-vector
-        request's, where it was one) is kept with the last generation for Save result."""
+        request's, where it was one) is kept with the last generation for Save result.  ``turn``: a chat turn's
+        generation, which takes the place of the page's Explore generations at the session's cap (they are
+        hidden while chatting), is never cancelled by one, and waits ``policy.turn_wait_s`` for a place."""
         from ..model.engine import EngineBusy
         from ..model.generation import Request, row_kinds
         from ..steering_spec import parse
@@ -234,7 +237,9 @@ class Explore:
         s = self.shared.find(session)
         # the KV cache is what a generation keeps while it decodes; its prefill's scratch is bounded per request,
         # and the decode batch holds at most policy.batch_requests of them
-        with self.shared.sessions.generation_slot(s, supersede) as hold, guard.reserve(needed.kv):
+        wait_s = self.shared.policy.turn_wait_s if turn else 0.0
+        with self.shared.sessions.generation_slot(s, supersede or turn, supersedable=supersede, wait_s=wait_s) \
+                as hold, guard.reserve(needed.kv):
             try:
                 ticket = engine.submit(request)
             except EngineBusy as exc:

@@ -5,6 +5,7 @@ browser runs found it)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
 
@@ -61,3 +62,64 @@ def test_a_flood_from_one_page_stays_within_twice_the_cap(service):
     for frames in started:
         frames.close()
     assert service.peek_session("flood-slots").generating == 0
+
+
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+STEERING = {"vectors": [{"source": "random", "scale": 8.0, "layers": [1], "seed": 3}]}
+
+
+@pytest.fixture(scope="module")
+def chatting(tmp_path_factory):
+    handle = tiny_handle("llama")  # its own: the tokenizer gets a chat template
+    handle.tokenizer.chat_template = TEMPLATE
+    return Service(handle=handle, workdir=tmp_path_factory.mktemp("chat-slots"))
+
+
+def _turn(service, session):
+    frames = service.chat_turn(session, "Hello", STEERING, sampling=service.sampling(max_new_tokens=4, greedy=True))
+    return list(frames)[-1]
+
+
+def test_a_chat_turn_takes_the_place_of_the_page_s_explore_generations(chatting):
+    """Chat hides Explore's panels: a turn sent while the page's two Explore generations decode is answered (the
+    Chromium chat test's turn after an added row's α was refused as the session's third generation)."""
+    explore = [_started(chatting, "chat-over-explore", True, 0.1 * (i + 1)) for i in range(CAP)]
+    reader = threading.Thread(target=lambda: [list(frames) for frames in explore])  # the page's own threads
+    reader.start()
+    last = _turn(chatting, "chat-over-explore")
+    reader.join(timeout=60)
+    assert last["done"] and last["unsteered"] and last["steered"]
+    assert len(chatting.peek_session("chat-over-explore").chat["turns"]) == 1
+    assert chatting.peek_session("chat-over-explore").generating == 0
+
+
+def test_an_explore_generation_never_cancels_a_chat_turn(chatting):
+    sampling = dataclasses.replace(chatting.sampling(max_new_tokens=60, greedy=True), stop_at_eos=False)
+    alone = list(chatting.chat_turn("turn-alone", "Hello", STEERING, sampling=sampling))[-1]
+    turn = chatting.chat_turn("turn-kept", "Hello", STEERING, sampling=sampling)
+    next(turn)  # its one generation decodes (the first turn: both sides from one request)
+    first = _started(chatting, "turn-kept", True, 0.2)  # the page's Explore: a place is free
+    second = _started(chatting, "turn-kept", True, 0.3)  # at the cap: it takes the Explore one's place
+    assert not any(f.done for f in first)
+    last = list(turn)[-1]
+    assert (last["unsteered"], last["steered"]) == (alone["unsteered"], alone["steered"])  # whole, not cut
+    assert [f for f in second][-1].done
+
+
+def test_a_chat_turn_waits_for_a_place_an_api_caller_gives_back(chatting):
+    """An API caller's generations are not the page's: a turn at the cap waits (policy.turn_wait_s) for one to
+    end rather than cancelling it, and is refused only when none ends in time."""
+    session = "turn-waits"
+    running = [_started(chatting, session, False, 0.1 * (i + 1)) for i in range(CAP)]
+    reader = threading.Thread(target=lambda: [list(frames) for frames in running])
+    reader.start()
+    last = _turn(chatting, session)
+    reader.join(timeout=60)
+    assert last["done"]
+    held = [_started(chatting, session, False, 0.1 * (i + 1)) for i in range(CAP)]  # nobody reads them
+    with pytest.raises(UserError) as info:
+        _turn(chatting, session)
+    assert info.value.key == "session_busy"
+    for frames in held:
+        frames.close()
