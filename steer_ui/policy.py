@@ -90,7 +90,9 @@ class Policy:
     batch_requests: int = 8  # generations decoded together (3 rows each); more wait for a free place
     waiting_generations: int = 8  # beyond this a generation is refused with "busy, try again"
     generations_per_session: int = 2  # one visitor's generations at once (a slider release and a button)
-    turn_wait_s: float = 5.0  # how long a chat turn waits for one of those places (cancelled ones unwinding)
+    # how long the page's generation (Explore's, a chat turn) waits for one of those places: the ones it
+    # cancelled, or an API caller's, give theirs back within a step or two of the engine
+    page_wait_s: float = 5.0
     generation_seconds: float = 300.0  # one generation's time limit, waiting included
     # ---- disk
     export_max_bytes: int = 512 << 20  # all exported files kept for download, oldest removed first

@@ -317,8 +317,6 @@ class StaticDecode:
     def _allocate(self, slots: int, max_len: int, like: Cache) -> None:
         """A store of ``slots`` × ``max_len`` holding the old one's contents (same slots, same columns)."""
         old = self.cache
-        hidden = self.handle.arch.hidden_size
-        layers = self.handle.arch.num_layers
         dtype, dev = self.handle.dtype, self._device
         column = torch.zeros(1, dtype=torch.long, device=dev)
         column.fill_(self.columns)

@@ -218,7 +218,8 @@ class Explore:
         """:meth:`stream_generate` for a steering spec of one or more terms; ``settings`` (the one-vector
         request's, where it was one) is kept with the last generation for Save result.  ``turn``: a chat turn's
         generation, which takes the place of the page's Explore generations at the session's cap (they are
-        hidden while chatting), is never cancelled by one, and waits ``policy.turn_wait_s`` for a place."""
+        hidden while chatting) and is never cancelled by one.  The page's generations wait ``policy.page_wait_s``
+        for a place (those they cancelled still count until they unwind); an API caller's are refused at once."""
         from ..model.engine import EngineBusy
         from ..model.generation import Request, row_kinds
         from ..steering_spec import parse
@@ -237,7 +238,7 @@ class Explore:
         s = self.shared.find(session)
         # the KV cache is what a generation keeps while it decodes; its prefill's scratch is bounded per request,
         # and the decode batch holds at most policy.batch_requests of them
-        wait_s = self.shared.policy.turn_wait_s if turn else 0.0
+        wait_s = self.shared.policy.page_wait_s if turn or supersede else 0.0
         with self.shared.sessions.generation_slot(s, supersede or turn, supersedable=supersede, wait_s=wait_s) \
                 as hold, guard.reserve(needed.kv):
             try:

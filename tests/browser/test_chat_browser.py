@@ -121,8 +121,6 @@ def test_run_live_on_a_saved_chat_answers_both_sides_afresh_for_a_stranger(brows
     stranger.context.close()
 
 
-@pytest.mark.slow  # 100 s and timed out in the full run at d5ae874 (open, see docs/tests.md); test_chat_room's
-# two-term turn checks the same steering through the door
 def test_a_chat_turn_steers_with_the_added_row_too(browser, app):
     """A vector row added under the main one (its own α) steers the chat turn as well (issue #48): the turn the
     conversation keeps, and its saved result, record both terms at their own layers and α."""
@@ -137,10 +135,8 @@ def test_a_chat_turn_steers_with_the_added_row_too(browser, app):
     page.locator("#explore-prompt-kind label", has_text=i18n.label("en", "chat.chat")).click()
     page.wait_for_selector("#explore-chat", state="visible", timeout=20_000)
     page.locator("#chat-message textarea").fill("Hello")
-    # the row's α regenerates Explore's panels first: the chat turn waits for them (a session runs two at once)
-    page.wait_for_function("() => Array.from(document.querySelectorAll('.made-for')).every(e => "
-                           "!e.classList.contains('stale') && (e.dataset.key || '').includes('0.4'))",
-                           timeout=120_000)
+    # sent while the row's α still regenerates Explore's panels (hidden now): the turn takes their places in the
+    # session's two (it was refused as a third, and this test timed out, before a turn could)
     page.locator("#chat-send").click()
     _wait_turns(page, 1)
     page.locator("#chat-save").click()

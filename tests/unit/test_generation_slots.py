@@ -64,6 +64,21 @@ def test_a_flood_from_one_page_stays_within_twice_the_cap(service):
     assert service.peek_session("flood-slots").generating == 0
 
 
+
+def test_the_page_s_newest_waits_for_the_cancelled_to_unwind(service):
+    """A page's quick settings under load: the generations it cancelled still count until their readers see them
+    end, so at twice the cap the newest waits for that (policy.page_wait_s) instead of being refused, which left
+    the panel stale under the controls (a Chromium run at load average 20 found it)."""
+    started = [_started(service, "unwind-slots", True, 0.1 * (i + 1)) for i in range(2 * CAP)]
+    reader = threading.Thread(target=lambda: [list(frames) for frames in started])  # the page's own threads
+    reader.start()
+    newest = _started(service, "unwind-slots", True, 0.9)
+    last = [f for f in newest][-1]
+    reader.join(timeout=60)
+    assert last.done and len(last.steered_tokens) == 200
+    assert service.peek_session("unwind-slots").last_generation["settings"]["alpha"] == 0.9
+    assert service.peek_session("unwind-slots").generating == 0
+
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 STEERING = {"vectors": [{"source": "random", "scale": 8.0, "layers": [1], "seed": 3}]}
@@ -108,7 +123,7 @@ def test_an_explore_generation_never_cancels_a_chat_turn(chatting):
 
 
 def test_a_chat_turn_waits_for_a_place_an_api_caller_gives_back(chatting):
-    """An API caller's generations are not the page's: a turn at the cap waits (policy.turn_wait_s) for one to
+    """An API caller's generations are not the page's: a turn at the cap waits (policy.page_wait_s) for one to
     end rather than cancelling it, and is refused only when none ends in time."""
     session = "turn-waits"
     running = [_started(chatting, session, False, 0.1 * (i + 1)) for i in range(CAP)]
