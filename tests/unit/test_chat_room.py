@@ -225,3 +225,30 @@ def test_a_saved_conversation_keeps_every_terms_own_vector_for_a_stranger(tmp_pa
         [(t["unsteered"], t["steered"]) for t in saved["turns"]]
     first, second = (t["source"] for t in live["turns"][0]["steering"]["vectors"])
     assert first.endswith(" (saved result)") and second == f"{other} (saved result)"
+
+
+def test_a_conversation_over_the_prompt_bound_says_how_many_turns_to_drop(tmp_path):
+    """History counts in tokens against the prompt's bound (issue #48): a conversation over it is refused with
+    how many of its earliest messages to drop, a number that does fit, and the system message kept."""
+    from steer_ui.policy import Policy
+
+    handle = tiny_handle("llama")
+    handle.tokenizer.chat_template = TEMPLATE
+    service = Service(handle=handle, workdir=tmp_path, policy=Policy(max_prompt_tokens=200))
+    messages = [{"role": "system", "content": "Be brief."}]
+    for i in range(6):
+        messages += [{"role": "user", "content": f"Question {i} " + "word " * 6},
+                     {"role": "assistant", "content": f"Answer {i} " + "word " * 6}]
+    messages.append({"role": "user", "content": "And now?"})
+    with pytest.raises(UserError) as info:
+        service.chat_prompt(messages)
+    assert info.value.key == "chat_too_long"
+    drop, tokens = info.value.params["drop"], info.value.params["tokens"]
+    assert tokens > 200 and 1 <= drop < len(messages) - 1
+    kept = messages[:1] + messages[1 + drop:]
+    assert len(handle.tokenizer(service.chat_prompt(kept)).input_ids) <= 200  # dropping that many fits
+    with pytest.raises(UserError):  # one fewer does not
+        service.chat_prompt(messages[:1] + messages[drop:])
+    with pytest.raises(UserError) as info:  # one message alone over the bound: no turn to drop helps
+        service.chat_prompt([{"role": "user", "content": "word " * 400}])
+    assert info.value.key == "too_many_tokens"
