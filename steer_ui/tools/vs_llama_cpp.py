@@ -38,7 +38,7 @@ from .measures import GENERATION_PROMPT, _ours, seeded_steer
 from .timing import loadavg, median, ms, ratio, sync
 
 INSTALL = "pip install llama-cpp-python==0.3.36"
-# eight prompts of different lengths (5 to 15 tokens on the embedded model), one per sequence of the batch
+# eight prompts of different lengths (6 to 13 tokens on the embedded model), one per sequence of the batch
 BATCH8_PROMPTS = (*PROBE_PROMPTS, *MANY_USERS_PROMPTS[1:3])
 BATCH8_SEQUENCES = 8
 
@@ -85,25 +85,24 @@ def prompt_ids(handle, prompt: str) -> list[int]:
 
 
 # ------------------------------------------------------------------ one sequence
-def llama_cpp_steered_token_seconds(llm, ids: list[int], n_tokens: int) -> float:
-    """Seconds per token of ``n_tokens`` greedy tokens after the first (the prompt's pass and the first token
-    are left out, as our per-step times leave out the prefill)."""
+def llama_cpp_steered_steps(llm, ids: list[int], n_tokens: int) -> list[float]:
+    """Seconds of each of ``n_tokens`` greedy steps after the first token (the prompt's pass and the first token
+    are left out, as our per-step times leave out the prefill): the time between one token and the next, as
+    ours are timed, so both medians shrug off the same stalls."""
     llm.reset()
-    made, start = 0, None
+    stamps = []
     for _token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-        if start is None:  # the prompt has been evaluated and the first token sampled
-            start = time.perf_counter()
-            continue
-        made += 1
-        if made == n_tokens:
+        stamps.append(time.perf_counter())
+        if len(stamps) == n_tokens + 1:
             break
-    return (time.perf_counter() - start) / n_tokens
+    return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
 def bench_vs_llama_cpp(handle, steer, n_tokens: int, reps: int, log) -> dict:
     """One steered sequence: llama.cpp's per-token time against our side-by-side step and our steered-only step,
-    same GGUF, prompt, token count and threads; the three runs interleaved (their order turned each rep), after
-    one warm-up run of each.  Ours decode in one kept :class:`DecodeBatch` each, the default decode path."""
+    same GGUF, prompt, token count and threads; medians of every step of every counted run, the three runs
+    interleaved (their order turned each rep) after one warm-up run of each.  Ours decode in one kept
+    :class:`DecodeBatch` each, the default decode path."""
     found = llama_cpp_gguf(handle)
     if isinstance(found, str):
         return {"status": found}
@@ -118,7 +117,7 @@ def bench_vs_llama_cpp(handle, steer, n_tokens: int, reps: int, log) -> dict:
             return {"status": f"failed: llama.cpp refused the control vector ({status})"}
         batches = {"side_by_side": DecodeBatch(handle), "steered_only": DecodeBatch(handle)}
         runs = {
-            "llama_cpp": lambda: [llama_cpp_steered_token_seconds(llm, ids, n_tokens)],
+            "llama_cpp": lambda: llama_cpp_steered_steps(llm, ids, n_tokens),
             "side_by_side": lambda: _ours(handle, GENERATION_PROMPT, [steer], n_tokens, batches["side_by_side"])[1],
             "steered_only": lambda: _ours(handle, GENERATION_PROMPT, [steer], n_tokens, batches["steered_only"],
                                           steered_only=True)[1],
