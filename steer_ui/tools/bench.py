@@ -36,6 +36,11 @@ Headline ratios (targets from the performance issue):
   ``/v1`` completions with 8 steerings (one unsteered) one after another, and
   served one at a time behind a lock as saklas serves them, each ÷ the same 8
   at once (:mod:`.openai_bench`; issue #49).
+* ``vs_llama_cpp``, ``one_sequence_vs_llama_cpp``: our side-by-side step, and our steered-only step (what an
+  API client gets), each over llama.cpp's steered token on the same GGUF, prompt and threads; and
+  ``batch8_vs_llama_cpp``: eight sequences with eight steerings decoded together in one of our batches over
+  llama.cpp decoding the same eight prompts in one batch with one control vector, wall time (issue #50;
+  :mod:`.vs_llama_cpp`, where ``llama_cpp`` is installed).
 * ``max_abs_delta_prob_vs_float32``: the accuracy cost of the model's dtype,
   max |Δ probability| of the next token against the same model in float32
   on fixed prompts (0 for a float32 model; ``--dtype bfloat16`` measures it on
@@ -68,11 +73,12 @@ from ..methods.common import clean
 from ..model.loading import BUILT_PREFIXES, EMBEDDED, embedded_gguf_path, gguf_cache_dir, load_model
 from .measures import (bench_alpha_grid, bench_bf16_lm_head, bench_bf16_model, bench_cold_load, bench_decode_paths,
                        bench_dtype_accuracy, bench_extract, bench_hook_overhead, bench_side_by_side, bench_slider,
-                       bench_greedy_vs_float32, bench_sweep, bench_training, bench_vs_float32, bench_vs_llama_cpp,
-                       float32_reference, measure_bandwidth, seeded_steer)
+                       bench_greedy_vs_float32, bench_sweep, bench_training, bench_vs_float32, float32_reference,
+                       measure_bandwidth, seeded_steer)
 from .many_users import bench_many_prompts, bench_many_users
 from .openai_bench import bench_openai
 from .timing import loadavg, parameter_bytes, peak_rss_bytes, rss_bytes
+from .vs_llama_cpp import bench_batch8_vs_llama_cpp, bench_vs_llama_cpp
 
 # name: (comparison, target), on a CPU with the embedded model (float32); issue #20's figures
 TARGETS = {
@@ -90,7 +96,12 @@ TARGETS = {
     "slider_p95_load_over_idle_p50": ("<=", 2.0),
     "many_prompts_speedup": (">=", 4.0),  # issue #31
     "openai_concurrency_speedup": (">=", 3.0),  # issue #49: 8 /v1 streams with 8 steerings at once
-    "vs_llama_cpp": ("<=", 2.0),  # issue #37: our side-by-side step over llama.cpp's steered token (if installed)
+    # llama.cpp on the same GGUF, where llama_cpp is installed (issue #50; #37 had set vs_llama_cpp <= 2): our
+    # side-by-side step, and our steered-only step, over its steered token; eight sequences with eight steerings
+    # in one of our batches over its one batch of the same eight with one control vector, wall time
+    "vs_llama_cpp": ("<=", 1.0),
+    "one_sequence_vs_llama_cpp": ("<=", 0.8),
+    "batch8_vs_llama_cpp": ("<=", 1.0),
 }
 # On a GPU (issue #20, an 8B-shaped model in bfloat16): a captured decode step should come nearer the weights'
 # read time than a CPU's, and the batched side-by-side should beat two hooked generate() calls by more.
@@ -198,8 +209,8 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
 
     timed("side_by_side", lambda: bench_side_by_side(handle, steer, n_tokens, decode_reps, weight_bytes,
                                                       bw["read_gb_s"], log))
-    timed("llama_cpp", lambda: bench_vs_llama_cpp(handle, steer, n_tokens, decode_reps,
-                                                  result["side_by_side"]["ours_ms_per_step"], log))
+    timed("llama_cpp", lambda: bench_vs_llama_cpp(handle, steer, n_tokens, decode_reps, log))
+    timed("llama_cpp_batch8", lambda: bench_batch8_vs_llama_cpp(handle, layer, 8 if quick else 32, reps, log))
     timed("hook", lambda: bench_hook_overhead(handle, steer, 8 if quick else 16, 1 if quick else 8, log))
     timed("decode_paths", lambda: bench_decode_paths(handle, steer, 8 if quick else 32, 1 if quick else 4, log))
     timed("slider", lambda: bench_slider(handle, steer, layer, 5 if quick else 25, log, bw["read_gb_s"] * 1e9))
@@ -234,8 +245,11 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
 
     ratios = {
         "side_by_side_speedup": result["side_by_side"]["side_by_side_speedup"],
-        # our side-by-side step over llama.cpp's steered token (#37's target: at most 2); None without llama_cpp
+        # over llama.cpp's steered token: our side-by-side step, our steered-only step; eight sequences in one
+        # batch each side, wall over wall (issue #50); None without llama_cpp
         "vs_llama_cpp": result["llama_cpp"].get("vs_llama_cpp"),
+        "one_sequence_vs_llama_cpp": result["llama_cpp"].get("one_sequence_vs_llama_cpp"),
+        "batch8_vs_llama_cpp": result["llama_cpp_batch8"].get("batch8_vs_llama_cpp"),
         "decode_floor_fraction": result["side_by_side"]["decode_floor_fraction"],
         "slider_speedup": result["slider"]["slider_speedup"],
         "slider_two_terms_over_one": result["slider"]["slider_two_terms_over_one"],
@@ -345,11 +359,21 @@ def markdown_table(result: dict) -> str:
                      f"{greedy['new_tokens']} tokens, {greedy['decode_path']['path']}) against float32 eager: "
                      f"{greedy['equal']} equal, the rest parted at a margin inside the dtype's logit error"))
     llama, versus = result.get("llama_cpp", {}), result.get("vs_float32", {})
+    llama8 = result.get("llama_cpp_batch8", {})
+    against = []  # the llama.cpp rows, under side_by_side_speedup
     if llama.get("status") == "measured":
-        rows.insert(1, ("vs_llama_cpp",
-                        f"our side-by-side step {llama['ours_ms_per_step']:.1f} ms vs llama.cpp "
-                        f"{llama['llama_cpp_version']}'s steered token {llama['llama_cpp_steered_ms_per_token']:.1f} "
-                        f"ms ({llama['threads']} threads, same GGUF, prompt and {llama['new_tokens']} tokens)"))
+        theirs = (f"llama.cpp {llama['llama_cpp_version']}'s steered token "
+                  f"{llama['llama_cpp_steered_ms_per_token']:.1f} ms ({llama['threads']} threads, same GGUF, prompt "
+                  f"and {llama['new_tokens']} tokens)")
+        against += [("vs_llama_cpp", f"our side-by-side step {llama['ours_ms_per_step']:.1f} ms vs {theirs}"),
+                    ("one_sequence_vs_llama_cpp",
+                     f"our steered-only step {llama['ours_steered_only_ms_per_step']:.1f} ms vs {theirs}")]
+    if llama8.get("status") == "measured":
+        against.append(("batch8_vs_llama_cpp",
+                        f"{llama8['sequences']} sequences × {llama8['new_tokens']} tokens in one batch: ours "
+                        f"({llama8['sequences']} steerings) {llama8['ours_ms']:.0f} ms vs llama.cpp (one control "
+                        f"vector) {llama8['llama_cpp_ms']:.0f} ms, prompt passes included"))
+    rows[1:1] = against
     if versus.get("status") == "measured":
         rows.append(("step_speedup_vs_float32",
                      f"{versus['weights']} step {versus['ms_per_step']:.1f} ms vs float32 "

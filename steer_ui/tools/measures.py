@@ -9,7 +9,6 @@ baseline ``model.generate()`` included, so both sides pay the same hook.
 from __future__ import annotations
 
 import copy
-import ctypes
 import gc
 import json
 import os
@@ -124,14 +123,18 @@ def _hf_generate(handle, ids: torch.Tensor, n: int, steer=None) -> tuple[float, 
     return seconds, out[0, ids.shape[1]:].tolist()
 
 
-def _ours(handle, prompt: str, steers, n: int, batch: DecodeBatch | None = None) -> tuple[float, list[float], object]:
+def _ours(handle, prompt: str, steers, n: int, batch: DecodeBatch | None = None,
+          steered_only: bool = False) -> tuple[float, list[float], object]:
     """(total seconds, per-step seconds for steps 1.., result) of one side-by-side decode.
 
     ``batch``: an empty :class:`DecodeBatch` to decode in, kept across runs as
     the engine keeps its own (a static one then captures its step once, not
-    per run); default a new one.
+    per run); default a new one.  ``steered_only``: decode the steered row
+    alone, as the API does for a client that asks for no comparison and no
+    log-probabilities (:func:`~steer_ui.model.generation.row_kinds`).
     """
-    sampling = Sampling(max_new_tokens=n, temperature=0.0, stop_at_eos=False)
+    sampling = Sampling(max_new_tokens=n, temperature=0.0, stop_at_eos=False, unsteered=not steered_only,
+                        counterfactual=not steered_only)
     device = handle.input_device
     stamps = []
     result = None
@@ -710,60 +713,6 @@ def bench_greedy_vs_float32(handle, reference, steer, n_tokens: int, log, prompt
 
     result = greedy_vs_reference(handle, reference, steer, PROBE_PROMPTS[:prompts], n_tokens, decode)
     return {**result, "decode_path": batch.decode_path}
-
-
-# ------------------------------------------------------------------ llama.cpp, same machine, same run
-def bench_vs_llama_cpp(handle, steer, n_tokens: int, reps: int, ours_step_ms: float | None, log) -> dict:
-    """llama.cpp's steered per-token decode time on the same GGUF, prompt and token count, in this process.
-
-    Runs only where ``llama_cpp`` (llama-cpp-python) is importable and the model came from a GGUF; the
-    steering vector is set as llama.cpp's control vector at the same block (its layer ``il`` adds to block
-    ``il``'s output, as ours does).  Per-token time: the median over ``reps`` of (time for ``n_tokens`` greedy
-    tokens after the prompt) / ``n_tokens``, llama.cpp on as many threads as torch uses.  ``vs_llama_cpp``:
-    our side-by-side step (unsteered + steered + counterfactual rows) over llama.cpp's steered token."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return {"status": "skipped: llama_cpp is not installed (pip install llama-cpp-python==0.3.36)"}
-    from ..model.loading import EMBEDDED, embedded_gguf_path
-
-    source = handle.source
-    if source != EMBEDDED and not str(source).endswith(".gguf"):
-        return {"status": "skipped: llama.cpp runs GGUF models; this model was not loaded from one"}
-    gguf = embedded_gguf_path() if source == EMBEDDED else Path(source).expanduser()
-    log(f"bench: llama.cpp on {gguf.name} ({reps} x {n_tokens} steered tokens)")
-    threads = torch.get_num_threads()
-    llm = llama_cpp.Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=512,
-                          verbose=False, seed=0)
-    layers, hidden = handle.arch.num_layers, handle.arch.hidden_size
-    data = torch.zeros(layers, hidden, dtype=torch.float32)  # row il-1 is layer il's control vector
-    data[steer.layer - 1] = steer.vector.float().cpu() * float(steer.scalar_alpha)
-    buf = (ctypes.c_float * data.numel())(*data.reshape(-1).tolist())
-    status = llama_cpp.llama_set_adapter_cvec(llm.ctx, buf, data.numel(), hidden, steer.layer, steer.layer)
-    if status != 0:
-        return {"status": f"failed: llama.cpp refused the control vector ({status})"}
-    prompt = llm.tokenize(GENERATION_PROMPT.encode())
-    per_token = []
-    for _ in range(reps + 1):  # the first run warms up
-        llm.reset()
-        made, start = 0, None
-        for _token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
-            if start is None:  # the prompt has been evaluated and the first token sampled
-                start = time.perf_counter()
-                continue
-            made += 1
-            if made == n_tokens:
-                break
-        per_token.append((time.perf_counter() - start) / n_tokens)
-    steered = median(per_token[1:])
-    del llm
-    gc.collect()
-    return {"status": "measured", "llama_cpp_version": getattr(llama_cpp, "__version__", "?"), "threads": threads,
-            "new_tokens": n_tokens, "reps": reps, "llama_cpp_steered_ms_per_token": ms(steered),
-            "ours_ms_per_step": ours_step_ms,
-            "vs_llama_cpp": ratio(ours_step_ms / 1e3, steered) if ours_step_ms else None,
-            "note": "ours makes the unsteered and steered sides and the counterfactual row in one step; "
-                    "llama.cpp makes the steered side only"}
 
 
 # ------------------------------------------------------------------ the precision against float32, same run

@@ -237,3 +237,27 @@ def test_quick_run_serves_eight_api_streams_at_once_each_its_own_answer(quick_re
         assert _finite(quick_result["ratios"][name]) and quick_result["ratios"][name] > 0
     assert api["engine"]["peak_requests"] == 8 and api["engine"]["mean_rows_per_step"] <= 3
     assert "openai_concurrency_speedup" in markdown_table(quick_result)
+
+
+def test_markdown_table_shows_the_llama_cpp_rows_with_their_milliseconds_once_measured(quick_result):
+    """Issue #50: beside vs_llama_cpp, our steered-only step and a batch of eight against llama.cpp's, each with
+    its absolute times; where llama.cpp did not run (a tiny model is no GGUF) the sections say why, no row."""
+    import copy
+
+    for section in ("llama_cpp", "llama_cpp_batch8"):
+        assert quick_result[section]["status"].startswith("skipped: "), quick_result[section]
+    assert "_vs_llama_cpp`" not in markdown_table(quick_result)
+    assert quick_result["targets"]["vs_llama_cpp"] == "<= 1.0"
+    assert quick_result["targets"]["one_sequence_vs_llama_cpp"] == "<= 0.8"
+    assert quick_result["targets"]["batch8_vs_llama_cpp"] == "<= 1.0"
+    measured = copy.deepcopy(quick_result)
+    measured["llama_cpp"] = {"status": "measured", "llama_cpp_version": "0.3.36", "threads": 2, "new_tokens": 64,
+                             "llama_cpp_steered_ms_per_token": 11.0, "ours_ms_per_step": 14.5,
+                             "ours_steered_only_ms_per_step": 8.5}
+    measured["llama_cpp_batch8"] = {"status": "measured", "sequences": 8, "new_tokens": 32, "ours_ms": 900.0,
+                                    "llama_cpp_ms": 1000.0}
+    measured["ratios"].update(vs_llama_cpp=1.32, one_sequence_vs_llama_cpp=0.77, batch8_vs_llama_cpp=0.9)
+    table = markdown_table(measured)
+    assert "| `vs_llama_cpp` | 1.32 | <= 1.0 |" in table and "14.5 ms" in table
+    assert "| `one_sequence_vs_llama_cpp` | 0.77 | <= 0.8 |" in table and "8.5 ms vs llama.cpp" in table
+    assert "| `batch8_vs_llama_cpp` | 0.90 | <= 1.0 |" in table and "900 ms vs llama.cpp" in table
