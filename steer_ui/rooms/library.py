@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import time
 from dataclasses import dataclass
 
 from .. import guards, names
@@ -205,10 +206,23 @@ class Library:
         if not generation:  # only the prompt, bounded as every prompt is
             prompt = guards.text(view.get("prompt"), "prompt", self.shared.policy.max_prompt_chars)
             return self.freeze(s, {"kind": "link", "view": {"prompt": prompt}}, None)
+        generation = self._generation_for(s, view)
+        return self.freeze(s, {"view": view, "generation": generation}, view.get("vector"),
+                           added_sources(view.get("extra")))
+
+    def _generation_for(self, s, view: dict) -> dict:
+        """The session's last generation, once it is the one made for ``view``'s settings: Save pressed while the
+        page's newest generation still decodes waits for it (``policy.page_wait_s``), or the saved result would
+        pair the view with the previous settings' text; still decoding after that, refused.  With nothing
+        decoding the last one is kept as it is (the page shows it, marked stale where it differs)."""
+        deadline = time.monotonic() + self.shared.policy.page_wait_s
+        while not _made_for(s.last_generation, view) and s.generating and time.monotonic() < deadline:
+            time.sleep(0.05)
         if not s.last_generation:
             raise UserError("no_generation")
-        return self.freeze(s, {"view": view, "generation": s.last_generation}, view.get("vector"),
-                           added_sources(view.get("extra")))
+        if not _made_for(s.last_generation, view) and s.generating:
+            raise UserError("generation_running")
+        return s.last_generation
 
     def save_comparison(self, session: str | None) -> str:
         """Freeze the session's last *Many prompts* comparison (its settings, every row and the summary); its id
@@ -258,3 +272,26 @@ def added_sources(extra) -> list[str]:
         return [t.source for t in parse(extra).terms if not t.random]
     except UserError:
         return []
+
+
+_SETTINGS = ("vector", "layer", "alpha", "relative", "seed")
+
+
+def _made_for(generation: dict | None, view: dict) -> bool:
+    """Whether ``generation`` was made for the settings ``view`` names (those it names: an API caller's view
+    may name none)."""
+    if not generation:
+        return False
+    made = {"prompt": generation.get("prompt"), **generation.get("settings", {})}
+    for key in ("prompt",) + _SETTINGS:
+        if key in view and key in made and not _same(view[key], made[key]):
+            return False
+    if "extra" in view and "settings" in generation:  # "" and None are both no added row
+        return (view["extra"] or "") == (made.get("extra") or "")
+    return True
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(a)))
+    return a == b

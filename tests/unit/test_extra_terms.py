@@ -276,3 +276,32 @@ def test_a_saved_comparison_keeps_each_added_row_s_own_vector_for_a_stranger(tmp
     assert [r["kl"] for r in theirs["rows"]] == pytest.approx([r["kl"] for r in owners["rows"]], abs=1e-6)
     alone = service.compare(stranger, prompts, False, vector, 1, 0.5, True, 0, 1.0, sampling=sampling)
     assert [r["kl"] for r in alone["rows"]] != pytest.approx([r["kl"] for r in owners["rows"]], abs=1e-6)
+
+
+def test_save_result_pressed_while_the_newest_generation_decodes_keeps_that_one(tmp_path):
+    """Save result while the page's generation for the added row's new α still decodes (a Chromium run under load
+    saved the view with the previous α's text): it waits for that generation and keeps it, not the last finished."""
+    import dataclasses
+    import threading
+
+    service, owner, _stranger, main, other = _owner_and_stranger(tmp_path, 61)
+    sampling = dataclasses.replace(service.sampling(max_new_tokens=150, greedy=True), stop_at_eos=False)
+
+    def settings(scale):
+        return {"vector": main, "layer": 1, "alpha": 0.5, "relative": True, "seed": 0,
+                "extra": extra_terms.compose(2, [(other, 0, scale, True, 0)])}
+
+    def generate(scale):
+        s = settings(scale)
+        return service.stream_generate_for(owner, PROMPT, extra_terms.full_spec(main, 1, 0.5, True, 0, s["extra"]),
+                                           sampling, s, supersede=True)
+
+    list(generate(0.0))  # the row just added: its α at 0, generated to the end
+    newest = generate(0.7)  # the α dragged: this one decodes while Save is pressed
+    next(newest)
+    reader = threading.Thread(target=lambda: list(newest))  # the page's own thread reads it on
+    reader.start()
+    result_id = service.save_result(owner, {"prompt": PROMPT, **settings(0.7)})
+    reader.join(timeout=60)
+    kept = service.result(result_id)["generation"]
+    assert kept["settings"]["extra"] == settings(0.7)["extra"] and len(kept["steered"]["tokens"]) == 150
