@@ -37,6 +37,7 @@ KERNEL_MAX_ROWS = 64  # the AVX2 path's limit (decode steps, the many-users batc
 _SLAB_ROWS = 4096  # the torch path dequantises this many output rows at a time (~10 MB at 640 inputs)
 _SOURCE = Path(__file__).with_name("int8_kernel.c")
 _W8A8_SOURCE = Path(__file__).with_name("w8a8_kernel.c")
+_W8A16_SOURCE = Path(__file__).with_name("w8a16_kernel.c")
 _BUILD_LOCK = threading.Lock()
 
 
@@ -105,6 +106,17 @@ def _w8a8_kernel(extra_flags: tuple[str, ...] = ()):
     fn, path = _entry(_W8A8_SOURCE, extra_flags, "w8a8_matmul", "w8a8_path")
     if fn is not None:
         fn.path = {2: "avx512-vnni", 1: "avx2", 0: "c"}[path]
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _w8a16_kernel(extra_flags: tuple[str, ...] = ()):
+    """The int16-activation kernel (``w8a16_kernel.c``: activations rounded to int16 per row, int8 codes widened
+    to int16, integer sums in int32), or None where no C compiler works.  ``fn.path``: "avx512-vnni",
+    "avx512bw", "avx2" or "c"."""
+    fn, path = _entry(_W8A16_SOURCE, extra_flags, "w8a16_matmul", "w8a16_path")
+    if fn is not None:
+        fn.path = {3: "avx512-vnni", 2: "avx512bw", 1: "avx2", 0: "c"}[path]
     return fn
 
 
@@ -212,6 +224,12 @@ class Int8Weight:
         (``w8a8_kernel.c``; flat: contiguous float32 (rows, in) on the CPU); None where the kernel is missing or
         refuses the shape (a group its vector path does not take).  ``fn``: a build of it (tests)."""
         fn = fn if fn is not None else _w8a8_kernel()
+        return None if fn is None else self._call(fn, flat)
+
+    def w8a16_product(self, flat: torch.Tensor, fn=None) -> torch.Tensor | None:
+        """``flat @ W.T`` with the activations rounded to int16 per row and integer products
+        (``w8a16_kernel.c``); None where the kernel is missing or refuses the shape.  ``fn``: a build (tests)."""
+        fn = fn if fn is not None else _w8a16_kernel()
         return None if fn is None else self._call(fn, flat)
 
 

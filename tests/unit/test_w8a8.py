@@ -8,17 +8,15 @@ sums are exact, so beyond that only float32's own sums add: a slack of 1e-5 of `
 depend on the rows sent with it, bit for bit.
 """
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 from steer_ui.model import int8 as int8_mod
-from steer_ui.model.int8 import Int8Weight
+from rounded_activations import CPU_FLAGS, random_weight as _weight, rounding_bound
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc): no W8A8 kernel here")
 
-CPU_FLAGS = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
 PATHS = {
     "native": (),
     "avx2": ("-mno-avx512f",),
@@ -36,22 +34,6 @@ def _build(path: str):
     if path != "native":
         assert fn.path == path
     return fn
-
-
-def _weight(out_features, in_features, group, affine, seed=0, low=-128, high=128):
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(low, high, (out_features, in_features), generator=g, dtype=torch.int8)
-    scale = torch.rand(out_features, in_features // group, generator=g) * 0.02
-    offset = torch.randn(out_features, in_features // group, generator=g) * 0.01 if affine else None
-    return Int8Weight(codes, scale, offset, group)
-
-
-def _bound(w: Int8Weight, x: torch.Tensor) -> torch.Tensor:
-    """(rows, out) float64: the activations' rounding bound plus float32's slack."""
-    weights = w.dequantise().double().abs()
-    xs = x.double().abs().amax(1, keepdim=True) / 127
-    slack = 1e-5 * (x.double().abs() @ weights.T)
-    return 0.5 * xs * weights.sum(1)[None, :] + slack + 1e-12
 
 
 # GGUF's groups: Q8_0 (32), Q4_K (32, affine: codes 0..15), Q6_K (16, codes -32..31), per output row (group = in);
@@ -74,7 +56,7 @@ def test_the_product_is_within_the_activations_rounding(path, out_features, in_f
     assert got is not None and got.dtype == torch.float32 and got.shape == (rows, out_features)
     reference = x.double() @ w.dequantise().double().T
     error = (got.double() - reference).abs()
-    assert (error <= _bound(w, x)).all(), float((error / _bound(w, x)).max())
+    assert (error <= rounding_bound(w, x, 127)).all(), float((error / rounding_bound(w, x, 127)).max())
     # and it is the integer product, not the float one: with the scale unrounded the error would be ~0
     if rows > 1 and in_features >= 128:
         assert float(error.max()) > 1e-6

@@ -1,0 +1,248 @@
+/* y = x @ W.T with integer products on int16 activations (W8A16, issue #50), for a weight stored as
+ * int8_kernel.c's: int8 codes q, a float32 scale s (and, for affine formats, a float32 offset o) per group of
+ * `group` inputs of each output row, W[n, k] = q[n, k] * s[n, k / group] + o[n, k / group].
+ *
+ * Each activation row is rounded to int16 with one scale per row, xs = max |x| / 32767 (qx = rint(x / xs) in
+ * [-32767, 32767]): 258 times finer than W8A8's int8 rows, whose rounding failed the accuracy gate on the
+ * embedded model.  Then
+ *     y[r, n] = xs[r] * ( sum_g s[n, g] * (sum_{k in g} qx[r, k] * q[n, k])
+ *                       + sum_g o[n, g] * (sum_{k in g} qx[r, k]) )
+ * with the offsets multiplying the rounded rows' group sums, as in w8a8_kernel.c (exact in integers; the rounding
+ * then meets the centred weights).
+ *
+ * Overflow: one product is at most 32767 * 128 = 4.19e6 (127 for GGUF's codes), so an int32 holds 512 of them.
+ * Every path converts its int32 sums to float at each group's end and, inside a longer group (per-row rounded
+ * weights: the group is the whole row), every 512 inputs, whatever the row count.
+ *
+ * Paths, chosen by what the compiler targets (-march=native):
+ *   AVX-512 (BW; VNNI's vpdpwssd where present, else vpmaddwd + vpaddd, the same integer sums):
+ *     32 codes widened to int16 per step, int16 pairs summed into 16 int32 lanes; groups of 16 (two groups a
+ *     vector, a scale per half) or a multiple of 32.
+ *   AVX2: 16 codes a step, vpmaddwd, groups a multiple of 16.
+ *   plain C: any group.
+ * Each tile shares every widened weight vector among up to TILE_X activation rows (the many-rows win).  A
+ * (row, output) pair's sum is formed the same way whatever rows come with it, so a batch equals each row alone,
+ * bit for bit.  Built and called as int8_kernel.c is (steer_ui.model.int8).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define WIDE 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define NARROW 1
+#endif
+
+#define TILE_W 2   /* weight rows a tile */
+#define TILE_X 8   /* activation rows a tile */
+#define CHUNK 512  /* most inputs summed in int32 before the float conversion */
+
+/* One row rounded to int16: returns its scale (NaN when the row holds a NaN or an infinity, which then reaches
+ * every output of the row); xsum (affine weights): the codes' sum per group, exact. */
+static float round_row(const float *x, int64_t k, int64_t group, int16_t *qx, float *xsum)
+{
+    float top = 0.0f;
+    int finite = 1;
+    for (int64_t j = 0; j < k; j++) {
+        const float a = fabsf(x[j]);
+        finite &= a <= 3.4e38f;
+        top = a > top ? a : top;
+    }
+    const float to_code = top > 0.0f && finite ? 32767.0f / top : 0.0f;
+    for (int64_t j = 0; j < k; j++) {
+        const float c = nearbyintf(x[j] * to_code);
+        qx[j] = (int16_t)(c > 32767.0f ? 32767.0f : c < -32767.0f ? -32767.0f : c);
+    }
+    for (int64_t g = 0; xsum && g < k / group; g++) {
+        int64_t total = 0;
+        for (int64_t j = g * group; j < (g + 1) * group; j++) total += qx[j];
+        xsum[g] = (float)total;
+    }
+    return finite ? top / 32767.0f : NAN;
+}
+
+#if defined(WIDE)
+#if defined(__AVX512VNNI__)
+#define DOT(sum, w, x) _mm512_dpwssd_epi32((sum), (w), (x))
+#define PATH 3
+#else
+#define DOT(sum, w, x) _mm512_add_epi32((sum), _mm512_madd_epi16((w), (x)))
+#define PATH 2
+#endif
+
+/* nb weight rows (q, s: strides k, k / group) against `rows` int16 rows xw (stride k): dots[i][r] =
+ * sum over groups (and 512-input chunks) of scale * float(int32 sum), one 16-lane accumulator per pair */
+static inline __attribute__((always_inline)) void tile_wide(const int nb, const int rows, const int8_t *q,
+        const float *s, int64_t k, int64_t group, const int16_t *xw, float dots[TILE_W][TILE_X])
+{
+    const int64_t groups = k / group;
+    __m512 acc[TILE_W][TILE_X];
+    for (int i = 0; i < nb; i++)
+        for (int r = 0; r < rows; r++) acc[i][r] = _mm512_setzero_ps();
+    if (group == 16) {
+        /* lanes 0-7 hold group j/16, lanes 8-15 the next: each half gets its own scale */
+        const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        for (int64_t j = 0; j < k; j += 32) {
+            const __mmask32 m = k - j >= 32 ? ~(__mmask32)0 : (__mmask32)0xFFFF;
+            __m512i xv[TILE_X];
+            for (int r = 0; r < rows; r++) xv[r] = _mm512_maskz_loadu_epi16(m, xw + r * k + j);
+            for (int i = 0; i < nb; i++) {
+                _mm_prefetch((const char *)(q + (2 * TILE_W + i) * k + j), _MM_HINT_T0);
+                const __m512i w = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, q + i * k + j));
+                const __m512 sv = _mm512_permutexvar_ps(half, _mm512_maskz_loadu_ps(k - j >= 32 ? 3 : 1,
+                                                                                   s + i * groups + j / 16));
+                for (int r = 0; r < rows; r++)
+                    acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DOT(_mm512_setzero_si512(), w, xv[r])), sv,
+                                                acc[i][r]);
+            }
+        }
+    } else {
+        for (int64_t g = 0; g < groups; g++)
+            for (int64_t c = g * group; c < (g + 1) * group; c += CHUNK) {
+                const int64_t end = c + CHUNK < (g + 1) * group ? c + CHUNK : (g + 1) * group;
+                __m512i sum[TILE_W][TILE_X];
+                for (int i = 0; i < nb; i++)
+                    for (int r = 0; r < rows; r++) sum[i][r] = _mm512_setzero_si512();
+                for (int64_t j = c; j < end; j += 32) {
+                    __m512i xv[TILE_X];
+                    for (int r = 0; r < rows; r++) xv[r] = _mm512_loadu_si512((const void *)(xw + r * k + j));
+                    for (int i = 0; i < nb; i++) {
+                        _mm_prefetch((const char *)(q + (2 * TILE_W + i) * k + j), _MM_HINT_T0);
+                        const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + i * k + j)));
+                        for (int r = 0; r < rows; r++) sum[i][r] = DOT(sum[i][r], w, xv[r]);
+                    }
+                }
+                for (int i = 0; i < nb; i++) {
+                    const __m512 sv = _mm512_set1_ps(s[i * groups + g]);
+                    for (int r = 0; r < rows; r++)
+                        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][r]), sv, acc[i][r]);
+                }
+            }
+    }
+    for (int i = 0; i < nb; i++)
+        for (int r = 0; r < rows; r++) dots[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+#define TILE_FN(NB, R) tile_wide(NB, R, q, s, k, group, xw, dots)
+#define SUPPORTED(group) ((group) == 16 || (group) % 32 == 0)
+#elif defined(NARROW)
+static inline float lanes_sum(__m256 v)
+{
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* as tile_wide, 16 codes a step (vpmaddwd into 8 int32 lanes, then vpaddd) */
+static inline __attribute__((always_inline)) void tile_narrow(const int nb, const int rows, const int8_t *q,
+        const float *s, int64_t k, int64_t group, const int16_t *xw, float dots[TILE_W][TILE_X])
+{
+    const int64_t groups = k / group;
+    __m256 acc[TILE_W][TILE_X];
+    for (int i = 0; i < nb; i++)
+        for (int r = 0; r < rows; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t c = g * group; c < (g + 1) * group; c += CHUNK) {
+            const int64_t end = c + CHUNK < (g + 1) * group ? c + CHUNK : (g + 1) * group;
+            __m256i sum[TILE_W][TILE_X];
+            for (int i = 0; i < nb; i++)
+                for (int r = 0; r < rows; r++) sum[i][r] = _mm256_setzero_si256();
+            for (int64_t j = c; j < end; j += 16)
+                for (int i = 0; i < nb; i++) {
+                    _mm_prefetch((const char *)(q + (2 * TILE_W + i) * k + j), _MM_HINT_T0);
+                    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + i * k + j)));
+                    for (int r = 0; r < rows; r++)
+                        sum[i][r] = _mm256_add_epi32(sum[i][r], _mm256_madd_epi16(
+                            w, _mm256_loadu_si256((const __m256i *)(xw + r * k + j))));
+                }
+            for (int i = 0; i < nb; i++) {
+                const __m256 sv = _mm256_set1_ps(s[i * groups + g]);
+                for (int r = 0; r < rows; r++)
+                    acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i][r]), sv, acc[i][r]);
+            }
+        }
+    for (int i = 0; i < nb; i++)
+        for (int r = 0; r < rows; r++) dots[i][r] = lanes_sum(acc[i][r]);
+}
+#define TILE_FN(NB, R) tile_narrow(NB, R, q, s, k, group, xw, dots)
+#define SUPPORTED(group) ((group) % 16 == 0)
+#define PATH 1
+#else
+static void tile_plain(int nb, int rows, const int8_t *q, const float *s, int64_t k, int64_t group,
+                       const int16_t *xw, float dots[TILE_W][TILE_X])
+{
+    for (int i = 0; i < nb; i++)
+        for (int r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (int64_t g = 0; g < k / group; g++)
+                for (int64_t c = g * group; c < (g + 1) * group; c += CHUNK) {
+                    const int64_t end = c + CHUNK < (g + 1) * group ? c + CHUNK : (g + 1) * group;
+                    int32_t sum = 0;
+                    for (int64_t j = c; j < end; j++) sum += (int32_t)q[i * k + j] * xw[r * k + j];
+                    acc += (float)sum * s[i * (k / group) + g];
+                }
+            dots[i][r] = acc;
+        }
+}
+#define TILE_FN(NB, R) tile_plain(NB, R, q, s, k, group, xw, dots)
+#define SUPPORTED(group) ((group) > 0)
+#define PATH 0
+#endif
+
+/* nb and rows as constants in each call, so the accumulators live in registers */
+#define CASE(NB, R) case (NB) * 16 + (R): TILE_FN(NB, R); break;
+static void tile(int nb, int rows, const int8_t *q, const float *s, int64_t k, int64_t group, const int16_t *xw,
+                 float dots[TILE_W][TILE_X])
+{
+    switch (nb * 16 + rows) {
+    CASE(1, 1) CASE(1, 2) CASE(1, 3) CASE(1, 4) CASE(1, 5) CASE(1, 6) CASE(1, 7) CASE(1, 8)
+    CASE(2, 1) CASE(2, 2) CASE(2, 3) CASE(2, 4) CASE(2, 5) CASE(2, 6) CASE(2, 7) CASE(2, 8)
+    default: break;
+    }
+}
+
+/* Returns 0, or -1 when this build cannot take the shape (k not a multiple of group, a group its vector path
+ * does not handle, memory): the caller then keeps the float32 kernel. */
+int w8a16_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *scale,
+                 const float *offset, int64_t group, int64_t n_out, float *y, int threads)
+{
+    if (group <= 0 || k % group || !SUPPORTED(group) || rows <= 0) return rows == 0 ? 0 : -1;
+    const int64_t groups = k / group;
+    int16_t *xw = aligned_alloc(64, (size_t)((rows * k * 2 + 63) / 64 * 64));
+    float *xs = malloc((size_t)rows * sizeof(float));
+    float *xsum = offset ? malloc((size_t)(rows * groups) * sizeof(float)) : NULL;
+    if (!xw || !xs || (offset && !xsum)) {
+        free(xw); free(xs); free(xsum);
+        return -1;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        xs[r] = round_row(x + r * k, k, group, xw + r * k, xsum ? xsum + r * groups : NULL);
+    const int64_t tiles = (n_out + TILE_W - 1) / TILE_W;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t n = TILE_W * t;
+        const int nb = n_out - n < TILE_W ? (int)(n_out - n) : TILE_W;
+        float dots[TILE_W][TILE_X];
+        for (int64_t r0 = 0; r0 < rows; r0 += TILE_X) {
+            const int nr = rows - r0 < TILE_X ? (int)(rows - r0) : TILE_X;
+            tile(nb, nr, q + n * k, scale + n * groups, k, group, xw + r0 * k, dots);
+            for (int i = 0; i < nb; i++)
+                for (int r = 0; r < nr; r++) {
+                    float v = dots[i][r];
+                    /* affine: the offsets times the rounded row's group sums, in group order */
+                    for (int64_t g = 0; offset && g < groups; g++)
+                        v += offset[(n + i) * groups + g] * xsum[(r0 + r) * groups + g];
+                    y[(r0 + r) * n_out + n + i] = xs[r0 + r] * v;
+                }
+        }
+    }
+    free(xw); free(xs); free(xsum);
+    return 0;
+}
+
+/* 3: AVX-512 with VNNI, 2: AVX-512 (BW) without, 1: AVX2, 0: plain C (which path this build runs) */
+int w8a16_path(void)
+{
+    return PATH;
+}

@@ -1,0 +1,122 @@
+"""Integer products on int16 activations (W8A16, issue #50): ``w8a16_kernel.c`` against a float64 reference.
+
+The bound is derived, not tuned.  Each row is rounded with one scale ``xs = max|x| / 32767``, so every element
+moves by at most ``xs / 2`` and the product (the dequantised weights times the rounded row; the offsets multiply
+the rounded rows' group sums) by at most ``xs / 2 · Σ_k |W[n, k]|``.  The int32 sums are exact (converted to float
+at each group's end and every 512 inputs, so whole-row groups cannot overflow), so beyond that only float32's own
+sums add: a slack of 1e-5 of ``Σ |x| |W|``.  Every path this machine can run is built and checked: on an
+AVX-512 machine the one without VNNI (``-mno-avx512vnni``), AVX2's (``-mno-avx512f``) and plain C's
+(``-mno-avx2`` too); and a row's result must not depend on the rows sent with it, bit for bit.
+"""
+import shutil
+
+import pytest
+import torch
+
+from steer_ui.model import int8 as int8_mod
+from steer_ui.model.int8 import Int8Weight
+from rounded_activations import CPU_FLAGS, random_weight as _weight, rounding_bound
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc): no W8A16 kernel here")
+
+BUILDS = {
+    "native": ((), None),
+    "avx512bw": (("-mno-avx512vnni",), " avx512bw "),
+    "avx2": (("-mno-avx512f",), " avx2 "),
+    "c": (("-mno-avx2", "-mno-avx512f"), None),
+}
+
+
+def _build(name: str):
+    flags, needs = BUILDS[name]
+    if needs is not None and needs not in CPU_FLAGS:
+        pytest.skip(f"this CPU lacks{needs}")
+    fn = int8_mod._w8a16_kernel(flags)
+    assert fn is not None
+    if name == "native" and " avx512_vnni " in CPU_FLAGS and " avx512bw " in CPU_FLAGS:
+        assert fn.path == "avx512-vnni"
+    if name != "native":
+        assert fn.path == name
+    return fn
+
+
+# GGUF's groups: Q8_0 (32), Q4_K (32, affine: codes 0..15), Q6_K (16, codes -32..31), per output row (the group
+# is the whole row, 640 and 2048 wide: past 512 inputs, where one int32 chunk ends); odd output counts (tile
+# edges), input widths ending on half a 32-code vector (48, 80, 208), a multiple-of-32 group (96, affine)
+CASES = [(300, 640, 32, False, -128, 128), (257, 640, 32, True, 0, 16), (129, 2048, 16, False, -32, 32),
+         (33, 48, 16, True, -128, 128), (7, 80, 16, False, -128, 128), (65, 208, 16, True, 0, 16),
+         (5, 640, 640, False, -127, 128), (3, 2048, 2048, False, -127, 128), (9, 192, 96, True, -128, 128)]
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("out_features,in_features,group,affine,low,high", CASES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 24, 65])
+def test_the_product_is_within_the_activations_rounding(build, out_features, in_features, group, affine, low, high,
+                                                        rows):
+    fn = _build(build)
+    w = _weight(out_features, in_features, group, affine, seed=rows, low=low, high=high)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(out_features)) * 3
+    x[0, 0] = 40.0  # an outlier widens row 0's scale (as Gemma's residual has)
+    got = w.w8a16_product(x, fn)
+    assert got is not None and got.dtype == torch.float32 and got.shape == (rows, out_features)
+    reference = x.double() @ w.dequantise().double().T
+    error = (got.double() - reference).abs()
+    assert (error <= rounding_bound(w, x, 32767)).all(), float((error / rounding_bound(w, x, 32767)).max())
+
+
+def test_whole_row_groups_do_not_overflow_int32():
+    """Every activation at the row's maximum (32767 after rounding) and every code -128, 2048 inputs in one
+    group: 2048 · 32767 · 128 is 4 times int32's range, so only the 512-input chunks keep the sum right."""
+    for build in BUILDS:
+        fn = _build(build)
+        w = Int8Weight(torch.full((3, 2048), -128, dtype=torch.int8), torch.full((3, 1), 0.5), None, 2048)
+        x = torch.ones(2, 2048)
+        expected = -128 * 0.5 * 2048
+        assert torch.equal(w.w8a16_product(x, fn), torch.full((2, 3), expected)), build
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("out_features,in_features,group,affine,low,high", CASES[:4] + CASES[6:7])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(build, out_features, in_features, group, affine, low,
+                                                              high):
+    fn = _build(build)
+    w = _weight(out_features, in_features, group, affine, seed=9, low=low, high=high)
+    x = torch.randn(29, in_features, generator=torch.Generator().manual_seed(10))
+    together = w.w8a16_product(x, fn)
+    for lo, hi in ((0, 1), (1, 4), (4, 13), (12, 13), (3, 29), (2, 11), (28, 29)):
+        assert torch.equal(w.w8a16_product(x[lo:hi].contiguous(), fn), together[lo:hi]), (lo, hi)
+
+
+def test_the_offsets_meet_the_rounded_rows():
+    """With affine codes all of one sign (Q4_K's 0..15) the rounding must meet the centred weights: the product
+    equals the dequantised weights times the rounded row, up to float32's sums."""
+    fn = _build("native")
+    w = _weight(64, 640, 32, True, seed=6, low=0, high=16)
+    x = torch.randn(4, 640, generator=torch.Generator().manual_seed(7))
+    top = x.abs().amax(1, keepdim=True)
+    rounded = torch.round(x * (32767 / top)).double() * (top / 32767).double()
+    expected = rounded @ w.dequantise().double().T
+    got = w.w8a16_product(x, fn).double()
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+
+
+def test_zero_and_non_finite_rows():
+    for build in BUILDS:
+        fn = _build(build)
+        w = _weight(20, 64, 32, True, seed=5)
+        x = torch.zeros(3, 64)
+        x[1, 3] = float("nan")
+        x[2, 5] = float("inf")
+        got = w.w8a16_product(x, fn)
+        assert torch.equal(got[0], torch.zeros(20)), build  # no activations: nothing, offsets included
+        assert not torch.isfinite(got[1]).any() and not torch.isfinite(got[2]).any(), build
+
+
+def test_groups_a_vector_path_cannot_take_are_refused_not_guessed():
+    """Groups of 8 or 48 (not GGUF's) are not the AVX-512 path's; the caller then keeps today's product."""
+    fn = _build("native")
+    if fn.path not in ("avx512-vnni", "avx512bw"):
+        pytest.skip("only the AVX-512 paths refuse these")
+    for group in (8, 48):
+        w = _weight(10, 144, group, False)
+        assert w.w8a16_product(torch.randn(2, 144), fn) is None
