@@ -16,8 +16,9 @@
  *
  * Paths, chosen by what the compiler targets (-march=native):
  *   AVX-512 (BW; VNNI's vpdpwssd where present, else vpmaddwd + vpaddd, the same integer sums):
- *     32 codes widened to int16 per step, int16 pairs summed into 16 int32 lanes; groups of 16 (two groups a
- *     vector, a scale per half) or a multiple of 32.
+ *     groups of 16 or 32 in rows of a multiple of four groups (GGUF's Q8_0, Q4_K, Q6_K here): four groups
+ *     interleaved per 32-input vector (tile_quads), so one conversion and one multiply-add serve four groups;
+ *     otherwise 32 codes widened per step, groups of 16 (two a vector, a scale per half) or a multiple of 32.
  *   AVX2: 16 codes a step, vpmaddwd, groups a multiple of 16.
  *   plain C: any group.
  * Each tile shares every widened weight vector among up to TILE_X activation rows (the many-rows win).  A
@@ -35,13 +36,26 @@
 #define NARROW 1
 #endif
 
-#define TILE_W 2   /* weight rows a tile */
+/* measured on the unembedding (262,144 x 640, groups of 32; docs/bench.md): one weight row a tile beat two at one
+ * activation row (0.90x today's int8 kernel against 0.69x) and matched it at 8 */
+#define TILE_W 1   /* weight rows a tile (tile() has the cases for 1) */
 #define TILE_X 8   /* activation rows a tile */
+#define AHEAD 4    /* weight rows ahead that each step prefetches */
 #define CHUNK 512  /* most inputs summed in int32 before the float conversion */
 
-/* One row rounded to int16: returns its scale (NaN when the row holds a NaN or an infinity, which then reaches
- * every output of the row); xsum (affine weights): the codes' sum per group, exact. */
-static float round_row(const float *x, int64_t k, int64_t group, int16_t *qx, float *xsum)
+/* Where input j of a row goes: its own place, or (`quads`: the AVX-512 path's layout for groups of 16 or 32) the
+ * interleaved order of each block of four groups, whose every 32-input vector holds 8 inputs of each of the four
+ * (vector t: inputs 8t..8t+7 of each group, group by group). */
+static inline int64_t placed(int64_t j, int64_t group, int quads)
+{
+    if (!quads) return j;
+    const int64_t block = j / (4 * group) * (4 * group), g = j % (4 * group) / group, e = j % group;
+    return block + e / 8 * 32 + g * 8 + e % 8;
+}
+
+/* One row rounded to int16 (stored as placed() says): returns its scale (NaN when the row holds a NaN or an
+ * infinity, which then reaches every output of the row); xsum (affine weights): the codes' sum per group, exact. */
+static float round_row(const float *x, int64_t k, int64_t group, int quads, int16_t *qx, float *xsum)
 {
     float top = 0.0f;
     int finite = 1;
@@ -51,14 +65,15 @@ static float round_row(const float *x, int64_t k, int64_t group, int16_t *qx, fl
         top = a > top ? a : top;
     }
     const float to_code = top > 0.0f && finite ? 32767.0f / top : 0.0f;
-    for (int64_t j = 0; j < k; j++) {
-        const float c = nearbyintf(x[j] * to_code);
-        qx[j] = (int16_t)(c > 32767.0f ? 32767.0f : c < -32767.0f ? -32767.0f : c);
-    }
-    for (int64_t g = 0; xsum && g < k / group; g++) {
+    for (int64_t g = 0; g < k / group; g++) {
         int64_t total = 0;
-        for (int64_t j = g * group; j < (g + 1) * group; j++) total += qx[j];
-        xsum[g] = (float)total;
+        for (int64_t j = g * group; j < (g + 1) * group; j++) {
+            const float c = nearbyintf(x[j] * to_code);
+            const int16_t v = (int16_t)(c > 32767.0f ? 32767.0f : c < -32767.0f ? -32767.0f : c);
+            qx[placed(j, group, quads)] = v;
+            total += v;
+        }
+        if (xsum) xsum[g] = (float)total;
     }
     return finite ? top / 32767.0f : NAN;
 }
@@ -124,7 +139,62 @@ static inline __attribute__((always_inline)) void tile_wide(const int nb, const 
     for (int i = 0; i < nb; i++)
         for (int r = 0; r < rows; r++) dots[i][r] = _mm512_reduce_add_ps(acc[i][r]);
 }
-#define TILE_FN(NB, R) tile_wide(NB, R, q, s, k, group, xw, dots)
+
+/* Groups of 16 or 32, four groups a block (the row in placed()'s order): each block's vectors put 8 inputs of each
+ * group into lanes 0-3, 4-7, 8-11, 12-15, so one chain of group / 8 integer dot products gives every lane a
+ * partial sum of one group, and one conversion and one multiply-add (a scale per quarter) take the four groups:
+ * per activation row 6 operations for 128 inputs (groups of 32), against 8 multiply-adds of the float kernel.
+ * The weights are rearranged to match in registers (a qword permute, then widening), once per weight row and
+ * block, for every activation row of the tile. */
+static inline __attribute__((always_inline)) void tile_quads(const int nb, const int rows, const int8_t *q,
+        const float *s, int64_t k, int64_t group, const int16_t *xw, float dots[TILE_W][TILE_X])
+{
+    const int64_t groups = k / group, block = 4 * group;
+    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    /* qwords of vectors (0, 1) and (2, 3): vector t takes qword t of each group (groups of 32: 4 qwords each,
+     * over two 64-byte loads); groups of 16: 2 qwords each, one load */
+    const __m512i pick01 = group == 32 ? _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13)
+                                       : _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m512i pick23 = _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15);
+    __m512 acc[TILE_W][TILE_X];
+    for (int i = 0; i < nb; i++)
+        for (int r = 0; r < rows; r++) acc[i][r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < k; b += block) {
+        __m512i w[TILE_W][4];
+        __m512 sv[TILE_W];
+        for (int i = 0; i < nb; i++) {
+            const int8_t *qb = q + i * k + b;
+            _mm_prefetch((const char *)(qb + AHEAD * k), _MM_HINT_T0);
+            const __m512i lo = _mm512_loadu_si512((const void *)qb);
+            __m512i p = group == 32 ? _mm512_permutex2var_epi64(lo, pick01, _mm512_loadu_si512((const void *)(qb + 64)))
+                                    : _mm512_permutexvar_epi64(pick01, lo);
+            w[i][0] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(p));
+            w[i][1] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(p, 1));
+            if (group == 32) {
+                _mm_prefetch((const char *)(qb + AHEAD * k + 64), _MM_HINT_T0);
+                p = _mm512_permutex2var_epi64(lo, pick23, _mm512_loadu_si512((const void *)(qb + 64)));
+                w[i][2] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(p));
+                w[i][3] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(p, 1));
+            }
+            sv[i] = _mm512_permutexvar_ps(quarter, _mm512_castps128_ps512(_mm_loadu_ps(s + i * groups + b / group)));
+        }
+        for (int r = 0; r < rows; r++) {
+            const int16_t *xb = xw + r * k + b;
+            const __m512i x0 = _mm512_loadu_si512((const void *)xb), x1 = _mm512_loadu_si512((const void *)(xb + 32));
+            for (int i = 0; i < nb; i++) {
+                __m512i sum = DOT(DOT(_mm512_setzero_si512(), w[i][0], x0), w[i][1], x1);
+                if (group == 32)
+                    sum = DOT(DOT(sum, w[i][2], _mm512_loadu_si512((const void *)(xb + 64))), w[i][3],
+                              _mm512_loadu_si512((const void *)(xb + 96)));
+                acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sv[i], acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < nb; i++)
+        for (int r = 0; r < rows; r++) dots[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+#define QUADS(k, group) (((group) == 16 || (group) == 32) && (k) / (group) % 4 == 0)
+#define TILE_FN(NB, R) (quads ? tile_quads(NB, R, q, s, k, group, xw, dots) : tile_wide(NB, R, q, s, k, group, xw, dots))
 #define SUPPORTED(group) ((group) == 16 || (group) % 32 == 0)
 #elif defined(NARROW)
 static inline float lanes_sum(__m256 v)
@@ -189,15 +259,18 @@ static void tile_plain(int nb, int rows, const int8_t *q, const float *s, int64_
 #define SUPPORTED(group) ((group) > 0)
 #define PATH 0
 #endif
+#ifndef QUADS
+#define QUADS(k, group) 0
+#endif
 
 /* nb and rows as constants in each call, so the accumulators live in registers */
 #define CASE(NB, R) case (NB) * 16 + (R): TILE_FN(NB, R); break;
-static void tile(int nb, int rows, const int8_t *q, const float *s, int64_t k, int64_t group, const int16_t *xw,
-                 float dots[TILE_W][TILE_X])
+static void tile(int nb, int rows, const int8_t *q, const float *s, int64_t k, int64_t group, int quads,
+                 const int16_t *xw, float dots[TILE_W][TILE_X])
 {
+    (void)quads;
     switch (nb * 16 + rows) {
     CASE(1, 1) CASE(1, 2) CASE(1, 3) CASE(1, 4) CASE(1, 5) CASE(1, 6) CASE(1, 7) CASE(1, 8)
-    CASE(2, 1) CASE(2, 2) CASE(2, 3) CASE(2, 4) CASE(2, 5) CASE(2, 6) CASE(2, 7) CASE(2, 8)
     default: break;
     }
 }
@@ -209,6 +282,7 @@ int w8a16_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const
 {
     if (group <= 0 || k % group || !SUPPORTED(group) || rows <= 0) return rows == 0 ? 0 : -1;
     const int64_t groups = k / group;
+    const int quads = QUADS(k, group);
     int16_t *xw = aligned_alloc(64, (size_t)((rows * k * 2 + 63) / 64 * 64));
     float *xs = malloc((size_t)rows * sizeof(float));
     float *xsum = offset ? malloc((size_t)(rows * groups) * sizeof(float)) : NULL;
@@ -217,7 +291,7 @@ int w8a16_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const
         return -1;
     }
     for (int64_t r = 0; r < rows; r++)
-        xs[r] = round_row(x + r * k, k, group, xw + r * k, xsum ? xsum + r * groups : NULL);
+        xs[r] = round_row(x + r * k, k, group, quads, xw + r * k, xsum ? xsum + r * groups : NULL);
     const int64_t tiles = (n_out + TILE_W - 1) / TILE_W;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
@@ -226,7 +300,7 @@ int w8a16_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const
         float dots[TILE_W][TILE_X];
         for (int64_t r0 = 0; r0 < rows; r0 += TILE_X) {
             const int nr = rows - r0 < TILE_X ? (int)(rows - r0) : TILE_X;
-            tile(nb, nr, q + n * k, scale + n * groups, k, group, xw + r0 * k, dots);
+            tile(nb, nr, q + n * k, scale + n * groups, k, group, quads, xw + r0 * k, dots);
             for (int i = 0; i < nb; i++)
                 for (int r = 0; r < nr; r++) {
                     float v = dots[i][r];
