@@ -135,6 +135,11 @@ def w8a8_identity() -> str | None:
     return _kernel_target((), _W8A8_SOURCE)[0].stem if _w8a8_kernel() is not None else None
 
 
+def w8a16_identity() -> str | None:
+    """The W8A16 kernel's build (source, flags, CPU), whose cost the loader measures; None without a compiler."""
+    return _kernel_target((), _W8A16_SOURCE)[0].stem if _w8a16_kernel() is not None else None
+
+
 @dataclass
 class Int8Weight:
     """An (out, in) weight as int8 ``codes``, float32 ``scale`` (out, in // group) and optional ``offset``."""
@@ -149,6 +154,8 @@ class Int8Weight:
     # must equal each request alone; tests/unit/test_decode_batch.py caught a switch at 8 rows).  Set by the
     # loader only where the measured cost is within the default's bound (precision.py)
     w8a8: bool = False
+    # the same for integer products on int16 activations (W8A16, w8a16_kernel.c), with the same gate
+    w8a16: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -165,7 +172,7 @@ class Int8Weight:
         """Output rows ``start:end`` (views, no copy)."""
         return Int8Weight(self.codes[start:end], self.scale[start:end],
                           None if self.offset is None else self.offset[start:end], self.group, self.exact,
-                          self.w8a8)
+                          self.w8a8, self.w8a16)
 
     def dequantise(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """Rows ``start:end`` as float32 (a multiply, then an add: the same roundings as a GGUF reader)."""
@@ -186,8 +193,8 @@ class Int8Weight:
             return (flat @ self.dequantise().T).reshape(*shape[:-1], -1)
         flat = flat.float().contiguous()
         out_features = self.codes.shape[0]
-        if self.w8a8 and flat.device.type == "cpu":
-            out = self.w8a8_product(flat)
+        if (self.w8a8 or self.w8a16) and flat.device.type == "cpu":
+            out = self.w8a8_product(flat) if self.w8a8 else self.w8a16_product(flat)
             if out is not None:
                 return out.reshape(*shape[:-1], out_features)
         fn = _kernel() if flat.device.type == "cpu" else None

@@ -25,8 +25,8 @@ import torch
 from ..messages import KeyedError, Said, first_line
 from ..paths import cache_root
 from .int8 import (int8_weights, kernel_available, kernel_identity, load_codes, quantise_model, save_codes,
-                   w8a8_identity)
-from .precision import (PrecisionError, check_weights, cost, fingerprint, read_cost, w8a8_cost,
+                   w8a8_identity, w8a16_identity)
+from .precision import (PrecisionError, check_weights, cost, fingerprint, read_cost, w8a8_cost, w8a16_cost,
                         within_default_bound, write_cost)
 from .handle import ModelHandle, from_model  # noqa: F401  (ModelHandle: re-exported for callers)
 
@@ -342,9 +342,10 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
     cost_file = codes_dir / INT8_COST if codes_dir is not None else None
     kernel = kernel_identity()
     measured = read_cost(cost_file, kernel) if cost_file is not None else None
-    w8a8 = (measured or {}).get("w8a8") or {}
-    if measured is not None and (w8a8.get("kernel", "") != w8a8_identity() or "status" not in w8a8):
-        measured = None  # measured before W8A8 (issue #50) or with another build of it: measured again, once
+    w8a8, w8a16 = ((measured or {}).get(path) or {} for path in ("w8a8", "w8a16"))
+    if measured is not None and (w8a8.get("kernel", "") != w8a8_identity() or "status" not in w8a8
+                                 or w8a16.get("kernel", "") != w8a16_identity() or "status" not in w8a16):
+        measured = None  # measured before W8A8/W8A16 (issue #50) or with another build: measured again, once
     reference = None
     if measured is None:
         progress(0.85, Said("progress_int8_measuring"))
@@ -365,12 +366,16 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
         measured = cost(reference, fingerprint(int8, alpha=reference["alpha"]))
         measured["exact_codes"], measured["rounded"] = len(made["exact"]), len(made["rounded"])
         measured["kernel"] = kernel
-        measured["w8a8"] = w8a8_cost(int8, reference, exact_codes=bool(made["exact"]) and not made["rounded"])
+        own_codes = bool(made["exact"]) and not made["rounded"]
+        measured["w8a8"] = w8a8_cost(int8, reference, exact_codes=own_codes)
+        measured["w8a16"] = w8a16_cost(int8, reference, exact_codes=own_codes)
         if cost_file is not None:
             write_cost(cost_file, measured)
-    if (measured.get("w8a8") or {}).get("on"):  # only where its measured cost is within the default's bound
+    # each only where its measured cost is within the default's bound; W8A8 first where both are (as before W8A16)
+    on = next((path for path in ("w8a8", "w8a16") if (measured.get(path) or {}).get("on")), None)
+    if on is not None:
         for w in int8_weights(int8.model):
-            w.w8a8 = True
+            setattr(w, on, True)
     int8.weights, int8.precision_cost = "int8", measured
     int8.int8_exact = bool(made["exact"]) and not made["rounded"]
     return int8

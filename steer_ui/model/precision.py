@@ -107,22 +107,40 @@ def w8a8_cost(int8_handle, reference: dict, exact_codes: bool = True) -> dict:
     ``on``: whether it is within the default's bound (the loader then turns it on for every product);
     ``kernel``: the build measured.  Only for a model on its own int8 codes (a GGUF's), as int8's default is:
     weights rounded from floats already cost ~0.02."""
-    from .int8 import int8_weights, w8a8_identity
+    from .int8 import w8a8_identity
 
-    kernel = w8a8_identity()
+    return _rounded_activations_cost(int8_handle, reference, exact_codes, "w8a8", w8a8_identity(),
+                                     "int8, one scale per row")
+
+
+def w8a16_cost(int8_handle, reference: dict, exact_codes: bool = True) -> dict:
+    """As :func:`w8a8_cost`, for integer products on int16 activations (``Int8Weight.w8a16``)."""
+    from .int8 import w8a16_identity
+
+    return _rounded_activations_cost(int8_handle, reference, exact_codes, "w8a16", w8a16_identity(),
+                                     "int16, one scale per row")
+
+
+def _rounded_activations_cost(int8_handle, reference: dict, exact_codes: bool, switch: str, kernel: str | None,
+                              activations: str) -> dict:
+    """The cost of turning the weights' flag ``switch`` on for every product, measured with kernel build
+    ``kernel`` (None: no compiler), then put back off."""
+    from .int8 import int8_weights
+
+    name = switch.upper()
     if kernel is None:
-        return {"on": False, "kernel": None, "status": "no W8A8 kernel here (no C compiler)"}
+        return {"on": False, "kernel": None, "status": f"no {name} kernel here (no C compiler)"}
     if not exact_codes:
         return {"on": False, "kernel": kernel, "status": "not measured: the int8 weights are rounded from floats"}
     weights = int8_weights(int8_handle.model)
     for w in weights:
-        w.w8a8 = True
+        setattr(w, switch, True)
     try:
         measured = cost(reference, fingerprint(int8_handle, alpha=reference["alpha"]))
     finally:
         for w in weights:
-            w.w8a8 = False
-    measured["kernel"], measured["activations"] = kernel, "int8, one scale per row"
+            setattr(w, switch, False)
+    measured["kernel"], measured["activations"] = kernel, activations
     measured["status"] = "measured"
     measured["on"] = within_default_bound(measured)
     return measured

@@ -194,7 +194,8 @@ static inline __attribute__((always_inline)) void tile_quads(const int nb, const
         for (int r = 0; r < rows; r++) dots[i][r] = _mm512_reduce_add_ps(acc[i][r]);
 }
 #define QUADS(k, group) (((group) == 16 || (group) == 32) && (k) / (group) % 4 == 0)
-#define TILE_FN(NB, R) (quads ? tile_quads(NB, R, q, s, k, group, xw, dots) : tile_wide(NB, R, q, s, k, group, xw, dots))
+#define TILE_FN(NB, R) \
+    (quads ? tile_quads(NB, R, q, s, k, group, xw, dots) : tile_wide(NB, R, q, s, k, group, xw, dots))
 #define SUPPORTED(group) ((group) == 16 || (group) % 32 == 0)
 #elif defined(NARROW)
 static inline float lanes_sum(__m256 v)

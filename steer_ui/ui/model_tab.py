@@ -46,8 +46,12 @@ def weights_text(lang: str, facts: dict) -> str:
         return kind
     # in words a person reads (issue #52): the same top token on so many test prompts, the largest probability
     # change as the bound; the full measurement stays in the model's facts (JSON) and docs/models.md
-    if weights == "int8" and (cost.get("w8a8") or {}).get("on"):
-        cost = cost["w8a8"]  # many rows take integer products (issue #50): the line shows that path's cost
+    # with integer products on rounded activations (issue #50; the loader's order: W8A8 first) the line names
+    # that path and shows its cost, measured with it on for every product
+    on = next((path for path in ("w8a8", "w8a16") if (cost.get(path) or {}).get("on")), None)
+    if weights == "int8" and on is not None:
+        cost = cost[on]
+        kind = i18n.message(lang, "weights_integer_products", kind=kind, bits=8 if on == "w8a8" else 16)
     numbers = {"dp": f"{cost['max_abs_dp']:.2g}", "agree": cost["top1_agree"], "prompts": cost["prompts"]}
     if weights != "int8":  # auto measured int8 and kept float32
         return i18n.message(lang, "weights_int8_declined", kind=kind, **numbers)

@@ -78,12 +78,17 @@ def test_requests_together_equal_requests_alone(tiny, family):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_requests_together_equal_requests_alone_with_int8_weights(family):
-    """Issue #37: the many-users batch stays exact in int8 (each row's product is formed alike in any batch)."""
+@pytest.mark.parametrize("products", ["float", "w8a16"])
+def test_requests_together_equal_requests_alone_with_int8_weights(family, products):
+    """Issue #37: the many-users batch stays exact in int8 (each row's product is formed alike in any batch);
+    issue #50: also with integer products on int16 activations on for every product, as the loader sets it."""
+    from steer_ui.model.int8 import int8_weights
     from steer_ui.model.loading import load_model
 
     handle = load_model(f"tiny:{family}", device="cpu", weights="int8")
     assert handle.weights == "int8"
+    for w in int8_weights(handle.model):
+        w.w8a16 = products == "w8a16"
     alone, batch, requests = _setup(handle)
     batch.admit(requests)
     _drain(batch)

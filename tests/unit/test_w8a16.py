@@ -120,3 +120,32 @@ def test_groups_a_vector_path_cannot_take_are_refused_not_guessed():
     for group in (8, 48):
         w = _weight(10, 144, group, False)
         assert w.w8a16_product(torch.randn(2, 144), fn) is None
+
+
+def test_the_switch_routes_every_product_and_survives_slices():
+    """``Int8Weight.w8a16`` (set by the loader within the bound) sends every product, any row count, through
+    the kernel; a slice keeps it; a shape the kernel refuses keeps today's product."""
+    fn = _build("native")
+    w = _weight(70, 640, 32, False, seed=11)
+    x = torch.randn(9, 640, generator=torch.Generator().manual_seed(12))
+    w.w8a16 = True
+    for rows in (1, 3, 9):
+        assert torch.equal(w.matmul(x[:rows]), w.w8a16_product(x[:rows].contiguous(), fn))
+    assert w.slice(10, 20).w8a16 and torch.equal(w.slice(10, 20).matmul(x), w.w8a16_product(x, fn)[:, 10:20])
+    if fn.path in ("avx512-vnni", "avx512bw"):
+        odd = _weight(10, 144, 48, False)
+        odd.w8a16 = True
+        assert torch.equal(odd.matmul(x[:2, :144]), odd.kernel_product(int8_mod._kernel(), x[:2, :144].contiguous()))
+
+
+def test_the_model_line_names_the_path_and_shows_its_cost():
+    from steer_ui.ui.model_tab import weights_text
+
+    measured = {"max_abs_dp": 2e-6, "top1_agree": 6, "prompts": 6,
+                "w8a8": {"on": False, "max_abs_dp": 0.11, "top1_agree": 6, "prompts": 6},
+                "w8a16": {"on": True, "max_abs_dp": 0.00042, "top1_agree": 6, "prompts": 6}}
+    line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
+    assert "16-bit activations" in line and "0.00042" in line
+    measured["w8a16"]["on"] = False
+    line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
+    assert "activations" not in line and "2e-06" in line
