@@ -43,18 +43,16 @@
 #define AHEAD 4    /* weight rows ahead that each step prefetches */
 #define CHUNK 512  /* most inputs summed in int32 before the float conversion */
 
-/* Where input j of a row goes: its own place, or (`quads`: the AVX-512 path's layout for groups of 16 or 32) the
- * interleaved order of each block of four groups, whose every 32-input vector holds 8 inputs of each of the four
- * (vector t: inputs 8t..8t+7 of each group, group by group). */
-static inline int64_t placed(int64_t j, int64_t group, int quads)
+static inline int16_t code(float v, float to_code)
 {
-    if (!quads) return j;
-    const int64_t block = j / (4 * group) * (4 * group), g = j % (4 * group) / group, e = j % group;
-    return block + e / 8 * 32 + g * 8 + e % 8;
+    const float c = nearbyintf(v * to_code);
+    return (int16_t)(c > 32767.0f ? 32767.0f : c < -32767.0f ? -32767.0f : c);
 }
 
-/* One row rounded to int16 (stored as placed() says): returns its scale (NaN when the row holds a NaN or an
- * infinity, which then reaches every output of the row); xsum (affine weights): the codes' sum per group, exact. */
+/* One row rounded to int16: returns its scale (NaN when the row holds a NaN or an infinity, which then reaches
+ * every output of the row); xsum (affine weights): the codes' sum per group, exact.  `quads` (the AVX-512 path's
+ * layout for groups of 16 or 32): each block of four groups is stored interleaved, its every 32-input vector
+ * holding 8 inputs of each group (vector t: inputs 8t..8t+7 of each, group by group); else in order. */
 static float round_row(const float *x, int64_t k, int64_t group, int quads, int16_t *qx, float *xsum)
 {
     float top = 0.0f;
@@ -66,12 +64,14 @@ static float round_row(const float *x, int64_t k, int64_t group, int quads, int1
     }
     const float to_code = top > 0.0f && finite ? 32767.0f / top : 0.0f;
     for (int64_t g = 0; g < k / group; g++) {
+        const float *xg = x + g * group;
         int64_t total = 0;
-        for (int64_t j = g * group; j < (g + 1) * group; j++) {
-            const float c = nearbyintf(x[j] * to_code);
-            const int16_t v = (int16_t)(c > 32767.0f ? 32767.0f : c < -32767.0f ? -32767.0f : c);
-            qx[placed(j, group, quads)] = v;
-            total += v;
+        if (quads) {
+            int16_t *to = qx + g / 4 * 4 * group + g % 4 * 8;
+            for (int64_t t = 0; t < group / 8; t++)
+                for (int e = 0; e < 8; e++) total += to[32 * t + e] = code(xg[8 * t + e], to_code);
+        } else {
+            for (int64_t e = 0; e < group; e++) total += qx[g * group + e] = code(xg[e], to_code);
         }
         if (xsum) xsum[g] = (float)total;
     }
@@ -147,7 +147,8 @@ static inline __attribute__((always_inline)) void tile_wide(const int nb, const 
  * The weights are rearranged to match in registers (a qword permute, then widening), once per weight row and
  * block, for every activation row of the tile. */
 static inline __attribute__((always_inline)) void tile_quads(const int nb, const int rows, const int8_t *q,
-        const float *s, int64_t k, int64_t group, const int16_t *xw, float dots[TILE_W][TILE_X])
+        const float *s, const float *o, int64_t k, int64_t group, const int16_t *xw, const float *xsum,
+        float dots[TILE_W][TILE_X])
 {
     const int64_t groups = k / group, block = 4 * group;
     const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -157,8 +158,9 @@ static inline __attribute__((always_inline)) void tile_quads(const int nb, const
                                        : _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
     const __m512i pick23 = _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15);
     __m512 acc[TILE_W][TILE_X];
+    __m128 off[TILE_W][TILE_X];  /* affine: the offsets times the rounded rows' group sums, four groups a step */
     for (int i = 0; i < nb; i++)
-        for (int r = 0; r < rows; r++) acc[i][r] = _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++) acc[i][r] = _mm512_setzero_ps(), off[i][r] = _mm_setzero_ps();
     for (int64_t b = 0; b < k; b += block) {
         __m512i w[TILE_W][4];
         __m512 sv[TILE_W];
@@ -187,15 +189,23 @@ static inline __attribute__((always_inline)) void tile_quads(const int nb, const
                     sum = DOT(DOT(sum, w[i][2], _mm512_loadu_si512((const void *)(xb + 64))), w[i][3],
                               _mm512_loadu_si512((const void *)(xb + 96)));
                 acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sv[i], acc[i][r]);
+                if (o)
+                    off[i][r] = _mm_fmadd_ps(_mm_loadu_ps(o + i * groups + b / group),
+                                             _mm_loadu_ps(xsum + r * groups + b / group), off[i][r]);
             }
         }
     }
     for (int i = 0; i < nb; i++)
-        for (int r = 0; r < rows; r++) dots[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+        for (int r = 0; r < rows; r++) {
+            __m128 t = _mm_add_ps(off[i][r], _mm_movehl_ps(off[i][r], off[i][r]));
+            dots[i][r] = _mm512_reduce_add_ps(acc[i][r]) + _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+        }
 }
 #define QUADS(k, group) (((group) == 16 || (group) == 32) && (k) / (group) % 4 == 0)
+/* a separate copy without offsets (o NULL as a constant): their accumulators then take no registers */
 #define TILE_FN(NB, R) \
-    (quads ? tile_quads(NB, R, q, s, k, group, xw, dots) : tile_wide(NB, R, q, s, k, group, xw, dots))
+    (!quads ? tile_wide(NB, R, q, s, k, group, xw, dots) : o ? tile_quads(NB, R, q, s, o, k, group, xw, xsum, dots) \
+                                                            : tile_quads(NB, R, q, s, NULL, k, group, xw, NULL, dots))
 #define SUPPORTED(group) ((group) == 16 || (group) % 32 == 0)
 #elif defined(NARROW)
 static inline float lanes_sum(__m256 v)
@@ -266,10 +276,10 @@ static void tile_plain(int nb, int rows, const int8_t *q, const float *s, int64_
 
 /* nb and rows as constants in each call, so the accumulators live in registers */
 #define CASE(NB, R) case (NB) * 16 + (R): TILE_FN(NB, R); break;
-static void tile(int nb, int rows, const int8_t *q, const float *s, int64_t k, int64_t group, int quads,
-                 const int16_t *xw, float dots[TILE_W][TILE_X])
+static void tile(int nb, int rows, const int8_t *q, const float *s, const float *o, int64_t k, int64_t group,
+                 int quads, const int16_t *xw, const float *xsum, float dots[TILE_W][TILE_X])
 {
-    (void)quads;
+    (void)quads; (void)o; (void)xsum;
     switch (nb * 16 + rows) {
     CASE(1, 1) CASE(1, 2) CASE(1, 3) CASE(1, 4) CASE(1, 5) CASE(1, 6) CASE(1, 7) CASE(1, 8)
     default: break;
@@ -301,12 +311,14 @@ int w8a16_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const
         float dots[TILE_W][TILE_X];
         for (int64_t r0 = 0; r0 < rows; r0 += TILE_X) {
             const int nr = rows - r0 < TILE_X ? (int)(rows - r0) : TILE_X;
-            tile(nb, nr, q + n * k, scale + n * groups, k, group, quads, xw + r0 * k, dots);
+            /* the interleaved tile adds the offsets' term itself, four groups a step */
+            tile(nb, nr, q + n * k, scale + n * groups, offset ? offset + n * groups : NULL, k, group, quads,
+                 xw + r0 * k, xsum ? xsum + r0 * groups : NULL, dots);
             for (int i = 0; i < nb; i++)
                 for (int r = 0; r < nr; r++) {
                     float v = dots[i][r];
                     /* affine: the offsets times the rounded row's group sums, in group order */
-                    for (int64_t g = 0; offset && g < groups; g++)
+                    for (int64_t g = 0; offset && !quads && g < groups; g++)
                         v += offset[(n + i) * groups + g] * xsum[(r0 + r) * groups + g];
                     y[(r0 + r) * n_out + n + i] = xs[r0 + r] * v;
                 }
