@@ -75,7 +75,7 @@ _ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctype
 
 def _entry(source_path: Path, extra_flags: tuple[str, ...], name: str, about: str):
     """(the product function ``name`` of the built file, the int its ``about`` function returns), or (None, None)
-    where no C compiler works.  Both kernels' products take the same arguments."""
+    where no C compiler works.  Every kernel's product takes the same arguments."""
     library = _library(source_path, extra_flags)
     if library is None:
         return None, None
