@@ -194,7 +194,7 @@ class Int8Weight:
         flat = flat.float().contiguous()
         out_features = self.codes.shape[0]
         if (self.w8a8 or self.w8a16) and flat.device.type == "cpu":
-            out = self.w8a8_product(flat) if self.w8a8 else self.w8a16_product(flat)
+            out = self.integer_product(flat, pause)
             if out is not None:
                 return out.reshape(*shape[:-1], out_features)
         fn = _kernel() if flat.device.type == "cpu" else None
@@ -225,6 +225,22 @@ class Int8Weight:
                     None if self.offset is None else self.offset.data_ptr(), self.group, self.codes.shape[0],
                     out.data_ptr(), torch.get_num_threads())
         return out if status == 0 else None
+
+    def integer_product(self, flat: torch.Tensor, pause=None) -> torch.Tensor | None:
+        """The product by the integer path switched on (W8A8 or W8A16); a long one (past KERNEL_MAX_ROWS, with a
+        ``pause``) in slabs of output rows with ``pause`` between, as the torch path pauses for interactive work.
+        Each output is formed alone in these kernels, so slabs give the same numbers as one call."""
+        product = Int8Weight.w8a8_product if self.w8a8 else Int8Weight.w8a16_product
+        if pause is None or flat.shape[0] <= KERNEL_MAX_ROWS:
+            return product(self, flat)
+        out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
+        for start in range(0, self.codes.shape[0], _SLAB_ROWS):
+            pause()
+            part = product(self.slice(start, start + _SLAB_ROWS), flat)
+            if part is None:
+                return None
+            out[:, start:start + part.shape[1]] = part
+        return out
 
     def w8a8_product(self, flat: torch.Tensor, fn=None) -> torch.Tensor | None:
         """``flat @ W.T`` with the activations rounded to int8 per row and integer products

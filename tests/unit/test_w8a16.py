@@ -149,3 +149,19 @@ def test_the_model_line_names_the_path_and_shows_its_cost():
     measured["w8a16"]["on"] = False
     line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
     assert "activations" not in line and "2e-06" in line
+
+
+@pytest.mark.parametrize("switch", ["w8a16", "w8a8"])
+def test_a_long_integer_product_pauses_between_slabs_with_the_same_numbers(monkeypatch, switch):
+    """A product past KERNEL_MAX_ROWS with a ``pause`` (a prefill, an extraction) runs in slabs of output rows and
+    pauses between them for interactive work, as the torch path does; each output is formed alone, so the slabs
+    give the one call's numbers bit for bit."""
+    monkeypatch.setattr(int8_mod, "_SLAB_ROWS", 128)
+    w = _weight(500, 640, 32, True)
+    setattr(w, switch, True)
+    x = torch.randn(int8_mod.KERNEL_MAX_ROWS + 9, 640, generator=torch.Generator().manual_seed(5))
+    pauses = []
+    paused = w.matmul(x, pause=lambda: pauses.append(1))
+    assert len(pauses) == 4  # 500 outputs in slabs of 128
+    assert torch.equal(paused, w.matmul(x))
+    assert torch.equal(paused[:, 130:140], w.slice(130, 140).matmul(x))
