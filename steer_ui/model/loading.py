@@ -26,7 +26,7 @@ from ..messages import KeyedError, Said, first_line
 from ..paths import cache_root
 from .int8 import (int8_weights, kernel_available, kernel_identity, load_codes, quantise_model, save_codes,
                    w8a8_identity, w8a16_identity)
-from .precision import (PrecisionError, check_weights, cost, fingerprint, read_cost, w8a8_cost, w8a16_cost,
+from .precision import (AUTO_INTEGER_PATHS, PrecisionError, check_weights, cost, fingerprint, read_cost, w8a8_cost, w8a16_cost,
                         within_default_bound, write_cost)
 from .handle import ModelHandle, from_model  # noqa: F401  (ModelHandle: re-exported for callers)
 
@@ -371,8 +371,11 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
         measured["w8a16"] = w8a16_cost(int8, reference, exact_codes=own_codes)
         if cost_file is not None:
             write_cost(cost_file, measured)
-    # each only where its measured cost is within the default's bound; W8A8 first where both are (as before W8A16)
-    on = next((path for path in ("w8a8", "w8a16") if (measured.get(path) or {}).get("on")), None)
+    # each only where its measured cost is within the default's bound.  W8A16 is measured but not switched on:
+    # with it on the bench's many-users batch was not exact (0 of 8 equal to their solo runs at 2f9e7d6,
+    # probabilities 1e-5 to 1e-3 apart, the unembedding alone enough), though each product is row-independent
+    # bit for bit in isolation; until that is explained, the batch's exactness comes first (issue #50)
+    on = next((path for path in AUTO_INTEGER_PATHS if (measured.get(path) or {}).get("on")), None)
     if on is not None:
         for w in int8_weights(int8.model):
             setattr(w, on, True)

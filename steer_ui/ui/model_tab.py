@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import plots
+from ..model.precision import AUTO_INTEGER_PATHS
 from ..service import Service
 from . import i18n, relabel
 from .common import T, handler, progress_adapter, sid
@@ -46,9 +47,9 @@ def weights_text(lang: str, facts: dict) -> str:
         return kind
     # in words a person reads (issue #52): the same top token on so many test prompts, the largest probability
     # change as the bound; the full measurement stays in the model's facts (JSON) and docs/models.md
-    # with integer products on rounded activations (issue #50; the loader's order: W8A8 first) the line names
+    # with integer products on rounded activations (issue #50; the paths the loader switches on) the line names
     # that path and shows its cost, measured with it on for every product
-    on = next((path for path in ("w8a8", "w8a16") if (cost.get(path) or {}).get("on")), None)
+    on = next((path for path in AUTO_INTEGER_PATHS if (cost.get(path) or {}).get("on")), None)
     if weights == "int8" and on is not None:
         cost = cost[on]
         kind = i18n.message(lang, "weights_integer_products", kind=kind, bits=8 if on == "w8a8" else 16)

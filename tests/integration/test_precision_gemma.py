@@ -53,15 +53,14 @@ def test_w8a8_is_measured_and_on_only_within_the_bound(gemma):
 
 
 def test_w8a16_is_measured_and_on_only_within_the_bound(gemma):
-    """Issue #50: integer products on int16 activations, measured and gated as W8A8's; on for every product only
-    within the bound, and never beside W8A8 (the loader turns W8A8 on first where both are)."""
+    """Issue #50: integer products on int16 activations, measured as W8A8's; whether within the bound is kept
+    with the cost, but the loader leaves it off (the many-users batch was not exact with it: loading.py)."""
     from steer_ui.model.int8 import int8_weights, w8a16_identity
 
     w8a16 = gemma.precision_cost["w8a16"]
     assert w8a16["status"] == "measured" and w8a16["kernel"] == w8a16_identity()
     assert w8a16["on"] == within_default_bound(w8a16)
-    expected = w8a16["on"] and not gemma.precision_cost["w8a8"]["on"]
-    assert {w.w8a16 for w in int8_weights(gemma.model)} == {expected}
+    assert {w.w8a16 for w in int8_weights(gemma.model)} == {False}
 
 
 def test_int8_next_token_probabilities_and_greedy_text_match_float32(float32, int8):

@@ -138,17 +138,19 @@ def test_the_switch_routes_every_product_and_survives_slices():
         assert torch.equal(odd.matmul(x[:2, :144]), odd.kernel_product(int8_mod._kernel(), x[:2, :144].contiguous()))
 
 
-def test_the_model_line_names_the_path_and_shows_its_cost():
+def test_the_model_line_names_the_integer_path_the_loader_switches_on_and_only_that():
+    """The line shows the cost of the arithmetic in use: W8A8 where the loader turns it on; W8A16, measured within
+    the bound but left off by the loader (precision.AUTO_INTEGER_PATHS), is not named and its cost not shown."""
     from steer_ui.ui.model_tab import weights_text
 
     measured = {"max_abs_dp": 2e-6, "top1_agree": 6, "prompts": 6,
-                "w8a8": {"on": False, "max_abs_dp": 0.11, "top1_agree": 6, "prompts": 6},
+                "w8a8": {"on": True, "max_abs_dp": 0.004, "top1_agree": 6, "prompts": 6},
                 "w8a16": {"on": True, "max_abs_dp": 0.00042, "top1_agree": 6, "prompts": 6}}
     line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
-    assert "16-bit activations" in line and "0.00042" in line
-    measured["w8a16"]["on"] = False
+    assert "8-bit activations" in line and "0.004" in line
+    measured["w8a8"]["on"] = False
     line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
-    assert "activations" not in line and "2e-06" in line
+    assert "activations" not in line and "2e-06" in line and "0.00042" not in line
 
 
 @pytest.mark.parametrize("switch", ["w8a16", "w8a8"])
