@@ -2,6 +2,7 @@
 random weights in GGUF's layouts and the bound that rounding a row to ``levels`` steps each side of zero allows."""
 from pathlib import Path
 
+import pytest
 import torch
 
 from steer_ui.model.int8 import Int8Weight
@@ -24,3 +25,34 @@ def rounding_bound(w: Int8Weight, x: torch.Tensor, levels: int) -> torch.Tensor:
     weights = w.dequantise().double().abs()
     xs = x.double().abs().amax(1, keepdim=True) / levels
     return 0.5 * xs * weights.sum(1)[None, :] + 1e-5 * (x.double().abs() @ weights.T) + 1e-12
+
+
+def built(kernel, name: str, flags: tuple[str, ...], needs: str | None = None):
+    """The kernel ``kernel`` (``int8._w8a8_kernel`` or ``_w8a16_kernel``) built with ``flags`` as the path
+    ``name`` ("native" or the path it must report), skipped where the CPU lacks ``needs`` (a /proc/cpuinfo flag
+    with its spaces); the native build of a VNNI machine must take the VNNI path."""
+    if needs is not None and needs not in CPU_FLAGS:
+        pytest.skip(f"this CPU lacks{needs}")
+    fn = kernel(flags)
+    assert fn is not None
+    if name == "native" and " avx512_vnni " in CPU_FLAGS and " avx512bw " in CPU_FLAGS:
+        assert fn.path == "avx512-vnni"
+    if name != "native":
+        assert fn.path == name
+    return fn
+
+
+def rows_with_an_outlier(rows: int, in_features: int, seed: int) -> torch.Tensor:
+    """Random rows, row 0 with one outlier that widens its scale (as Gemma's residual has)."""
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(seed)) * 3
+    x[0, 0] = 40.0
+    return x
+
+
+def assert_within_rounding(w: Int8Weight, x: torch.Tensor, got, levels: int) -> None:
+    """``got`` is ``x @ W.T`` in float32, within :func:`rounding_bound` of a float64 reference."""
+    assert got is not None and got.dtype == torch.float32 and got.shape == (x.shape[0], w.codes.shape[0])
+    reference = x.double() @ w.dequantise().double().T
+    error = (got.double() - reference).abs()
+    assert (error <= rounding_bound(w, x, levels)).all(), float((error / rounding_bound(w, x, levels)).max())
+

@@ -15,7 +15,7 @@ import torch
 
 from steer_ui.model import int8 as int8_mod
 from steer_ui.model.int8 import Int8Weight
-from rounded_activations import CPU_FLAGS, random_weight as _weight, rounding_bound
+from rounded_activations import assert_within_rounding, built, random_weight as _weight, rows_with_an_outlier
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc): no W8A16 kernel here")
 
@@ -28,16 +28,7 @@ BUILDS = {
 
 
 def _build(name: str):
-    flags, needs = BUILDS[name]
-    if needs is not None and needs not in CPU_FLAGS:
-        pytest.skip(f"this CPU lacks{needs}")
-    fn = int8_mod._w8a16_kernel(flags)
-    assert fn is not None
-    if name == "native" and " avx512_vnni " in CPU_FLAGS and " avx512bw " in CPU_FLAGS:
-        assert fn.path == "avx512-vnni"
-    if name != "native":
-        assert fn.path == name
-    return fn
+    return built(int8_mod._w8a16_kernel, name, *BUILDS[name])
 
 
 # GGUF's groups: Q8_0 (32), Q4_K (32, affine: codes 0..15), Q6_K (16, codes -32..31), per output row (the group
@@ -55,13 +46,8 @@ def test_the_product_is_within_the_activations_rounding(build, out_features, in_
                                                         rows):
     fn = _build(build)
     w = _weight(out_features, in_features, group, affine, seed=rows, low=low, high=high)
-    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(out_features)) * 3
-    x[0, 0] = 40.0  # an outlier widens row 0's scale (as Gemma's residual has)
-    got = w.w8a16_product(x, fn)
-    assert got is not None and got.dtype == torch.float32 and got.shape == (rows, out_features)
-    reference = x.double() @ w.dequantise().double().T
-    error = (got.double() - reference).abs()
-    assert (error <= rounding_bound(w, x, 32767)).all(), float((error / rounding_bound(w, x, 32767)).max())
+    x = rows_with_an_outlier(rows, in_features, out_features)
+    assert_within_rounding(w, x, w.w8a16_product(x, fn), 32767)
 
 
 def test_whole_row_groups_do_not_overflow_int32():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from steer_ui.model import int8 as int8_mod
-from rounded_activations import CPU_FLAGS, random_weight as _weight, rounding_bound
+from rounded_activations import assert_within_rounding, built, random_weight as _weight, rows_with_an_outlier
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc): no W8A8 kernel here")
 
@@ -25,15 +25,7 @@ PATHS = {
 
 
 def _build(path: str):
-    if path == "avx2" and " avx2 " not in CPU_FLAGS:
-        pytest.skip("this CPU has no AVX2")
-    fn = int8_mod._w8a8_kernel(PATHS[path])
-    assert fn is not None
-    if path == "native" and " avx512_vnni " in CPU_FLAGS and " avx512bw " in CPU_FLAGS:
-        assert fn.path == "avx512-vnni"
-    if path != "native":
-        assert fn.path == path
-    return fn
+    return built(int8_mod._w8a8_kernel, path, PATHS[path], " avx2 " if path == "avx2" else None)
 
 
 # GGUF's groups: Q8_0 (32), Q4_K (32, affine: codes 0..15), Q6_K (16, codes -32..31), per output row (group = in);
@@ -50,16 +42,12 @@ def test_the_product_is_within_the_activations_rounding(path, out_features, in_f
                                                         rows):
     fn = _build(path)
     w = _weight(out_features, in_features, group, affine, seed=rows, low=low, high=high)
-    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(out_features)) * 3
-    x[0, 0] = 40.0  # an outlier widens row 0's scale (as Gemma's residual has)
+    x = rows_with_an_outlier(rows, in_features, out_features)
     got = w.w8a8_product(x, fn)
-    assert got is not None and got.dtype == torch.float32 and got.shape == (rows, out_features)
-    reference = x.double() @ w.dequantise().double().T
-    error = (got.double() - reference).abs()
-    assert (error <= rounding_bound(w, x, 127)).all(), float((error / rounding_bound(w, x, 127)).max())
+    assert_within_rounding(w, x, got, 127)
     # and it is the integer product, not the float one: with the scale unrounded the error would be ~0
     if rows > 1 and in_features >= 128:
-        assert float(error.max()) > 1e-6
+        assert float((got.double() - x.double() @ w.dequantise().double().T).abs().max()) > 1e-6
 
 
 @pytest.mark.parametrize("path", list(PATHS))
