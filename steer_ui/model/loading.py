@@ -373,8 +373,9 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
             write_cost(cost_file, measured)
     # each only where its measured cost is within the default's bound.  W8A16 is measured but not switched on:
     # with it on the bench's many-users batch was not exact (0 of 8 equal to their solo runs at 2f9e7d6,
-    # probabilities 1e-5 to 1e-3 apart, the unembedding alone enough), though each product is row-independent
-    # bit for bit in isolation; until that is explained, the batch's exactness comes first (issue #50)
+    # probabilities 1e-5 to 1e-3 apart), though each product is row-independent bit for bit: the float rows
+    # reaching a product alone and in the batch agree only to their last bits, and int16 rounding turns those
+    # into code steps (docs/bench.md, W8A16); the batch's exactness comes first (issue #50)
     on = next((path for path in AUTO_INTEGER_PATHS if (measured.get(path) or {}).get("on")), None)
     if on is not None:
         for w in int8_weights(int8.model):

@@ -36,6 +36,8 @@ PROBE_PROMPTS = (
 
 class PrecisionError(KeyedError):
     """A weights setting that cannot be used (unknown, or int8 off the CPU)."""
+
+
 # the integer-product paths the loader may switch on, in its order, where measured within the bound: W8A16 is
 # measured but left off while the many-users batch is not exact with it (steer_ui/model/loading.py, _to_int8)
 AUTO_INTEGER_PATHS = ("w8a8",)
