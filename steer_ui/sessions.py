@@ -227,8 +227,13 @@ class Sessions:
         if sum(x.held_bytes for x in everyone) + extra > self.policy.max_total_session_bytes:
             raise UserError("server_full", limit=self.policy.max_total_session_bytes >> 20)
 
+    def wait_for_generation(self, s: Session, done: Callable[[], bool], timeout: float) -> None:
+        """Until ``done()`` or ``s`` has no generation left (each one's end wakes this), at most ``timeout`` s."""
+        with self._freed:
+            self._freed.wait_for(lambda: done() or not s.generating, timeout)
+
     @contextmanager
-    def generation_slot(self, s: Session, supersede: bool = False, supersedable: bool | None = None,
+    def generation_slot(self, s: Session, supersede: bool = False, supersedable: bool = False,
                         wait_s: float = 0.0) -> Iterator[Callable]:
         """One of the session's ``policy.generations_per_session`` places, held for one generation; yields
         ``hold(ticket)``, which makes a submitted ticket one that a later superseding generation may cancel.
@@ -237,11 +242,10 @@ class Sessions:
         the next one, so at the cap the session's oldest held generation is cancelled (it leaves the batch at the
         next step) instead of refusing the newest, which left the panel stale under the latest settings.  Those
         cancelled but not yet unwound still count, up to twice the cap: a flood from one page stays bounded.
-        ``supersedable`` (default: ``supersede``): whether this one's ticket may be cancelled so; a chat turn
+        ``supersedable``: whether this one's ticket may be cancelled so (the page's Explore generations); a chat turn
         takes the place of the page's Explore generations but is never cancelled by one.  ``wait_s``: how long
         to wait for a place (one freed or unwound by another thread) before refusing."""
         cap = self.policy.generations_per_session
-        supersedable = supersede if supersedable is None else supersedable
         deadline = time.monotonic() + wait_s
         with self._freed:  # one visitor cannot take every place in the batch
             while s.generating >= cap:

@@ -26,8 +26,8 @@ from ..messages import KeyedError, Said, first_line
 from ..paths import cache_root
 from .int8 import (int8_weights, kernel_available, kernel_identity, load_codes, quantise_model, save_codes,
                    w8a8_identity, w8a16_identity)
-from .precision import (AUTO_INTEGER_PATHS, PrecisionError, check_weights, cost, fingerprint, read_cost, w8a8_cost, w8a16_cost,
-                        within_default_bound, write_cost)
+from .precision import (PrecisionError, check_weights, cost, fingerprint, integer_path, read_cost, w8a8_cost,
+                        w8a16_cost, within_default_bound, write_cost)
 from .handle import ModelHandle, from_model  # noqa: F401  (ModelHandle: re-exported for callers)
 
 EMBEDDED = "embedded"
@@ -376,7 +376,7 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
     # probabilities 1e-5 to 1e-3 apart), though each product is row-independent bit for bit: the float rows
     # reaching a product alone and in the batch agree only to their last bits, and int16 rounding turns those
     # into code steps (docs/bench.md, W8A16); the batch's exactness comes first (issue #50)
-    on = next((path for path in AUTO_INTEGER_PATHS if (measured.get(path) or {}).get("on")), None)
+    on = integer_path(measured)
     if on is not None:
         for w in int8_weights(int8.model):
             setattr(w, on, True)

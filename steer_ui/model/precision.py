@@ -43,6 +43,12 @@ class PrecisionError(KeyedError):
 AUTO_INTEGER_PATHS = ("w8a8",)
 
 
+def integer_path(measured: dict | None) -> str | None:
+    """The integer-product path the loader switches on for a model with this measured cost ("w8a8"), or None:
+    the first of :data:`AUTO_INTEGER_PATHS` measured within the bound."""
+    return next((path for path in AUTO_INTEGER_PATHS if ((measured or {}).get(path) or {}).get("on")), None)
+
+
 def check_weights(weights: str, device: torch.device, dtype: str) -> str:
     """``weights`` validated against the device and an explicit ``dtype``; "auto" stays "auto"."""
     if weights in (None, "", "auto"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import json
 import re
-import time
 from dataclasses import dataclass
 
 from .. import guards, names
@@ -215,9 +214,8 @@ class Library:
         page's newest generation still decodes waits for it (``policy.page_wait_s``), or the saved result would
         pair the view with the previous settings' text; still decoding after that, refused.  With nothing
         decoding the last one is kept as it is (the page shows it, marked stale where it differs)."""
-        deadline = time.monotonic() + self.shared.policy.page_wait_s
-        while not _made_for(s.last_generation, view) and s.generating and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self.shared.sessions.wait_for_generation(s, lambda: _made_for(s.last_generation, view),
+                                                 self.shared.policy.page_wait_s)
         if not s.last_generation:
             raise UserError("no_generation")
         if not _made_for(s.last_generation, view) and s.generating:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import plots
-from ..model.precision import AUTO_INTEGER_PATHS
+from ..model.precision import integer_path
 from ..service import Service
 from . import i18n, relabel
 from .common import T, handler, progress_adapter, sid
@@ -49,7 +49,7 @@ def weights_text(lang: str, facts: dict) -> str:
     # change as the bound; the full measurement stays in the model's facts (JSON) and docs/models.md
     # with integer products on rounded activations (issue #50; the paths the loader switches on) the line names
     # that path and shows its cost, measured with it on for every product
-    on = next((path for path in AUTO_INTEGER_PATHS if (cost.get(path) or {}).get("on")), None)
+    on = integer_path(cost)
     if weights == "int8" and on is not None:
         cost = cost[on]
         kind = i18n.message(lang, "weights_integer_products", kind=kind, bits=8 if on == "w8a8" else 16)
