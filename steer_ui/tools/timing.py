@@ -64,6 +64,20 @@ def timings(fn: Callable[[], object], reps: int, device: torch.device) -> list[f
     return out
 
 
+def interleaved(runs: dict[str, Callable[[], object]], reps: int) -> dict[str, list]:
+    """Each run's results over ``reps`` rounds after one uncounted warm-up round of all of them, the runs taking
+    turns within a round and the order turned each round, so a drift in the machine's speed falls on every side
+    alike."""
+    results: dict[str, list] = {name: [] for name in runs}
+    order = list(runs)
+    for rep in range(reps + 1):
+        for name in (order if rep % 2 else order[::-1]):
+            result = runs[name]()
+            if rep:
+                results[name].append(result)
+    return results
+
+
 def median(xs) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 

@@ -35,7 +35,7 @@ from ..model.loading import EMBEDDED, embedded_gguf_path
 from ..model.precision import PROBE_PROMPTS
 from .many_users import PROMPTS as MANY_USERS_PROMPTS
 from .measures import GENERATION_PROMPT, _ours, seeded_steer
-from .timing import loadavg, median, ms, ratio, sync
+from .timing import interleaved, loadavg, median, ms, ratio, sync
 
 INSTALL = "pip install llama-cpp-python==0.3.36"
 # eight prompts of different lengths (6 to 13 tokens on the embedded model), one per sequence of the batch
@@ -122,14 +122,9 @@ def bench_vs_llama_cpp(handle, steer, n_tokens: int, reps: int, log) -> dict:
             "steered_only": lambda: _ours(handle, GENERATION_PROMPT, [steer], n_tokens, batches["steered_only"],
                                           steered_only=True)[1],
         }
-        per_step: dict[str, list[float]] = {name: [] for name in runs}
-        order = list(runs)
-        for rep in range(reps + 1):  # the first round warms every side up and is not counted
-            for name in (order if rep % 2 else order[::-1]):
-                seconds = runs[name]()
-                if rep:
-                    per_step[name].extend(seconds)
-    steered, both, alone = (median(per_step[name]) for name in ("llama_cpp", "side_by_side", "steered_only"))
+        per_run = interleaved(runs, reps)
+    steered, both, alone = (median([step for run in per_run[name] for step in run])
+                            for name in ("llama_cpp", "side_by_side", "steered_only"))
     return {"status": "measured", "llama_cpp_version": getattr(llama_cpp, "__version__", "?"), "threads": threads,
             "new_tokens": n_tokens, "reps": reps, "prompt_tokens": len(ids),
             "decode_path": batches["steered_only"].decode_path,
@@ -250,17 +245,12 @@ def bench_batch8_vs_llama_cpp(handle, layer: int, n_tokens: int, reps: int, log)
                                         handle.arch.hidden_size)
             if status != 0:
                 return {"status": f"failed: llama.cpp refused the control vector ({status})"}
-            walls: dict[str, list[float]] = {"ours": [], "llama_cpp": []}
-            tokens = {}
-            runs = {"ours": lambda: ours_batch_seconds(handle, prompts, steers, n_tokens, batch),
-                    "llama_cpp": lambda: theirs.generate(ids, n_tokens)}
-            for rep in range(reps + 1):  # the first round warms both up and is not counted
-                for name in (("ours", "llama_cpp") if rep % 2 else ("llama_cpp", "ours")):
-                    seconds, tokens[name] = runs[name]()
-                    if rep:
-                        walls[name].append(seconds)
+            runs = interleaved({"ours": lambda: ours_batch_seconds(handle, prompts, steers, n_tokens, batch),
+                                "llama_cpp": lambda: theirs.generate(ids, n_tokens)}, reps)
         finally:
             theirs.close()
+    walls = {name: [seconds for seconds, _ in results] for name, results in runs.items()}
+    tokens = {name: results[-1][1] for name, results in runs.items()}
     ours, theirs_s = median(walls["ours"]), median(walls["llama_cpp"])
     same = tokens["ours"][0], tokens["llama_cpp"][0]
     agree = next((i for i, (a, b) in enumerate(zip(*same)) if a != b), min(map(len, same)))

@@ -56,3 +56,21 @@ def test_without_llama_cpp_both_measures_say_they_were_skipped(tiny, monkeypatch
     eight = bench_batch8_vs_llama_cpp(handle, 1, 4, 1, lambda _m: None)
     for out in (one, eight):
         assert out["status"].startswith("skipped: llama_cpp is not installed"), out
+
+
+def test_interleaved_runs_warm_up_uncounted_and_turn_their_order_each_round():
+    """The bench's runs take turns (the order turned each round) after one uncounted warm-up round, so a drift
+    in the machine's speed falls on every side alike."""
+    from steer_ui.tools.timing import interleaved
+
+    calls = []
+
+    def run(name):
+        def call():
+            calls.append(name)
+            return len(calls)
+        return call
+
+    results = interleaved({"a": run("a"), "b": run("b")}, reps=3)
+    assert calls == ["b", "a", "a", "b", "b", "a", "a", "b"]
+    assert results == {"a": [3, 6, 7], "b": [4, 5, 8]}
