@@ -186,7 +186,7 @@ class Int8Weight:
         return _float32(picked).view(*ids.shape, self.codes.shape[1])
 
     def matmul(self, x: torch.Tensor, pause=None) -> torch.Tensor:
-        """``x @ W.T`` for float32 ``x`` of shape (..., in); ``pause`` is called between slabs of the torch path."""
+        """``x @ W.T`` for float32 ``x`` of shape (..., in); ``pause`` is called between slabs of a long product."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         if torch.is_grad_enabled() and flat.requires_grad:
@@ -206,13 +206,23 @@ class Int8Weight:
             out = self.kernel_product(fn, flat)
             if out is not None:
                 return out.reshape(*shape[:-1], out_features)
-        out = flat.new_empty((flat.shape[0], out_features))
-        for start in range(0, out_features, _SLAB_ROWS):
+        out = self._in_slabs(flat, pause, lambda start, end, into: torch.matmul(
+            flat, self.dequantise(start, end).T, out=into))
+        return out.reshape(*shape[:-1], out_features)
+
+    def _in_slabs(self, flat: torch.Tensor, pause, fill) -> torch.Tensor | None:
+        """``flat @ W.T`` by slabs of ``_SLAB_ROWS`` output rows, ``pause`` (where given) before each, so a long
+        product gives way to interactive work: ``fill(start, end, into)`` writes the slab's columns into ``into``
+        and returns it, or None to give up (then None)."""
+        n = self.codes.shape[0]
+        out = flat.new_empty((flat.shape[0], n))
+        for start in range(0, n, _SLAB_ROWS):
             if pause is not None:
                 pause()
-            end = min(start + _SLAB_ROWS, out_features)
-            torch.matmul(flat, self.dequantise(start, end).T, out=out[:, start:end])
-        return out.reshape(*shape[:-1], out_features)
+            end = min(start + _SLAB_ROWS, n)
+            if fill(start, end, out[:, start:end]) is None:
+                return None
+        return out
 
     def kernel_product(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         """``flat @ W.T`` (flat: contiguous float32 (rows, in) on the CPU) by the compiled kernel ``fn``; None if
@@ -233,14 +243,12 @@ class Int8Weight:
         product = Int8Weight.w8a8_product if self.w8a8 else Int8Weight.w8a16_product
         if pause is None or flat.shape[0] <= KERNEL_MAX_ROWS:
             return product(self, flat)
-        out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
-        for start in range(0, self.codes.shape[0], _SLAB_ROWS):
-            pause()
-            part = product(self.slice(start, start + _SLAB_ROWS), flat)
-            if part is None:
-                return None
-            out[:, start:start + part.shape[1]] = part
-        return out
+
+        def fill(start: int, end: int, into: torch.Tensor) -> torch.Tensor | None:
+            part = product(self.slice(start, end), flat)
+            return None if part is None else into.copy_(part)
+
+        return self._in_slabs(flat, pause, fill)
 
     def w8a8_product(self, flat: torch.Tensor, fn=None) -> torch.Tensor | None:
         """``flat @ W.T`` with the activations rounded to int8 per row and integer products
