@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .policy import DTYPES, WEIGHTS
+from .policy import DECODE_SETTINGS, DTYPES, WEIGHTS
 from .vector import POSITIONS
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
@@ -224,9 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
                                   "it measured, marked incomplete)")
     p.add_argument("--skip", default="", help="comma-separated sections to leave out: "
                    "training, extract, bf16_lm_head, bf16_model, cold_load, alpha_grid, vs_float32, many_prompts")
-    p.add_argument("--decode", choices=("auto", "static", "dynamic"), default=None,
+    p.add_argument("--decode", choices=DECODE_SETTINGS, default=None,
                    help="the decode path of the side-by-side and many-users sections (default: "
-                        "$STEER_UI_DECODE or auto: a captured static step on CUDA, the dynamic one elsewhere)")
+                        "$STEER_UI_DECODE or auto: a captured static step on CUDA, the fused one on a CPU where "
+                        "the model allows it, the dynamic one elsewhere)")
     return parser
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|multi|cuda(:\d{1,2})?)$")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WEIGHTS = ("float32", "bfloat16", "int8")  # --weights besides auto (steer_ui.model.precision)
+DECODE_SETTINGS = ("auto", "static", "dynamic", "fused")  # --decode / STEER_UI_DECODE (steer_ui.model.static_decode)
 # Gradio's own session ids are 10+ random characters made by the browser or gradio_client.
 SESSION_PATTERN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 # Stores of calls without a usable id live under this prefix, apart from real sessions (a few, briefly).

@@ -299,12 +299,10 @@ def fast_cpu_linears(model: torch.nn.Module, layers) -> int:
 
 
 class _FusedNorm:
-    """A Gemma norm's forward as one ``F.rms_norm`` call; ``1 + w`` is kept, and made again whenever the weight
-    is written in place (its version counter moves: a test or a user may set a norm's gain after loading)."""
+    """A Gemma norm's forward as one ``F.rms_norm`` call with its kept gain (:func:`norm_gain`)."""
 
     def __init__(self, module: torch.nn.Module, original):
         self.module, self.original = module, original
-        self.version, self.scale = -1, None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.module.weight
@@ -312,10 +310,19 @@ class _FusedNorm:
         if x.dtype != torch.float32 or x.device != weight.device or (
                 torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
             return self.original(x)
-        if weight._version != self.version or self.scale is None:
-            self.scale = (1.0 + weight.detach().float()).contiguous()
-            self.version = weight._version
-        return torch.nn.functional.rms_norm(x, self.scale.shape, self.scale, self.module.eps)
+        scale = norm_gain(self.module)
+        return torch.nn.functional.rms_norm(x, scale.shape, scale, self.module.eps)
+
+
+def norm_gain(module: torch.nn.Module) -> torch.Tensor:
+    """A Gemma norm's gain ``1 + w`` (float32, contiguous), kept on the module and made again whenever the
+    weight is written in place (its version counter moves: a test or a user may set a norm's gain after
+    loading).  The fused norm and the fused decode step both read it."""
+    weight = module.weight
+    kept = module.__dict__.get("_steer_ui_gain")
+    if kept is None or kept[0] != weight._version:
+        kept = module.__dict__["_steer_ui_gain"] = (weight._version, (1.0 + weight.detach().float()).contiguous())
+    return kept[1]
 
 
 def fused_norms(model: torch.nn.Module) -> int:

@@ -50,6 +50,7 @@ import torch
 from ..limits import MAX_DELTA_LOGIT_LIMIT
 from . import kv_rows, static_decode
 from .dynamic_decode import DynamicDecode
+from .fused_decode import FusedDecode
 from .architecture import argmax_last, centred, topk_last
 from .capture import left_pad, recording
 from .hooks import (HeadSteer, Steer, StepState, between_blocks, input_vector, special_positions, steering,
@@ -546,13 +547,13 @@ class DecodeBatch:
     def __init__(self, handle, pause=None, decode: str | None = None):
         """``pause``: called before each decoder block of this batch's passes, and between the
         stages of :meth:`sample` (the points where a step may give way to a slider move).
-        ``decode``: ``auto``, ``static`` or ``dynamic`` (default: ``STEER_UI_DECODE``, else ``auto``);
+        ``decode``: ``auto``, ``static``, ``dynamic`` or ``fused`` (default: ``STEER_UI_DECODE``, else ``auto``);
         see :func:`.static_decode.choose`.  :attr:`decode_path` says which path runs."""
         self.handle = handle
         # the rows' KV store and decode step: static_decode's (captured on CUDA) or Hugging Face's dynamic cache;
         # both take the same calls, so nothing below asks which
         static, self._decode_reason = static_decode.choose(handle, decode)
-        self.kv: StaticDecode | DynamicDecode = static if static is not None else DynamicDecode(handle)
+        self.kv: StaticDecode | FusedDecode | DynamicDecode = static if static is not None else DynamicDecode(handle)
         self.pause = pause
         self._between = pause or (lambda: None)
         self.requests: list[Request] = []
@@ -588,7 +589,7 @@ class DecodeBatch:
 
     @property
     def decode_path(self) -> dict:
-        """``{"path": "dynamic" | "static (eager)" | "static+cuda-graph", "reason": ...}`` (and the static path's
+        """``{"path": "dynamic" | "fused" | "static (eager)" | "static+cuda-graph", "reason": ...}`` (and the static path's
         re-build and capture counts)."""
         return self.kv.report(self._decode_reason)
 
@@ -910,10 +911,11 @@ def stream_side_by_side(
     once (:mod:`.engine`); alone, a request gets exactly what it gets there.
     ``batch``: an empty batch to decode in (the benchmark passes one made with
     a decode path, to report it); default a new one on the one-off path
-    (:func:`.static_decode.one_off_setting`: dynamic unless asked otherwise).
+    (:func:`.static_decode.one_off_setting`: never a CUDA graph unless asked).
     """
     request = Request.make(handle, prompt, steers, sampling)
-    batch = batch if batch is not None else DecodeBatch(handle, decode=static_decode.one_off_setting())
+    if batch is None:
+        batch = DecodeBatch(handle, decode=static_decode.one_off_setting(handle.input_device))
     batch.admit([request])
     while True:
         ((_, event),) = batch.sample()

@@ -321,20 +321,26 @@ class HeadSteer:
             hooks.before(module, self._hook(shift, state))
 
     def _hook(self, shift: torch.Tensor, state: StepState):
-        alpha, positions, special_tokens = self.alpha, self.positions, self.special_tokens
-
         def hook(_module, args):
             x = args[0]
             rows, seq, _ = x.shape
-            if not state.touches(seq, positions):
-                return None
-            per_row = shift.to(device=x.device, dtype=x.dtype)
-            if per_row.ndim == 2:
-                per_row = per_row.unsqueeze(1)
-            add = _alpha_rows(alpha, rows, x.device, x.dtype) * per_row
-            return (x + state.masked(add, seq, positions, special_tokens),) + tuple(args[1:])
+            add = self.addition(shift, state, rows, seq, x.device, x.dtype)
+            return None if add is None else (x + add,) + tuple(args[1:])
 
         return hook
+
+    def addition(self, shift: torch.Tensor, state: StepState, rows: int, seq: int, device, dtype
+                 ) -> torch.Tensor | None:
+        """What this steer adds to an output projection's (rows, seq, width) input for one block's ``shift``:
+        α · shift at the positions it steers; None where this pass holds none of them (the hook and the fused
+        decode step both add it)."""
+        if not state.touches(seq, self.positions):
+            return None
+        per_row = shift.to(device=device, dtype=dtype)
+        if per_row.ndim == 2:
+            per_row = per_row.unsqueeze(1)
+        add = _alpha_rows(self.alpha, rows, device, dtype) * per_row
+        return state.masked(add, seq, self.positions, self.special_tokens)
 
 
 class Installed:
@@ -385,6 +391,14 @@ def special_ids(handle) -> torch.Tensor:
                 ids.add(int(i))
         cached = handle.__dict__["_special_ids"] = torch.tensor(sorted(int(i) for i in ids if i is not None),
                                                                  dtype=torch.long)
+    return cached
+
+
+def special_id_set(handle) -> frozenset[int]:
+    """:func:`special_ids` as a set of ints, read once per handle (a decode step's few ids are looked up in it)."""
+    cached = handle.__dict__.get("_special_id_set")
+    if cached is None:
+        cached = handle.__dict__["_special_id_set"] = frozenset(special_ids(handle).tolist())
     return cached
 
 

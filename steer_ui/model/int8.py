@@ -23,6 +23,7 @@ import functools
 import hashlib
 import json
 import platform
+import re
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ _BUILD_LOCK = threading.Lock()
 def _kernel_target(extra_flags: tuple[str, ...] = (), source_path: Path = _SOURCE) -> tuple[Path, list[str]]:
     """Where the kernel built from this source, with these flags, for this CPU lives; and the flags."""
     source = source_path.read_bytes()
+    for included in re.findall(rb'^#include "([^"]+)"', source, flags=re.M):  # a change there rebuilds this one
+        source += (source_path.parent / included.decode()).read_bytes()
     flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", *extra_flags]
     cpu = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
     cpu_flags = next((line for line in cpu.splitlines() if line.startswith("flags")), platform.processor())

@@ -84,11 +84,11 @@ from contextlib import ExitStack
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from . import cuda_graphs, kv_rows
+from ..policy import DECODE_SETTINGS
+from . import cuda_graphs, fused_decode, kv_rows
 from .capture import out_projection, site_width
 from .hooks import HeadSteer, Installed, Steer, between_blocks, special_ids
 
-DECODE_SETTINGS = ("auto", "static", "dynamic")
 ENV = "STEER_UI_DECODE"
 _FULL, _SLIDING = "full_attention", "sliding_attention"
 _COLUMN_BUCKET = 128  # the store's columns grow in these steps (each growth is a re-build)
@@ -178,6 +178,13 @@ def decide(handle, decode: str | None = None) -> tuple[str, str]:
     device = handle.input_device
     if wanted == "dynamic":
         return "dynamic", f"{ENV} or the decode setting asks for the dynamic path"
+    if wanted == "fused" or (wanted == "auto" and device.type != "cuda"):
+        why = fused_decode.unsupported(handle)
+        if why is None:
+            return "fused", (f"{device.type}: each decoder block is one C call (fewer operators dispatched from "
+                             "Python a step than through the model's modules)")
+        if wanted == "fused":
+            return "dynamic", f"the fused step does not support this model: {why}"
     why = unsupported(handle)
     if why:
         return "dynamic", f"the static step does not support this model: {why}"
@@ -189,22 +196,27 @@ def decide(handle, decode: str | None = None) -> tuple[str, str]:
                        "(it attends to real columns only and adds only the steered blocks)")
 
 
-def one_off_setting() -> str:
-    """The decode setting for a batch made for one request and dropped (CLI generate, the Concepts tab).
+def one_off_setting(device: torch.device) -> str:
+    """The decode setting for a batch made for one request and dropped (CLI generate, the Concepts tab), on
+    ``device``.
 
-    ``auto`` means dynamic there: a capture synchronises the whole device and
-    holds graph memory, which pays off only for a batch that lives across
-    many steps and requests (the engine's); an explicit setting is obeyed.
+    ``auto`` means dynamic there on CUDA: a capture synchronises the whole
+    device and holds graph memory, which pays off only for a batch that lives
+    across many steps and requests (the engine's).  Elsewhere it stays ``auto``
+    (the fused CPU step costs nothing to set up).  An explicit setting is obeyed.
     """
     wanted = setting(None)
-    return "dynamic" if wanted == "auto" else wanted
+    return "dynamic" if wanted == "auto" and device.type == "cuda" else wanted
 
 
-def choose(handle, decode: str | None = None) -> tuple["StaticDecode | None", str]:
-    """(a :class:`StaticDecode`, or None for the dynamic path; why that path), as :func:`decide` says."""
+def choose(handle, decode: str | None = None) -> tuple["StaticDecode | fused_decode.FusedDecode | None", str]:
+    """(a :class:`StaticDecode` or :class:`.fused_decode.FusedDecode`, or None for the dynamic path; why that
+    path), as :func:`decide` says."""
     path, reason = decide(handle, decode)
     if path == "dynamic":
         return None, reason
+    if path == "fused":
+        return fused_decode.FusedDecode(handle), reason
     return StaticDecode(handle, graph=path == "static+cuda-graph"), reason
 
 

@@ -23,6 +23,8 @@ Headline ratios (targets from the performance issue):
   on CUDA, eager elsewhere) ÷ the dynamic one, per step; the side-by-side
   section's ``decode_path`` says which of them the default (``auto``, or
   ``STEER_UI_DECODE``) ran.
+* ``fused_over_dynamic`` (no target): the fused CPU step (each Gemma 3 block one C call,
+  :mod:`steer_ui.model.fused_decode`) ÷ the dynamic one, per step, where the model takes it.
 * ``sweep_speedup``: 21 separate fast-path calls ÷ one batched 21-α sweep.
 * ``extract_speedup``: one-at-a-time ÷ batched activation extraction over the
   bundled statements.
@@ -255,6 +257,7 @@ def run_bench(model: str | None = None, device: str = "auto", dtype: str = "auto
         "slider_two_terms_over_one": result["slider"]["slider_two_terms_over_one"],
         "hook_overhead": result["hook"]["hook_overhead"],
         "static_over_dynamic": result["decode_paths"]["static_over_dynamic"],
+        "fused_over_dynamic": result["decode_paths"].get("fused_over_dynamic"),
         "sweep_speedup": result["sweep"]["sweep_speedup"],
         "extract_speedup": result["extract"].get("extract_speedup"),
         "warm_load_s": load["warm_load_s"] if load["cache_hit"] is not False else None,
@@ -294,6 +297,7 @@ def markdown_table(result: dict) -> str:
     users = result["many_users"]
     prompts = result["many_prompts"]
     api = result.get("openai", {})
+    paths = result["decode_paths"]
     rows = [  # (measure, what it was measured from); its value is result['ratios'][measure]
         ("side_by_side_speedup",
          f"HF generate ×2: {sbs['hf_two_generate_calls_ms']:.0f} ms vs ours {sbs['ours_side_by_side_ms']:.0f} ms "
@@ -319,6 +323,11 @@ def markdown_table(result: dict) -> str:
          f"{result['decode_paths']['static_ms_per_step']:.1f} ms vs dynamic "
          f"{result['decode_paths']['dynamic_ms_per_step']:.1f} ms; per pair "
          f"{', '.join(f'{x:.2f}' for x in result['decode_paths']['static_over_dynamic_per_pair'])}"),
+        ("fused_over_dynamic",
+         f"fused step {paths['fused_ms_per_step']:.1f} ms vs dynamic {paths['dynamic_ms_per_step']:.1f} ms; per "
+         f"repetition {', '.join(f'{x:.2f}' for x in paths['fused_over_dynamic_per_pair'])}; the two paths' tokens "
+         f"{'equal' if paths['fused_tokens_equal'] else 'differ'}" if "fused_ms_per_step" in paths
+         else "the model does not take the fused step"),
         ("sweep_speedup",
          f"21 calls {sweep_['separate_ms']:.0f} ms vs one sweep {sweep_['batched_ms']:.0f} ms"),
         ("extract_speedup",

@@ -252,38 +252,45 @@ def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
 
 
 def bench_decode_paths(handle, steer, n_tokens: int, reps: int, log) -> dict:
-    """The static decode step (static_decode) against the dynamic one: per-step ms, runs interleaved A B B A.
+    """The static decode step (static_decode) and, where the model takes it, the fused one (fused_decode) against
+    the dynamic one: per-step ms, runs interleaved in an order turned every repetition.
 
     ``static`` is what ``decode="static"`` runs here: captured as a CUDA graph
-    on a CUDA model, eager elsewhere.  ``static_over_dynamic`` < 1 means the
-    static step is faster; the per-pair ratios' spread is reported beside
-    the median, and whether the two paths' tokens agreed.
+    on a CUDA model, eager elsewhere.  ``static_over_dynamic`` and
+    ``fused_over_dynamic`` < 1 mean that step is faster; the per-repetition
+    ratios' spread is reported beside the median, and whether the paths'
+    tokens agreed with the dynamic path's.
     """
-    log(f"bench: static vs dynamic decode step ({reps} x 2 runs of {n_tokens} tokens)")
-    batches = {decode: DecodeBatch(handle, decode=decode) for decode in ("static", "dynamic")}
+    from ..model import fused_decode
+
+    paths = ["static", "dynamic"] + (["fused"] if fused_decode.unsupported(handle) is None else [])
+    log(f"bench: {' vs '.join(paths)} decode step ({reps} x {len(paths)} runs of {n_tokens} tokens)")
+    batches = {decode: DecodeBatch(handle, decode=decode) for decode in paths}
     for batch in batches.values():  # warm-up (and the static step's capture, on CUDA)
         _ours(handle, GENERATION_PROMPT, [steer], 2, batch)
-    per = {"static": [], "dynamic": []}
-    pairs, tokens = [], {}
+    per = {decode: [] for decode in paths}
+    pairs = {decode: [] for decode in paths if decode != "dynamic"}
+    tokens = {}
     for rep in range(reps):
         medians = {}
-        for decode in (("static", "dynamic") if rep % 2 == 0 else ("dynamic", "static")):
+        turn = rep % len(paths)
+        for decode in paths[turn:] + paths[:turn]:
             _, steps, result = _ours(handle, GENERATION_PROMPT, [steer], n_tokens, batches[decode])
             per[decode].extend(steps)
             medians[decode] = median(steps)
             tokens[decode] = [t.token_id for side in (result.unsteered, result.steered) for t in side.tokens]
-        pairs.append(ratio(medians["static"], medians["dynamic"]))
-    return {
-        "new_tokens": n_tokens,
-        "reps": reps,
-        "static_path": batches["static"].decode_path,
-        "dynamic_path": batches["dynamic"].decode_path,
-        "static_ms_per_step": ms(median(per["static"])),
-        "dynamic_ms_per_step": ms(median(per["dynamic"])),
-        "static_over_dynamic": ratio(median(per["static"]), median(per["dynamic"])),
-        "static_over_dynamic_per_pair": [round(x, 3) for x in pairs],
-        "tokens_equal": tokens["static"] == tokens["dynamic"],
-    }
+        for decode in pairs:
+            pairs[decode].append(ratio(medians[decode], medians["dynamic"]))
+    out = {"new_tokens": n_tokens, "reps": reps}
+    for decode in paths:
+        out[f"{decode}_path"] = batches[decode].decode_path
+        out[f"{decode}_ms_per_step"] = ms(median(per[decode]))
+    for decode in pairs:
+        out[f"{decode}_over_dynamic"] = ratio(median(per[decode]), median(per["dynamic"]))
+        out[f"{decode}_over_dynamic_per_pair"] = [round(x, 3) for x in pairs[decode]]
+        out[f"{decode}_tokens_equal"] = tokens[decode] == tokens["dynamic"]
+    out["tokens_equal"] = out["static_tokens_equal"]
+    return out
 
 
 # ------------------------------------------------------------------ slider

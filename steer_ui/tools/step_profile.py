@@ -60,6 +60,32 @@ def _labelled_products(hidden: int, vocab: int):
         Int8Weight.matmul = original
 
 
+@contextlib.contextmanager
+def _labelled_blocks():
+    """Every fused block call (block_kernel.c, a ctypes call: its products, norms, rope and attention) inside a
+    ``record_function`` range, so the fused path's C time is not counted as Python."""
+    from torch.profiler import record_function
+
+    from ..model import fused_decode
+
+    original = fused_decode._kernel
+    built = original()
+    if built is None:
+        yield
+        return
+    step, scratch = built
+
+    def labelled(*args):
+        with record_function("fused block (C: products, norms, rope, attention)"):
+            return step(*args)
+
+    fused_decode._kernel = lambda: (labelled, scratch)
+    try:
+        yield
+    finally:
+        fused_decode._kernel = original
+
+
 def _group(key: str) -> str:
     name = key.split("::")[-1].lstrip("_")
     for group, names in GROUPS.items():
@@ -85,7 +111,7 @@ def _dispatched(fn) -> int:
     return Count.n
 
 
-def profile_rows(handle, steer, rows: int, steps: int, prompt: str) -> dict:
+def profile_rows(handle, steer, rows: int, steps: int, prompt: str, decode: str | None = None) -> dict:
     """One row count: median wall ms of a step (advance + sample) and the profiled breakdown in ms a step."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -96,7 +122,7 @@ def profile_rows(handle, steer, rows: int, steps: int, prompt: str) -> dict:
     requests = rows // 3 if side else rows
 
     def fresh() -> DecodeBatch:
-        batch = DecodeBatch(handle)
+        batch = DecodeBatch(handle, decode=decode)
         made = [Request.make(handle, prompt, [steer], Sampling(max_new_tokens=steps + 8, temperature=0.0,
                                                                 stop_at_eos=False, unsteered=side,
                                                                 counterfactual=side))
@@ -125,14 +151,15 @@ def profile_rows(handle, steer, rows: int, steps: int, prompt: str) -> dict:
         batch = fresh()
         run(batch, 1)
         hidden, vocab = handle.arch.hidden_size, handle.arch.vocab_size
-        with _labelled_products(hidden, vocab), profile(activities=[ProfilerActivity.CPU]) as prof:
+        with _labelled_products(hidden, vocab), _labelled_blocks(), \
+                profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
             run(batch, steps)
             profiled_wall = time.perf_counter() - start
         dispatched = _dispatched(lambda: run(batch, 1))
     parts: dict[str, float] = {}
     for e in prof.key_averages():
-        if e.key.startswith("int8 "):
+        if e.key.startswith(("int8 ", "fused block")):
             parts[e.key] = parts.get(e.key, 0.0) + e.self_cpu_time_total
         elif e.key.startswith(("aten::", "_")) or "::" in e.key:
             g = _group(e.key)
@@ -185,8 +212,9 @@ def fused_norms_ab(handle, steer, prompt: str, rows: int, rounds: int = 10, step
 
 
 def markdown(results: list[dict]) -> str:
-    kinds = ["int8 attention q/k/v/o", "int8 mlp gate/up", "int8 mlp down", "int8 unembedding", "attention", "norm",
-             "elementwise (rope, soft-cap, act, residual)", "other torch operators"]
+    kinds = ["fused block (C: products, norms, rope, attention)", "int8 attention q/k/v/o", "int8 mlp gate/up",
+             "int8 mlp down", "int8 unembedding", "attention", "norm", "elementwise (rope, soft-cap, act, residual)",
+             "other torch operators"]
     extra = sorted({k for r in results for k in r["parts_ms"]} - set(kinds))
     kinds += extra
     head = "| ms a step | " + " | ".join(f"{r['rows']} row{'s' * (r['rows'] > 1)}" for r in results) + " |"
@@ -298,6 +326,8 @@ def main(argv=None) -> None:
     parser.add_argument("--weights", default="auto")
     parser.add_argument("--rows", default="1,3,8,24")
     parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--decode", default=None, help="the decode path (auto, dynamic, fused, static); "
+                                                       "default: as the app takes it")
     parser.add_argument("--threads", type=int, default=0, help="torch's threads (default: as the app sets them)")
     parser.add_argument("--crossover", action="store_true",
                         help="time the int8 kernel against the integer-product (W8A8) kernel instead")
@@ -351,7 +381,8 @@ def main(argv=None) -> None:
               f"{os.getloadavg()[0]:.2f} at the end; medians of 10 alternating blocks of 8 steps")
         return
     load_start = os.getloadavg()
-    results = [profile_rows(handle, steer, int(r), args.steps, GENERATION_PROMPT) for r in args.rows.split(",")]
+    results = [profile_rows(handle, steer, int(r), args.steps, GENERATION_PROMPT, args.decode)
+               for r in args.rows.split(",")]
     load_end = os.getloadavg()
     print(f"model {args.model}, weights {handle.weights}, torch threads {torch.get_num_threads()}, "
           f"decode path {results[0]['decode_path']}, {args.steps} steps a row count; "

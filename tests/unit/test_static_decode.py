@@ -455,12 +455,14 @@ def test_one_off_generations_take_the_dynamic_path_unless_asked(tiny, monkeypatc
     # a batch made for one request and dropped should not capture a graph per call on CUDA
     from steer_ui.model import static_decode
 
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.delenv(static_decode.ENV, raising=False)
-    assert static_decode.one_off_setting() == "dynamic"
+    assert static_decode.one_off_setting(cuda) == "dynamic"
+    assert static_decode.one_off_setting(cpu) == "auto"  # on a CPU nothing is captured: the fused step if it fits
     monkeypatch.setenv(static_decode.ENV, "static")
-    assert static_decode.one_off_setting() == "static"
+    assert static_decode.one_off_setting(cuda) == "static"
     monkeypatch.setenv(static_decode.ENV, "auto")
-    assert static_decode.one_off_setting() == "dynamic"
+    assert static_decode.one_off_setting(cuda) == "dynamic"
 
 
 def test_the_app_refuses_to_launch_with_an_unknown_decode_setting():
@@ -478,4 +480,4 @@ def test_the_app_refuses_to_launch_with_an_unknown_decode_setting():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines == [f"error: {static_decode.ENV}: decode must be one of ('auto', 'static', 'dynamic'), got 'statik'"]
+    assert lines == [f"error: {static_decode.ENV}: decode must be one of {static_decode.DECODE_SETTINGS}, got 'statik'"]

@@ -1,0 +1,293 @@
+"""The fused decode path: each Gemma 3 decoder block of a CPU decode step is one C call (``block_kernel.c``).
+
+Through Hugging Face's modules a decode step of Gemma 3 270M dispatched ~1,350 torch operators from Python: on
+two cores that overhead cost about what reading the int8 weights did (docs/bench.md, "Where a step's time
+goes", issue #50).  :class:`FusedDecode` runs the same step with the same calls as
+:class:`~.dynamic_decode.DynamicDecode` (``join``, ``keep``, ``set_steering``, ``step``, ``report``), so a
+:class:`~.generation.DecodeBatch` runs it without asking which path it has:
+
+* **KV store**: per block, keys and values ``(rows, kv_heads, capacity, head_dim)``, every row at the same
+  column (its real tokens right-aligned, padding before, as the dynamic cache's left padding); a row attends to
+  its columns from ``start[row]`` (and, in a sliding block, to the last ``window`` columns only: HF's rule, key
+  column > column − window).  Prefill stays Hugging Face's (one pass per join); its cache is copied in.
+* **Steering** is what the dynamic path's hooks do, called in the same places: a block's residual steers are
+  added to its output by :func:`.hooks.apply_steers` (special tokens masked), per-head (ITI) shifts go into the
+  C call before the output projection (:meth:`.hooks.HeadSteer.addition`), the final block's output is kept
+  before its steering (as :func:`.capture.recording` sees it), and ``pause`` runs before each block and before
+  the final norm.
+* **Arithmetic**: the products are int8_kernel.c's, as on the dynamic path; the norms, rope, attention and
+  activation are the same formulas summed in another order, so the two paths agree to float32 rounding, not
+  bit for bit (tests/unit/test_fused_decode.py bounds the difference and checks the tokens).  Each row is
+  computed alone, so a batch of requests equals each request alone, bit for bit.
+
+:func:`unsupported` says why a model cannot take this path (anything but Gemma 3 with int8 weights on a CPU with
+the C kernel): it then decodes on the dynamic path.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from .architecture import norm_gain
+from .hooks import HeadSteer, Steer, StepState, apply_steers, special_id_set
+from .int8 import Int8Linear, _library
+
+_SOURCE = Path(__file__).with_name("block_kernel.c")
+_FULL, _SLIDING = "full_attention", "sliding_attention"
+_GROW = 64  # columns added past what a join needs; the store grows by half again when a step outruns it
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    """``block_step`` and ``block_scratch`` of the built block kernel, or None where no C compiler works."""
+    library = _library(_SOURCE, ())
+    if library is None:
+        return None
+    step = library.block_step
+    step.restype = ctypes.c_int
+    step.argtypes = [_I, _I, _P, _P, ctypes.c_float, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _I,
+                     ctypes.c_float, ctypes.c_float, _P, _P, ctypes.c_int]
+    scratch = library.block_scratch
+    scratch.restype = _I
+    scratch.argtypes = [_I] * 7
+    return step, scratch
+
+
+def _config(handle):
+    config = handle.model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def unsupported(handle) -> str | None:
+    """Why the fused step cannot decode ``handle``'s model, or None when it can."""
+    if handle.input_device.type != "cpu" or handle.dtype != torch.float32:
+        return f"{handle.input_device.type} {str(handle.dtype).replace('torch.', '')} (the fused step is float32 on the CPU)"
+    layers = handle.arch.layers
+    if any(type(layer).__name__ != "Gemma3DecoderLayer" for layer in layers):
+        return "not a Gemma 3 model (the fused step is Gemma 3's block)"
+    config = _config(handle)
+    if getattr(config, "hidden_activation", None) != "gelu_pytorch_tanh":
+        return f"activation {getattr(config, 'hidden_activation', None)!r}"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "bidirectional attention"
+    kinds = set(getattr(config, "layer_types", None) or [])
+    if not kinds <= {_FULL, _SLIDING}:
+        return f"layer types {sorted(kinds - {_FULL, _SLIDING})}"
+    if _SLIDING in kinds and not getattr(config, "sliding_window", None):
+        return "sliding-window layers without a window size in the config"
+    for layer in layers:
+        for linear in _linears(layer):
+            if type(linear) is not Int8Linear or linear.bias is not None:
+                return "weights that are not int8 (the fused step takes int8_kernel.c's products)"
+            w = linear.int8
+            if w.w8a8 or w.w8a16:
+                return "integer products on rounded activations are on (the fused step has float activations)"
+            if w.group <= 0 or w.shape[1] % w.group:
+                return f"an int8 group of {w.group} that does not divide {w.shape[1]} inputs"
+    if handle.arch.final_norm is None:
+        return "no final norm"
+    if _kernel() is None:
+        return "no C compiler to build the block kernel"
+    return None
+
+
+def _linears(layer) -> list:
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+
+
+def _norms(layer) -> list:
+    attn = layer.self_attn
+    return [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+            layer.post_feedforward_layernorm, attn.q_norm, attn.k_norm]
+
+
+class _Block:
+    """One block's weights as the C call takes them: 7 × (codes, scale, offset) pointers and (group, out, in)."""
+
+    def __init__(self, layer):
+        self.norms = _norms(layer)
+        self.weights = [linear.int8 for linear in _linears(layer)]
+        for w in self.weights:  # the kernel reads them in place
+            assert w.codes.is_contiguous() and w.scale.is_contiguous()
+            assert w.offset is None or w.offset.is_contiguous()
+        self.pointers = (_P * 21)(*[t.data_ptr() if t is not None else None
+                                    for w in self.weights for t in (w.codes, w.scale, w.offset)])
+        self.dims = (_I * 21)(*[d for w in self.weights for d in (w.group, w.shape[0], w.shape[1])])
+        self.eps = float(layer.input_layernorm.eps)
+
+        self._norm_weights = [norm.weight for norm in self.norms]
+        self._versions: tuple = ()
+        self._gains: tuple = ((), None)
+
+    def gains(self):
+        """The six norms' ``1 + w`` and their addresses, made again only where a weight was written since (its
+        version counter moved): a step reads them 18 times, so the check is one tuple of counters."""
+        versions = tuple(w._version for w in self._norm_weights)
+        if versions != self._versions:
+            kept = [norm_gain(norm) for norm in self.norms]
+            self._gains, self._versions = (kept, (_P * 6)(*[g.data_ptr() for g in kept])), versions
+        return self._gains
+
+
+class FusedDecode:
+    """The rows' KV store, columns, positions and steering; one C call per block a step.  Not thread-safe: the
+    batch's thread drives it."""
+
+    path = "fused"
+
+    def __init__(self, handle):
+        self.handle = handle
+        config = _config(handle)
+        arch = handle.arch
+        self.blocks = [_Block(layer) for layer in arch.layers]
+        attn = arch.layers[0].self_attn
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.scaling = float(attn.scaling)
+        self.softcap = float(getattr(config, "attn_logit_softcapping", None) or 0.0)
+        kinds = list(getattr(config, "layer_types", None) or [_FULL] * len(self.blocks))
+        self.kinds = kinds[: len(self.blocks)]
+        self.window = int(getattr(config, "sliding_window", 0) or 0)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.columns = 0
+        self.start: torch.Tensor | None = None  # (rows,) each row's first real column
+        self.positions: torch.Tensor | None = None  # (rows,) each row's next position id
+        self._steers: list = []
+        self._final_block = arch.num_layers - 1
+
+    can_join = True  # every join is a copy into the store
+
+    def report(self, reason: str) -> dict:
+        return {"path": self.path, "reason": reason}
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.start is None else int(self.start.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def _store(self, rows: int, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        shape = (rows, self.kv_heads, capacity, self.head_dim)
+        # never-written columns are never read (a row attends from its start on), so empty, not zeros
+        return ([torch.empty(shape) for _ in self.blocks], [torch.empty(shape) for _ in self.blocks])
+
+    def join(self, cache, columns: int, mask: torch.Tensor, positions: torch.Tensor, reserve: int) -> None:
+        """Append rows from a prefill: their HF ``cache`` (``columns`` left-padded columns; a sliding layer keeps
+        the last ``window − 1``), attention ``mask`` (rows, columns), next position ids (rows,); ``reserve``: the
+        steps to come (the store makes room for some of them now and grows when a step needs more)."""
+        new_rows = mask.shape[0]
+        total = max(self.columns, columns)
+        shift = total - self.columns  # the running rows move right when a longer prompt joins
+        capacity = max(self.capacity, total + 1 + min(int(reserve), _GROW))
+        keys, values = self._store(self.rows + new_rows, capacity)
+        for i, layer in enumerate(cache.layers):
+            for mine, old, theirs in ((keys[i], self.keys, layer.keys), (values[i], self.values, layer.values)):
+                if self.rows:
+                    mine[: self.rows, :, shift:shift + self.columns] = old[i][:, :, : self.columns]
+                stored = theirs.shape[-2]
+                mine[self.rows:, :, total - stored:total] = theirs.float()
+        start = total - mask.sum(dim=1).to(torch.int64)
+        self.start = start if self.start is None else torch.cat([self.start + shift, start])
+        self.positions = positions.clone() if self.positions is None else torch.cat([self.positions, positions])
+        self.keys, self.values, self.columns = keys, values, total
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (indices into the current row order, in the new order)."""
+        if not rows:
+            self.keys, self.values, self.columns, self.start, self.positions = [], [], 0, None, None
+            return
+        index = torch.tensor(rows)
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        self.start = self.start.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+
+    def set_steering(self, steers: list) -> None:
+        """The steers the next steps add: :class:`.hooks.Steer` (one (rows, hidden) matrix per block) and
+        :class:`.hooks.HeadSteer` (per-head shifts), as :meth:`.generation.DecodeBatch._steers_for` makes them."""
+        for s in steers:
+            if not isinstance(s, (Steer, HeadSteer)):
+                raise TypeError(f"the fused step cannot add a {type(s).__name__}")
+        self._steers = list(steers)
+
+    def _grow(self) -> None:
+        capacity = self.capacity + max(_GROW, self.capacity // 2)
+        keys, values = self._store(self.rows, capacity)
+        for mine, old in zip(keys + values, self.keys + self.values):
+            mine[:, :, : self.columns] = old[:, :, : self.columns]
+        self.keys, self.values = keys, values
+
+    def step(self, next_ids: torch.Tensor, pause=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step: feed each row its ``next_ids`` (rows, 1); returns the rows' (last hidden, final
+        block output), each (rows, hidden).  ``pause`` is called before each decoder block and the final norm."""
+        handle, arch = self.handle, self.handle.arch
+        step_fn, scratch_fn = _kernel()
+        if self.columns >= self.capacity:
+            self._grow()
+        rows, column = next_ids.shape[0], self.columns
+        state = StepState(prompt_len=0, offset=column)  # every position from here on is a generated one
+        if self._steers:  # which rows are fed a special token: a set lookup (torch.isin costs ~0.4 ms a call here)
+            specials = special_id_set(handle)
+            state.special = torch.tensor([[i in specials] for i in next_ids[:, -1].tolist()])
+        by_block: dict[int, list[Steer]] = {}
+        for s in self._steers:
+            if isinstance(s, Steer):
+                by_block.setdefault(s.layer, []).append(s)
+        with torch.inference_mode():
+            h = handle.model.get_input_embeddings()(next_ids)[:, -1, :].float().contiguous()
+            position_ids = self.positions.unsqueeze(1)
+            rope = {}
+            for kind in set(self.kinds):
+                cos, sin = handle.model.base_model.rotary_emb(h, position_ids, kind)
+                rope[kind] = (cos.reshape(rows, -1).float().contiguous(), sin.reshape(rows, -1).float().contiguous())
+            hidden = h.shape[-1]
+            inter = self.blocks[0].weights[4].shape[0]
+            scratch = torch.empty(scratch_fn(rows, hidden, self.heads, self.kv_heads, self.head_dim, inter,
+                                             self.capacity))
+            start = self.start.contiguous()
+            final = None
+            for i, block in enumerate(self.blocks):
+                if pause is not None:
+                    pause()
+                gains, gain_ptrs = block.gains()
+                head_add = self._head_add(i, state, rows)
+                cos, sin = rope[self.kinds[i]]
+                status = step_fn(rows, hidden, h.data_ptr(), gain_ptrs, block.eps, block.pointers, block.dims,
+                                 self.heads, self.kv_heads, self.head_dim, cos.data_ptr(), sin.data_ptr(),
+                                 self.keys[i].data_ptr(), self.values[i].data_ptr(), self.capacity, column,
+                                 start.data_ptr(), self.window if self.kinds[i] == _SLIDING else 0, self.scaling,
+                                 self.softcap, None if head_add is None else head_add.data_ptr(), scratch.data_ptr(),
+                                 torch.get_num_threads())
+                del gains
+                if status != 0:
+                    raise RuntimeError(f"the block kernel refused block {i}'s shapes")
+                if i == self._final_block:
+                    final = h.clone()  # what the dynamic path's recording sees: the block's output before steering
+                steers = by_block.get(i)
+                if steers:
+                    h = apply_steers(steers, state, h.unsqueeze(1)).squeeze(1).contiguous()
+            if pause is not None:
+                pause()
+            out = arch.final_norm(h)
+        self.columns += 1
+        self.positions = self.positions + 1
+        return out, final
+
+    def _head_add(self, layer: int, state: StepState, rows: int) -> torch.Tensor | None:
+        """(rows, heads · head_dim): the per-head shifts added before block ``layer``'s output projection."""
+        total = None
+        for s in self._steers:
+            if isinstance(s, HeadSteer) and layer in s.shifts:
+                add = s.addition(s.shifts[layer], state, rows, 1, self.handle.input_device, torch.float32)
+                if add is not None:
+                    total = add if total is None else total + add
+        return None if total is None else total.reshape(rows, -1).contiguous()
