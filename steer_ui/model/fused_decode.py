@@ -34,9 +34,9 @@ import torch
 from .architecture import norm_gain
 from .hooks import HeadSteer, Steer, StepState, apply_steers, special_id_set
 from .int8 import Int8Linear, _library
+from .layer_kinds import SLIDING, kinds_problem, layer_types, text_config
 
 _SOURCE = Path(__file__).with_name("block_kernel.c")
-_FULL, _SLIDING = "full_attention", "sliding_attention"
 _GROW = 64  # columns added past what a join needs; the store grows by half again when a step outruns it
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -58,11 +58,6 @@ def _kernel():
     return step, scratch
 
 
-def _config(handle):
-    config = handle.model.config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def unsupported(handle) -> str | None:
     """Why the fused step cannot decode ``handle``'s model, or None when it can."""
     if handle.input_device.type != "cpu" or handle.dtype != torch.float32:
@@ -70,16 +65,12 @@ def unsupported(handle) -> str | None:
     layers = handle.arch.layers
     if any(type(layer).__name__ != "Gemma3DecoderLayer" for layer in layers):
         return "not a Gemma 3 model (the fused step is Gemma 3's block)"
-    config = _config(handle)
+    config = text_config(handle)
     if getattr(config, "hidden_activation", None) != "gelu_pytorch_tanh":
         return f"activation {getattr(config, 'hidden_activation', None)!r}"
-    if getattr(config, "use_bidirectional_attention", False):
-        return "bidirectional attention"
-    kinds = set(getattr(config, "layer_types", None) or [])
-    if not kinds <= {_FULL, _SLIDING}:
-        return f"layer types {sorted(kinds - {_FULL, _SLIDING})}"
-    if _SLIDING in kinds and not getattr(config, "sliding_window", None):
-        return "sliding-window layers without a window size in the config"
+    kinds = kinds_problem(handle)
+    if kinds:
+        return kinds
     for layer in layers:
         for linear in _linears(layer):
             if type(linear) is not Int8Linear or linear.bias is not None:
@@ -91,6 +82,8 @@ def unsupported(handle) -> str | None:
                 return f"an int8 group of {w.group} that does not divide {w.shape[1]} inputs"
     if handle.arch.final_norm is None:
         return "no final norm"
+    if getattr(handle.model.base_model, "rotary_emb", None) is None:  # a multimodal wrapper keeps it elsewhere
+        return "no rotary embedding on the text model"
     if _kernel() is None:
         return "no C compiler to build the block kernel"
     return None
@@ -143,7 +136,7 @@ class FusedDecode:
 
     def __init__(self, handle):
         self.handle = handle
-        config = _config(handle)
+        config = text_config(handle)
         arch = handle.arch
         self.blocks = [_Block(layer) for layer in arch.layers]
         attn = arch.layers[0].self_attn
@@ -151,8 +144,7 @@ class FusedDecode:
         self.head_dim = attn.head_dim
         self.scaling = float(attn.scaling)
         self.softcap = float(getattr(config, "attn_logit_softcapping", None) or 0.0)
-        kinds = list(getattr(config, "layer_types", None) or [_FULL] * len(self.blocks))
-        self.kinds = kinds[: len(self.blocks)]
+        self.kinds = layer_types(handle)
         self.window = int(getattr(config, "sliding_window", 0) or 0)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -264,7 +256,7 @@ class FusedDecode:
                 status = step_fn(rows, hidden, h.data_ptr(), gain_ptrs, block.eps, block.pointers, block.dims,
                                  self.heads, self.kv_heads, self.head_dim, cos.data_ptr(), sin.data_ptr(),
                                  self.keys[i].data_ptr(), self.values[i].data_ptr(), self.capacity, column,
-                                 start.data_ptr(), self.window if self.kinds[i] == _SLIDING else 0, self.scaling,
+                                 start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling,
                                  self.softcap, None if head_add is None else head_add.data_ptr(), scratch.data_ptr(),
                                  torch.get_num_threads())
                 del gains

@@ -86,11 +86,11 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..policy import DECODE_SETTINGS
 from . import cuda_graphs, fused_decode, kv_rows
+from .layer_kinds import FULL, SLIDING, kinds_problem, layer_types, text_config
 from .capture import out_projection, site_width
 from .hooks import HeadSteer, Installed, Steer, between_blocks, special_ids
 
 ENV = "STEER_UI_DECODE"
-_FULL, _SLIDING = "full_attention", "sliding_attention"
 _COLUMN_BUCKET = 128  # the store's columns grow in these steps (each growth is a re-build)
 # the step's steering matrices (layers, slots, width): residual and per-head, masked at special tokens and not
 _STEERING_BUFFERS = ("resid", "heads", "resid_special", "heads_special")
@@ -101,38 +101,15 @@ class StaticDecodeError(ValueError):
 
 
 # ------------------------------------------------------------------ choice
-def layer_types(handle) -> list[str]:
-    """Each decoder block's attention kind, as transformers names them (``full_attention``, ``sliding_attention``).
-
-    Models without ``layer_types`` in their config apply one kind to every
-    block: sliding where the config sets a window (Mistral, Phi-3), else full.
-    """
-    config = _text_config(handle)
-    kinds = getattr(config, "layer_types", None)
-    if kinds:
-        return list(kinds)[: handle.arch.num_layers]
-    kind = _SLIDING if getattr(config, "sliding_window", None) else _FULL
-    return [kind] * handle.arch.num_layers
-
-
-def _text_config(handle):
-    config = handle.model.config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def unsupported(handle) -> str | None:
     """Why the static step cannot run this model, or None when it can."""
-    config = _text_config(handle)
+    config = text_config(handle)
     attention = getattr(config, "_attn_implementation", None)
     if attention not in ("sdpa", "eager"):
         return f"attention implementation {attention!r} (the static step builds sdpa and eager masks only)"
-    kinds = set(layer_types(handle))
-    if not kinds <= {_FULL, _SLIDING}:
-        return f"layer types {sorted(kinds - {_FULL, _SLIDING})}"
-    if _SLIDING in kinds and not getattr(config, "sliding_window", None):
-        return "sliding-window layers without a window size in the config"
-    if getattr(config, "use_bidirectional_attention", False):
-        return "bidirectional attention"
+    kinds = kinds_problem(handle)
+    if kinds:
+        return kinds
     if getattr(config, "add_cross_attention", False):
         return "cross-attention"
     if getattr(config, "num_kv_shared_layers", 0):
@@ -284,7 +261,7 @@ class StaticDecode:
         # the eager step adds steering at the steered blocks only; True: at every block, from the buffers, as the
         # captured step does (so tests check on CPU the hooks a graph records)
         self.every_block = False
-        config = _text_config(handle)
+        config = text_config(handle)
         self._kinds = layer_types(handle)
         self._window = int(getattr(config, "sliding_window", 0) or 0)
         self._float_masks = getattr(config, "_attn_implementation", "sdpa") == "eager"
@@ -340,7 +317,7 @@ class StaticDecode:
                 mine = old.layers[i]
                 keys[: self.slots, :, : self.max_len].copy_(mine.keys)
                 values[: self.slots, :, : self.max_len].copy_(mine.values)
-            new_layers.append(SlotLayer(keys, values, column, self._kinds[i] == _SLIDING))
+            new_layers.append(SlotLayer(keys, values, column, self._kinds[i] == SLIDING))
         valid = torch.zeros((slots, max_len), dtype=torch.bool, device=dev)
         ids = torch.zeros((slots, 1), dtype=torch.long, device=dev)
         positions = torch.zeros((slots, 1), dtype=torch.long, device=dev)
@@ -507,10 +484,10 @@ class StaticDecode:
         """The step's 4-D masks from the validity buffer and the column (runs inside the captured step)."""
         valid = self.valid
         full = valid[:, None, None, :]
-        masks = {_FULL: full}
-        if _SLIDING in self._kinds:
+        masks = {FULL: full}
+        if SLIDING in self._kinds:
             inside = self._columns_index > (self._column - self._window)
-            masks[_SLIDING] = (valid & inside)[:, None, None, :]
+            masks[SLIDING] = (valid & inside)[:, None, None, :]
         if self._float_masks:
             low = torch.finfo(self.handle.dtype).min
             zero = torch.zeros((), dtype=self.handle.dtype, device=self._device)

@@ -16,11 +16,10 @@ from steer_ui.model.handle import from_model
 from steer_ui.model.hooks import HeadSteer, Steer, hook_count
 from steer_ui.model.int8 import kernel_available, quantise_model
 from steer_ui.tiny import tiny_handle, tiny_model
-from test_static_decode import SCHEDULE, _run, _specs
+from test_static_decode import SCHEDULE, _run, _same, _specs
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="no C compiler: the fused step is not built")
 
-PROB_TOL = 1e-5
 LOGIT_TOL = 1e-4  # Δlogits of a few units, summed in another order through 6 blocks
 
 
@@ -37,17 +36,8 @@ def _close(a: float, b: float) -> bool:
 
 
 def _agree(fused_results, dynamic_results):
-    for f_result, d_result in zip(fused_results, dynamic_results):
-        for side in ("unsteered", "steered"):
-            f, d = getattr(f_result, side), getattr(d_result, side)
-            assert [t.token_id for t in f.tokens] == [t.token_id for t in d.tokens], side
-            assert f.text == d.text and f.finished == d.finished
-            for x, y in zip(f.tokens, d.tokens):
-                assert abs(math.exp(x.logprob) - math.exp(y.logprob)) < PROB_TOL
-                assert all(abs(p - q) < PROB_TOL for (_, p), (_, q) in zip(x.alternatives, y.alternatives))
-                if side == "steered":
-                    assert _close(x.delta_logit, y.delta_logit)
-                    assert _close(x.direct_delta_logit, y.direct_delta_logit)
+    """The dynamic step's checks (test_static_decode._same) with Δlogits to float32 noise summed another way."""
+    _same(fused_results, dynamic_results, close=_close)
 
 
 def test_gemma3_with_int8_weights_takes_the_fused_path_by_default_on_cpu(gemma3, monkeypatch):

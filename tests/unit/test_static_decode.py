@@ -72,7 +72,10 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=PROB_TOL)
 
 
-def _same(static_results, dynamic_results):
+def _same(static_results, dynamic_results, close=None):
+    """The same tokens, texts and ends; probabilities within PROB_TOL; Δlogits ``close`` (default: to 1e-6 of
+    their size)."""
+    close = close or _close
     for s_result, d_result in zip(static_results, dynamic_results):
         for side in ("unsteered", "steered"):
             s, d = getattr(s_result, side), getattr(d_result, side)
@@ -82,7 +85,7 @@ def _same(static_results, dynamic_results):
                 assert abs(math.exp(x.logprob) - math.exp(y.logprob)) < PROB_TOL
                 assert all(abs(p - q) < PROB_TOL for (_, p), (_, q) in zip(x.alternatives, y.alternatives))
                 if side == "steered":  # logit differences: large ones to 1e-6 of their size
-                    assert _close(x.delta_logit, y.delta_logit) and _close(x.direct_delta_logit, y.direct_delta_logit)
+                    assert close(x.delta_logit, y.delta_logit) and close(x.direct_delta_logit, y.direct_delta_logit)
 
 
 # joins at steps 0, 2 (a longer prompt than the running columns: the running rows move right) and 5;
