@@ -116,6 +116,7 @@ def _close_toasts(page) -> None:
     page.wait_for_function("() => document.querySelectorAll('.toast-body').length === 0", timeout=10_000)
 
 
+@pytest.mark.slow  # 29 s; in CI the panel walk switches language on a filled page and checks every panel
 def test_switching_to_chinese_on_a_filled_page_rewords_every_panel_without_running_the_model(browser, app):
     url, backend, calls = app
     page = open_page(browser, url)
