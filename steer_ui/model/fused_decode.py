@@ -80,6 +80,8 @@ def unsupported(handle) -> str | None:
                 return "integer products on rounded activations are on (the fused step has float activations)"
             if w.group <= 0 or w.shape[1] % w.group:
                 return f"an int8 group of {w.group} that does not divide {w.shape[1]} inputs"
+            if not all(t is None or t.is_contiguous() for t in (w.codes, w.scale, w.offset)):
+                return "int8 weights that are views, not contiguous (the kernel reads them in place)"
     if handle.arch.final_norm is None:
         return "no final norm"
     if getattr(handle.model.base_model, "rotary_emb", None) is None:  # a multimodal wrapper keeps it elsewhere
@@ -105,15 +107,11 @@ class _Block:
 
     def __init__(self, layer):
         self.norms = _norms(layer)
-        self.weights = [linear.int8 for linear in _linears(layer)]
-        for w in self.weights:  # the kernel reads them in place
-            assert w.codes.is_contiguous() and w.scale.is_contiguous()
-            assert w.offset is None or w.offset.is_contiguous()
+        self.weights = [linear.int8 for linear in _linears(layer)]  # read in place: unsupported() checked them
         self.pointers = (_P * 21)(*[t.data_ptr() if t is not None else None
                                     for w in self.weights for t in (w.codes, w.scale, w.offset)])
         self.dims = (_I * 21)(*[d for w in self.weights for d in (w.group, w.shape[0], w.shape[1])])
         self.eps = float(layer.input_layernorm.eps)
-
         self._norm_weights = [norm.weight for norm in self.norms]
         self._versions: tuple = ()
         self._gains: tuple = ((), None)

@@ -184,6 +184,12 @@ def test_many_prompts_reports_rows_as_they_finish(browser, app):
         characterData: true}); }""")
     prompts = "\n".join(f"Prompt number {i} tells a long story about the sea and the town" for i in range(12))
     page.locator("#compare-prompts textarea").fill(prompts)
+    # the longest answers the tab allows: at its default 24 tokens the tiny model's whole comparison took 0.3 s
+    # once in CI, too short for the page to show a line between the first row and the last
+    tokens = page.locator("#compare-max-tokens input[type=number]")
+    tokens.fill("128")
+    tokens.press("Tab")
+    page.wait_for_timeout(300)
     # 12 prompts, 8 at once in the decode batch (policy.compare_in_flight): the first 8 end before the last 4
     page.locator("#compare-run").click()
     page.wait_for_selector(".made-for[data-panel=compare]", state="attached", timeout=120_000)
