@@ -150,6 +150,7 @@ def test_the_first_view_raises_no_explosion_flag_and_the_extended_end_does(brows
     page.close()
 
 
+@pytest.mark.slow  # 13 s, for CI's 30 minutes; the long-prompt link test and the panel walk's links run in CI
 def test_a_link_restores_the_view_and_copy_link_makes_one(browser, app):
     url, _ = app
     page = browser.new_page(locale="en-US", viewport={"width": 1400, "height": 1000})

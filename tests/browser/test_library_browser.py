@@ -140,6 +140,7 @@ def test_a_saved_result_link_shows_the_saved_view_without_running_the_model(brow
     assert "stream_generate" in model_calls
 
 
+@pytest.mark.slow  # 18 s, for CI's 30 minutes; test_library_app opens saved comparisons over HTTP in CI
 def test_a_saved_comparison_link_opens_the_whole_table_on_the_many_prompts_tab(browser, url):
     url, backend = url
     page = _fresh(browser, url)

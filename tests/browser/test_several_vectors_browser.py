@@ -155,6 +155,7 @@ def _kl(page) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow  # 17 s, for CI's 30 minutes; test_extra_terms checks a row's units through a link's state in CI
 def test_an_added_row_s_own_raw_units_are_what_a_link_restores(browser, app):
     """An added row in raw units beside the main row in relative ones (issue #48): its box says so, the panels are
     made for it, and the page's link restores the row in raw units in a fresh context."""
