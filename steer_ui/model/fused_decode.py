@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from .architecture import norm_gain
-from .hooks import HeadSteer, Steer, StepState, apply_steers, special_id_set
+from .hooks import HeadSteer, Steer, StepState, apply_steers, special_positions
 from .int8 import Int8Linear, _library
 from .layer_kinds import SLIDING, kinds_problem, layer_types, text_config
 
@@ -114,16 +114,17 @@ class _Block:
         self.eps = float(layer.input_layernorm.eps)
         self._norm_weights = [norm.weight for norm in self.norms]
         self._versions: tuple = ()
-        self._gains: tuple = ((), None)
+        self._gains: list[torch.Tensor] = []  # kept alive while the C call reads them through the addresses
+        self._gain_pointers = None
 
-    def gains(self):
-        """The six norms' ``1 + w`` and their addresses, made again only where a weight was written since (its
+    def gain_pointers(self):
+        """The addresses of the six norms' ``1 + w``, made again only where a weight was written since (its
         version counter moved): a step reads them 18 times, so the check is one tuple of counters."""
         versions = tuple(w._version for w in self._norm_weights)
         if versions != self._versions:
-            kept = [norm_gain(norm) for norm in self.norms]
-            self._gains, self._versions = (kept, (_P * 6)(*[g.data_ptr() for g in kept])), versions
-        return self._gains
+            self._gains = [norm_gain(norm) for norm in self.norms]
+            self._gain_pointers, self._versions = (_P * 6)(*[g.data_ptr() for g in self._gains]), versions
+        return self._gain_pointers
 
 
 class FusedDecode:
@@ -140,6 +141,7 @@ class FusedDecode:
         attn = arch.layers[0].self_attn
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = attn.head_dim
+        self.inter = arch.layers[0].mlp.gate_proj.int8.shape[0]  # the MLP's width
         self.scaling = float(attn.scaling)
         self.softcap = float(getattr(config, "attn_logit_softcapping", None) or 0.0)
         self.kinds = layer_types(handle)
@@ -225,9 +227,8 @@ class FusedDecode:
             self._grow()
         rows, column = next_ids.shape[0], self.columns
         state = StepState(prompt_len=0, offset=column)  # every position from here on is a generated one
-        if self._steers:  # which rows are fed a special token: a set lookup (torch.isin costs ~0.4 ms a call here)
-            specials = special_id_set(handle)
-            state.special = torch.tensor([[i in specials] for i in next_ids[:, -1].tolist()])
+        if self._steers:  # which rows are fed a special token (their steers leave it alone)
+            state.special = special_positions(handle, next_ids)
         by_block: dict[int, list[Steer]] = {}
         for s in self._steers:
             if isinstance(s, Steer):
@@ -240,24 +241,21 @@ class FusedDecode:
                 cos, sin = handle.model.base_model.rotary_emb(h, position_ids, kind)
                 rope[kind] = (cos.reshape(rows, -1).float().contiguous(), sin.reshape(rows, -1).float().contiguous())
             hidden = h.shape[-1]
-            inter = self.blocks[0].weights[4].shape[0]
-            scratch = torch.empty(scratch_fn(rows, hidden, self.heads, self.kv_heads, self.head_dim, inter,
+            scratch = torch.empty(scratch_fn(rows, hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
                                              self.capacity))
             start = self.start.contiguous()
             final = None
             for i, block in enumerate(self.blocks):
                 if pause is not None:
                     pause()
-                gains, gain_ptrs = block.gains()
                 head_add = self._head_add(i, state, rows)
                 cos, sin = rope[self.kinds[i]]
-                status = step_fn(rows, hidden, h.data_ptr(), gain_ptrs, block.eps, block.pointers, block.dims,
+                status = step_fn(rows, hidden, h.data_ptr(), block.gain_pointers(), block.eps, block.pointers, block.dims,
                                  self.heads, self.kv_heads, self.head_dim, cos.data_ptr(), sin.data_ptr(),
                                  self.keys[i].data_ptr(), self.values[i].data_ptr(), self.capacity, column,
                                  start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling,
                                  self.softcap, None if head_add is None else head_add.data_ptr(), scratch.data_ptr(),
                                  torch.get_num_threads())
-                del gains
                 if status != 0:
                     raise RuntimeError(f"the block kernel refused block {i}'s shapes")
                 if i == self._final_block:

