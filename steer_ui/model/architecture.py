@@ -298,57 +298,6 @@ def fast_cpu_linears(model: torch.nn.Module, layers) -> int:
     return changed
 
 
-class _FusedNorm:
-    """A Gemma norm's forward as one ``F.rms_norm`` call with its kept gain (:func:`norm_gain`)."""
-
-    def __init__(self, module: torch.nn.Module, original):
-        self.module, self.original = module, original
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.module.weight
-        # calls that need gradients (training through the blocks) keep the original, whose backward is torch's own
-        if x.dtype != torch.float32 or x.device != weight.device or (
-                torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
-            return self.original(x)
-        scale = norm_gain(self.module)
-        return torch.nn.functional.rms_norm(x, scale.shape, scale, self.module.eps)
-
-
-def norm_gain(module: torch.nn.Module) -> torch.Tensor:
-    """A Gemma norm's gain ``1 + w`` (float32, contiguous), kept on the module and made again whenever the
-    weight is written in place (its version counter moves: a test or a user may set a norm's gain after
-    loading).  The fused norm and the fused decode step both read it."""
-    weight = module.weight
-    kept = module.__dict__.get("_steer_ui_gain")
-    if kept is None or kept[0] != weight._version:
-        kept = module.__dict__["_steer_ui_gain"] = (weight._version, (1.0 + weight.detach().float()).contiguous())
-    return kept[1]
-
-
-def fused_norms(model: torch.nn.Module) -> int:
-    """Gemma's RMS norms (``x · rsqrt(mean x² + eps) · (1 + w)``, six per block) as one ``F.rms_norm`` call with
-    ``1 + w`` computed once; returns how many (issue #50: a side-by-side step of Gemma 3 270M dispatched 2,402
-    torch operators, 1,412 with its norms fused; each norm was ten).  A norm is changed only if, on a probe input,
-    the call gives its own forward's result bit for bit (the same operations in the same order, so nothing the
-    model computes changes); float32 only, and calls that need gradients keep the original."""
-    changed = 0
-    for module in model.modules():
-        name = type(module).__name__
-        weight = getattr(module, "weight", None)
-        if (not (name.startswith("Gemma") and name.endswith("RMSNorm")) or "forward" in module.__dict__
-                or not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32 or weight.dim() != 1
-                or not isinstance(getattr(module, "eps", None), float)):
-            continue
-        fused = _FusedNorm(module, module.forward)
-        probe = torch.randn(5, weight.shape[0], generator=torch.Generator().manual_seed(50)).to(weight.device) * 30
-        with torch.no_grad():
-            same = torch.equal(fused.original(probe), fused(probe))
-        if same:
-            module.forward = fused
-            changed += 1
-    return changed
-
-
 @functools.lru_cache(maxsize=1)
 def _onednn_linear_wins() -> bool:
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .architecture import norm_gain
+from .fused_ops import norm_gain
 from .hooks import HeadSteer, Steer, StepState, apply_steers, special_positions
 from .int8 import Int8Linear, _library
 from .layer_kinds import SLIDING, kinds_problem, layer_types, text_config

@@ -264,8 +264,10 @@ class StaticDecode:
         config = text_config(handle)
         self._kinds = layer_types(handle)
         self._window = int(getattr(config, "sliding_window", 0) or 0)
-        self._float_masks = getattr(config, "_attn_implementation", "sdpa") == "eager"
         self._device = handle.input_device
+        # additive masks, made once a step: eager attention needs them, and on CUDA torch's attention turns a
+        # boolean mask into one at every call (two kernels a layer in the captured 8B step)
+        self._float_masks = getattr(config, "_attn_implementation", "sdpa") == "eager" or self._device.type == "cuda"
         self._last_block = handle.arch.num_layers - 1
         self.slots = 0
         self.max_len = 0
@@ -473,11 +475,14 @@ class StaticDecode:
     def _steering_buffers(self) -> list[torch.Tensor]:
         return [b for b in (getattr(self, name) for name in _STEERING_BUFFERS) if b is not None]
 
-    def _addition(self, masked: torch.Tensor, special: torch.Tensor | None, layer: int) -> torch.Tensor:
-        """(slots, width): block ``layer``'s steering for the step's tokens, masked at special ones (the dynamic
-        path's :meth:`~.hooks.StepState.masked`), plus that of steers that also take special tokens."""
-        add = masked[layer] * self.ordinary
-        return add if special is None else add + special[layer]
+    def _additions(self, masked: torch.Tensor | None, special: torch.Tensor | None) -> torch.Tensor | None:
+        """(layers, slots, width): every block's steering for the step's tokens, masked at special ones (the
+        dynamic path's :meth:`~.hooks.StepState.masked`), plus that of steers that also take special tokens.  One
+        kernel or two for all blocks rather than per block (the captured 8B step launched 64 for this)."""
+        if masked is None:
+            return None
+        add = masked * self.ordinary
+        return add if special is None else add + special
 
     # ------------------------------------------------------------ the step
     def _masks(self):
@@ -498,6 +503,8 @@ class StaticDecode:
     def _install(self, hooks: Installed, every_block: bool, final: dict) -> None:
         """The step's hooks: steering reads from the buffers, and the last block's output is recorded."""
         arch = self.handle.arch
+        resid = self._additions(self.resid, self.resid_special)
+        heads = self._additions(self.heads, self.heads_special)
 
         def steer(layer):
             def hook(_module, _inputs, output):
@@ -505,14 +512,13 @@ class StaticDecode:
                 if layer == self._last_block:  # recorded before the steering, as the dynamic path records it
                     final["resid"] = hidden[:, -1, :]
                 if every_block or layer in self._live_layers:
-                    hidden = hidden + self._addition(self.resid, self.resid_special, layer).unsqueeze(1)
+                    hidden = hidden + resid[layer].unsqueeze(1)
                 return (hidden,) + tuple(output[1:]) if isinstance(output, tuple) else hidden
             return hook
 
         def head(layer):
             def hook(_module, args):
-                return (args[0] + self._addition(self.heads, self.heads_special, layer).unsqueeze(1),) + \
-                    tuple(args[1:])
+                return (args[0] + heads[layer].unsqueeze(1),) + tuple(args[1:])
             return hook
 
         for layer in range(arch.num_layers):

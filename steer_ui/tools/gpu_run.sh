@@ -6,7 +6,8 @@
 #   GPU_RUN_DRY=1 bash steer_ui/tools/gpu_run.sh /tmp/gpu-dry
 #                                               here, on the CPU: the same steps on random:llama-mini, --quick,
 #                                               so a typo fails on the CPU and not in a GPU lease
-# GPU_RUN_MODELS (default "random:llama-8b random:llama-1b") and GPU_RUN_PROFILE=0 (no profile) shorten a rerun.
+# GPU_RUN_MODELS (default "random:llama-8b random:llama-1b"), GPU_RUN_PROFILE=0 (no profile) and GPU_RUN_EXACT=0 (no
+# float32 many-users run) shorten a rerun.
 #
 # A lease is minutes long, so every step has its own time limit and a step that fails or runs out leaves the
 # others to run; each bench writes its JSON after every section (marked incomplete until it ends).  The GPU
@@ -44,6 +45,7 @@ say "CUDA tests (the tests that skip without a GPU, named for cuda)"
 timeout "$TEST_LIMIT" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -rfEs -k "cuda or gpu" \
   tests/unit/test_static_decode.py tests/unit/test_devices.py tests/unit/test_random_models.py \
   tests/unit/test_generation.py tests/unit/test_int8.py tests/unit/test_loading.py tests/unit/test_prefix.py \
+  tests/unit/test_fused_ops.py \
   >"$OUT/tests.txt" 2>&1
 say "tests exit $? ($(tail -1 "$OUT/tests.txt"))"
 
@@ -82,8 +84,10 @@ fi
 
 # many users' exactness in float32: a result that parts from its solo run there is the batching's doing, not
 # bfloat16's rounding (in bfloat16 a batch of another size rounds differently)
+if [ "${GPU_RUN_EXACT:-1}" = 1 ]; then
 say "many users in float32 ($EXACT)"
 timeout 100 "$PY" -m steer_ui.tools.many_users --model "$EXACT" --device "$DEVICE" --dtype float32 \
   >"$OUT/many-users-float32.json" 2>>"$LOG"
 say "many users exit $?"
+fi
 say "done"

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from steer_ui.model.architecture import fused_norms
+from steer_ui.model.fused_ops import fused_norms
 from steer_ui.model.loading import load_model
 
 
