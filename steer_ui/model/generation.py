@@ -508,6 +508,8 @@ class Request:
         self.additions = {False: _steered_addition(residual, at_prompt, length, self.last_special) if residual
                           else None,
                           True: _steered_addition(residual, at_generated, 1) if residual else None}
+        # on the step's device once: a host-to-device copy every step would make the host wait for the GPU
+        self.additions = {k: v if v is None else v.to(device) for k, v in self.additions.items()}
         for s in self.row_steers:
             if s.positions == "prompt":
                 continue
@@ -559,6 +561,7 @@ class DecodeBatch:
         self.requests: list[Request] = []
         self.hidden = self.final = self.next_ids = None
         self._final_block = handle.arch.num_layers - 1
+        self._indices: dict[tuple, torch.Tensor] = {}  # sample()'s index tensors, by their values and device
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -692,6 +695,18 @@ class DecodeBatch:
         return steers
 
     # ------------------------------------------------------------- decode
+    def _index(self, values: list, device, dtype=torch.long) -> torch.Tensor:
+        """``values`` as a tensor on ``device``, made once per distinct list: the rows a step reads change
+        only when requests join, leave or pass their first step, and a tensor made from a list on a GPU is a
+        copy the host waits for (nine a step before this, in the captured 8B step's profile)."""
+        key = (tuple(values), str(device), dtype)
+        index = self._indices.get(key)
+        if index is None:
+            if len(self._indices) >= 256:  # many batch compositions over a long run: start again
+                self._indices.clear()
+            index = self._indices[key] = torch.tensor(values, dtype=dtype, device=device)
+        return index
+
     def sample(self) -> list[tuple[Request, StepEvent]]:
         """Pick every request's next tokens from its rows' hidden states; one event per request.
 
@@ -723,7 +738,7 @@ class DecodeBatch:
         # all rows)
         whole = limited + [i for i in measured if i not in limited]
         rows = [row(i, kind) for i, kind in sampled] + [row(i, COUNTERFACTUAL) for i in whole]
-        unembedded = arch.logits(self.hidden.index_select(0, torch.tensor(rows, device=device)), pause=self.pause)
+        unembedded = arch.logits(self.hidden.index_select(0, self._index(rows, device)), pause=self.pause)
         logits = unembedded[:m]  # (m, vocab): the sampled rows in ``sampled``'s order
         firsts = [i for i in measured if requests[i].step == 0]  # their first token's KL is read this step
         measures = self._measure(logits, unembedded[m:], whole, measured, firsts, at) if measured else []
@@ -739,9 +754,8 @@ class DecodeBatch:
             picked.append(choose(processed, r.sampling, noise))
         self._between()
         picked = torch.cat(picked)  # (m,): the sampled rows' tokens, in ``sampled``'s order
-        cf_ids = picked.index_select(0, torch.tensor([at[(i, STEERED)] for i in with_cf], dtype=torch.long,
-                                                     device=picked.device))
-        cf_rows = torch.tensor([row(i, COUNTERFACTUAL) for i in with_cf], dtype=torch.long, device=device)
+        cf_ids = picked.index_select(0, self._index([at[(i, STEERED)] for i in with_cf], picked.device))
+        cf_rows = self._index([row(i, COUNTERFACTUAL) for i in with_cf], device)
         counterfactual = arch.logits_at(self.hidden.index_select(0, cf_rows), cf_ids) if with_cf else \
             logits.new_zeros(0)
         lse = torch.logsumexp(logits, dim=-1)
@@ -751,8 +765,8 @@ class DecodeBatch:
         with_direct = [i for i in with_cf if requests[i].additions.get(requests[i].step > 0) is not None]
         if with_direct:
             adds = torch.stack([requests[i].additions[requests[i].step > 0] for i in with_direct])
-            finals = torch.tensor([row(i, COUNTERFACTUAL) for i in with_direct], device=self.final.device)
-            idx = torch.tensor([cf_at[i] for i in with_direct], device=counterfactual.device)
+            finals = self._index([row(i, COUNTERFACTUAL) for i in with_direct], self.final.device)
+            idx = self._index([cf_at[i] for i in with_direct], counterfactual.device)
             floats.append(direct_delta_logit(arch, self.final.index_select(0, finals), adds,
                                              cf_ids.index_select(0, idx.to(cf_ids.device)),
                                              counterfactual.index_select(0, idx)))
@@ -764,8 +778,11 @@ class DecodeBatch:
         if limited:
             floats += [worst, kept]
         floats += measures
-        values = torch.cat([f.reshape(-1).float() for f in floats]).tolist()
-        id_list = torch.cat([picked, top_indices.reshape(-1)] if k else [picked]).tolist()
+        # one read for the host (each read waits for the GPU): the floats, then the ids, in float64, which holds
+        # every float32 value and every token id exactly
+        ids = torch.cat([picked, top_indices.reshape(-1)] if k else [picked])
+        read = torch.cat([f.reshape(-1).double() for f in floats] + [ids.double()]).tolist()
+        values, id_list = read[:-ids.numel()], [int(i) for i in read[-ids.numel():]]
         strings = _decode_many(tok, id_list)
         nc = len(with_cf)
         cf_logit = {i: values[2 * m + c] for c, i in enumerate(with_cf)}
@@ -821,8 +838,8 @@ class DecodeBatch:
             events.append((r, StepEvent(step=r.step - 1, unsteered=new[UNSTEERED], steered=new[STEERED],
                                         result=r.result)))
         # the next inputs: the unsteered row its token, the steered and counterfactual rows the steered token
-        feed = torch.tensor([at[(i, UNSTEERED if kind == UNSTEERED else STEERED)]
-                             for i, r in enumerate(requests) for kind in r.kinds], device=device)
+        feed = self._index([at[(i, UNSTEERED if kind == UNSTEERED else STEERED)]
+                            for i, r in enumerate(requests) for kind in r.kinds], device)
         self.next_ids = picked.index_select(0, feed).unsqueeze(1)
         return events
 
@@ -832,7 +849,7 @@ class DecodeBatch:
         of ``whole``, in its order) and, for ``firsts`` (those at their first step), KL(unsteered ‖ steered) of
         the raw next-token distributions (before any Δlogit limit: the push itself, as the slider's readout shows
         it).  ``at``: each sampled (request, row kind)'s place in ``logits``."""
-        where = torch.tensor([whole.index(i) for i in measured], device=counterfactual.device)
+        where = self._index([whole.index(i) for i in measured], counterfactual.device)
         out = [torch.logsumexp(counterfactual.index_select(0, where).float(), dim=-1)]
         if firsts:
             u = logits[[at[(i, UNSTEERED)] for i in firsts]].float().log_softmax(-1)
@@ -859,10 +876,11 @@ class DecodeBatch:
         limited requests' counterfactual logits, in ``limited``'s order; ``at``: each sampled (request, row kind)'s
         place in ``logits``.
         """
-        steered_rows = torch.tensor([at[(i, STEERED)] for i in limited], device=logits.device)
+        steered_rows = self._index([at[(i, STEERED)] for i in limited], logits.device)
         delta = logits.index_select(0, steered_rows).float() - base.float()
         worst = centred(delta).abs().amax(-1)  # the measure a vector's bound is trained and checked on
-        bound = torch.tensor([self.requests[i].sampling.max_delta_logit for i in limited], device=logits.device)
+        bound = self._index([float(self.requests[i].sampling.max_delta_logit) for i in limited], logits.device,
+                            torch.float32)
         kept = torch.clamp(bound / worst.clamp_min(1e-12), max=1.0)  # no host read: the step decides on device
         held = (base.float() + kept.unsqueeze(1) * delta).to(logits.dtype)
         # where the limit does not bite, the steered logits stay bit for bit what they were (base + Δ rounds)
