@@ -230,6 +230,41 @@ def bench_many_prompts(handle, layer: int, n_tokens: int, reps: int, log) -> dic
     }
 
 
+def profile_engine(handle, layer: int, n_tokens: int, reps: int) -> str:
+    """The engine thread's own time (cProfile around each scheduler iteration) over ``reps`` rounds of the eight
+    requests at once, after an untimed round: the twenty costliest functions by own time, then by cumulative."""
+    import cProfile
+    import io
+    import pstats
+
+    engine = Engine(handle, max_requests=8)
+    specs = _requests(handle, layer, n_tokens)
+    _concurrent(engine, handle, specs)
+    profiler = cProfile.Profile()
+    iteration = engine._iteration
+
+    def profiled(batch):
+        profiler.enable()
+        try:
+            return iteration(batch)
+        finally:
+            profiler.disable()
+
+    engine._iteration = profiled
+    steps, start = engine.stats.steps, time.perf_counter()
+    for _ in range(reps):
+        _concurrent(engine, handle, specs)
+    wall = time.perf_counter() - start
+    steps = engine.stats.steps - steps
+    engine.close(wait=60)
+    out = io.StringIO()
+    out.write(f"{reps} rounds of 8 at once: {1e3 * wall / reps:.1f} ms a round, {steps} steps, "
+              f"{1e3 * wall / max(steps, 1):.2f} ms a step\n")
+    for key in ("tottime", "cumtime"):
+        pstats.Stats(profiler, stream=out).sort_stats(key).print_stats(20)
+    return out.getvalue()
+
+
 def main(argv=None) -> None:
     """``python -m steer_ui.tools.many_users --slider-only --reps 3``: this section alone, one JSON line per repetition."""
     import argparse
@@ -245,9 +280,14 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="e.g. float32 on a GPU, to tell the batching's exactness "
                                                         "from bfloat16's rounding")
+    parser.add_argument("--profile-engine", action="store_true",
+                        help="instead: where the engine thread's time goes while the eight decode at once (cProfile)")
     args = parser.parse_args(argv)
     handle = load_model(args.model, device=args.device, dtype=args.dtype, weights=args.weights)
     layer = handle.arch.num_layers // 2
+    if args.profile_engine:
+        print(profile_engine(handle, layer, 32, args.reps))
+        return
     for _ in range(args.reps):
         if args.slider_only:
             engine = Engine(handle, max_requests=8)
