@@ -81,6 +81,10 @@ if [ "${GPU_RUN_PROFILE:-1}" = 1 ]; then
   timeout 100 "$PY" -m steer_ui.tools.profile_step --model "$PROFILED" --device "$DEVICE" --dtype bfloat16 \
     >"$OUT/profile-step.txt" 2>>"$LOG"
   say "profile exit $?"
+  say "where the engine thread's time goes while eight decode at once ($PROFILED)"
+  timeout 90 "$PY" -m steer_ui.tools.many_users --model "$PROFILED" --device "$DEVICE" --dtype bfloat16 \
+    --profile-engine --reps 3 >"$OUT/profile-engine.txt" 2>>"$LOG"
+  say "engine profile exit $?"
 fi
 
 # many users' exactness in float32: a result that parts from its solo run there is the batching's doing, not

@@ -329,3 +329,31 @@ def test_slider_moves_and_decode_blocks_take_turns_and_the_decode_still_progress
     assert moves > 10 and blocks
     assert overlaps == []  # a move never shared the machine with a decoder block
     assert steps_during >= 2  # the decode kept its turns between the moves
+
+
+def test_a_burst_still_arriving_shares_one_prefill(tiny):
+    """Requests arriving 8 ms apart at an idle engine (each gap under its 20 ms gather, the whole burst under four
+    gathers) are admitted in one pass, not as many as arrived within each first wait."""
+    handle = tiny("llama")
+    engine = Engine(handle, max_requests=8, gather_seconds=0.02)
+    tickets = []
+    for _ in range(5):  # one prompt: the CPU's prefill groups do not split it by length
+        tickets.append(engine.submit(Request.make(handle, "same prompt", [], Sampling(max_new_tokens=2))))
+        time.sleep(0.008)
+    for t in tickets:
+        assert len(list(t)) == 2
+    assert engine.stats.prefills == 1 and engine.stats.admitted == 5
+    engine.close(wait=10)
+
+
+def test_a_burst_that_never_stops_arriving_is_not_held_past_four_gathers(tiny):
+    handle = tiny("llama")
+    engine = Engine(handle, max_requests=32, gather_seconds=0.02)
+    tickets = []
+    for _ in range(20):  # a request every 10 ms for 200 ms, more than four gathers (80 ms)
+        tickets.append(engine.submit(Request.make(handle, "same prompt", [], Sampling(max_new_tokens=2))))
+        time.sleep(0.01)
+    for t in tickets:
+        assert len(list(t)) == 2
+    assert engine.stats.prefills >= 2  # the first admission did not wait for the whole stream
+    engine.close(wait=10)
