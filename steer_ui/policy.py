@@ -94,6 +94,9 @@ class Policy:
     # how long the page's generation (Explore's, a chat turn) waits for one of those places: the ones it
     # cancelled, or an API caller's, give theirs back within a step or two of the engine
     page_wait_s: float = 5.0
+    # Save result calls waiting for their page's generation at once, over all sessions (one per session): each
+    # holds one of the server's threads (the call is answered outside the queue)
+    generation_waiters: int = 4
     generation_seconds: float = 300.0  # one generation's time limit, waiting included
     # ---- disk
     export_max_bytes: int = 512 << 20  # all exported files kept for download, oldest removed first

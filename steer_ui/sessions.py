@@ -115,6 +115,7 @@ class Sessions:
         self._tokens: "OrderedDict[str, str]" = OrderedDict()
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)  # a generation's place given back (generation_slot)
+        self._waiters: set[int] = set()  # sessions (by id()) with a call waiting in wait_for_generation
 
     # ------------------------------------------------------------------ lookup
     def get(self, session: str | None, client: str | None = None) -> Session:
@@ -227,10 +228,26 @@ class Sessions:
         if sum(x.held_bytes for x in everyone) + extra > self.policy.max_total_session_bytes:
             raise UserError("server_full", limit=self.policy.max_total_session_bytes >> 20)
 
-    def wait_for_generation(self, s: Session, done: Callable[[], bool], timeout: float) -> None:
-        """Until ``done()`` or ``s`` has no generation left (each one's end wakes this), at most ``timeout`` s."""
+    def wait_for_generation(self, s: Session, done: Callable[[], bool], timeout: float) -> bool:
+        """Until ``done()`` or ``s`` has no generation left (each one's end wakes this), at most ``timeout`` s;
+        False, at once, where that would mean waiting beside another call of the same session or beside
+        ``policy.generation_waiters`` calls of any.
+
+        The callers (Save result) are answered outside the queue, on the server's own threads: each waiting
+        call holds one, and eighty saves sent at once by one page whose generation ran held all of them, so a
+        stranger's /whoami took 8.7 s (tests/security/test_limits_and_floods.py)."""
+        key = id(s)
         with self._freed:
-            self._freed.wait_for(lambda: done() or not s.generating, timeout)
+            if done() or not s.generating:
+                return True
+            if key in self._waiters or len(self._waiters) >= self.policy.generation_waiters:
+                return False
+            self._waiters.add(key)
+            try:
+                self._freed.wait_for(lambda: done() or not s.generating, timeout)
+            finally:
+                self._waiters.discard(key)
+        return True
 
     @contextmanager
     def generation_slot(self, s: Session, supersede: bool = False, supersedable: bool = False,

@@ -214,8 +214,9 @@ class Library:
         page's newest generation still decodes waits for it (``policy.page_wait_s``), or the saved result would
         pair the view with the previous settings' text; still decoding after that, refused.  With nothing
         decoding the last one is kept as it is (the page shows it, marked stale where it differs)."""
-        self.shared.sessions.wait_for_generation(s, lambda: _made_for(s.last_generation, view),
-                                                 self.shared.policy.page_wait_s)
+        if not self.shared.sessions.wait_for_generation(s, lambda: _made_for(s.last_generation, view),
+                                                        self.shared.policy.page_wait_s):
+            raise UserError("generation_running")  # not waited for: another save of this page already waits
         if not s.last_generation:
             raise UserError("no_generation")
         if not _made_for(s.last_generation, view) and s.generating:

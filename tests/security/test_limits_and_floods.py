@@ -136,6 +136,38 @@ def test_an_honest_session_keeps_its_exact_results_while_six_clients_flood_the_q
             t.join(timeout=120)
 
 
+def test_saves_sent_at_once_while_their_generation_runs_leave_the_servers_threads_free(server, honest):
+    """/save_result is answered outside the queue and waits for the page's running generation: eighty at once
+    from one page held every server thread (a stranger's /whoami took 8.7 s before one waiter per page and four
+    over all).  Now the extra saves are refused at once and the stranger is answered at once."""
+    import httpx
+    from concurrent.futures import ThreadPoolExecutor
+
+    page = client(server)
+    fn = {d.get("api_name"): d["id"] for d in httpx.get(server.url + "config", timeout=30).json()["dependencies"]}
+    long_run = page.submit(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 256, 0, api_name="/generate")
+    time.sleep(1.0)  # decoding now
+
+    def call(api: str, session: str) -> tuple[float, str]:
+        start = time.perf_counter()
+        answer = httpx.post(server.url + "gradio_api/run/predict", timeout=60,
+                            json={"data": [], "fn_index": fn[api], "session_hash": session})
+        return time.perf_counter() - start, answer.text
+
+    with ThreadPoolExecutor(80) as pool:
+        saves = [pool.submit(call, "save_result", page.session_hash) for _ in range(80)]
+        time.sleep(0.5)
+        stranger_s, _ = call("whoami", "0123456789abcdef0123")
+        outcomes = [f.result() for f in saves]
+    assert stranger_s < 2.0, stranger_s
+    refused_at_once = [text for seconds, text in outcomes if seconds < 2.0]
+    assert len(refused_at_once) >= 79, sorted(round(s, 1) for s, _ in outcomes)
+    assert all("still running" in text for text in refused_at_once), {t[:80] for t in refused_at_once}
+    assert not any(leak in text for _, text in outcomes for leak in LEAKS)
+    long_run.cancel()
+    honest()
+
+
 # -------------------------------------------------------------------------------- errors in one line
 @pytest.mark.parametrize("alpha, words", [
     ("abc", ["α", "must be a number", "'abc'"]),

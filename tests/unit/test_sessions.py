@@ -89,3 +89,33 @@ def test_a_refused_newcomer_costs_its_address_no_admission_token():
         with pytest.raises(UserError) as info:
             sessions.get(f"newcomer-{k:04d}", "10.0.0.2")
         assert info.value.key == "sessions_full"
+
+
+def test_a_second_wait_for_one_sessions_generation_and_waits_past_the_cap_are_answered_at_once():
+    """Save result waits for its page's generation on one of the server's threads: one waiter per session, and
+    ``generation_waiters`` over all, so a flood of saves cannot hold every thread (each would wait seconds)."""
+    import threading
+
+    sessions = Sessions(Policy(generation_waiters=2))
+    pages = [sessions.get(f"{i:032x}") for i in range(3)]
+    for page in pages:
+        page.generating = 1  # a generation of each page still decodes
+    release = threading.Event()
+    waited = []
+    threads = [threading.Thread(target=lambda p=p: waited.append(sessions.wait_for_generation(p, release.is_set, 5)))
+               for p in pages[:2]]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # both wait now
+    started = time.monotonic()
+    assert sessions.wait_for_generation(pages[0], release.is_set, 5) is False  # the same page again
+    assert sessions.wait_for_generation(pages[2], release.is_set, 5) is False  # a third page, past the cap
+    assert time.monotonic() - started < 0.5
+    assert sessions.wait_for_generation(pages[2], lambda: True, 5) is True  # nothing to wait for: answered
+    with sessions._freed:
+        release.set()
+        sessions._freed.notify_all()
+    for t in threads:
+        t.join(5)
+    assert waited == [True, True]
+    assert sessions.wait_for_generation(pages[2], release.is_set, 5) is True  # the places are free again
