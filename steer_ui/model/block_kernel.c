@@ -40,10 +40,38 @@ static void rope(float *x, const float *cos_, const float *sin_, int64_t d)
     }
 }
 
-static float gelu_tanh(float x)
+/* e^x for the GELU below, written so that the compiler vectorises its loop (libm's expf and tanhf are scalar
+ * calls: 36,864 tanhf a one-row step, 0.38-0.48 ms, 11 ms at 24 rows).  Cephes' expf: x = k·ln 2 + r with
+ * |r| <= ln 2 / 2 (ln 2 in two parts), a degree-7 polynomial for e^r, 2^k from the exponent bits; about one
+ * unit in the last place.  k is rounded by adding and subtracting 1.5·2^23 (floorf does not vectorise
+ * without -fno-trapping-math).  The argument is clamped to [-87, 88], where 2^k stays a normal float. */
+static inline float exp_vec(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - k * 0.693359375f;
+    r = r + k * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return p * two_k;
+}
+
+/* HF's gelu_pytorch_tanh, 0.5·x·(1 + tanh(y)) with y = sqrt(2/π)·(x + 0.044715·x³), written as the same value
+ * x / (1 + e^(−2y)): no tanh call, and no cancellation in 1 + tanh(y) for negative x (where torch's own form
+ * loses digits: at x = −5 it gives −2.98e-7 against −2.29e-7).  Within 5e-7 of that form elsewhere. */
+static inline float gelu_tanh(float x)
 {
     const float c = 0.7978845608028654f; /* sqrt(2/π) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    return x / (1.0f + exp_vec(-2.0f * c * (x + 0.044715f * x * x * x)));
 }
 
 static int product(const void *const *w, const int64_t *dim, int which, const float *x, int64_t rows, float *y,
@@ -135,6 +163,7 @@ int block_step(int64_t rows, int64_t hidden, float *h, const float *const *gains
         rms(hr, gains[G_PRE_FF], hidden, eps, x + r * hidden);
     }
     if (product(w, dim, W_GATE, x, rows, gate, threads) || product(w, dim, W_UP, x, rows, up, threads)) return -1;
+#pragma omp simd
     for (int64_t n = 0; n < rows * inter; n++) gate[n] = gelu_tanh(gate[n]) * up[n];
     if (product(w, dim, W_DOWN, gate, rows, o, threads)) return -1;
     for (int64_t r = 0; r < rows; r++) {
