@@ -61,6 +61,7 @@ class EngineTimeout(RuntimeError):
 
 _GATHER_AT_MOST = 4  # an idle engine gathers a burst for at most this many gather times
 
+
 class Ticket:
     """One submitted request: iterate it for its events; :meth:`cancel` gives up on it."""
 

@@ -1,5 +1,5 @@
 """A model's small operations with fewer kernels: RMS norms as one ``F.rms_norm`` call, rotary embeddings on
-queries and keys together.
+queries and keys together, and (on CUDA) q/k/v and gate/up as one product each.
 
 A decode step of a few rows is mostly the reading of the weights, but
 Hugging Face's modules also launch many small kernels per block: an RMS norm
@@ -27,6 +27,9 @@ dtype when it is installed, and left out where the check fails:
   rounding (the fused kernel's mean sums in another order), checked within
   two units in the last place.  Off the GPU these stay as they are, so CPU
   results are unchanged.
+* **on CUDA, q/k/v and gate/up** (:func:`fused_products`): one product over
+  the stacked weights, each linear's weight a view of its rows; checked
+  within the same rounding.
 
 Calls that need gradients (TSV training through the frozen blocks) keep the
 original forwards.  ``STEER_UI_FUSED_OPS=0`` installs nothing (the GPU
@@ -56,10 +59,9 @@ def install(model: torch.nn.Module) -> dict:
         fused_rotary(model)
         fused_products(model)
     # what the model runs with now (a second handle on the same model, int8's, finds them already fused)
-    families = {type(m).__module__ for m in model.modules() if type(m).__name__.endswith("Attention")}
     return {"norms": sum(isinstance(m.__dict__.get("forward"), _FusedNorm) for m in model.modules()),
-            "rotary": sum(hasattr(getattr(sys.modules.get(f), "apply_rotary_pos_emb", None), "steer_ui_original")
-                          for f in families),
+            "rotary": sum(hasattr(getattr(f, "apply_rotary_pos_emb", None), "steer_ui_original")
+                          for f in _attention_families(model)),
             "products": sum(isinstance(m.__dict__.get("forward"), _FirstOfGroup) for m in model.modules())}
 
 
@@ -144,6 +146,13 @@ def fused_norms(model: torch.nn.Module) -> int:
 
 
 # ------------------------------------------------------------------ rotary
+def _attention_families(model: torch.nn.Module) -> set:
+    """The Python modules that define the model's attention classes (where each family's
+    ``apply_rotary_pos_emb`` lives)."""
+    names = {type(m).__module__ for m in model.modules() if type(m).__name__.endswith("Attention")}
+    return {sys.modules[n] for n in names if n in sys.modules}
+
+
 def _rotated(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
     """``q · cos + rotate_half(q) · sin`` and the same for ``k``, on their concatenation along the heads: six
     kernels for both instead of ten, each element computed by the same operations in the same order."""
@@ -192,8 +201,7 @@ def fused_rotary(model: torch.nn.Module) -> int:
     if p is None or not p.is_floating_point():
         return 0
     changed = 0
-    for name in {type(m).__module__ for m in model.modules() if type(m).__name__.endswith("Attention")}:
-        module = sys.modules.get(name)
+    for module in _attention_families(model):
         original = getattr(module, "apply_rotary_pos_emb", None)
         if original is None or getattr(original, "steer_ui_original", None) is not None:
             continue
@@ -209,20 +217,19 @@ def fused_rotary(model: torch.nn.Module) -> int:
 
 @contextlib.contextmanager
 def uninstalled(model: torch.nn.Module):
-    """The model's own norms and rotary functions for the duration (an A/B of the fusions in one process: a CUDA
-    graph records what the modules launched while it was captured).  Not for use while other threads run the
-    model: the rotary function is a module-level name."""
-    norms = {m: m.__dict__.pop("forward") for m in model.modules()
-             if isinstance(m.__dict__.get("forward"), (_FusedNorm, _FirstOfGroup, _LaterOfGroup))}
-    families = {sys.modules.get(type(m).__module__) for m in model.modules() if type(m).__name__.endswith("Attention")}
-    rotary = {f: f.apply_rotary_pos_emb for f in families
+    """The model's own norms, rotary functions and products for the duration (an A/B of the fusions in one
+    process: a CUDA graph records what the modules launched while it was captured).  Not for use while other
+    threads run the model: the rotary function is a module-level name."""
+    forwards = {m: m.__dict__.pop("forward") for m in model.modules()
+                if isinstance(m.__dict__.get("forward"), (_FusedNorm, _FirstOfGroup, _LaterOfGroup))}
+    rotary = {f: f.apply_rotary_pos_emb for f in _attention_families(model)
               if hasattr(getattr(f, "apply_rotary_pos_emb", None), "steer_ui_original")}
     for family, wrapped in rotary.items():
         family.apply_rotary_pos_emb = wrapped.steer_ui_original
     try:
         yield
     finally:
-        for module, forward in norms.items():  # the norms and the grouped products
+        for module, forward in forwards.items():
             module.forward = forward
         for family, wrapped in rotary.items():
             family.apply_rotary_pos_emb = wrapped

@@ -40,7 +40,7 @@ class ModelHandle:
     weights: str = "float32"  # float32, bfloat16 or int8 (steer_ui.model.precision)
     precision_cost: dict | None = None  # int8's measured cost against float32 (precision.cost), where measured
     int8_exact: bool = False  # int8 on the model's own codes (a GGUF's), not rounded from floats
-    fused: dict = field(default_factory=dict)  # norms and rotary modules fused at load (fused_ops.install)
+    fused: dict = field(default_factory=dict)  # norms, rotary and product groups fused at load (fused_ops)
     _layer_norms: list[float] | None = None
 
     @property
@@ -101,7 +101,7 @@ def from_model(model: torch.nn.Module, tokenizer, model_id: str = "in-memory", s
     arch = discover(model)
     if p.device.type == "cpu" and p.dtype == torch.float32:
         fast_cpu_linears(model, arch.layers)  # few-row products (decode steps, slider) through oneDNN where faster
-    fused = fused_ops.install(model)  # fewer kernels per norm and rotary (bit for bit; on CUDA up to rounding)
+    fused = fused_ops.install(model)  # fewer kernels a block (bit for bit; on CUDA up to rounding)
     return ModelHandle(model=model, tokenizer=tokenizer, arch=arch, model_id=model_id,
                        source=source or model_id, device=device or p.device, dtype=dtype or p.dtype,
                        load_seconds=load_seconds, fused=fused)

@@ -23,7 +23,7 @@ def _table(prof, key: str, rows: int, title: str) -> list[str]:
 
 def fusions_ab(handle, steer, fused_batch, tokens: int, rounds: int) -> str:
     """The side-by-side step with the load's fusions (``fused_batch``, captured with them) against a batch
-    captured with the model's own norms and rotary (:func:`~steer_ui.model.fused_ops.uninstalled`), runs of
+    captured with the model's own modules (:func:`~steer_ui.model.fused_ops.uninstalled`), runs of
     ``tokens`` alternating for ``rounds``; one line of medians."""
     from ..model import fused_ops
     from ..model.generation import DecodeBatch
@@ -43,7 +43,7 @@ def fusions_ab(handle, steer, fused_batch, tokens: int, rounds: int) -> str:
         times["own"] += steps
     fused, own = (1e3 * statistics.median(times[k]) for k in ("fused", "own"))
     return (f"fusions A/B ({rounds} alternating rounds of {tokens} steps): fused {fused:.3f} ms a step, the "
-            f"model's own norms and rotary {own:.3f} ms (own / fused {own / fused:.3f})")
+            f"model's own modules {own:.3f} ms (own / fused {own / fused:.3f})")
 
 
 def host_waits(handle, steer, batch, tokens: int = 8) -> list[str]:

@@ -1,7 +1,6 @@
-"""Norms and rotary embeddings with fewer kernels (steer_ui/model/fused_ops.py): the rotary change gives the
-model's own results bit for bit on every device; the CUDA norms agree up to the dtype's rounding."""
-import sys
-
+"""Norms, rotary embeddings and products with fewer kernels (steer_ui/model/fused_ops.py): the rotary change
+gives the model's own results bit for bit on every device; the CUDA norms and products agree up to the dtype's
+rounding."""
 import pytest
 import torch
 
@@ -13,8 +12,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"
 
 
 def _rotary_modules(handle):
-    names = {type(m).__module__ for m in handle.model.modules() if type(m).__name__.endswith("Attention")}
-    return [sys.modules[n] for n in names if hasattr(sys.modules[n], "apply_rotary_pos_emb")]
+    return [f for f in fused_ops._attention_families(handle.model) if hasattr(f, "apply_rotary_pos_emb")]
 
 
 def _outputs(handle, ids):
