@@ -251,15 +251,16 @@ def profile_engine(handle, layer: int, n_tokens: int, reps: int) -> str:
             profiler.disable()
 
     engine._iteration = profiled
-    steps, start = engine.stats.steps, time.perf_counter()
+    steps, prefills, start = engine.stats.steps, engine.stats.prefills, time.perf_counter()
     for _ in range(reps):
         _concurrent(engine, handle, specs)
     wall = time.perf_counter() - start
-    steps = engine.stats.steps - steps
+    steps, prefills = engine.stats.steps - steps, engine.stats.prefills - prefills
     engine.close(wait=60)
     out = io.StringIO()
+    # prefill passes per round: one where the eight arrive as one burst (Engine._gather_burst)
     out.write(f"{reps} rounds of 8 at once: {1e3 * wall / reps:.1f} ms a round, {steps} steps, "
-              f"{1e3 * wall / max(steps, 1):.2f} ms a step\n")
+              f"{1e3 * wall / max(steps, 1):.2f} ms a step, {prefills} prefill passes\n")
     for key in ("tottime", "cumtime"):
         pstats.Stats(profiler, stream=out).sort_stats(key).print_stats(20)
     return out.getvalue()
