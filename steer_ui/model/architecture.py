@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-# Rows of W_U per slice when an unembedding may pause: 65,536 rows of a 640-wide float32 W_U are
-# 168 MB, a few milliseconds to read, against ~35 ms for Gemma's whole 262k vocabulary.
-PAUSE_VOCAB_ROWS = 1 << 16
+# Rows of W_U per slice when an unembedding may pause (a slider move waits at most one slice): 16,384 rows of
+# Gemma's int8 W_U took ~2 ms for the eight sampled rows of four requests, 65,536 rows 7 ms, the longest wait
+# a decode made a move take beside its turn (docs/bench.md, "Many users at once").  On int8 weights each
+# vocabulary row is its own sum, so slicing changes no logit (a float32 BLAS rounds by its blocking).
+PAUSE_VOCAB_ROWS = 1 << 14
 
 
 class ArchitectureError(ValueError):

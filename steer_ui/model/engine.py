@@ -181,7 +181,7 @@ class Engine:
 
     def __init__(self, handle, max_requests: int = 8, max_waiting: int = 32, gather_seconds: float = 0.005,
                  timeout_seconds: float = 300.0, pause_seconds: float = 0.25, turn_seconds: float = 0.005,
-                 turn_share: float = 0.5):
+                 turn_share: float = 1 / 3):
         self.handle = handle
         self.max_requests = max(1, int(max_requests))
         self.max_waiting = max(0, int(max_waiting))
@@ -280,9 +280,12 @@ class Engine:
           ``turn_share`` of a move's mean duration, at least ``turn_seconds``,
           plus the block (or slice of the unembedding) under way.
 
-        With a share of 0.5 a move waits at most about half a move and one
-        block, and a user dragging a slider non-stop leaves the decode about a
-        third of the machine: generation slows but never stops.
+        With a share of a third a move waits at most about a third of a move
+        and one block, and a user dragging a slider non-stop leaves the decode
+        about a quarter of the machine: generation slows but never stops.  (With
+        a half and the unembedding paused every 65,536 rows, the slider's p95
+        under load was 2.2-3.0x its idle p50 in five runs; with a third and
+        every 16,384 rows 1.8-2.2x: issue #50's bound is 2.)
         """
         prepare_helpers()  # while the decode's turn ends, not when this move's first parallel loop needs them
         with self._cv:

@@ -273,3 +273,24 @@ def test_a_kept_cost_belongs_to_the_kernel_that_measured_it(tmp_path):
     assert read_cost(path) is not None  # a reader that does not ask about the kernel
     path.write_text("{not json")
     assert read_cost(path, kernel_identity()) is None
+
+
+@pytest.mark.parametrize("weights", ["int8", "float32"])
+def test_an_unembedding_that_pauses_between_slices_gives_the_same_logits_bit_for_bit(monkeypatch, weights):
+    """The decode engine slices the unembedding so a slider move waits at most one slice.  On int8 weights the
+    slices (7 rows here, not a multiple of the kernel's tiles of 4) change no logit: each vocabulary row is its
+    own sum.  A float32 BLAS blocks its sums by the matrix's size, so there only to float32's rounding."""
+    from steer_ui.model import architecture
+
+    handle = load_model("tiny:gemma3", device="cpu", weights=weights)
+    arch = handle.arch
+    normed = torch.randn(3, arch.hidden_size, generator=torch.Generator().manual_seed(8))
+    whole = arch.logits(normed)
+    monkeypatch.setattr(architecture, "PAUSE_VOCAB_ROWS", 7)
+    pauses = []
+    sliced = arch.logits(normed, pause=lambda: pauses.append(1))
+    assert len(pauses) == -(-whole.shape[-1] // 7) > 1
+    if weights == "int8":
+        assert torch.equal(sliced, whole)
+    else:
+        torch.testing.assert_close(sliced, whole, rtol=1e-5, atol=1e-6)
