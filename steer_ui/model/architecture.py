@@ -19,8 +19,10 @@ from torch import nn
 # Rows of W_U per slice when an unembedding may pause (a slider move waits at most one slice): 16,384 rows of
 # Gemma's int8 W_U took ~2 ms for the eight sampled rows of four requests, 65,536 rows 7 ms, the longest wait
 # a decode made a move take beside its turn (docs/bench.md, "Many users at once").  On int8 weights each
-# vocabulary row is its own sum, so slicing changes no logit (a float32 BLAS rounds by its blocking).
+# vocabulary row is its own sum, so slicing changes no logit (a float32 BLAS rounds by its blocking).  On a GPU
+# the products are queued, not computed, while the host runs: slices there are as the H200 runs measured them.
 PAUSE_VOCAB_ROWS = 1 << 14
+PAUSE_VOCAB_ROWS_GPU = 1 << 16
 
 
 class ArchitectureError(ValueError):
@@ -116,7 +118,7 @@ class Architecture:
         """Unembed already-normalised hidden states of shape (..., hidden).
 
         ``pause``: called before each slice of :data:`PAUSE_VOCAB_ROWS` rows of
-        W_U, so a long unembedding can give way (the decode engine to a
+        W_U (:data:`PAUSE_VOCAB_ROWS_GPU` off the CPU), so a long unembedding can give way (the decode engine to a
         slider move) in between.
 
         With a 262k-token vocabulary the unembedding is most of a decode step,
@@ -134,13 +136,14 @@ class Architecture:
         def rows(start: int, end: int | None) -> torch.Tensor:
             return int8.slice(start, end).matmul(flat) if int8 is not None else unembed(w[start:end], flat)
 
-        if pause is None or w.shape[0] <= PAUSE_VOCAB_ROWS:
+        step = PAUSE_VOCAB_ROWS if flat.device.type == "cpu" else PAUSE_VOCAB_ROWS_GPU
+        if pause is None or w.shape[0] <= step:
             out = rows(0, None)
         else:
             out = flat.new_empty((flat.shape[0], w.shape[0]))
-            for start in range(0, w.shape[0], PAUSE_VOCAB_ROWS):
+            for start in range(0, w.shape[0], step):
                 pause()
-                end = start + PAUSE_VOCAB_ROWS
+                end = start + step
                 out[:, start:end] = rows(start, end)
         bias = getattr(self.lm_head, "bias", None)
         if bias is not None:
