@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -42,10 +43,34 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
 
-@functools.lru_cache(maxsize=None)
+_built_from: list = []  # a build :func:`kernel_built_from` puts in place of this tree's (A/B runs)
+
+
 def _kernel():
     """``block_step`` and ``block_scratch`` of the built block kernel, or None where no C compiler works."""
-    library = _library(_SOURCE, ())
+    return _built_from[-1] if _built_from else _this_tree_kernel()
+
+
+@functools.lru_cache(maxsize=None)
+def _this_tree_kernel():
+    return _bind(_library(_SOURCE, ()))
+
+
+@contextmanager
+def kernel_built_from(source: Path):
+    """Inside, every fused step calls the block kernel built from ``source`` (an ``int8_kernel.c`` beside it):
+    two builds alternated in one process, as ``steer_ui.tools.kernel_ab`` runs them."""
+    kernel = _bind(_library(Path(source), ()))
+    if kernel is None:
+        raise RuntimeError(f"{source} did not build")
+    _built_from.append(kernel)
+    try:
+        yield
+    finally:
+        _built_from.pop()
+
+
+def _bind(library):
     if library is None:
         return None
     step = library.block_step

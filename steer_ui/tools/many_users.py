@@ -108,13 +108,16 @@ def _equal(a, b, tol: float = 1e-5) -> bool:
     return difference["first_token_parted"] is None and difference["max_abs_delta_prob"] <= tol
 
 
-def _slider_latencies(engine, handle, layer: int, moves: int) -> list[float]:
+def _slider_latencies(engine, handle, layer: int, moves: int, waits: list | None = None) -> list[float]:
+    """Each move's seconds, sent back to back; ``waits`` gets how long each waited for its turn (the rest ran)."""
     vec = random_vector(handle.arch.hidden_size, layer, seed=2).directions[layer]
     out = []
     for i in range(moves):
         steer = Steer(layer=layer, vector=vec, alpha=to_raw_alpha(handle, 0.02 * (i % 10), layer, relative=True))
         start = time.perf_counter()
         with engine.interactive():
+            if waits is not None:
+                waits.append(time.perf_counter() - start)
             next_token(handle, PROMPTS[1], [steer])
         out.append(time.perf_counter() - start)
     return out
@@ -124,13 +127,14 @@ def bench_slider_under_load(engine: Engine, handle, layer: int, specs, moves: in
     """Slider moves sent back to back, idle and then while 4 of ``specs`` generate, and the decode's pace meanwhile."""
     log("bench: slider moves idle, then while 4 sessions generate")
     _slider_latencies(engine, handle, layer, 3)  # warm the prefix cache
-    idle = _slider_latencies(engine, handle, layer, moves)
+    idle_waits, waits = [], []
+    idle = _slider_latencies(engine, handle, layer, moves, idle_waits)
     longest = min(4096, (max_positions(handle) or 4096) - 128)  # as long as the positions allow (prompts < 128)
     load = [(p, s, Sampling(max_new_tokens=longest, stop_at_eos=False)) for p, s, _ in specs[:4]]
     tickets = [engine.submit(Request.make(handle, *spec)) for spec in load]
     time.sleep(0.5)  # the four are decoding
     steps_before, start = engine.stats.steps, time.perf_counter()
-    loaded = _slider_latencies(engine, handle, layer, moves)
+    loaded = _slider_latencies(engine, handle, layer, moves, waits)
     during = (engine.stats.steps - steps_before) / (time.perf_counter() - start)
     steps_before, start = engine.stats.steps, time.perf_counter()
     time.sleep(1.0)
@@ -141,6 +145,10 @@ def bench_slider_under_load(engine: Engine, handle, layer: int, specs, moves: in
         "slider_p50_idle_ms": ms(median(idle)), "slider_p95_idle_ms": ms(percentile(idle, 0.95)),
         "slider_p50_under_load_ms": ms(median(loaded)), "slider_p95_under_load_ms": ms(percentile(loaded, 0.95)),
         "slider_p95_load_over_idle_p50": ratio(percentile(loaded, 0.95), median(idle)),
+        # where a move's time under load goes: waiting for the decode's turn, then its own pass
+        "slider_wait_p50_under_load_ms": ms(median(waits)),
+        "slider_run_p50_under_load_ms": ms(median([t - w for t, w in zip(loaded, waits)])),
+        "slider_run_p50_idle_ms": ms(median([t - w for t, w in zip(idle, idle_waits)])),
         # what the turn-taking costs the four generations while the moves come back to back
         "decode_steps_per_s_during_moves": round(during, 2),
         "decode_steps_per_s_after_moves": round(after, 2),
@@ -281,6 +289,8 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="e.g. float32 on a GPU, to tell the batching's exactness "
                                                         "from bfloat16's rounding")
+    parser.add_argument("--turn-share", type=float, default=None,
+                        help="the engine's turn as a share of a slider move (Engine.turn_share), for A/B runs")
     parser.add_argument("--profile-engine", action="store_true",
                         help="instead: where the engine thread's time goes while the eight decode at once (cProfile)")
     args = parser.parse_args(argv)
@@ -289,9 +299,12 @@ def main(argv=None) -> None:
     if args.profile_engine:
         print(profile_engine(handle, layer, 32, args.reps))
         return
+    turn = {} if args.turn_share is None else {"turn_share": args.turn_share}
+    if turn and not args.slider_only:
+        parser.error("--turn-share goes with --slider-only")
     for _ in range(args.reps):
         if args.slider_only:
-            engine = Engine(handle, max_requests=8)
+            engine = Engine(handle, max_requests=8, **turn)
             specs = _requests(handle, layer, 32)
             # as in the full section, the engine has decoded these row counts before the timed moves
             _concurrent(engine, handle, [(p, s, Sampling(max_new_tokens=4, stop_at_eos=False)) for p, s, _ in specs[:4]])

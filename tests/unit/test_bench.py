@@ -187,6 +187,10 @@ def test_quick_run_many_users_share_batches_and_match_solo(quick_result):
     assert {"unsteered", "one term", "several terms", "chat", "chat, prompt steered"} == set(users["kinds"])
     assert users["engine"]["peak_requests"] > 1  # the eight really decoded together
     assert users["slider_p50_under_load_ms"] > 0 and users["slider_p95_idle_ms"] >= users["slider_p50_idle_ms"]
+    # a move under load is its wait for the decode's turn and its own pass
+    assert 0 <= users["slider_wait_p50_under_load_ms"] <= users["slider_p95_under_load_ms"]
+    assert 0 < users["slider_run_p50_under_load_ms"] <= users["slider_p95_under_load_ms"]
+    assert 0 < users["slider_run_p50_idle_ms"] <= users["slider_p95_idle_ms"]
 
 
 def test_quick_run_measures_many_prompts_against_one_after_another(quick_result):

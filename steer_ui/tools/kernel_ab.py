@@ -1,0 +1,84 @@
+"""The fused decode step's block kernel at a git revision against this tree's, alternated in one process.
+
+    python -m steer_ui.tools.kernel_ab --old HEAD~1 [--prompt-repeat 40] [--tokens 64] [--reps 4]
+
+On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
+win or lose. So both builds of ``block_kernel.c`` (with the ``int8_kernel.c`` each includes) decode in one
+process, turn about, each rep starting with the other. A steered-only decode and a side-by-side decode of
+``--tokens`` greedy tokens follow a warm-up of each, after the bench's generation prompt written
+``--prompt-repeat`` times: a long context weighs attention more. Prints one JSON with each build's median step
+per rep, new/old per rep, and whether the two builds' texts were equal.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..model import fused_decode
+from ..model.generation import DecodeBatch
+from ..model.loading import EMBEDDED, load_model
+from .measures import GENERATION_PROMPT, _ours, seeded_steer
+
+SOURCES = ("block_kernel.c", "int8_kernel.c")  # the block kernel and the file it includes
+MODES = ("steered_only", "side_by_side")
+
+
+def sources_at(revision: str, into: Path) -> Path:
+    """The block kernel's sources as ``revision`` has them, written under ``into``; the block kernel's path."""
+    root = Path(__file__).resolve().parents[2]
+    for name in SOURCES:
+        text = subprocess.run(["git", "show", f"{revision}:steer_ui/model/{name}"], cwd=root, check=True,
+                              capture_output=True).stdout
+        (into / name).write_bytes(text)
+    return into / SOURCES[0]
+
+
+def compare(handle, old_source: Path, prompt: str, tokens: int, reps: int) -> dict:
+    """Per mode: each build's median step (ms) per rep, new/old per rep, and whether the texts were equal."""
+    steer = seeded_steer(handle, handle.arch.num_layers // 2)[0]
+    builds = {"old": old_source, "new": fused_decode._SOURCE}
+    out = {}
+    for mode in MODES:
+        steps = {name: [] for name in builds}
+        texts = {}
+        for rep in range(reps):
+            order = list(builds) if rep % 2 == 0 else list(reversed(builds))
+            for name in order:
+                with fused_decode.kernel_built_from(builds[name]):
+                    batch = DecodeBatch(handle)
+                    _ours(handle, prompt, [steer], 4, batch, steered_only=mode == "steered_only")  # warm-up
+                    _, times, result = _ours(handle, prompt, [steer], tokens, batch,
+                                             steered_only=mode == "steered_only")
+                steps[name].append(round(1e3 * statistics.median(times), 3))
+                texts[name] = (result.unsteered.text, result.steered.text)
+        out[mode] = {"old_ms": steps["old"], "new_ms": steps["new"],
+                     "new_over_old": [round(n / o, 3) for n, o in zip(steps["new"], steps["old"])],
+                     "texts_equal": texts["old"] == texts["new"]}
+    return out
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", required=True, help="the git revision whose block kernel is the A side")
+    parser.add_argument("--model", default=EMBEDDED)
+    parser.add_argument("--prompt-repeat", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=4)
+    args = parser.parse_args(argv)
+    handle = load_model(args.model, weights="int8")
+    if fused_decode.unsupported(handle):
+        parser.error(f"the fused step cannot decode this model: {fused_decode.unsupported(handle)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        old = sources_at(args.old, Path(tmp))
+        result = compare(handle, old, GENERATION_PROMPT * max(1, args.prompt_repeat), args.tokens, args.reps)
+    print(json.dumps({"old": args.old, "prompt_repeat": args.prompt_repeat, "tokens": args.tokens,
+                      "reps": args.reps, **result}))
+
+
+if __name__ == "__main__":
+    main()

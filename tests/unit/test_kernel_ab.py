@@ -1,0 +1,47 @@
+"""tools/kernel_ab.py: two builds of the fused block kernel decode in one process, and their texts are compared."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from steer_ui.model.fused_decode import unsupported
+from steer_ui.model.loading import load_model
+from steer_ui.tools import kernel_ab
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _in_git() -> bool:
+    return shutil.which("git") is not None and subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def handle():
+    h = load_model("tiny:gemma3", device="cpu", weights="int8")
+    if unsupported(h):
+        pytest.skip(f"no fused step here: {unsupported(h)}")
+    return h
+
+
+@pytest.mark.skipif(not _in_git(), reason="needs a git checkout (the A side is a revision's sources)")
+def test_a_revision_s_sources_are_written_beside_each_other(tmp_path):
+    block = kernel_ab.sources_at("HEAD", tmp_path)
+    assert block.name == "block_kernel.c" and (tmp_path / "int8_kernel.c").is_file()
+    assert '#include "int8_kernel.c"' in block.read_text()
+
+
+def test_the_same_kernel_gives_the_same_texts_and_a_changed_one_does_not(handle, tmp_path):
+    for name in kernel_ab.SOURCES:
+        shutil.copy(ROOT / "steer_ui" / "model" / name, tmp_path / name)
+    same = kernel_ab.compare(handle, tmp_path / "block_kernel.c", "The capital of France is", tokens=6, reps=2)
+    for mode in kernel_ab.MODES:
+        assert same[mode]["texts_equal"] and len(same[mode]["new_over_old"]) == 2
+        assert all(x > 0 for x in same[mode]["old_ms"] + same[mode]["new_ms"])
+    # the A side really is the other build: attention that ignores the keys decodes other text
+    text = (tmp_path / "block_kernel.c").read_text()
+    assert "dot *= scaling;" in text
+    (tmp_path / "block_kernel.c").write_text(text.replace("dot *= scaling;", "dot *= 0.0f;"))
+    changed = kernel_ab.compare(handle, tmp_path / "block_kernel.c", "The capital of France is", tokens=6, reps=1)
+    assert not changed["steered_only"]["texts_equal"]
