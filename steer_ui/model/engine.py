@@ -282,10 +282,10 @@ class Engine:
 
         With a share of a third a move waits at most about a third of a move
         and one block, and a user dragging a slider non-stop leaves the decode
-        about a quarter of the machine: generation slows but never stops.  (With
-        a half and the unembedding paused every 65,536 rows, the slider's p95
-        under load was 2.2-3.0x its idle p50 in five runs; with a third and
-        every 16,384 rows 1.8-2.2x: issue #50's bound is 2.)
+        about a quarter of the machine: generation slows but never stops.  (At
+        a half, the slider's p95 under load was 2.2-2.5x its idle p50 in six
+        runs, at a third 1.7-2.5x; issue #50's bound is 2: docs/bench.md,
+        "Many users at once", ``many_users --slider-only --turn-share``.)
         """
         prepare_helpers()  # while the decode's turn ends, not when this move's first parallel loop needs them
         with self._cv:

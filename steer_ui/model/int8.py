@@ -42,11 +42,16 @@ _W8A16_SOURCE = Path(__file__).with_name("w8a16_kernel.c")
 _BUILD_LOCK = threading.Lock()
 
 
+def local_includes(source: bytes) -> list[str]:
+    """The files a kernel source includes from its own folder (``#include "name"``)."""
+    return [name.decode() for name in re.findall(rb'^#include "([^"]+)"', source, flags=re.M)]
+
+
 def _kernel_target(extra_flags: tuple[str, ...] = (), source_path: Path = _SOURCE) -> tuple[Path, list[str]]:
     """Where the kernel built from this source, with these flags, for this CPU lives; and the flags."""
     source = source_path.read_bytes()
-    for included in re.findall(rb'^#include "([^"]+)"', source, flags=re.M):  # a change there rebuilds this one
-        source += (source_path.parent / included.decode()).read_bytes()
+    for included in local_includes(source):  # a change there rebuilds this one
+        source += (source_path.parent / included).read_bytes()
     flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", *extra_flags]
     cpu = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
     cpu_flags = next((line for line in cpu.splitlines() if line.startswith("flags")), platform.processor())

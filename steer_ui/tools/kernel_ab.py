@@ -3,7 +3,7 @@
     python -m steer_ui.tools.kernel_ab --old HEAD~1 [--prompt-repeat 40] [--tokens 64] [--reps 4]
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
-win or lose. So both builds of ``block_kernel.c`` (with the ``int8_kernel.c`` each includes) decode in one
+win or lose. So both builds of ``block_kernel.c`` (with the files each includes) decode in one
 process, turn about, each rep starting with the other. A steered-only decode and a side-by-side decode of
 ``--tokens`` greedy tokens follow a warm-up of each, after the bench's generation prompt written
 ``--prompt-repeat`` times: a long context weighs attention more. Prints one JSON with each build's median step
@@ -19,21 +19,29 @@ from pathlib import Path
 
 from ..model import fused_decode
 from ..model.generation import DecodeBatch
+from ..model.int8 import local_includes
 from ..model.loading import EMBEDDED, load_model
 from .measures import GENERATION_PROMPT, _ours, seeded_steer
 
-SOURCES = ("block_kernel.c", "int8_kernel.c")  # the block kernel and the file it includes
 MODES = ("steered_only", "side_by_side")
 
 
 def sources_at(revision: str, into: Path) -> Path:
-    """The block kernel's sources as ``revision`` has them, written under ``into``; the block kernel's path."""
+    """The block kernel as ``revision`` has it, with the files it includes (as that revision has them), written
+    under ``into``; the block kernel's path."""
     root = Path(__file__).resolve().parents[2]
-    for name in SOURCES:
-        text = subprocess.run(["git", "show", f"{revision}:steer_ui/model/{name}"], cwd=root, check=True,
+    folder = fused_decode._SOURCE.parent.relative_to(root).as_posix()
+
+    def write(name: str) -> bytes:
+        text = subprocess.run(["git", "show", f"{revision}:{folder}/{name}"], cwd=root, check=True,
                               capture_output=True).stdout
         (into / name).write_bytes(text)
-    return into / SOURCES[0]
+        return text
+
+    block = fused_decode._SOURCE.name
+    for name in local_includes(write(block)):
+        write(name)
+    return into / block
 
 
 def compare(handle, old_source: Path, prompt: str, tokens: int, reps: int) -> dict:

@@ -33,7 +33,7 @@ def test_a_revision_s_sources_are_written_beside_each_other(tmp_path):
 
 
 def test_the_same_kernel_gives_the_same_texts_and_a_changed_one_does_not(handle, tmp_path):
-    for name in kernel_ab.SOURCES:
+    for name in ("block_kernel.c", "int8_kernel.c"):
         shutil.copy(ROOT / "steer_ui" / "model" / name, tmp_path / name)
     same = kernel_ab.compare(handle, tmp_path / "block_kernel.c", "The capital of France is", tokens=6, reps=2)
     for mode in kernel_ab.MODES:
