@@ -15,13 +15,6 @@
  * so a batch of users equals each user alone, bit for bit (the order differs between the two paths, and so
  * between machines, which is fine: one machine runs one path).
  *
- * Packed 5-bit codes (int5_matmul, AVX-512 builds only): a weight whose codes all lie in [-16, 15] (a GGUF's
- * Q5_0 and Q4_K tensors) may be sent as 10 bytes per 16 codes instead of 16 (pack5 in steer_ui/model/int8.py
- * writes them): 8 bytes whose low nibbles are codes 0-7 plus 16 and whose high nibbles are codes 8-15 plus 16,
- * then 2 bytes (little-endian) whose bit i is bit 4 of code i plus 16.  A decode step reads each weight byte
- * once at the memory's speed, so fewer bytes is a faster step; the codes come out as the same integers, so
- * every product equals int8_matmul's on the unpacked codes, bit for bit.
- *
  * Built at first use by steer_ui.model.int8 with the machine's C compiler (-O3 -march=native -fopenmp
  * -ffp-contract=off, so no multiply-add is fused behind our back) and called through ctypes, which releases
  * the GIL for the call.
@@ -29,7 +22,6 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <string.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define VECTOR 1
@@ -141,42 +133,14 @@ static inline __m512 weights16(const int8_t *q, __m512 s, __m512 o, int affine)
     return affine ? _mm512_add_ps(v, o) : v;
 }
 
-#define PACK5_BYTES 10  /* bytes per 16 packed codes */
-/* Sixteen packed 5-bit codes (the layout above) as float32 weights: the same integers as weights16's, then the
- * same multiply and add. */
-static inline __m512 weights16_5(const uint8_t *p, __m512 s, __m512 o, int affine)
-{
-    const __m128i nibbles = _mm_loadl_epi64((const __m128i *)p), low4 = _mm_set1_epi8(0x0F);
-    const __m128i u = _mm_unpacklo_epi64(_mm_and_si128(nibbles, low4),
-                                         _mm_and_si128(_mm_srli_epi16(nibbles, 4), low4));
-    uint16_t fifth;
-    memcpy(&fifth, p + 8, sizeof fifth);
-    const __m512i sixteen = _mm512_set1_epi32(16);
-    __m512i c = _mm512_sub_epi32(_mm512_cvtepu8_epi32(u), sixteen);
-    c = _mm512_mask_add_epi32(c, (__mmask16)fifth, c, sixteen);
-    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(c), s);
-    return affine ? _mm512_add_ps(v, o) : v;
-}
-
-/* Sixteen weights at code j of a row starting at byte q: int8 codes, or packed 5-bit ones. */
-static inline __m512 weights16_at(const uint8_t *q, int64_t j, __m512 s, __m512 o, int affine, const int packed)
-{
-    return packed ? weights16_5(q + j / 16 * PACK5_BYTES, s, o, affine)
-                  : weights16((const int8_t *)q + j, s, o, affine);
-}
-
-/* A row's bytes: k int8 codes, or k / 16 packed groups of 16. */
-static inline int64_t row_bytes(int64_t k, const int packed) { return packed ? k / 16 * PACK5_BYTES : k; }
-
 /* nb weight rows (starting at q, s, o; row stride k codes, `groups` scales) against `rows` input rows x, into
  * out[r * n_out + i].  From `w` (nb dequantised rows, stride k) when the tile was dequantised once for many
  * input rows: the same values.  Per (row, output): one accumulator over blocks of 16 in order, then the
  * lanes' sum; nothing in it depends on nb or rows.  Needs group % 16 == 0. */
-static inline __attribute__((always_inline)) void tile16(const int nb, const int rows, const uint8_t *q,
+static inline __attribute__((always_inline)) void tile16(const int nb, const int rows, const int8_t *q,
         const float *s, const float *o, int64_t k, int64_t group, const float *x, float *out, int64_t n_out,
-        const float *w, const int packed)
+        const float *w)
 {
-    const int64_t rb = row_bytes(k, packed);
     __m512 a[4][TILE_ROWS];
     for (int i = 0; i < nb; i++)
         for (int r = 0; r < rows; r++) a[i][r] = _mm512_setzero_ps();
@@ -193,12 +157,12 @@ static inline __attribute__((always_inline)) void tile16(const int nb, const int
             /* the codes PREFETCH_TILES tiles ahead, a cache line per step (a tile's 4k bytes over its k / 16
              * steps): measured, the hardware prefetcher alone left a one-row product at a third of the
              * memory's speed */
-            if (!w) _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * rb + 4 * row_bytes(j, packed)), _MM_HINT_T0);
+            if (!w) _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * k + 4 * j), _MM_HINT_T0);
             __m512 xv[TILE_ROWS];
             for (int r = 0; r < rows; r++) xv[r] = _mm512_loadu_ps(x + r * k + j);
             for (int i = 0; i < nb; i++) {
                 const __m512 wv = w ? _mm512_load_ps(w + i * k + j)
-                                    : weights16_at(q + i * rb, j, vs[i], vo[i], o != NULL, packed);
+                                    : weights16(q + i * k + j, vs[i], vo[i], o != NULL);
                 for (int r = 0; r < rows; r++) a[i][r] = _mm512_fmadd_ps(wv, xv[r], a[i][r]);
             }
         }
@@ -207,13 +171,10 @@ static inline __attribute__((always_inline)) void tile16(const int nb, const int
         for (int r = 0; r < rows; r++) out[r * n_out + i] = _mm512_reduce_add_ps(a[i][r]);
 }
 
-/* nb, rows and the code format as constants in each call, so the accumulators live in registers */
-#define TILE(NB, R) case (NB) * 8 + (R): \
-    if (packed) tile16(NB, R, q, s, o, k, group, x, out, n_out, w, 1); \
-    else tile16(NB, R, q, s, o, k, group, x, out, n_out, w, 0); \
-    break;
-static void tile(int nb, int rows, const uint8_t *q, const float *s, const float *o, int64_t k, int64_t group,
-                 const float *x, float *out, int64_t n_out, const float *w, int packed)
+/* nb and rows as constants in each call, so the accumulators live in registers */
+#define TILE(NB, R) case (NB) * 8 + (R): tile16(NB, R, q, s, o, k, group, x, out, n_out, w); break;
+static void tile(int nb, int rows, const int8_t *q, const float *s, const float *o, int64_t k, int64_t group,
+                 const float *x, float *out, int64_t n_out, const float *w)
 {
     switch (nb * 8 + rows) {
     TILE(1, 1) TILE(1, 2) TILE(1, 3) TILE(1, 4) TILE(2, 1) TILE(2, 2) TILE(2, 3) TILE(2, 4)
@@ -223,17 +184,14 @@ static void tile(int nb, int rows, const uint8_t *q, const float *s, const float
     }
 }
 
-static void dequantise_row16(const uint8_t *q, const float *s, const float *o, int64_t k, int64_t group, float *w,
-                             const int packed)
+static void dequantise_row16(const int8_t *q, const float *s, const float *o, int64_t k, int64_t group, float *w)
 {
-    const int64_t rb = row_bytes(k, packed);
     for (int64_t g = 0; g < k / group; g++) {
         const __m512 vs = _mm512_set1_ps(s[g]), vo = _mm512_set1_ps(o ? o[g] : 0.0f);
         _mm_prefetch((const char *)(s + PREFETCH_TILES * 4 * (k / group) + g), _MM_HINT_T0);
         for (int64_t j = g * group; j < (g + 1) * group; j += 16) {
-            _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * rb + row_bytes(j, packed)), _MM_HINT_T0);
-            _mm512_store_ps(w + j, packed ? weights16_at(q, j, vs, vo, o != NULL, 1)
-                                          : weights16_at(q, j, vs, vo, o != NULL, 0));
+            _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * k + j), _MM_HINT_T0);
+            _mm512_store_ps(w + j, weights16(q + j, vs, vo, o != NULL));
         }
     }
 }
@@ -245,10 +203,10 @@ static void dequantise_row16(const uint8_t *q, const float *s, const float *o, i
 #ifndef CHUNK_BYTES
 #define CHUNK_BYTES (512 * 1024)
 #endif
-static void matmul16(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *scale,
-                     const float *offset, int64_t group, int64_t n_out, float *y, int threads, int packed)
+static void matmul16(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *scale,
+                     const float *offset, int64_t group, int64_t n_out, float *y, int threads)
 {
-    const int64_t groups = k / group, tiles = (n_out + 3) / 4, rb = row_bytes(k, packed);
+    const int64_t groups = k / group, tiles = (n_out + 3) / 4;
     const int buffered = rows > 4;  /* the tile's weights are then read rows / 4 times: dequantise them once */
     int64_t chunk = rows;
     if (buffered) {
@@ -264,16 +222,14 @@ static void matmul16(const float *x, int64_t rows, int64_t k, const uint8_t *q, 
             for (int64_t t = 0; t < tiles; t++) {
                 const int64_t n = 4 * t;
                 const int nb = n_out - n < 4 ? (int)(n_out - n) : 4;
-                const uint8_t *qn = q + n * rb;
+                const int8_t *qn = q + n * k;
                 const float *sn = scale + n * groups, *on = offset ? offset + n * groups : NULL;
                 if (w)
-                    for (int i = 0; i < nb; i++)
-                        dequantise_row16(qn + i * rb, sn + i * groups, on ? on + i * groups : NULL, k, group,
-                                         w + i * k, packed);
+                    for (int i = 0; i < nb; i++) dequantise_row16(qn + i * k, sn + i * groups, on ? on + i * groups : NULL, k, group, w + i * k);
                 const int step = w ? TILE_ROWS : 4;  /* from the buffer, the registers hold more accumulators */
                 for (int64_t r = r0; r < r1; r += step)
                     tile(nb, r1 - r < step ? (int)(r1 - r) : step, qn, sn, on, k, group, x + r * k,
-                         y + r * n_out + n, n_out, w, packed);
+                         y + r * n_out + n, n_out, w);
             }
         }
         free(w);
@@ -290,7 +246,7 @@ int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const 
     if (group <= 0 || k % group) return -1;
 #ifdef WIDE
     if (group % 16 == 0) {
-        matmul16(x, rows, k, (const uint8_t *)q, scale, offset, group, n_out, y, threads, 0);
+        matmul16(x, rows, k, q, scale, offset, group, n_out, y, threads);
         return 0;
     }
 #endif
@@ -328,22 +284,3 @@ int int8_wide(void)
     return 0;
 #endif
 }
-
-/* y = x @ W.T for packed 5-bit codes (the layout at the top): the AVX-512 path's products on them.  Returns 0,
- * or -1 where this build has no AVX-512 path or the group is not a multiple of 16 (the caller packs only
- * where int8_wide() says 1, and only such groups). */
-int int5_matmul(const float *x, int64_t rows, int64_t k, const void *packed, const float *scale,
-                const float *offset, int64_t group, int64_t n_out, float *y, int threads)
-{
-#ifdef WIDE
-    if (group > 0 && group % 16 == 0 && k % group == 0) {
-        matmul16(x, rows, k, (const uint8_t *)packed, scale, offset, group, n_out, y, threads, 1);
-        return 0;
-    }
-#else
-    (void)x; (void)rows; (void)k; (void)packed; (void)scale; (void)offset; (void)group; (void)n_out; (void)y;
-    (void)threads;
-#endif
-    return -1;
-}
-
