@@ -90,7 +90,7 @@ class Policy:
     max_body_bytes: int = 4 << 20  # one request's JSON body (files go through the upload route, --max-file-size)
     batch_requests: int = 8  # generations decoded together (3 rows each); more wait for a free place
     waiting_generations: int = 8  # beyond this a generation is refused with "busy, try again"
-    generations_per_session: int = 2  # one visitor's generations at once (a slider release and a button)
+    generations_per_session: int = 2  # one visitor's generations at once (the page's newest cancels its older)
     # how long the page's generation (Explore's, a chat turn) waits for one of those places: the ones it
     # cancelled, or an API caller's, give theirs back within a step or two of the engine
     page_wait_s: float = 5.0

@@ -66,6 +66,7 @@ class Session:
     job_end: str = ""  # how the last job ended: "finished", "cancelled" or "failed" ("" while one runs)
     generating: int = 0  # this session's generations in the decode batch or waiting for it
     superseding: list = field(default_factory=list, repr=False)  # its page generations' tickets, oldest first
+    page_generations: int = 0  # how many superseding generations it has started: the newest holds the panels
     client: str | None = None  # the address it was admitted from (None: a Python or CLI caller)
     owner: str | None = None  # the library owner it is bound to (steer_ui/keeping.py); None: nothing is kept
     owner_token: str = field(default="", repr=False)  # that owner's token, as its browser or client holds it
@@ -255,22 +256,28 @@ class Sessions:
         """One of the session's ``policy.generations_per_session`` places, held for one generation; yields
         ``hold(ticket)``, which makes a submitted ticket one that a later superseding generation may cancel.
 
-        ``supersede``: the page's generations (a slider release, a vector picked, a row added) are made stale by
-        the next one, so at the cap the session's oldest held generation is cancelled (it leaves the batch at the
-        next step) instead of refusing the newest, which left the panel stale under the latest settings.  Those
-        cancelled but not yet unwound still count, up to twice the cap: a flood from one page stays bounded.
-        ``supersedable``: whether this one's ticket may be cancelled so (the page's Explore generations); a chat turn
-        takes the place of the page's Explore generations but is never cancelled by one.  ``wait_s``: how long
-        to wait for a place (one freed or unwound by another thread) before refusing."""
+        ``supersede``: the page's generations (a slider release, a vector picked, a button) all write the same
+        panels, so the newest cancels every older one still running (each leaves the batch at its next step, and
+        ends without a final frame).  Two left running, the older one, when it ended last (a page load's
+        generation beside a Generate click with a longer answer), overwrote the newest's panels: the Chromium test
+        of the Δlogit limit found it.  Those cancelled but not yet unwound still count, up to twice the cap: a
+        flood from one page stays bounded.  ``supersedable``: whether this one's ticket may be cancelled so (the
+        page's Explore generations); a chat turn takes the place of the page's Explore generations but is never
+        cancelled by one.  ``wait_s``: how long to wait for a place (one freed or unwound by another thread)
+        before refusing."""
         cap = self.policy.generations_per_session
         deadline = time.monotonic() + wait_s
         with self._freed:  # one visitor cannot take every place in the batch
-            while s.generating >= cap:
-                if supersede and s.superseding and s.generating < 2 * cap:
-                    oldest = s.superseding.pop(0)
-                    oldest.superseded = True
-                    oldest.cancel()
-                    break
+            cancelled = 0
+            if supersede:
+                s.page_generations += 1
+                cancelled = len(s.superseding)
+                for older in s.superseding:
+                    older.superseded = True
+                    older.cancel()
+                s.superseding.clear()
+            serial = s.page_generations
+            while s.generating >= cap and not (cancelled and s.generating < 2 * cap):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise UserError("session_busy", count=s.generating)
@@ -280,7 +287,11 @@ class Sessions:
 
         def hold(ticket) -> None:
             if supersedable:
-                with self._lock:
+                with self._freed:
+                    if s.page_generations != serial:  # a newer one started while this one was being submitted
+                        ticket.superseded = True
+                        ticket.cancel()
+                        return
                     s.superseding.append(ticket)
                     held.append(ticket)
 

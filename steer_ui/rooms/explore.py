@@ -204,8 +204,8 @@ class Explore:
         (intermediate ones are skipped if the consumer is slower than the
         model); closing it early drops the request's rows at the next step.
         A session has at most ``policy.generations_per_session`` at once; with ``supersede`` (the page's
-        Explore generations) the newest takes the oldest's place at that cap (Sessions.generation_slot), and the
-        one it replaced ends without a final frame.
+        Explore generations) the newest cancels every older one (Sessions.generation_slot), and each
+        one it cancelled ends without a final frame.
         """
         settings = {"vector": vector_name or RANDOM, "layer": layer, "alpha": alpha, "relative": relative,
                     "seed": seed}

@@ -401,7 +401,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                                     max_delta_logit=backend.delta_limit(session, vector, delta_limit))
         shown = time.monotonic()
         spec = extra_terms.full_spec(vector, layer, alpha, relative, vector_seed, extra)
-        # supersede: this page's newest settings take the place of its oldest generation still running
+        # supersede: this page's newest settings cancel its older generations still running (they write the
+        # same panels, and one that ended last overwrote the newest's)
         frames = backend.stream_generate(session, prompt, vector, layer, alpha, relative, vector_seed, sampling,
                                          supersede=True) \
             if spec is None else backend.stream_generate_for(

@@ -24,19 +24,39 @@ WAITING = "Waiting for another job (Concepts: Explode, then fix) to finish — 1
 GRADIO_PROGRESS = ".progress-text, .eta-bar, .progress-level, .meta-text, .meta-text-center"
 
 
-@pytest.fixture(scope="module")
-def app(tmp_path_factory):
+@contextmanager
+def launched(handle, workdir):
+    """The app on ``handle``, served on a free local port: (backend, url)."""
     from steer_ui.service import Service
-    from steer_ui.tiny import tiny_handle
     from steer_ui.ui.app import build_demo, launch_kwargs
 
-    backend = Service(handle=tiny_handle("llama"), workdir=tmp_path_factory.mktemp("jobs"))
+    backend = Service(handle=handle, workdir=workdir)
     demo = build_demo(backend)
     demo.queue()
     port = free_port()
     demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
-    yield backend, f"http://127.0.0.1:{port}/"
-    demo.close()
+    try:
+        yield backend, f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    from steer_ui.tiny import tiny_handle
+
+    with launched(tiny_handle("llama"), tmp_path_factory.mktemp("jobs")) as served:
+        yield served
+
+
+@pytest.fixture
+def wide_app(tmp_path_factory):
+    """The app on a random model wide enough (4 blocks of width 256) that a comparison's decode lasts seconds on
+    any CPU: on the width-64 model 12 prompts of 128 tokens ended in 0.3 s in CI, within the page's first poll."""
+    from steer_ui.tiny import tiny_handle
+
+    with launched(tiny_handle("llama", layers=4, hidden=256), tmp_path_factory.mktemp("wide")) as served:
+        yield served
 
 
 def open_page(browser, url):
@@ -174,8 +194,8 @@ def test_the_train_tab_follows_the_data_and_the_trained_vector(browser, app):
     page.close()
 
 
-def test_many_prompts_reports_rows_as_they_finish(browser, app):
-    _backend, url = app
+def test_many_prompts_reports_rows_as_they_finish(browser, wide_app):
+    _backend, url = wide_app
     page = open_page(browser, url)
     page.get_by_role("tab", name="Many prompts").click()
     # every text the summary line shows while the comparison runs
@@ -184,19 +204,21 @@ def test_many_prompts_reports_rows_as_they_finish(browser, app):
         characterData: true}); }""")
     prompts = "\n".join(f"Prompt number {i} tells a long story about the sea and the town" for i in range(12))
     page.locator("#compare-prompts textarea").fill(prompts)
-    # the longest answers the tab allows: at its default 24 tokens the tiny model's whole comparison took 0.3 s
-    # once in CI, too short for the page to show a line between the first row and the last
+    # the longest answers the tab allows, so that the last 4 rows decode for many of the page's polls
     tokens = page.locator("#compare-max-tokens input[type=number]")
     tokens.fill("128")
     tokens.press("Tab")
     page.wait_for_timeout(300)
     # 12 prompts, 8 at once in the decode batch (policy.compare_in_flight): the first 8 end before the last 4
+    started = time.monotonic()
     page.locator("#compare-run").click()
     page.wait_for_selector(".made-for[data-panel=compare]", state="attached", timeout=120_000)
+    took = time.monotonic() - started
     lines = page.evaluate("() => window.__lines")
     partial = [line for line in lines if (m := re.search(r"(\d+) of (\d+) prompts", line))
                and 0 < int(m.group(1)) < int(m.group(2))]
-    assert partial, f"no line said how many prompts were done before the end: {sorted(set(lines))[:8]}"
+    assert partial, (f"no line said how many prompts were done before the end of a {took:.1f} s comparison: "
+                     f"{sorted(set(lines))[:8]}")
     percents = [int(m.group(1)) for line in partial if (m := re.search(r"(\d+)%", line))]
     assert percents and max(percents) > 0, "the progress advanced before the end"
     page.close()

@@ -1,7 +1,8 @@
 """A session's places in the decode batch (policy.generations_per_session): an API or CLI caller over the cap is
-refused; the page's Explore generations supersede — the newest takes the oldest's place, which leaves the batch
+refused; the page's Explore generations supersede — the newest cancels every older one, which leaves the batch
 and ends without a final frame (a third setting while two generations ran left the panel stale: issue #48's
-browser runs found it)."""
+browser runs found it; an older generation that ended after the newest overwrote its panels: the Chromium test
+of the Δlogit limit found it)."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,15 +43,37 @@ def test_an_api_caller_over_its_cap_is_refused_and_its_generations_go_on(service
         assert last.done and len(last.steered_tokens) == 200
 
 
-def test_the_page_s_newest_generation_takes_the_oldest_s_place(service):
-    oldest, middle = _started(service, "page-slots", True, 0.1), _started(service, "page-slots", True, 0.2)
-    newest = _started(service, "page-slots", True, 0.3)  # at the cap: not refused
-    rest = list(oldest)  # the oldest was cancelled: it ends within a step or two, without a final frame
-    assert not any(f.done for f in rest) and len(rest) < 150
-    finals = [[f for f in frames][-1] for frames in (middle, newest)]
-    assert all(f.done and len(f.steered_tokens) == 200 for f in finals)
+def test_the_page_s_newest_generation_cancels_every_older_one(service):
+    oldest = _started(service, "page-slots", True, 0.1)
+    middle = _started(service, "page-slots", True, 0.2)  # below the cap: the oldest is cancelled all the same
+    newest = _started(service, "page-slots", True, 0.3)
+    for older in (oldest, middle):  # each ends within a step or two, without a final frame
+        rest = list(older)
+        assert not any(f.done for f in rest) and len(rest) < 150
+    final = [f for f in newest][-1]
+    assert final.done and len(final.steered_tokens) == 200
     settings = service.peek_session("page-slots").last_generation["settings"]
     assert settings["alpha"] == 0.3  # Save result keeps the newest, never the superseded one
+
+
+def test_a_generation_submitted_after_a_newer_one_started_is_cancelled_at_once(service):
+    """Two page events at once: the older one's ticket, handed over only after the newer one took its place, is
+    cancelled then (without it, it decoded to the end beside the newest and could end last)."""
+    from steer_ui.model.generation import Request
+
+    engine = service.models.engine()
+    sampling = dataclasses.replace(service.sampling(max_new_tokens=200), stop_at_eos=False)
+    session = service.session("page-race")
+    slots = service.sessions
+    with slots.generation_slot(session, supersede=True, supersedable=True) as hold_older:
+        with slots.generation_slot(session, supersede=True, supersedable=True) as hold_newer:
+            older = engine.submit(Request.make(engine.handle, "Hello there", [], sampling))
+            hold_older(older)
+            newer = engine.submit(Request.make(engine.handle, "Hello there", [], sampling))
+            hold_newer(newer)
+            assert older.superseded and not newer.superseded
+            assert session.superseding == [newer]
+            newer.cancel()
 
 
 def test_a_flood_from_one_page_stays_within_twice_the_cap(service):
