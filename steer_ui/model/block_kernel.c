@@ -78,9 +78,7 @@ static int product(const void *const *w, const int64_t *dim, int which, const fl
                    int threads)
 {
     const void *const *p = w + 3 * which;
-    const int64_t *d = dim + 3 * which; /* group, out, in; a negative group: the codes are packed 5-bit ones */
-    if (d[0] < 0)
-        return int5_matmul(x, rows, d[2], p[0], (const float *)p[1], (const float *)p[2], -d[0], d[1], y, threads);
+    const int64_t *d = dim + 3 * which; /* group, out, in */
     return int8_matmul(x, rows, d[2], (const int8_t *)p[0], (const float *)p[1], (const float *)p[2], d[0], d[1],
                        y, threads);
 }

@@ -80,7 +80,6 @@ def _bind(library):
     scratch = library.block_scratch
     scratch.restype = _I
     scratch.argtypes = [_I] * 7
-    step.packed = hasattr(library, "int5_matmul")  # reads packed 5-bit codes
     return step, scratch
 
 
@@ -134,22 +133,14 @@ class _Block:
     def __init__(self, layer):
         self.norms = _norms(layer)
         self.weights = [linear.int8 for linear in _linears(layer)]  # read in place: unsupported() checked them
-        # with the packed 5-bit codes where a weight has them (a negative group tells the kernel), and without,
-        # for a build from before the kernel read them (kernel_ab's older revisions)
-        self.weight_args = {packed: self._weight_args(packed) for packed in (True, False)}
+        self.pointers = (_P * 21)(*[t.data_ptr() if t is not None else None
+                                    for w in self.weights for t in (w.codes, w.scale, w.offset)])
+        self.dims = (_I * 21)(*[d for w in self.weights for d in (w.group, w.shape[0], w.shape[1])])
         self.eps = float(layer.input_layernorm.eps)
         self._norm_weights = [norm.weight for norm in self.norms]
         self._versions: tuple = ()
         self._gains: list[torch.Tensor] = []  # kept alive while the C call reads them through the addresses
         self._gain_pointers = None
-
-    def _weight_args(self, packed: bool) -> tuple:
-        use = [packed and w.packed is not None for w in self.weights]
-        pointers = (_P * 21)(*[t.data_ptr() if t is not None else None for w, p in zip(self.weights, use)
-                               for t in (w.packed if p else w.codes, w.scale, w.offset)])
-        dims = (_I * 21)(*[d for w, p in zip(self.weights, use)
-                           for d in (-w.group if p else w.group, w.shape[0], w.shape[1])])
-        return pointers, dims
 
     def gain_pointers(self):
         """The addresses of the six norms' ``1 + w``, made again only where a weight was written since (its
@@ -284,8 +275,7 @@ class FusedDecode:
                     pause()
                 head_add = self._head_add(i, state, rows)
                 cos, sin = rope[self.kinds[i]]
-                pointers, dims = block.weight_args[step_fn.packed]
-                status = step_fn(rows, hidden, h.data_ptr(), block.gain_pointers(), block.eps, pointers, dims,
+                status = step_fn(rows, hidden, h.data_ptr(), block.gain_pointers(), block.eps, block.pointers, block.dims,
                                  self.heads, self.kv_heads, self.head_dim, cos.data_ptr(), sin.data_ptr(),
                                  self.keys[i].data_ptr(), self.values[i].data_ptr(), self.capacity, column,
                                  start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling,

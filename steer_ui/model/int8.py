@@ -22,7 +22,6 @@ import ctypes
 import functools
 import hashlib
 import json
-import os
 import platform
 import re
 import subprocess
@@ -82,21 +81,15 @@ _ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctype
          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 
 
-def _function(library, name: str):
-    """The product function ``name`` of a loaded kernel (every kernel's product takes the same arguments)."""
-    fn = getattr(library, name)
-    fn.restype = ctypes.c_int
-    fn.argtypes = _ARGS
-    return fn
-
-
 def _entry(source_path: Path, extra_flags: tuple[str, ...], name: str, about: str):
     """(the product function ``name`` of the built file, the int its ``about`` function returns), or (None, None)
     where no C compiler works.  Every kernel's product takes the same arguments."""
     library = _library(source_path, extra_flags)
     if library is None:
         return None, None
-    fn = _function(library, name)
+    fn = getattr(library, name)
+    fn.restype = ctypes.c_int
+    fn.argtypes = _ARGS
     info = getattr(library, about)
     info.restype = ctypes.c_int
     return fn, info()
@@ -111,9 +104,6 @@ def _kernel(extra_flags: tuple[str, ...] = ()):
     fn, wide = _entry(_SOURCE, extra_flags, "int8_matmul", "int8_wide")
     if fn is not None:
         fn.wide = bool(wide)  # this build has the AVX-512 path
-        # its products on packed 5-bit codes (Int8Weight.packed), which only AVX-512 builds with VBMI compute
-        library = _library(_SOURCE, extra_flags)
-        fn.int5 = _function(library, "int5_matmul") if library.int5_ready() else None
     return fn
 
 
@@ -174,9 +164,6 @@ class Int8Weight:
     w8a8: bool = False
     # the same for integer products on int16 activations (W8A16, w8a16_kernel.c), with the same gate
     w8a16: bool = False
-    # the codes again, 5 bytes per 8 (pack5), where all lie in [-16, 15]: the kernel's AVX-512 products read
-    # these instead (5/8 of the bytes, the same sums); every other reader takes ``codes``
-    packed: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -187,21 +174,13 @@ class Int8Weight:
         return self.codes.device
 
     def nbytes(self) -> int:
-        """Bytes held (the packed codes too, where made)."""
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.offset, self.packed)
-                   if t is not None)
-
-    def read_bytes(self) -> int:
-        """Bytes one product reads from memory on the kernel's path: the packed codes where made, else the
-        codes; the scales and offsets."""
-        codes = self.packed if self.packed is not None and _kernel() is not None else self.codes
-        return sum(t.numel() * t.element_size() for t in (codes, self.scale, self.offset) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.offset) if t is not None)
 
     def slice(self, start: int, end: int | None) -> "Int8Weight":
         """Output rows ``start:end`` (views, no copy)."""
         return Int8Weight(self.codes[start:end], self.scale[start:end],
                           None if self.offset is None else self.offset[start:end], self.group, self.exact,
-                          self.w8a8, self.w8a16, None if self.packed is None else self.packed[start:end])
+                          self.w8a8, self.w8a16)
 
     def dequantise(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """Rows ``start:end`` as float32 (a multiply, then an add: the same roundings as a GGUF reader)."""
@@ -256,14 +235,11 @@ class Int8Weight:
     def kernel_product(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         """``flat @ W.T`` (flat: contiguous float32 (rows, in) on the CPU) by the compiled kernel ``fn``; None if
         the kernel refuses the shape (inputs not a multiple of the group)."""
-        if self.packed is not None and getattr(fn, "int5", None) is not None:
-            return self._call(fn.int5, flat, self.packed)
         return self._call(fn, flat)
 
-    def _call(self, fn, flat: torch.Tensor, codes: torch.Tensor | None = None) -> torch.Tensor | None:
+    def _call(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
-        codes = self.codes if codes is None else codes
-        status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], codes.data_ptr(), self.scale.data_ptr(),
+        status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
                     None if self.offset is None else self.offset.data_ptr(), self.group, self.codes.shape[0],
                     out.data_ptr(), torch.get_num_threads())
         return out if status == 0 else None
@@ -302,43 +278,6 @@ def _float32(w: Int8Weight) -> torch.Tensor:
     if w.offset is not None:
         out.add_(w.offset[..., None])
     return out.view(rows, cols)
-
-
-def pack5(codes: torch.Tensor) -> torch.Tensor:
-    """(out, in) int8 codes in [-16, 15], ``in`` a multiple of 64, as (out, in / 8 · 5) bytes, int8_kernel.c's
-    packed layout: per 8 codes, 5 bytes holding code i plus 16 at bits 5i to 5i + 4 (little-endian)."""
-    rows, cols = codes.shape
-    u = (codes.to(torch.int64) + 16).view(rows, cols // 8, 8)
-    bits = (u << (5 * torch.arange(8, dtype=torch.int64))).sum(-1, keepdim=True)  # 40 bits per 8 codes
-    packed = (bits >> (8 * torch.arange(5, dtype=torch.int64))) & 255
-    return packed.to(torch.uint8).reshape(rows, cols // 8 * 5).contiguous()
-
-
-def unpack5(packed: torch.Tensor, cols: int) -> torch.Tensor:
-    """:func:`pack5`'s codes back, (out, cols) int8 (the tests' check of the layout)."""
-    p = packed.view(packed.shape[0], cols // 8, 5).to(torch.int64)
-    bits = (p << (8 * torch.arange(5, dtype=torch.int64))).sum(-1, keepdim=True)
-    return (((bits >> (5 * torch.arange(8, dtype=torch.int64))) & 31) - 16).to(torch.int8).reshape(-1, cols)
-
-
-def pack_small_codes(model: nn.Module) -> int:
-    """Give every int8 weight of ``model`` whose codes all lie in [-16, 15] (a GGUF's Q5_0 and Q4_K tensors) its
-    packed codes, where this machine's kernel has the AVX-512 VBMI path that reads them; returns how many.
-
-    A decode step reads every weight once, at the memory's speed: on the embedded model this takes the blocks'
-    weights from ~117 MB a step to ~84 MB, with the same sums.  The int8 codes stay for every other reader (the
-    torch path, W8A8/W8A16, embedding lookups).  ``STEER_UI_PACKED_CODES=0`` leaves them unpacked (A/B runs)."""
-    fn = _kernel()
-    if fn is None or fn.int5 is None or os.environ.get("STEER_UI_PACKED_CODES", "1") == "0":
-        return 0
-    count = 0
-    for w in int8_weights(model):
-        cols = w.codes.shape[1]
-        if (w.packed is None and w.codes.device.type == "cpu" and w.group in (16, 32, 64) and cols % 64 == 0
-                and w.codes.is_contiguous() and int(w.codes.min()) >= -16 and int(w.codes.max()) <= 15):
-            w.packed = pack5(w.codes)
-            count += 1
-    return count
 
 
 def int8_weights(model: nn.Module) -> list[Int8Weight]:

@@ -15,13 +15,6 @@
  * so a batch of users equals each user alone, bit for bit (the order differs between the two paths, and so
  * between machines, which is fine: one machine runs one path).
  *
- * Packed 5-bit codes (int5_matmul, AVX-512 builds with VBMI): a weight whose codes all lie in [-16, 15] (a
- * GGUF's Q5_0 and Q4_K tensors) and whose rows are a multiple of 64 codes may be sent as 5 bytes per 8 codes
- * instead of 8 (pack5 in steer_ui/model/int8.py writes them): code i of each 8, plus 16, at bits 5i to 5i + 4
- * of those 5 bytes read as one little-endian number.  Every 64 codes are unpacked at once into the same int8
- * integers, so every product equals int8_matmul's on the unpacked codes, bit for bit, from 5/8 of the code
- * bytes (a decode step reads each weight once, near the memory's speed).
- *
  * Built at first use by steer_ui.model.int8 with the machine's C compiler (-O3 -march=native -fopenmp
  * -ffp-contract=off, so no multiply-add is fused behind our back) and called through ctypes, which releases
  * the GIL for the call.
@@ -29,7 +22,6 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <string.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define VECTOR 1
@@ -141,78 +133,14 @@ static inline __m512 weights16(const int8_t *q, __m512 s, __m512 o, int affine)
     return affine ? _mm512_add_ps(v, o) : v;
 }
 
-/* A row's bytes: k int8 codes, or k / 64 packed blocks of 40 bytes. */
-static inline int64_t row_bytes(int64_t k, const int packed) { return packed ? k / 8 * 5 : k; }
-
-#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
-#define PACKED_CODES 1
-/* byte b of 64-bit lane L takes packed byte 5L + min(b, 4): each lane then holds its 8 codes' 40 bits */
-static const uint8_t SPREAD[64] __attribute__((aligned(64))) = {0, 1, 2, 3, 4, 4, 4, 4, 5, 6, 7, 8, 9, 9, 9, 9, 10, 11, 12, 13, 14, 14, 14, 14, 15, 16, 17, 18, 19, 19, 19, 19, 20, 21, 22, 23, 24, 24, 24, 24, 25, 26, 27, 28, 29, 29, 29, 29, 30, 31, 32, 33, 34, 34, 34, 34, 35, 36, 37, 38, 39, 39, 39, 39};
-
-/* 64 packed codes (40 bytes, the layout at the top) into int8 codes: spread, cut each 5-bit field out of its lane
- * (VBMI's multishift), mask, take the 16 off: the same integers as the int8 codes. */
-static inline __m512i unpack64_reg(const uint8_t *p)
-{
-    __m512i v = _mm512_maskz_loadu_epi8(0xFFFFFFFFFFull, p);  /* 40 bytes: never past a row's end */
-    v = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)SPREAD), v);
-    v = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x231e19140f0a0500LL), v);  /* shifts 0, 5, ..., 35 */
-    return _mm512_sub_epi8(_mm512_and_si512(v, _mm512_set1_epi8(0x1F)), _mm512_set1_epi8(16));
-}
-static inline void unpack64(const uint8_t *p, int8_t *codes) { _mm512_store_si512((void *)codes, unpack64_reg(p)); }
-
-/* Sixteen of 64 unpacked codes (the 128-bit lane `sub`) as float32 weights: weights16's arithmetic. */
-#define WEIGHTS16_LANE(V, SUB, S, O, AFFINE) ({ \
-    __m512 v_ = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32((V), (SUB)))), (S)); \
-    (AFFINE) ? _mm512_add_ps(v_, (O)) : v_; })
-
-/* tile16 for packed codes and at most 4 input rows (no buffer): each weight row's 64 codes unpacked at once into a
- * register, its four 128-bit lanes widened in turn.  The same weights and the same order of sums as tile16. */
-static inline __attribute__((always_inline)) void tile16_packed(const int nb, const int rows, const uint8_t *q,
-        const float *s, const float *o, int64_t k, int64_t group, const float *x, float *out, int64_t n_out)
-{
-    const int64_t rb = row_bytes(k, 1), groups = k / group;
-    __m512 a[4][4];
-    for (int i = 0; i < nb; i++)
-        for (int r = 0; r < rows; r++) a[i][r] = _mm512_setzero_ps();
-    for (int64_t j0 = 0; j0 < k; j0 += 64) {
-        _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * rb + 4 * row_bytes(j0, 1)), _MM_HINT_T0);
-        _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * rb + 4 * row_bytes(j0, 1) + 64), _MM_HINT_T0);
-        __m512i v[4];
-        for (int i = 0; i < nb; i++) v[i] = unpack64_reg(q + i * rb + row_bytes(j0, 1));
-#define LANE(SUB) { \
-            const int64_t j = j0 + 16 * (SUB), g = j / group; \
-            __m512 xv[4]; \
-            for (int r = 0; r < rows; r++) xv[r] = _mm512_loadu_ps(x + r * k + j); \
-            for (int i = 0; i < nb; i++) { \
-                const __m512 vs = _mm512_set1_ps(s[i * groups + g]), vo = _mm512_set1_ps(o ? o[i * groups + g] : 0.0f); \
-                const __m512 wv = WEIGHTS16_LANE(v[i], SUB, vs, vo, o != NULL); \
-                for (int r = 0; r < rows; r++) a[i][r] = _mm512_fmadd_ps(wv, xv[r], a[i][r]); \
-            } }
-        LANE(0) LANE(1) LANE(2) LANE(3)
-#undef LANE
-    }
-    for (int i = 0; i < nb; i++)
-        for (int r = 0; r < rows; r++) out[r * n_out + i] = _mm512_reduce_add_ps(a[i][r]);
-}
-#else
-static inline void unpack64(const uint8_t *p, int8_t *codes) { (void)p; (void)codes; }
-static inline void tile16_packed(const int nb, const int rows, const uint8_t *q, const float *s, const float *o,
-                                 int64_t k, int64_t group, const float *x, float *out, int64_t n_out)
-{
-    (void)nb; (void)rows; (void)q; (void)s; (void)o; (void)k; (void)group; (void)x; (void)out; (void)n_out;
-}
-#endif
-
 /* nb weight rows (starting at q, s, o; row stride k codes, `groups` scales) against `rows` input rows x, into
  * out[r * n_out + i].  From `w` (nb dequantised rows, stride k) when the tile was dequantised once for many
  * input rows: the same values.  Per (row, output): one accumulator over blocks of 16 in order, then the
  * lanes' sum; nothing in it depends on nb or rows.  Needs group % 16 == 0. */
-static inline __attribute__((always_inline)) void tile16(const int nb, const int rows, const uint8_t *q,
+static inline __attribute__((always_inline)) void tile16(const int nb, const int rows, const int8_t *q,
         const float *s, const float *o, int64_t k, int64_t group, const float *x, float *out, int64_t n_out,
-        const float *w, const int packed)
+        const float *w)
 {
-    const int64_t rb = row_bytes(k, packed);
-    int8_t unpacked[4][64] __attribute__((aligned(64)));  /* packed rows: their next 64 codes */
     __m512 a[4][TILE_ROWS];
     for (int i = 0; i < nb; i++)
         for (int r = 0; r < rows; r++) a[i][r] = _mm512_setzero_ps();
@@ -229,14 +157,12 @@ static inline __attribute__((always_inline)) void tile16(const int nb, const int
             /* the codes PREFETCH_TILES tiles ahead, a cache line per step (a tile's 4k bytes over its k / 16
              * steps): measured, the hardware prefetcher alone left a one-row product at a third of the
              * memory's speed */
-            if (!w) _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * rb + 4 * row_bytes(j, packed)), _MM_HINT_T0);
-            if (packed && !w && j % 64 == 0)
-                for (int i = 0; i < nb; i++) unpack64(q + i * rb + row_bytes(j, 1), unpacked[i]);
+            if (!w) _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * k + 4 * j), _MM_HINT_T0);
             __m512 xv[TILE_ROWS];
             for (int r = 0; r < rows; r++) xv[r] = _mm512_loadu_ps(x + r * k + j);
             for (int i = 0; i < nb; i++) {
-                const int8_t *codes = packed ? unpacked[i] + j % 64 : (const int8_t *)q + i * rb + j;
-                const __m512 wv = w ? _mm512_load_ps(w + i * k + j) : weights16(codes, vs[i], vo[i], o != NULL);
+                const __m512 wv = w ? _mm512_load_ps(w + i * k + j)
+                                    : weights16(q + i * k + j, vs[i], vo[i], o != NULL);
                 for (int r = 0; r < rows; r++) a[i][r] = _mm512_fmadd_ps(wv, xv[r], a[i][r]);
             }
         }
@@ -245,14 +171,10 @@ static inline __attribute__((always_inline)) void tile16(const int nb, const int
         for (int r = 0; r < rows; r++) out[r * n_out + i] = _mm512_reduce_add_ps(a[i][r]);
 }
 
-/* nb, rows and the code format as constants in each call, so the accumulators live in registers */
-#define TILE(NB, R) case (NB) * 8 + (R): \
-    if (packed && !w && (R) <= 4) tile16_packed(NB, (R) <= 4 ? (R) : 4, q, s, o, k, group, x, out, n_out); \
-    else if (packed) tile16(NB, R, q, s, o, k, group, x, out, n_out, w, 1); \
-    else tile16(NB, R, q, s, o, k, group, x, out, n_out, w, 0); \
-    break;
-static void tile(int nb, int rows, const uint8_t *q, const float *s, const float *o, int64_t k, int64_t group,
-                 const float *x, float *out, int64_t n_out, const float *w, int packed)
+/* nb and rows as constants in each call, so the accumulators live in registers */
+#define TILE(NB, R) case (NB) * 8 + (R): tile16(NB, R, q, s, o, k, group, x, out, n_out, w); break;
+static void tile(int nb, int rows, const int8_t *q, const float *s, const float *o, int64_t k, int64_t group,
+                 const float *x, float *out, int64_t n_out, const float *w)
 {
     switch (nb * 8 + rows) {
     TILE(1, 1) TILE(1, 2) TILE(1, 3) TILE(1, 4) TILE(2, 1) TILE(2, 2) TILE(2, 3) TILE(2, 4)
@@ -262,19 +184,14 @@ static void tile(int nb, int rows, const uint8_t *q, const float *s, const float
     }
 }
 
-static void dequantise_row16(const uint8_t *q, const float *s, const float *o, int64_t k, int64_t group, float *w,
-                             const int packed)
+static void dequantise_row16(const int8_t *q, const float *s, const float *o, int64_t k, int64_t group, float *w)
 {
-    const int64_t rb = row_bytes(k, packed);
-    int8_t unpacked[64] __attribute__((aligned(64)));
     for (int64_t g = 0; g < k / group; g++) {
         const __m512 vs = _mm512_set1_ps(s[g]), vo = _mm512_set1_ps(o ? o[g] : 0.0f);
         _mm_prefetch((const char *)(s + PREFETCH_TILES * 4 * (k / group) + g), _MM_HINT_T0);
         for (int64_t j = g * group; j < (g + 1) * group; j += 16) {
-            _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * rb + row_bytes(j, packed)), _MM_HINT_T0);
-            if (packed && j % 64 == 0) unpack64(q + row_bytes(j, 1), unpacked);
-            const int8_t *codes = packed ? unpacked + j % 64 : (const int8_t *)q + j;
-            _mm512_store_ps(w + j, weights16(codes, vs, vo, o != NULL));
+            _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * k + j), _MM_HINT_T0);
+            _mm512_store_ps(w + j, weights16(q + j, vs, vo, o != NULL));
         }
     }
 }
@@ -286,10 +203,10 @@ static void dequantise_row16(const uint8_t *q, const float *s, const float *o, i
 #ifndef CHUNK_BYTES
 #define CHUNK_BYTES (512 * 1024)
 #endif
-static void matmul16(const float *x, int64_t rows, int64_t k, const uint8_t *q, const float *scale,
-                     const float *offset, int64_t group, int64_t n_out, float *y, int threads, int packed)
+static void matmul16(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *scale,
+                     const float *offset, int64_t group, int64_t n_out, float *y, int threads)
 {
-    const int64_t groups = k / group, tiles = (n_out + 3) / 4, rb = row_bytes(k, packed);
+    const int64_t groups = k / group, tiles = (n_out + 3) / 4;
     const int buffered = rows > 4;  /* the tile's weights are then read rows / 4 times: dequantise them once */
     int64_t chunk = rows;
     if (buffered) {
@@ -305,16 +222,14 @@ static void matmul16(const float *x, int64_t rows, int64_t k, const uint8_t *q, 
             for (int64_t t = 0; t < tiles; t++) {
                 const int64_t n = 4 * t;
                 const int nb = n_out - n < 4 ? (int)(n_out - n) : 4;
-                const uint8_t *qn = q + n * rb;
+                const int8_t *qn = q + n * k;
                 const float *sn = scale + n * groups, *on = offset ? offset + n * groups : NULL;
                 if (w)
-                    for (int i = 0; i < nb; i++)
-                        dequantise_row16(qn + i * rb, sn + i * groups, on ? on + i * groups : NULL, k, group,
-                                         w + i * k, packed);
+                    for (int i = 0; i < nb; i++) dequantise_row16(qn + i * k, sn + i * groups, on ? on + i * groups : NULL, k, group, w + i * k);
                 const int step = w ? TILE_ROWS : 4;  /* from the buffer, the registers hold more accumulators */
                 for (int64_t r = r0; r < r1; r += step)
                     tile(nb, r1 - r < step ? (int)(r1 - r) : step, qn, sn, on, k, group, x + r * k,
-                         y + r * n_out + n, n_out, w, packed);
+                         y + r * n_out + n, n_out, w);
             }
         }
         free(w);
@@ -331,7 +246,7 @@ int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const 
     if (group <= 0 || k % group) return -1;
 #ifdef WIDE
     if (group % 16 == 0) {
-        matmul16(x, rows, k, (const uint8_t *)q, scale, offset, group, n_out, y, threads, 0);
+        matmul16(x, rows, k, q, scale, offset, group, n_out, y, threads);
         return 0;
     }
 #endif
@@ -364,34 +279,6 @@ int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const 
 int int8_wide(void)
 {
 #ifdef WIDE
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-/* y = x @ W.T for packed 5-bit codes (the layout at the top): the AVX-512 path's products on them.  Returns 0,
- * or -1 where this build has no AVX-512 VBMI path, the group is not 16, 32 or 64, or the rows are not a
- * multiple of 64 codes (the caller packs only where int5_ready() says 1, and only such weights). */
-int int5_matmul(const float *x, int64_t rows, int64_t k, const void *packed, const float *scale,
-                const float *offset, int64_t group, int64_t n_out, float *y, int threads)
-{
-#if defined(WIDE) && defined(PACKED_CODES)
-    if (group > 0 && group % 16 == 0 && 64 % group == 0 && k % 64 == 0 && k % group == 0) {
-        matmul16(x, rows, k, (const uint8_t *)packed, scale, offset, group, n_out, y, threads, 1);
-        return 0;
-    }
-#else
-    (void)x; (void)rows; (void)k; (void)packed; (void)scale; (void)offset; (void)group; (void)n_out; (void)y;
-    (void)threads;
-#endif
-    return -1;
-}
-
-/* 1 when int5_matmul computes here (AVX-512 with VBMI). */
-int int5_ready(void)
-{
-#if defined(WIDE) && defined(PACKED_CODES)
     return 1;
 #else
     return 0;

@@ -24,8 +24,8 @@ import torch
 
 from ..messages import KeyedError, Said, first_line
 from ..paths import cache_root
-from .int8 import (int8_weights, kernel_available, kernel_identity, load_codes, pack_small_codes, quantise_model,
-                   save_codes, w8a8_identity, w8a16_identity)
+from .int8 import (int8_weights, kernel_available, kernel_identity, load_codes, quantise_model, save_codes,
+                   w8a8_identity, w8a16_identity)
 from .precision import (PrecisionError, check_weights, cost, fingerprint, integer_path, read_cost, w8a8_cost,
                         w8a16_cost, within_default_bound, write_cost)
 from .handle import ModelHandle, from_model  # noqa: F401  (ModelHandle: re-exported for callers)
@@ -359,7 +359,6 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
             save_codes(codes, codes_dir / INT8_CODES)
     progress(0.9, Said("progress_int8_weights"))
     made = quantise_model(handle.model, codes)
-    pack_small_codes(handle.model)  # the same products from fewer bytes where the codes fit 5 bits
     gc.collect()
     int8 = from_model(handle.model, handle.tokenizer, model_id=handle.model_id, source=handle.source,
                       device=handle.device, dtype=handle.dtype)

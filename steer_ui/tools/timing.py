@@ -147,6 +147,5 @@ def parameter_bytes(module: torch.nn.Module, dtype: torch.dtype | None = None) -
         seen.add(key)
         size = torch.empty((), dtype=dtype).element_size() if dtype is not None else p.element_size()
         total += p.numel() * size
-    # int8 weights: what a product reads (codes or their packed form, scales, offsets)
-    return total + sum(w.read_bytes() for w in int8_weights(module))
+    return total + sum(w.nbytes() for w in int8_weights(module))  # int8 weights: codes, scales, offsets
 
