@@ -17,6 +17,7 @@ import gradio as gr
 
 from .. import plots
 from ..model.analysis import EXPLOSION_THRESHOLD
+from ..messages import UserError
 from ..model.units import alpha_grid
 from ..service import RANDOM, Service
 from . import extra_terms, i18n, panel_keys, relabel
@@ -409,6 +410,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 session, prompt, spec, sampling, {"vector": vector or RANDOM, "layer": layer, "alpha": alpha,
                                                   "relative": relative, "seed": vector_seed, "extra": extra},
                 supersede=True)
+        ended = False
         for frame in frames:
             if not frame.done:
                 if time.monotonic() - shown < FRAME_INTERVAL_S:
@@ -416,10 +418,15 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
                 shown = time.monotonic()
                 yield key, frame.unsteered_text, highlighted(frame), gr.skip(), gr.skip(), gr.skip()
                 continue
+            ended = True
             tokens_frame = frame.token_frame()
             key, fig = relabel.keep(backend, session, [generations_key, per_token], generations_panel, made_for,
                                     tokens_frame)
             yield key, frame.unsteered_text, highlighted(frame), fig, table(tokens_frame), frame.as_dict()
+        if not ended and not from_page(request):
+            # a newer generation of this session cancelled this one: the page shows the newer one, while an API
+            # caller would otherwise take the last partial frame for a whole answer
+            raise UserError("generation_superseded")
 
     def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended, extra=""):
         return (prompt, vector, int(layer), bool(relative), int(vector_seed or 0), float(alpha_max), target or "",

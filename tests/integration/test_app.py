@@ -115,6 +115,28 @@ def test_a_long_generation_streams_at_most_four_frames_a_second_and_ends_with_al
         assert intermediate >= 1  # still streamed, not held back to the end
 
 
+def test_of_two_generations_of_one_client_the_cancelled_one_says_so_in_one_line(app):
+    """One session's newest generation cancels its older ones (they write the same panels); the page simply shows
+    the newest, while an API caller is told, instead of taking the last partial frame for a whole answer."""
+    _, url = app
+    c = client(url)
+    args = (PROMPT, RANDOM, 1, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 200, 0)
+    for _attempt in range(3):  # both must be decoding at once: sent together, the second starts within a step
+        jobs = [c.submit(*args, api_name="/generate") for _ in range(2)]
+        finished, told = [], []
+        for job in jobs:
+            try:
+                finished.append(job.result(timeout=60))
+            except Exception as exc:  # noqa: BLE001 - the refusal under test
+                told.append(str(exc))
+        if told:
+            assert len(told) == 1 and len(finished) == 1, told
+            assert "newer generation from this session took its place" in told[0] and "\n" not in told[0]
+            assert finished[0][-1]["done"] and len(finished[0][-1]["steered"]["tokens"]) > 60
+            return
+    pytest.fail("in three tries neither generation was cancelled by the other")
+
+
 def test_a_vector_that_states_its_bound_is_steered_within_it_unless_the_client_says_otherwise(app, tmp_path):
     import dataclasses
 
