@@ -41,10 +41,10 @@ static void rope(float *x, const float *cos_, const float *sin_, int64_t d)
 }
 
 /* e^x for the GELU and the attention's softmax below, written so that the compiler vectorises its loop (libm's
- * expf and tanhf are scalar calls: 36,864 tanhf a one-row step, 0.38-0.48 ms, 11 ms at 24 rows).  Cephes' expf: x = k·ln 2 + r with
- * |r| <= ln 2 / 2 (ln 2 in two parts), a degree-7 polynomial for e^r, 2^k from the exponent bits; about one
- * unit in the last place.  k is rounded by adding and subtracting 1.5·2^23 (floorf does not vectorise
- * without -fno-trapping-math).  The argument is clamped to [-87, 88], where 2^k stays a normal float. */
+ * expf and tanhf are scalar calls: 36,864 tanhf a one-row step, 0.38-0.48 ms, 11 ms at 24 rows). Cephes' expf: x =
+ * k·ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts), a degree-7 polynomial for e^r, 2^k from the exponent bits;
+ * about one unit in the last place. k is rounded by adding and subtracting 1.5·2^23 (floorf does not vectorise
+ * without -fno-trapping-math). The argument is clamped to [-87, 88], where 2^k stays a normal float. */
 static inline float exp_vec(float x)
 {
     x = x < -87.0f ? -87.0f : x;

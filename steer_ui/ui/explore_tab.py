@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import plots
-from ..model.analysis import EXPLOSION_THRESHOLD
 from ..messages import UserError
+from ..model.analysis import EXPLOSION_THRESHOLD
 from ..model.units import alpha_grid
 from ..service import RANDOM, Service
 from . import extra_terms, i18n, panel_keys, relabel

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from browser_kit import NEEDS_CHROMIUM, browser, free_port, upload_statements  # noqa: F401 (fixture)
+from browser_kit import NEEDS_CHROMIUM, browser, served, upload_statements  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
 
@@ -24,29 +24,20 @@ WAITING = "Waiting for another job (Concepts: Explode, then fix) to finish — 1
 GRADIO_PROGRESS = ".progress-text, .eta-bar, .progress-level, .meta-text, .meta-text-center"
 
 
-@contextmanager
-def launched(handle, workdir):
-    """The app on ``handle``, served on a free local port: (backend, url)."""
+def _serve(handle, workdir):
+    """(backend, url) of the app on ``handle`` while the fixture that yields from this runs."""
     from steer_ui.service import Service
-    from steer_ui.ui.app import build_demo, launch_kwargs
 
     backend = Service(handle=handle, workdir=workdir)
-    demo = build_demo(backend)
-    demo.queue()
-    port = free_port()
-    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
-    try:
-        yield backend, f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
+    with served(backend) as url:
+        yield backend, url
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     from steer_ui.tiny import tiny_handle
 
-    with launched(tiny_handle("llama"), tmp_path_factory.mktemp("jobs")) as served:
-        yield served
+    yield from _serve(tiny_handle("llama"), tmp_path_factory.mktemp("jobs"))
 
 
 @pytest.fixture
@@ -55,8 +46,7 @@ def wide_app(tmp_path_factory):
     any CPU: on the width-64 model 12 prompts of 128 tokens ended in 0.3 s in CI, within the page's first poll."""
     from steer_ui.tiny import tiny_handle
 
-    with launched(tiny_handle("llama", layers=4, hidden=256), tmp_path_factory.mktemp("wide")) as served:
-        yield served
+    yield from _serve(tiny_handle("llama", layers=4, hidden=256), tmp_path_factory.mktemp("wide"))
 
 
 def open_page(browser, url):

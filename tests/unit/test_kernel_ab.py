@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from steer_ui.model import fused_decode
 from steer_ui.model.fused_decode import unsupported
+from steer_ui.model.int8 import local_includes
 from steer_ui.model.loading import load_model
 from steer_ui.tools import kernel_ab
 
@@ -33,8 +35,9 @@ def test_a_revision_s_sources_are_written_beside_each_other(tmp_path):
 
 
 def test_the_same_kernel_gives_the_same_texts_and_a_changed_one_does_not(handle, tmp_path):
-    for name in ("block_kernel.c", "int8_kernel.c"):
-        shutil.copy(ROOT / "steer_ui" / "model" / name, tmp_path / name)
+    source = fused_decode._SOURCE  # this tree's block kernel and the files it includes, copied beside each other
+    for name in (source.name, *local_includes(source.read_bytes())):
+        shutil.copy(source.parent / name, tmp_path / name)
     same = kernel_ab.compare(handle, tmp_path / "block_kernel.c", "The capital of France is", tokens=6, reps=2)
     for mode in kernel_ab.MODES:
         assert same[mode]["texts_equal"] and len(same[mode]["new_over_old"]) == 2
