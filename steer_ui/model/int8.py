@@ -22,6 +22,7 @@ import ctypes
 import functools
 import hashlib
 import json
+import os
 import platform
 import re
 import subprocess
@@ -66,7 +67,9 @@ def _library(source_path: Path, extra_flags: tuple[str, ...]):
     with _BUILD_LOCK:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(f".{threading.get_ident()}.tmp")
+            # the process id too: two processes (the test suite's workers, several app processes) may build at once,
+            # and a thread id is only unique within one process
+            tmp = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             try:
                 subprocess.run(["cc", *flags, "-o", str(tmp), str(source_path)], check=True, capture_output=True,
                                timeout=120)
