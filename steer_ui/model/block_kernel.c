@@ -83,26 +83,6 @@ static int product(const void *const *w, const int64_t *dim, int which, const fl
                        y, threads);
 }
 
-/* The products of weights first .. first + count - 1, which read the same input x (q, k, v; gate, up), into
- * y[0 .. count - 1], in one parallel region (int8_matmul_many): the same sums as product() each. */
-static int products(const void *const *w, const int64_t *dim, int first, int count, const float *x, int64_t rows,
-                    float *const *y, int threads)
-{
-    const int8_t *q[MANY_MAX];
-    const float *s[MANY_MAX], *o[MANY_MAX];
-    int64_t g[MANY_MAX], n[MANY_MAX];
-    const int64_t k = dim[3 * first + 2];
-    if (count > MANY_MAX) return -1;
-    for (int i = 0; i < count; i++) {
-        const void *const *p = w + 3 * (first + i);
-        const int64_t *d = dim + 3 * (first + i);
-        if (d[2] != k) return -1;
-        q[i] = (const int8_t *)p[0], s[i] = (const float *)p[1], o[i] = (const float *)p[2];
-        g[i] = d[0], n[i] = d[1];
-    }
-    return int8_matmul_many(x, rows, k, count, q, s, o, g, n, y, threads);
-}
-
 /* Scratch floats the caller provides for `rows` rows. */
 int64_t block_scratch(int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                       int64_t inter, int64_t cap)
@@ -122,8 +102,9 @@ int block_step(int64_t rows, int64_t hidden, float *h, const float *const *gains
     float *k = a + rows * qd, *v = k + rows * kd, *gate = v + rows * kd, *up = gate + rows * inter;
     float *scores = up + rows * inter;
     for (int64_t r = 0; r < rows; r++) rms(h + r * hidden, gains[G_IN], hidden, eps, x + r * hidden);
-    float *const qkv[] = {q, k, v};
-    if (products(w, dim, W_Q, 3, x, rows, qkv, threads)) return -1;  /* W_Q, W_K, W_V are consecutive */
+    if (product(w, dim, W_Q, x, rows, q, threads) || product(w, dim, W_K, x, rows, k, threads)
+        || product(w, dim, W_V, x, rows, v, threads))
+        return -1;
     for (int64_t r = 0; r < rows; r++) {
         const float *c = cos_ + r * head_dim, *s = sin_ + r * head_dim;
         for (int64_t i = 0; i < heads; i++) {
@@ -186,8 +167,7 @@ int block_step(int64_t rows, int64_t hidden, float *h, const float *const *gains
         for (int64_t n = 0; n < hidden; n++) hr[n] += orow[n];
         rms(hr, gains[G_PRE_FF], hidden, eps, x + r * hidden);
     }
-    float *const gate_up[] = {gate, up};
-    if (products(w, dim, W_GATE, 2, x, rows, gate_up, threads)) return -1;  /* W_GATE, W_UP are consecutive */
+    if (product(w, dim, W_GATE, x, rows, gate, threads) || product(w, dim, W_UP, x, rows, up, threads)) return -1;
 #pragma omp simd
     for (int64_t n = 0; n < rows * inter; n++) gate[n] = gelu_tanh(gate[n]) * up[n];
     if (product(w, dim, W_DOWN, gate, rows, o, threads)) return -1;

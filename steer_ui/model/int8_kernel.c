@@ -274,44 +274,6 @@ int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const 
     return 0;
 }
 
-#define MANY_MAX 4  /* weights one int8_matmul_many call takes together */
-
-/* y[i] = x @ W_i.T for `count` weights that read the same input x (a block's q, k and v; its gate and up), in one
- * parallel region instead of one each.  For up to 4 input rows on the AVX-512 path the tiles of all the weights
- * are split between the threads together: a decode step's k and v products are 64 tiles each, too little work
- * for a region of their own (a step opened 126 of them).  Each tile is the call int8_matmul makes, with the same
- * arguments, so every output equals int8_matmul's bit for bit.  Otherwise each weight goes to int8_matmul.
- * Returns 0, or -1 when an input width is not a multiple of its weight's group. */
-int int8_matmul_many(const float *x, int64_t rows, int64_t k, int count, const int8_t *const *q,
-                     const float *const *scale, const float *const *offset, const int64_t *group,
-                     const int64_t *n_out, float *const *y, int threads)
-{
-    for (int i = 0; i < count; i++)
-        if (group[i] <= 0 || k % group[i]) return -1;
-#ifdef WIDE
-    int together = rows <= 4 && count <= MANY_MAX;
-    for (int i = 0; i < count; i++) together = together && group[i] % 16 == 0;
-    if (together) {
-        int64_t first[MANY_MAX + 1];  /* weight i's tiles are first[i] .. first[i + 1] - 1 */
-        first[0] = 0;
-        for (int i = 0; i < count; i++) first[i + 1] = first[i] + (n_out[i] + 3) / 4;
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t t = 0; t < first[count]; t++) {
-            int i = 0;
-            while (t >= first[i + 1]) i++;
-            const int64_t n = 4 * (t - first[i]), groups = k / group[i];
-            const int nb = n_out[i] - n < 4 ? (int)(n_out[i] - n) : 4;
-            tile(nb, (int)rows, q[i] + n * k, scale[i] + n * groups, offset[i] ? offset[i] + n * groups : NULL, k,
-                 group[i], x, y[i] + n, n_out[i], NULL);
-        }
-        return 0;
-    }
-#endif
-    for (int i = 0; i < count; i++)
-        if (int8_matmul(x, rows, k, q[i], scale[i], offset[i], group[i], n_out[i], y[i], threads)) return -1;
-    return 0;
-}
-
 /* 1 when this build has the AVX-512 path: it beats a BLAS on dequantised slabs at every row count measured
  * (up to 672 rows), so the caller sends it every product; the AVX2 path only up to 64 rows. */
 int int8_wide(void)

@@ -116,43 +116,6 @@ def test_both_vector_paths_give_the_product_and_row_independent_sums(path, out_f
         assert torch.equal(w.kernel_product(fn, x[lo:hi].contiguous()), together[lo:hi]), (lo, hi)
 
 
-@pytest.mark.parametrize("path", ["native", "avx2"])
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
-def test_weights_sharing_an_input_in_one_call_equal_each_weight_s_own_product_bit_for_bit(path, rows):
-    """``int8_matmul_many`` (the block kernel's q/k/v and gate/up in one parallel region): for up to 4 rows on the
-    AVX-512 path every weight's tiles are split between the threads together, past that (and on AVX2) each weight
-    goes alone; either way each output is the one ``int8_matmul`` gives, bit for bit, at one thread and two."""
-    import ctypes
-    import shutil
-
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc) here: the torch path serves int8")
-    if path == "avx2" and not _avx512_here():
-        pytest.skip("this CPU has no AVX-512: the native build is the AVX2 path, checked by the 'native' case")
-    library = int8_mod._library(int8_mod._SOURCE, ("-mno-avx512f",) if path == "avx2" else ())
-    single = int8_mod._kernel(("-mno-avx512f",) if path == "avx2" else ())
-    many = library.int8_matmul_many
-    many.restype = ctypes.c_int
-    P, I = ctypes.c_void_p, ctypes.c_int64
-    many.argtypes = [P, I, I, ctypes.c_int, P, P, P, P, P, P, ctypes.c_int]
-    # Q8_0-like, Q4_K-like (affine) and Q6_K-like groups, output counts that end on part of a tile
-    weights = [_weight(130, 96, 32, False, seed=7), _weight(33, 96, 32, True, seed=8), _weight(7, 96, 16, False, seed=9)]
-    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(10))
-    for threads in (1, 2):
-        outs = [torch.full((rows, w.shape[0]), float("nan")) for w in weights]
-        status = many(x.data_ptr(), rows, 96, len(weights),
-                      (P * 3)(*[w.codes.data_ptr() for w in weights]), (P * 3)(*[w.scale.data_ptr() for w in weights]),
-                      (P * 3)(*[None if w.offset is None else w.offset.data_ptr() for w in weights]),
-                      (I * 3)(*[w.group for w in weights]), (I * 3)(*[w.shape[0] for w in weights]),
-                      (P * 3)(*[o.data_ptr() for o in outs]), threads)
-        assert status == 0
-        for w, out in zip(weights, outs):
-            assert torch.equal(out, w.kernel_product(single, x)), (threads, w.shape)
-    bad = many(x.data_ptr(), rows, 96, 1, (P * 1)(weights[0].codes.data_ptr()), (P * 1)(weights[0].scale.data_ptr()),
-               (P * 1)(None), (I * 1)(36), (I * 1)(130), (P * 1)(outs[0].data_ptr()), 2)
-    assert bad == -1  # 96 inputs are not groups of 36
-
-
 def test_per_channel_rounding_is_within_half_a_step():
     w = torch.randn(50, 96, generator=torch.Generator().manual_seed(4))
     q = per_channel(w)
