@@ -67,8 +67,8 @@ def _library(source_path: Path, extra_flags: tuple[str, ...]):
     with _BUILD_LOCK:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
-            # the process id too: two processes (the test suite's workers, several app processes) may build at once,
-            # and a thread id is only unique within one process
+            # the process id too: two processes (several app processes on one cache) may build at once, and a
+            # thread id is only unique within one process
             tmp = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             try:
                 subprocess.run(["cc", *flags, "-o", str(tmp), str(source_path)], check=True, capture_output=True,
