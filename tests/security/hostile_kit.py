@@ -17,6 +17,9 @@ RANDOM = "random direction"
 PROMPT = "The weather today is"
 LAYER = 6
 HIDDEN = 640  # Gemma 3 270M
+# the apps whose cases are about addresses and sessions, not the model, run the tiny llama (4 blocks): each
+# saves an embedded model's load (~10 s) and its generations in CI's 30 minutes
+TINY_APP, TINY_LAYER = ["--model", "tiny:llama"], 2
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY_CAP = 3 * 2**30  # the app's peak resident memory over the whole suite
 
@@ -25,16 +28,16 @@ def client(server, **kwargs) -> Client:
     return Client(server.url, verbose=False, download_files=False, **kwargs)
 
 
-def honest_numbers(c: Client) -> dict:
+def honest_numbers(c: Client, layer: int = LAYER) -> dict:
     """The honest session's next-token numbers."""
-    *_, numbers = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, api_name="/next_token")
+    *_, numbers = c.predict(PROMPT, RANDOM, layer, 0.5, True, 0, api_name="/next_token")
     return numbers
 
 
-def honest_view(c: Client) -> tuple:
+def honest_view(c: Client, layer: int = LAYER) -> tuple:
     """The honest session's results: next-token numbers and a greedy side-by-side generation."""
-    numbers = honest_numbers(c)
-    *_, result = c.predict(PROMPT, RANDOM, LAYER, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0, api_name="/generate")
+    numbers = honest_numbers(c, layer)
+    *_, result = c.predict(PROMPT, RANDOM, layer, 0.5, True, 0, True, 0.8, 0, 1.0, 1.0, 8, 0, api_name="/generate")
     # probabilities of the generated tokens: #17's bar is probabilities within float noise
     return (numbers, result["unsteered"]["text"], result["steered"]["text"],
             [math.exp(t["logprob"]) for t in result["steered"]["tokens"]])
@@ -46,7 +49,7 @@ def same_view(view: tuple, solo: tuple) -> str | None:
     return same(view[:3], solo[:3]) or same(view[3], solo[3], DECODE_TOL, "[3]")
 
 
-def watch(server):
+def watch(server, layer: int = LAYER):
     """The honest session: its view now, and a check that it is still exactly that (and the server alive).
 
     ``unchanged(full=False)`` checks the next-token numbers only (~0.3 s against ~2.4 s with the generation on
@@ -54,14 +57,14 @@ def watch(server):
     fixture runs the full check once more when the module ends, so anything an attack left behind (a hook, a
     changed vector, a stuck row) still fails the suite."""
     c = client(server)
-    first = honest_view(c)
+    first = honest_view(c, layer)
 
     def unchanged(full: bool = True) -> None:
         assert server.alive(), "the server stopped answering"
         if full:
-            changed = same(honest_view(c), first)
+            changed = same(honest_view(c, layer), first)
         else:
-            changed = same(honest_numbers(c), first[0])
+            changed = same(honest_numbers(c, layer), first[0])
         assert changed is None, f"another session's output changed: {changed}"
 
     return unchanged

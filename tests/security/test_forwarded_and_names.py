@@ -24,7 +24,7 @@ import torch
 from gradio_client import handle_file
 
 from app_process import ROOT, running
-from hostile_kit import HIDDEN, client, refused, save_native, watch
+from hostile_kit import HIDDEN, TINY_APP, TINY_LAYER, client, refused, save_native, watch
 from raw_http import joined_calls
 
 SHARE, FLOOD = 8, 24  # sessions one address keeps; fresh sessions the flood asks for
@@ -79,9 +79,9 @@ def guesses(server, count: int, forwarded, peer: str = PROXY) -> list[str]:
 class TestByDefaultNoPeerIsTrusted:
     @pytest.fixture(scope="class")
     def app(self, tmp_path_factory):
-        with running(["--model", "embedded", "--wait", "--sessions-per-address", str(SHARE)],
+        with running([*TINY_APP, "--wait", "--sessions-per-address", str(SHARE)],
                      tmp_path_factory.mktemp("trust_none") / "app.log") as srv:
-            yield srv, watch(srv)
+            yield srv, watch(srv, TINY_LAYER)
 
     def test_a_fresh_forwarded_header_is_not_a_fresh_address_for_the_session_cap(self, app):
         server, honest = app
@@ -99,9 +99,9 @@ class TestByDefaultNoPeerIsTrusted:
 
 
 def test_forwarded_allow_ips_honours_the_header_from_the_named_proxies_only(tmp_path):
-    with running(["--model", "embedded", "--wait", "--sessions-per-address", str(SHARE), "--forwarded-allow-ips",
-                  PROXY], tmp_path / "app.log") as server:
-        honest = watch(server)
+    with running([*TINY_APP, "--wait", "--sessions-per-address", str(SHARE), "--forwarded-allow-ips", PROXY],
+                 tmp_path / "app.log") as server:
+        honest = watch(server, TINY_LAYER)
         assert flood(server, forwarded_from)["ok"] == FLOOD  # each claimed address keeps its own share
         assert not any(PAUSED in t for t in guesses(server, 40, forwarded_from))  # each its own count
         # a peer that is not named cannot name itself: all of its guesses count against its own address

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from app_process import running
-from hostile_kit import LAYER, MEMORY_CAP, PROMPT, client, raw_call, watch
+from hostile_kit import MEMORY_CAP, PROMPT, TINY_APP, TINY_LAYER, client, raw_call, watch
 from same_results import same
 
 FLOOD_ADDRESS = "127.0.0.9"  # the flooding client; the honest ones come from 127.0.0.1
@@ -23,18 +23,18 @@ SHARE, FLOOD = 16, 80
 
 @pytest.fixture(scope="module")
 def flooded_server(tmp_path_factory):
-    with running(["--model", "embedded", "--wait", "--sessions-per-address", str(SHARE)],
+    with running([*TINY_APP, "--wait", "--sessions-per-address", str(SHARE)],
                  tmp_path_factory.mktemp("flood") / "app.log") as srv:
         yield srv
 
 
 def test_a_flood_of_fresh_sessions_leaves_every_honest_session_exactly_as_it_was(flooded_server):
     server = flooded_server
-    honest = watch(server)  # next-token numbers and a greedy generation, taken now
+    honest = watch(server, TINY_LAYER)  # next-token numbers and a greedy generation, taken now
     trainer = client(server)
     trainer.predict("sentiment_pairs.csv", "auto", api_name="/bundled_dataset")
-    trained = trainer.predict("mean-diff", LAYER, False, "{}", api_name="/train")["vector"]
-    numbers = trainer.predict(PROMPT, trained, LAYER, 0.2, True, 0, api_name="/next_token")[-1]
+    trained = trainer.predict("mean-diff", TINY_LAYER, False, "{}", api_name="/train")["vector"]
+    numbers = trainer.predict(PROMPT, trained, TINY_LAYER, 0.2, True, 0, api_name="/next_token")[-1]
 
     with ThreadPoolExecutor(8) as pool:
         outcomes = list(pool.map(lambda _: raw_call(server, "bundled_dataset", ["capitals_statements.csv", "auto"],
@@ -48,6 +48,6 @@ def test_a_flood_of_fresh_sessions_leaves_every_honest_session_exactly_as_it_was
     assert newcomer[0] == "ok", newcomer  # a visitor from elsewhere still gets a session
 
     honest()
-    again = trainer.predict(PROMPT, trained, LAYER, 0.2, True, 0, api_name="/next_token")[-1]
+    again = trainer.predict(PROMPT, trained, TINY_LAYER, 0.2, True, 0, api_name="/next_token")[-1]
     assert same(again, numbers) is None  # the trained vector is still there and steers exactly as before
     assert server.peak_rss < MEMORY_CAP, f"peak RSS {server.peak_rss / 2**30:.2f} GB"
