@@ -93,8 +93,7 @@ def lm_head_facts(handle) -> dict:
         "share": params / total if total else float("nan"),
         "tied": bool(handle.arch.tied_lm_head),
         "has_bias": bias is not None,
-        "dtype": (f"int8 ({'float16' if int8.half_scale is not None else 'float32'} scales)" if int8 is not None
-                  else str(w.dtype).replace("torch.", "")),
+        "dtype": "int8 (float32 scales)" if int8 is not None else str(w.dtype).replace("torch.", ""),
         "bytes": int(int8.nbytes() if int8 is not None else w.numel() * w.element_size()),
         "logit_softcap": handle.arch.logit_softcap,
     }

@@ -84,20 +84,15 @@ _ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctype
          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 
 
-def _entry(source_path: Path, extra_flags: tuple[str, ...], name: str, about: str, also: tuple[str, ...] = ()):
+def _entry(source_path: Path, extra_flags: tuple[str, ...], name: str, about: str):
     """(the product function ``name`` of the built file, the int its ``about`` function returns), or (None, None)
-    where no C compiler works.  Every kernel's product takes the same arguments; each of ``also`` (more products)
-    is set on the function as an attribute of its own name."""
+    where no C compiler works.  Every kernel's product takes the same arguments."""
     library = _library(source_path, extra_flags)
     if library is None:
         return None, None
     fn = getattr(library, name)
     fn.restype = ctypes.c_int
     fn.argtypes = _ARGS
-    for other in also:
-        product = getattr(library, other)
-        product.restype, product.argtypes = ctypes.c_int, _ARGS
-        setattr(fn, other, product)
     info = getattr(library, about)
     info.restype = ctypes.c_int
     return fn, info()
@@ -109,7 +104,7 @@ def _kernel(extra_flags: tuple[str, ...] = ()):
 
     ``extra_flags``: added to the compiler's (the tests build the AVX2 path on an AVX-512 machine with
     ``("-mno-avx512f",)``, since CI's machine may have either)."""
-    fn, wide = _entry(_SOURCE, extra_flags, "int8_matmul", "int8_wide", also=("int8_matmul_h",))
+    fn, wide = _entry(_SOURCE, extra_flags, "int8_matmul", "int8_wide")
     if fn is not None:
         fn.wide = bool(wide)  # this build has the AVX-512 path
     return fn
@@ -172,9 +167,6 @@ class Int8Weight:
     w8a8: bool = False
     # the same for integer products on int16 activations (W8A16, w8a16_kernel.c), with the same gate
     w8a16: bool = False
-    # the scales again as float16, where each is one exactly (with_half_scales): what the int8 kernel reads, so a
-    # product streams 2 bytes a group instead of 4 (the embedded unembedding: 10.5 MB of the 189 MB a step reads)
-    half_scale: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -185,15 +177,13 @@ class Int8Weight:
         return self.codes.device
 
     def nbytes(self) -> int:
-        """The bytes a product streams: codes, the scales the int8 kernel reads (float16 where kept), offsets."""
-        scale = self.scale if self.half_scale is None else self.half_scale
-        return sum(t.numel() * t.element_size() for t in (self.codes, scale, self.offset) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.offset) if t is not None)
 
     def slice(self, start: int, end: int | None) -> "Int8Weight":
         """Output rows ``start:end`` (views, no copy)."""
         return Int8Weight(self.codes[start:end], self.scale[start:end],
                           None if self.offset is None else self.offset[start:end], self.group, self.exact,
-                          self.w8a8, self.w8a16, None if self.half_scale is None else self.half_scale[start:end])
+                          self.w8a8, self.w8a16)
 
     def dequantise(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """Rows ``start:end`` as float32 (a multiply, then an add: the same roundings as a GGUF reader)."""
@@ -248,17 +238,11 @@ class Int8Weight:
     def kernel_product(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         """``flat @ W.T`` (flat: contiguous float32 (rows, in) on the CPU) by the compiled kernel ``fn``; None if
         the kernel refuses the shape (inputs not a multiple of the group)."""
-        half = getattr(fn, "int8_matmul_h", None) if self.half_scale is not None else None
-        if half is not None:  # the same numbers from half the scale bytes; refused (None) only by a build without it
-            out = self._call(half, flat, self.half_scale)
-            if out is not None:
-                return out
         return self._call(fn, flat)
 
-    def _call(self, fn, flat: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor | None:
+    def _call(self, fn, flat: torch.Tensor) -> torch.Tensor | None:
         out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
-        scale = self.scale if scale is None else scale
-        status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), scale.data_ptr(),
+        status = fn(flat.data_ptr(), flat.shape[0], flat.shape[1], self.codes.data_ptr(), self.scale.data_ptr(),
                     None if self.offset is None else self.offset.data_ptr(), self.group, self.codes.shape[0],
                     out.data_ptr(), torch.get_num_threads())
         return out if status == 0 else None
@@ -297,20 +281,6 @@ def _float32(w: Int8Weight) -> torch.Tensor:
     if w.offset is not None:
         out.add_(w.offset[..., None])
     return out.view(rows, cols)
-
-
-def with_half_scales(w: Int8Weight) -> Int8Weight:
-    """``w`` with :attr:`Int8Weight.half_scale` set where every scale is a float16 value (a GGUF's Q8_0 scales
-    are stored as float16, so its unembedding's are) and the weight is symmetric; unchanged otherwise.  The kernel
-    widens each back to the same float32, so products are unchanged bit for bit."""
-    scale = w.scale
-    if w.offset is not None or scale.dtype != torch.float32 or scale.device.type != "cpu" or not scale.numel():
-        return w
-    half = scale.half()
-    if not torch.equal(half.float(), scale):  # a scale float16 cannot hold (rounded per row from floats, Q6_K's)
-        return w
-    w.half_scale = half.contiguous()
-    return w
 
 
 def int8_weights(model: nn.Module) -> list[Int8Weight]:
@@ -410,10 +380,6 @@ def quantise_model(model: nn.Module, codes: dict[str, Int8Weight] | None = None)
             if type(child) is nn.Linear:
                 full = f"{parent_name}.{child_name}" if parent_name else child_name
                 setattr(parent, child_name, Int8Linear(int8_of(full, child.weight), child.bias))
-    if head is not None and head.weight.data_ptr() in seen:
-        # the unembedding alone: every decode step streams it whole through the int8 kernel, while the blocks' weights
-        # go through the fused block kernel, which reads float32 scales
-        with_half_scales(seen[head.weight.data_ptr()])
     return {"exact": exact, "rounded": rounded}
 
 

@@ -15,10 +15,6 @@
  * so a batch of users equals each user alone, bit for bit (the order differs between the two paths, and so
  * between machines, which is fine: one machine runs one path).
  *
- * int8_matmul_h takes the scales as float16 (the GGUF's own Q8_0 scales are float16: the unembedding's 21 MB of
- * float32 scales are 10.5 MB so, of the 189 MB one decode step streams through it); each is widened to the same
- * float32 before use, so its products equal int8_matmul's bit for bit.  Symmetric weights only (no offset).
- *
  * Built at first use by steer_ui.model.int8 with the machine's C compiler (-O3 -march=native -fopenmp
  * -ffp-contract=off, so no multiply-add is fused behind our back) and called through ctypes, which releases
  * the GIL for the call.
@@ -32,13 +28,6 @@
 #endif
 #if defined(__AVX512F__) && defined(VECTOR)
 #define WIDE 1
-#endif
-#if defined(VECTOR) && defined(__F16C__)
-#define HALF 1
-/* Scale i: from the float16 copy h where one is given (widened exactly), else from the float32 s. */
-#define SCALE(s, h, i) ((h) ? _cvtsh_ss((h)[i]) : (s)[i])
-#else
-#define SCALE(s, h, i) ((s)[i])
 #endif
 
 #ifdef VECTOR
@@ -63,16 +52,15 @@ static inline __m256 weights8(const int8_t *q, __m256 s, __m256 o, int affine)
  * sum is formed the same way whatever `rows` is (two accumulators, alternate blocks of 8, then the tail in
  * order), so a row's result does not depend on the rows sent with it: a batch of users equals each user
  * alone, bit for bit. */
-static inline __attribute__((always_inline)) void dot_rows_n(const int8_t *q, const float *s, const uint16_t *h,
-        const float *o, int64_t k, int64_t group, const float *x, const int rows, float *out, int64_t stride,
-        const float *w)
+static inline __attribute__((always_inline)) void dot_rows_n(const int8_t *q, const float *s, const float *o,
+        int64_t k, int64_t group, const float *x, const int rows, float *out, int64_t stride, const float *w)
 {
     __m256 a[4][2];
     for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
     int64_t j = 0;
     if (group % 16 == 0) {
         for (int64_t g = 0; g < k / group; g++) {
-            const __m256 vs = _mm256_set1_ps(SCALE(s, h, g)), vo = _mm256_set1_ps(o ? o[g] : 0.0f);
+            const __m256 vs = _mm256_set1_ps(s[g]), vo = _mm256_set1_ps(o ? o[g] : 0.0f);
             for (int64_t e = g * group + group; j < e; j += 16) {
                 /* from `w` when the row was dequantised once for many input rows: the same values */
                 const __m256 w0 = w ? _mm256_load_ps(w + j) : weights8(q + j, vs, vo, o != NULL);
@@ -88,40 +76,37 @@ static inline __attribute__((always_inline)) void dot_rows_n(const int8_t *q, co
         float acc = hsum(_mm256_add_ps(a[r][0], a[r][1]));
         for (int64_t i = j; i < k; i++) {
             const int64_t g = i / group;
-            const float sg = SCALE(s, h, g);
-            const float w = o ? (float)q[i] * sg + o[g] : (float)q[i] * sg;
+            const float w = o ? (float)q[i] * s[g] + o[g] : (float)q[i] * s[g];
             acc += w * x[r * k + i];
         }
         out[r * stride] = acc;
     }
 }
 /* rows as a constant in each call, so the accumulators live in registers */
-static void dot_rows(const int8_t *q, const float *s, const uint16_t *h, const float *o, int64_t k, int64_t group,
-                     const float *x, int rows, float *out, int64_t stride, const float *w)
+static void dot_rows(const int8_t *q, const float *s, const float *o, int64_t k, int64_t group, const float *x,
+                     int rows, float *out, int64_t stride, const float *w)
 {
     switch (rows) {
-    case 1: dot_rows_n(q, s, h, o, k, group, x, 1, out, stride, w); break;
-    case 2: dot_rows_n(q, s, h, o, k, group, x, 2, out, stride, w); break;
-    case 3: dot_rows_n(q, s, h, o, k, group, x, 3, out, stride, w); break;
-    default: dot_rows_n(q, s, h, o, k, group, x, 4, out, stride, w); break;
+    case 1: dot_rows_n(q, s, o, k, group, x, 1, out, stride, w); break;
+    case 2: dot_rows_n(q, s, o, k, group, x, 2, out, stride, w); break;
+    case 3: dot_rows_n(q, s, o, k, group, x, 3, out, stride, w); break;
+    default: dot_rows_n(q, s, o, k, group, x, 4, out, stride, w); break;
     }
 }
 
 /* Row q of the weight as float32 into w (only for groups of a multiple of 16, where dot_rows_n reads it). */
-static void dequantise_row(const int8_t *q, const float *s, const uint16_t *h, const float *o, int64_t k,
-                           int64_t group, float *w)
+static void dequantise_row(const int8_t *q, const float *s, const float *o, int64_t k, int64_t group, float *w)
 {
     for (int64_t g = 0; g < k / group; g++) {
-        const __m256 vs = _mm256_set1_ps(SCALE(s, h, g)), vo = _mm256_set1_ps(o ? o[g] : 0.0f);
+        const __m256 vs = _mm256_set1_ps(s[g]), vo = _mm256_set1_ps(o ? o[g] : 0.0f);
         for (int64_t j = g * group; j < (g + 1) * group; j += 8) _mm256_store_ps(w + j, weights8(q + j, vs, vo, o != NULL));
     }
 }
 #else
-static void dot_rows(const int8_t *q, const float *s, const uint16_t *h, const float *o, int64_t k, int64_t group,
-                     const float *x, int rows, float *out, int64_t stride, const float *w)
+static void dot_rows(const int8_t *q, const float *s, const float *o, int64_t k, int64_t group, const float *x,
+                     int rows, float *out, int64_t stride, const float *w)
 {
     (void)w;
-    (void)h;  /* without HALF, int8_matmul_h refuses before reaching here */
     for (int r = 0; r < rows; r++) {
         float acc = 0.0f;
         for (int64_t i = 0; i < k; i++) {
@@ -153,8 +138,8 @@ static inline __m512 weights16(const int8_t *q, __m512 s, __m512 o, int affine)
  * input rows: the same values.  Per (row, output): one accumulator over blocks of 16 in order, then the
  * lanes' sum; nothing in it depends on nb or rows.  Needs group % 16 == 0. */
 static inline __attribute__((always_inline)) void tile16(const int nb, const int rows, const int8_t *q,
-        const float *s, const uint16_t *h, const float *o, int64_t k, int64_t group, const float *x, float *out,
-        int64_t n_out, const float *w)
+        const float *s, const float *o, int64_t k, int64_t group, const float *x, float *out, int64_t n_out,
+        const float *w)
 {
     __m512 a[4][TILE_ROWS];
     for (int i = 0; i < nb; i++)
@@ -164,11 +149,10 @@ static inline __attribute__((always_inline)) void tile16(const int nb, const int
         __m512 vs[4], vo[4];
         if (!w)
             for (int i = 0; i < nb; i++) {
-                vs[i] = _mm512_set1_ps(SCALE(s, h, i * groups + g));
+                vs[i] = _mm512_set1_ps(s[i * groups + g]);
                 vo[i] = _mm512_set1_ps(o ? o[i * groups + g] : 0.0f);
             }
-        if (!w) _mm_prefetch(h ? (const char *)(h + PREFETCH_TILES * 4 * groups + 32 * g)
-                               : (const char *)(s + PREFETCH_TILES * 4 * groups + 16 * g), _MM_HINT_T0);
+        if (!w) _mm_prefetch((const char *)(s + PREFETCH_TILES * 4 * groups + 16 * g), _MM_HINT_T0);
         for (int64_t j = g * group; j < (g + 1) * group; j += 16) {
             /* the codes PREFETCH_TILES tiles ahead, a cache line per step (a tile's 4k bytes over its k / 16
              * steps): measured, the hardware prefetcher alone left a one-row product at a third of the
@@ -188,9 +172,9 @@ static inline __attribute__((always_inline)) void tile16(const int nb, const int
 }
 
 /* nb and rows as constants in each call, so the accumulators live in registers */
-#define TILE(NB, R) case (NB) * 8 + (R): tile16(NB, R, q, s, h, o, k, group, x, out, n_out, w); break;
-static void tile(int nb, int rows, const int8_t *q, const float *s, const uint16_t *h, const float *o, int64_t k,
-                 int64_t group, const float *x, float *out, int64_t n_out, const float *w)
+#define TILE(NB, R) case (NB) * 8 + (R): tile16(NB, R, q, s, o, k, group, x, out, n_out, w); break;
+static void tile(int nb, int rows, const int8_t *q, const float *s, const float *o, int64_t k, int64_t group,
+                 const float *x, float *out, int64_t n_out, const float *w)
 {
     switch (nb * 8 + rows) {
     TILE(1, 1) TILE(1, 2) TILE(1, 3) TILE(1, 4) TILE(2, 1) TILE(2, 2) TILE(2, 3) TILE(2, 4)
@@ -200,13 +184,11 @@ static void tile(int nb, int rows, const int8_t *q, const float *s, const uint16
     }
 }
 
-static void dequantise_row16(const int8_t *q, const float *s, const uint16_t *h, const float *o, int64_t k,
-                             int64_t group, float *w)
+static void dequantise_row16(const int8_t *q, const float *s, const float *o, int64_t k, int64_t group, float *w)
 {
     for (int64_t g = 0; g < k / group; g++) {
-        const __m512 vs = _mm512_set1_ps(SCALE(s, h, g)), vo = _mm512_set1_ps(o ? o[g] : 0.0f);
-        _mm_prefetch(h ? (const char *)(h + PREFETCH_TILES * 4 * (k / group) + g)
-                       : (const char *)(s + PREFETCH_TILES * 4 * (k / group) + g), _MM_HINT_T0);
+        const __m512 vs = _mm512_set1_ps(s[g]), vo = _mm512_set1_ps(o ? o[g] : 0.0f);
+        _mm_prefetch((const char *)(s + PREFETCH_TILES * 4 * (k / group) + g), _MM_HINT_T0);
         for (int64_t j = g * group; j < (g + 1) * group; j += 16) {
             _mm_prefetch((const char *)(q + PREFETCH_TILES * 4 * k + j), _MM_HINT_T0);
             _mm512_store_ps(w + j, weights16(q + j, vs, vo, o != NULL));
@@ -222,7 +204,7 @@ static void dequantise_row16(const int8_t *q, const float *s, const uint16_t *h,
 #define CHUNK_BYTES (512 * 1024)
 #endif
 static void matmul16(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *scale,
-                     const uint16_t *half, const float *offset, int64_t group, int64_t n_out, float *y, int threads)
+                     const float *offset, int64_t group, int64_t n_out, float *y, int threads)
 {
     const int64_t groups = k / group, tiles = (n_out + 3) / 4;
     const int buffered = rows > 4;  /* the tile's weights are then read rows / 4 times: dequantise them once */
@@ -241,15 +223,12 @@ static void matmul16(const float *x, int64_t rows, int64_t k, const int8_t *q, c
                 const int64_t n = 4 * t;
                 const int nb = n_out - n < 4 ? (int)(n_out - n) : 4;
                 const int8_t *qn = q + n * k;
-                const float *sn = half ? NULL : scale + n * groups, *on = offset ? offset + n * groups : NULL;
-                const uint16_t *hn = half ? half + n * groups : NULL;
+                const float *sn = scale + n * groups, *on = offset ? offset + n * groups : NULL;
                 if (w)
-                    for (int i = 0; i < nb; i++)
-                        dequantise_row16(qn + i * k, sn ? sn + i * groups : NULL, hn ? hn + i * groups : NULL,
-                                         on ? on + i * groups : NULL, k, group, w + i * k);
+                    for (int i = 0; i < nb; i++) dequantise_row16(qn + i * k, sn + i * groups, on ? on + i * groups : NULL, k, group, w + i * k);
                 const int step = w ? TILE_ROWS : 4;  /* from the buffer, the registers hold more accumulators */
                 for (int64_t r = r0; r < r1; r += step)
-                    tile(nb, r1 - r < step ? (int)(r1 - r) : step, qn, sn, hn, on, k, group, x + r * k,
+                    tile(nb, r1 - r < step ? (int)(r1 - r) : step, qn, sn, on, k, group, x + r * k,
                          y + r * n_out + n, n_out, w);
             }
         }
@@ -260,14 +239,14 @@ static void matmul16(const float *x, int64_t rows, int64_t k, const int8_t *q, c
 
 #define BUFFER_K 16384  /* widest row dequantised once for many input rows */
 
-/* The scales from `scale` (float32) or, where given, from `half` (float16). */
-static int int8_product(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *scale,
-                   const uint16_t *half, const float *offset, int64_t group, int64_t n_out, float *y, int threads)
+/* Returns 0, or -1 when k is not a multiple of group (the caller checks). */
+int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *scale,
+                const float *offset, int64_t group, int64_t n_out, float *y, int threads)
 {
     if (group <= 0 || k % group) return -1;
 #ifdef WIDE
     if (group % 16 == 0) {
-        matmul16(x, rows, k, q, scale, half, offset, group, n_out, y, threads);
+        matmul16(x, rows, k, q, scale, offset, group, n_out, y, threads);
         return 0;
     }
 #endif
@@ -283,39 +262,16 @@ static int int8_product(const float *x, int64_t rows, int64_t k, const int8_t *q
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < n_out; n++) {
             const int8_t *qn = q + n * k;
-            const float *sn = half ? NULL : scale + n * groups, *on = offset ? offset + n * groups : NULL;
-            const uint16_t *hn = half ? half + n * groups : NULL;
+            const float *sn = scale + n * groups, *on = offset ? offset + n * groups : NULL;
 #ifdef VECTOR
-            if (buffered) dequantise_row(qn, sn, hn, on, k, group, w);
+            if (buffered) dequantise_row(qn, sn, on, k, group, w);
 #endif
             for (int64_t r = 0; r < rows; r += 4)
-                dot_rows(qn, sn, hn, on, k, group, x + r * k, rows - r < 4 ? (int)(rows - r) : 4, y + r * n_out + n,
+                dot_rows(qn, sn, on, k, group, x + r * k, rows - r < 4 ? (int)(rows - r) : 4, y + r * n_out + n,
                          n_out, buffered ? w : NULL);
         }
     }
     return 0;
-}
-
-/* Returns 0, or -1 when k is not a multiple of group (the caller checks). */
-int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q, const float *scale,
-                const float *offset, int64_t group, int64_t n_out, float *y, int threads)
-{
-    return int8_product(x, rows, k, q, scale, NULL, offset, group, n_out, y, threads);
-}
-
-/* The same product with float16 scales (`scale` points at them); -1 also for an offset, or a build without the
- * vector paths' F16C (the caller then uses the float32 scales). */
-int int8_matmul_h(const float *x, int64_t rows, int64_t k, const int8_t *q, const void *scale,
-                  const float *offset, int64_t group, int64_t n_out, float *y, int threads)
-{
-#ifdef HALF
-    if (offset) return -1;
-    return int8_product(x, rows, k, q, NULL, (const uint16_t *)scale, NULL, group, n_out, y, threads);
-#else
-    (void)x; (void)rows; (void)k; (void)q; (void)scale; (void)offset; (void)group; (void)n_out; (void)y;
-    (void)threads;
-    return -1;
-#endif
 }
 
 /* 1 when this build has the AVX-512 path: it beats a BLAS on dequantised slabs at every row count measured

@@ -1,15 +1,13 @@
 """The fused decode step's block kernel at a git revision against this tree's, alternated in one process.
 
     python -m steer_ui.tools.kernel_ab --old HEAD~1 [--prompt-repeat 40] [--tokens 64] [--reps 4]
-    python -m steer_ui.tools.kernel_ab --unembedding-scales [--reps 12]   # float32 (old) vs float16 (new) scales
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
 win or lose. So both builds of ``block_kernel.c`` (with the files each includes) decode in one
 process, turn about, each rep starting with the other. A steered-only decode and a side-by-side decode of
 ``--tokens`` greedy tokens follow a warm-up of each, after the bench's generation prompt written
 ``--prompt-repeat`` times: a long context weighs attention more. Prints one JSON with each build's median step
-per rep, new/old per rep, and whether the two builds' texts were equal.  ``--unembedding-scales`` compares the
-unembedding's int8 products on its float32 scales (old) and on the same scales kept as float16 (new) the same way.
+per rep, new/old per rep, and whether the two builds' texts were equal.
 """
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ import json
 import statistics
 import subprocess
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 from ..model import fused_decode
@@ -47,32 +44,10 @@ def sources_at(revision: str, into: Path) -> Path:
     return into / block
 
 
-@contextmanager
-def float32_unembedding_scales(handle):
-    """The unembedding's products on its float32 scales for the block (its float16 copy set aside)."""
-    w = handle.arch.int8_unembedding
-    half, w.half_scale = w.half_scale, None
-    try:
-        yield
-    finally:
-        w.half_scale = half
-
-
-@contextmanager
-def as_loaded():
-    yield
-
-
-def compare(handle, old_source: Path | None, prompt: str, tokens: int, reps: int) -> dict:
-    """Per mode: each side's median step (ms) per rep, new/old per rep, and whether the texts were equal.  The
-    sides: ``old_source``'s block kernel against this tree's, or (``old_source`` None) the unembedding's float32
-    scales against the float16 ones it was loaded with."""
+def compare(handle, old_source: Path, prompt: str, tokens: int, reps: int) -> dict:
+    """Per mode: each build's median step (ms) per rep, new/old per rep, and whether the texts were equal."""
     steer = seeded_steer(handle, handle.arch.num_layers // 2)[0]
-    if old_source is None:
-        builds = {"old": lambda: float32_unembedding_scales(handle), "new": as_loaded}
-    else:
-        builds = {"old": lambda: fused_decode.kernel_built_from(old_source),
-                  "new": lambda: fused_decode.kernel_built_from(fused_decode._SOURCE)}
+    builds = {"old": old_source, "new": fused_decode._SOURCE}
     out = {}
     for mode in MODES:
         steps = {name: [] for name in builds}
@@ -80,7 +55,7 @@ def compare(handle, old_source: Path | None, prompt: str, tokens: int, reps: int
         for rep in range(reps):
             order = list(builds) if rep % 2 == 0 else list(reversed(builds))
             for name in order:
-                with builds[name]():
+                with fused_decode.kernel_built_from(builds[name]):
                     batch = DecodeBatch(handle)
                     _ours(handle, prompt, [steer], 4, batch, steered_only=mode == "steered_only")  # warm-up
                     _, times, result = _ours(handle, prompt, [steer], tokens, batch,
@@ -97,10 +72,7 @@ def main(argv=None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sides = parser.add_mutually_exclusive_group(required=True)
-    sides.add_argument("--old", help="the git revision whose block kernel is the A side")
-    sides.add_argument("--unembedding-scales", action="store_true",
-                       help="A: the unembedding's products on float32 scales; B: on the float16 ones")
+    parser.add_argument("--old", required=True, help="the git revision whose block kernel is the A side")
     parser.add_argument("--model", default=EMBEDDED)
     parser.add_argument("--prompt-repeat", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
@@ -109,16 +81,10 @@ def main(argv=None) -> None:
     handle = load_model(args.model, weights="int8")
     if fused_decode.unsupported(handle):
         parser.error(f"the fused step cannot decode this model: {fused_decode.unsupported(handle)}")
-    prompt = GENERATION_PROMPT * max(1, args.prompt_repeat)
-    if args.unembedding_scales:
-        if handle.arch.int8_unembedding is None or handle.arch.int8_unembedding.half_scale is None:
-            parser.error("this model's unembedding has no float16 scales to compare (not a GGUF's Q8_0 codes)")
-        result = compare(handle, None, prompt, args.tokens, args.reps)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            result = compare(handle, sources_at(args.old, Path(tmp)), prompt, args.tokens, args.reps)
-    print(json.dumps({"old": args.old or "float32 unembedding scales", "prompt_repeat": args.prompt_repeat,
-                      "tokens": args.tokens,
+    with tempfile.TemporaryDirectory() as tmp:
+        old = sources_at(args.old, Path(tmp))
+        result = compare(handle, old, GENERATION_PROMPT * max(1, args.prompt_repeat), args.tokens, args.reps)
+    print(json.dumps({"old": args.old, "prompt_repeat": args.prompt_repeat, "tokens": args.tokens,
                       "reps": args.reps, **result}))
 
 

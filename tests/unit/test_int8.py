@@ -11,7 +11,7 @@ import torch
 from steer_ui.model import int8 as int8_mod
 from steer_ui.model.gguf_codes import _codes_and_scales, hf_name
 from steer_ui.model.int8 import (Int8Embedding, Int8Linear, Int8Weight, kernel_available, load_codes, per_channel,
-                                 quantise_model, save_codes, with_half_scales)
+                                 quantise_model, save_codes)
 from steer_ui.model.loading import ModelLoadError, load_model
 from steer_ui.model.precision import PrecisionError, check_weights, within_default_bound
 
@@ -114,50 +114,6 @@ def test_both_vector_paths_give_the_product_and_row_independent_sums(path, out_f
     assert torch.allclose(together, expected, rtol=1e-5, atol=1e-4 * float(expected.abs().max()))
     for lo, hi in ((0, 1), (1, 4), (4, 9), (12, 13), (3, 13)):  # 1..10 rows: every tile shape and the buffer
         assert torch.equal(w.kernel_product(fn, x[lo:hi].contiguous()), together[lo:hi]), (lo, hi)
-
-
-@pytest.mark.parametrize("path", ["native", "avx2"])
-@pytest.mark.parametrize("out_features,in_features,group", [(300, 640, 32), (257, 2048, 16), (33, 72, 72), (20, 64, 8)])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_float16_scales_give_the_float32_scales_products_bit_for_bit(path, out_features, in_features, group, threads):
-    """The unembedding's scales as float16 (int8_matmul_h): each is widened to the same float32 before use, so
-    every product equals int8_matmul's on the float32 scales, at every row count (tiles, the buffer, the AVX2
-    path's tail, a group that is no multiple of 16)."""
-    import shutil
-
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc) here: the torch path serves int8")
-    if path == "avx2" and not _avx512_here():
-        pytest.skip("this CPU has no AVX-512: the native build is the AVX2 path, checked by the 'native' case")
-    fn = int8_mod._kernel(("-mno-avx512f",) if path == "avx2" else ())
-    w = _weight(out_features, in_features, group, False, seed=7)
-    w.scale = w.scale.half().float()  # scales a GGUF's Q8_0 holds: float16 values
-    assert with_half_scales(w).half_scale is not None and w.half_scale.dtype == torch.float16
-    x = torch.randn(13, in_features, generator=torch.Generator().manual_seed(8))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for lo, hi in ((0, 1), (1, 3), (0, 4), (4, 9), (0, 13)):
-            part = x[lo:hi].contiguous()
-            half = w._call(fn.int8_matmul_h, part, w.half_scale)
-            assert half is not None, "the float16 entry refused a symmetric weight"
-            assert torch.equal(half, w._call(fn, part)), (lo, hi)
-            assert torch.equal(w.kernel_product(fn, part), half)  # the weight's own product takes it
-    finally:
-        torch.set_num_threads(before)
-
-
-def test_only_scales_float16_holds_exactly_are_kept_as_float16():
-    exact = _weight(40, 64, 32, False, seed=9)
-    exact.scale = exact.scale.half().float()
-    assert with_half_scales(exact).half_scale is not None
-    assert exact.nbytes() == 40 * 64 + 40 * 2 * 2  # the product streams the float16 scales
-    assert exact.slice(5, 9).half_scale.shape == (4, 2)
-    rounded = _weight(40, 64, 32, False, seed=9)  # scales from a float32 rounding: float16 would change them
-    assert with_half_scales(rounded).half_scale is None and rounded.nbytes() == 40 * 64 + 40 * 2 * 4
-    affine = _weight(40, 64, 32, True, seed=9)
-    affine.scale = affine.scale.half().float()
-    assert with_half_scales(affine).half_scale is None  # the float16 entry takes symmetric weights only
 
 
 def test_per_channel_rounding_is_within_half_a_step():

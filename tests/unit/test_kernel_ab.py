@@ -49,29 +49,3 @@ def test_the_same_kernel_gives_the_same_texts_and_a_changed_one_does_not(handle,
     copy.write_text(text.replace("dot *= scaling;", "dot *= 0.0f;"))
     changed = kernel_ab.compare(handle, copy, "The capital of France is", tokens=6, reps=1)
     assert not changed["steered_only"]["texts_equal"]
-
-
-def test_the_unembedding_scales_sides_take_turns_and_put_the_float16_copy_back(handle, monkeypatch):
-    from contextlib import contextmanager
-
-    from steer_ui.model.int8 import with_half_scales
-
-    w = handle.arch.int8_unembedding
-    monkeypatch.setattr(w, "scale", w.scale.half().float())  # a GGUF's Q8_0 scales are float16 values
-    monkeypatch.setattr(w, "half_scale", None)
-    assert with_half_scales(w).half_scale is not None
-    seen = []  # the unembedding's float16 copy as the A side's decodes found it
-    real = kernel_ab.float32_unembedding_scales
-
-    @contextmanager
-    def watched(h):
-        with real(h):
-            seen.append(h.arch.int8_unembedding.half_scale)
-            yield
-
-    monkeypatch.setattr(kernel_ab, "float32_unembedding_scales", watched)
-    both = kernel_ab.compare(handle, None, "The capital of France is", tokens=6, reps=2)
-    for mode in kernel_ab.MODES:  # float16 scales are the float32 ones widened: the same texts
-        assert both[mode]["texts_equal"] and len(both[mode]["new_over_old"]) == 2
-    assert len(seen) == 4 and all(s is None for s in seen)  # the A side decoded without the float16 copy
-    assert w.half_scale is not None  # and gave it back
