@@ -103,7 +103,7 @@ def test_eighty_random_steps_on_a_tiny_model_keep_every_panel_true_to_the_contro
     _tiny_walk(browser, tmp_path, steps=80, seed=36)
 
 
-@pytest.mark.slow  # ~8 minutes; python -m pytest -m slow tests/browser/test_panel_walk.py
+@pytest.mark.slow  # 331 s here; python -m pytest -m slow tests/browser/test_panel_walk.py
 def test_two_hundred_random_steps_of_another_seed_on_a_tiny_model_keep_every_panel_true_to_the_controls(browser, tmp_path):
     _tiny_walk(browser, tmp_path, steps=200, seed=38)
 
