@@ -132,7 +132,7 @@ JS_TAB_LABELS = """
 """
 
 
-TABS = ("model", "data", "train", "explore", "compare", "concepts", "detect", "export")  # ids, in page order
+TABS = ("explore", "model", "data", "train", "compare", "concepts", "detect", "export")  # ids, in page order
 TAB_LABELS = {lang: {tab: i18n.label(lang, f"tab.{tab}") for tab in TABS} for lang in i18n.TRANSLATIONS}
 # a toast's title by its kind (gradio's class on the title), in each language
 TOAST_TITLES = {lang: {"warning": i18n.message(lang, "warning_title"), "info": i18n.message(lang, "notice_title"),
@@ -234,14 +234,17 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         opens_tab = gr.HTML("", elem_id="page-opens-tab", elem_classes="steer-hidden")
         owner = library_ui.owner_state(backend)  # the browser's owner token (local storage)
         with gr.Tabs(selected="explore"):  # never an output (JS_TAB_LABELS says why)
+            # Explore first: the page opens on it, and gradio's page script finds each component an event reads or
+            # writes by a depth-first search of the whole layout, so the tabs before Explore (~170 components)
+            # were searched through on every event (docs/app.md: Tabs; 11 % a typed α, measured)
+            with gr.Tab(T("tab.explore"), id="explore"):
+                explore = build_explore_tab(backend, num_layers)
             with gr.Tab(T("tab.model"), id="model"):
                 model = build_model_tab(backend)
             with gr.Tab(T("tab.data"), id="data"):
                 data = build_data_tab(backend)
             with gr.Tab(T("tab.train"), id="train"):
                 train = build_train_tab(backend, num_layers)
-            with gr.Tab(T("tab.explore"), id="explore"):
-                explore = build_explore_tab(backend, num_layers)
             with gr.Tab(T("tab.compare"), id="compare"):
                 compare = build_compare_tab(backend, explore)
             with gr.Tab(T("tab.concepts"), id="concepts"):

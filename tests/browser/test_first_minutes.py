@@ -23,8 +23,8 @@ from browser_kit import NEEDS_CHROMIUM, ROOT, browser, free_port  # noqa: F401 (
 
 SHOTS = Path(os.environ.get("STEER_UI_SCREENSHOTS") or ROOT / "build" / "screenshots")
 DEFAULT_NAME = "positive sentiment (default)"
-TABS = {"en": ["Model", "Data", "Train", "Explore", "Concepts", "Detect", "Export / Import"],
-        "zh-CN": ["模型", "数据", "训练", "探索", "概念", "检测", "导出 / 导入"]}
+TABS = {"en": ["Explore", "Model", "Data", "Train", "Concepts", "Detect", "Export / Import"],
+        "zh-CN": ["探索", "模型", "数据", "训练", "概念", "检测", "导出 / 导入"]}
 
 pytestmark = [
     pytest.mark.browser,
