@@ -49,9 +49,10 @@ def test_l2s_beats_mean_steering_on_heldout_countries(trained):
     assert [r["epoch"] for r in report["loss_curve"]][:2] == [0, 1]
 
 
-# 8 s on two cores (~60 s before); the recommendation's wording when mean steering wins is tested on a tiny
-# model too (tests/unit/test_l2s.py), this is the measured case on the embedded model
-@pytest.mark.slow  # 17-19 s, for CI's 30 minutes: tests/unit/test_l2s.py checks the same report on a tiny model
+# `slow` for CI's 30 minutes (17-19 s in the twelfth session's full runs, 8 s on an earlier machine): the
+# recommendation's wording when mean steering wins is tested on a tiny model in CI (tests/unit/test_l2s.py); this
+# is the measured case on the embedded model
+@pytest.mark.slow
 def test_l2s_says_plainly_when_mean_steering_wins(gemma):
     # One question per domain (element symbol, animal class, opposite): a shared direction exists and the
     # per-input part must generalise from ~60 items. Seed 0, g as trained, measured L2S +0.008 against Mean-S
