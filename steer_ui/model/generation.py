@@ -51,7 +51,8 @@ from ..limits import MAX_DELTA_LOGIT_LIMIT
 from . import kv_rows, static_decode
 from .dynamic_decode import DynamicDecode
 from .fused_decode import FusedDecode
-from .architecture import argmax_last, centred, topk_last
+from .architecture import centred, topk_last
+from .sampler import choose, noise_generator, process_logits, uniforms  # noqa: F401 (importers)
 from .capture import left_pad, recording
 from .hooks import (HeadSteer, Steer, StepState, between_blocks, input_vector, special_positions, steering,
                     validate)
@@ -184,77 +185,6 @@ def encode_prompt(handle, prompt: str) -> torch.Tensor:
     if ids.shape[1] == 0:
         raise GenerationError("the prompt tokenised to nothing")
     return ids
-
-
-def process_logits(logits: torch.Tensor, history: torch.Tensor | None, s: Sampling) -> torch.Tensor:
-    """Apply repetition penalty, temperature, top-k and top-p to (rows, vocab) logits.
-
-    Filtered-out tokens get -inf.  Greedy (temperature 0) only applies the
-    repetition penalty.  ``logits`` is never modified; when there is nothing
-    to apply it is returned as is (no copy of a vocabulary-sized tensor).
-    """
-    penalise = s.repetition_penalty != 1.0 and history is not None and history.numel()
-    if not penalise and s.temperature == 0:
-        return logits
-    logits = logits.clone()
-    if penalise:
-        history = history.to(logits.device)
-        seen = torch.gather(logits, 1, history)
-        seen = torch.where(seen < 0, seen * s.repetition_penalty, seen / s.repetition_penalty)
-        logits.scatter_(1, history, seen)
-    if s.temperature == 0:
-        return logits
-    logits = logits / s.temperature
-    if s.top_k and s.top_k < logits.shape[-1]:
-        kth = topk_last(logits, s.top_k)[0][:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if s.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        # keep the smallest prefix whose mass reaches top_p (the token crossing it stays)
-        drop_sorted = (cum - sorted_logits.softmax(-1)) >= s.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def noise_generator(seed: int, device) -> torch.Generator:
-    """A request's random stream, seeded, on the ``device`` that samples.
-
-    Drawing the noise where the logits are saves a vocabulary-sized float64
-    copy from host to device per sampled request and step (1 MB at a 128k
-    vocabulary).  CUDA and CPU draw float64; other accelerators (MPS has no
-    float64) draw on the CPU.  A seed gives the same tokens on every run on
-    one device type, not the same tokens on CPU and CUDA (their generators
-    differ), as with any PyTorch sampler.
-    """
-    device = torch.device(device)
-    if device.type not in ("cpu", "cuda"):
-        device = torch.device("cpu")
-    return torch.Generator(device=device).manual_seed(int(seed))
-
-
-def gumbel_noise(rng: torch.Generator, vocab: int) -> torch.Tensor:
-    """(vocab,) float64 Gumbel noise from ``rng``, on its device: one draw of the sampler for one step of one request."""
-    u = torch.rand(vocab, generator=rng, dtype=torch.float64, device=rng.device).clamp_(min=1e-300)
-    # in place: the same values as -log(-log(u)) without three more vocabulary-sized float64 buffers a step
-    return u.log_().neg_().log_().neg_()
-
-
-def choose(processed: torch.Tensor, s: Sampling, noise: torch.Tensor | None) -> torch.Tensor:
-    """Greedy argmax, or a sample: the argmax of the processed logits plus Gumbel ``noise`` (shared by the rows).
-
-    Gumbel-max draws from softmax(processed) exactly.  Unlike inverse-CDF
-    sampling it is all but immune to float noise: a token changes only if
-    the two best perturbed scores lie within the noise of each other, while
-    an inverse CDF over a 262k vocabulary moves a boundary past the uniform
-    whenever the draw lands in the tail, where boundaries are ~1e-6 apart.
-    So a request gets the same sampled tokens alone and in a batch.  Rows
-    given the same noise and equal logits pick the same token (α = 0).
-    """
-    if s.temperature == 0:
-        return argmax_last(processed)
-    return argmax_last(processed.double() + noise.to(processed.device))
 
 
 def _site(layer: int, special_tokens: bool):
@@ -479,11 +409,12 @@ class Request:
                    row_steers=row_steers, kinds=row_kinds(sampling),
                    last_special=bool(special_positions(handle, torch.tensor(ids[-1:])).any()))
 
-    def gumbel(self, vocab: int, device) -> torch.Tensor:
-        """This step's noise from the request's stream, made on first use where the logits are."""
+    def uniforms(self, vocab: int, device) -> torch.Tensor:
+        """This step's uniforms from the request's stream (made on first use where the logits are); the sampler
+        turns the few it needs into Gumbel noise (:mod:`.sampler`)."""
         if self.rng is None:
             self.rng = noise_generator(self.sampling.seed, device)
-        return gumbel_noise(self.rng, vocab)
+        return uniforms(self.rng, vocab)
 
     @property
     def sides(self) -> dict[int, Side]:
@@ -748,7 +679,7 @@ class DecodeBatch:
         picked = []
         for i, r in enumerate(requests):
             self._between()  # each request's sampling is a few passes over the vocabulary
-            noise = r.gumbel(logits.shape[-1], logits.device) if r.sampling.temperature > 0 else None
+            noise = r.uniforms(logits.shape[-1], logits.device) if r.sampling.temperature > 0 else None
             lo = at[(i, STEERED)] - (UNSTEERED in r.kinds)  # the request's first sampled row
             processed = process_logits(logits[lo:lo + len(r.sides)], r.history, r.sampling)
             picked.append(choose(processed, r.sampling, noise))

@@ -179,7 +179,7 @@ ALLOWED = {
     ("steer_ui/model/loading.py", "resolve_device", "torch.device('mps')"): "turns --device auto into a device",
     ("steer_ui/model/loading.py", "resolve_device", "torch.device('cpu')"): "turns --device auto into a device",
     ("steer_ui/model/analysis.py", "naive_logits", ".cpu()"): "logits for display and comparison, on the host",
-    ("steer_ui/model/generation.py", "noise_generator", "torch.device('cpu')"):
+    ("steer_ui/model/sampler.py", "noise_generator", "torch.device('cpu')"):
         "sampling noise is float64, which MPS cannot draw: such devices draw it on the host",
     ("steer_ui/model/analysis.py", "vocab_projection", ".cpu()"): "a table for display",
     ("steer_ui/model/analysis.py", "teacher_forced", ".cpu()"): "per-token log-probabilities and the residual "
