@@ -48,7 +48,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..limits import MAX_DELTA_LOGIT_LIMIT
-from . import kv_rows, static_decode
+from . import kv_rows, static_decode, vocab_pass
 from .dynamic_decode import DynamicDecode
 from .fused_decode import FusedDecode
 from .architecture import centred, topk_last
@@ -676,20 +676,27 @@ class DecodeBatch:
         if limited:
             self._between()
             worst, kept = self._limit_delta(logits, unembedded[m:m + len(limited)], limited, at)
+        k = min(max(int(r.sampling.alternatives) for r in requests), arch.vocab_size)
+        # each row's log-sum-exp, k most likely tokens and argmax in one pass where the kernel can (else None)
+        summary = vocab_pass.summarise(logits, max(k, 1))
         picked = []
         for i, r in enumerate(requests):
             self._between()  # each request's sampling is a few passes over the vocabulary
             noise = r.uniforms(logits.shape[-1], logits.device) if r.sampling.temperature > 0 else None
             lo = at[(i, STEERED)] - (UNSTEERED in r.kinds)  # the request's first sampled row
-            processed = process_logits(logits[lo:lo + len(r.sides)], r.history, r.sampling)
-            picked.append(choose(processed, r.sampling, noise))
+            own = logits[lo:lo + len(r.sides)]
+            processed = process_logits(own, r.history, r.sampling)
+            if summary is not None and processed is own and r.sampling.temperature == 0:
+                picked.append(summary.top_indices[lo:lo + len(r.sides), 0])  # the first maximal index: argmax
+            else:
+                picked.append(choose(processed, r.sampling, noise))
         self._between()
         picked = torch.cat(picked)  # (m,): the sampled rows' tokens, in ``sampled``'s order
         cf_ids = picked.index_select(0, self._index([at[(i, STEERED)] for i in with_cf], picked.device))
         cf_rows = self._index([row(i, COUNTERFACTUAL) for i in with_cf], device)
         counterfactual = arch.logits_at(self.hidden.index_select(0, cf_rows), cf_ids) if with_cf else \
             logits.new_zeros(0)
-        lse = torch.logsumexp(logits, dim=-1)
+        lse = summary.lse if summary is not None else torch.logsumexp(logits, dim=-1)
         chosen = logits.gather(1, picked.unsqueeze(1)).squeeze(1)
         floats = [chosen, lse, counterfactual]
         # the direct Δlogit reads the counterfactual row's final residual
@@ -701,10 +708,10 @@ class DecodeBatch:
             floats.append(direct_delta_logit(arch, self.final.index_select(0, finals), adds,
                                              cf_ids.index_select(0, idx.to(cf_ids.device)),
                                              counterfactual.index_select(0, idx)))
-        k = min(max(int(r.sampling.alternatives) for r in requests), arch.vocab_size)
         self._between()
         if k:
-            top_values, top_indices = topk_last(logits, k)
+            top_values, top_indices = (summary.top_values[:, :k], summary.top_indices[:, :k]) \
+                if summary is not None else topk_last(logits, k)
             floats.append((top_values - lse.unsqueeze(1)).exp().reshape(-1))
         if limited:
             floats += [worst, kept]
