@@ -14,6 +14,7 @@
  * Built like int8_kernel.c (-O3 -march=native -fopenmp -ffp-contract=off) and called through ctypes.
  */
 #include "int8_kernel.c"
+#include "exp_vec.h"
 #include <math.h>
 #include <string.h>
 
@@ -38,31 +39,6 @@ static void rope(float *x, const float *cos_, const float *sin_, int64_t d)
         x[i] = a * cos_[i] - b * sin_[i];
         x[i + half] = b * cos_[i + half] + a * sin_[i + half];
     }
-}
-
-/* e^x for the GELU and the attention's softmax below, written so that the compiler vectorises its loop (libm's
- * expf and tanhf are scalar calls: 36,864 tanhf a one-row step, 0.38-0.48 ms, 11 ms at 24 rows). Cephes' expf: x =
- * k·ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts), a degree-7 polynomial for e^r, 2^k from the exponent bits;
- * about one unit in the last place. k is rounded by adding and subtracting 1.5·2^23 (floorf does not vectorise
- * without -fno-trapping-math). The argument is clamped to [-87, 88], where 2^k stays a normal float. */
-static inline float exp_vec(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - k * 0.693359375f;
-    r = r + k * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)k + 127) << 23;
-    float two_k;
-    memcpy(&two_k, &bits, sizeof two_k);
-    return p * two_k;
 }
 
 /* HF's gelu_pytorch_tanh, 0.5·x·(1 + tanh(y)) with y = sqrt(2/π)·(x + 0.044715·x³), written as the same value

@@ -14,28 +14,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exp_vec.h"
+
 #define CHUNKS 8
 #define MAX_K 64
 #define RUN 1024 /* values whose exponentials are summed in float before the sum moves to double */
 
-/* e^x for x <= 0 in float lanes (the block kernel's Cephes form); 0 below -87, where e^x leaves the normal floats */
+/* e^x for x <= 0; 0 below -87, where exp_vec clamps (e^x leaves the normal floats there) */
 static inline float exp_neg(float x)
 {
-    const float y = x < -87.0f ? -87.0f : x;
-    const float k = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = y - k * 0.693359375f;
-    r = r + k * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)k + 127) << 23;
-    float two_k;
-    memcpy(&two_k, &bits, sizeof two_k);
-    return x < -87.0f ? 0.0f : p * two_k;
+    const float e = exp_vec(x);
+    return x < -87.0f ? 0.0f : e;
 }
 
 typedef struct {

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,3 +65,15 @@ def summarise(logits: torch.Tensor, k: int, kernel=None) -> Summary | None:
     status = fn(x.data_ptr(), rows, x.shape[1], k, values.data_ptr(), indices.data_ptr(), lse.data_ptr(),
                 torch.get_num_threads())
     return Summary(lse, values, indices) if status == 0 else None
+
+
+@contextmanager
+def left_to_torch():
+    """Inside, :func:`summarise` declines every row, so the decode takes torch's passes (A/B runs:
+    ``python -m steer_ui.tools.kernel_ab --vocab-pass``)."""
+    global _SHORTEST
+    kept, _SHORTEST = _SHORTEST, 1 << 62
+    try:
+        yield
+    finally:
+        _SHORTEST = kept

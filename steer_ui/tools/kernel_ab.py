@@ -1,6 +1,7 @@
 """The fused decode step's block kernel at a git revision against this tree's, alternated in one process.
 
     python -m steer_ui.tools.kernel_ab --old HEAD~1 [--prompt-repeat 40] [--tokens 64] [--reps 4]
+    python -m steer_ui.tools.kernel_ab --vocab-pass [--reps 8]   # the one-pass logits summary against torch's passes
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
 win or lose. So both builds of ``block_kernel.c`` (with the files each includes) decode in one
@@ -15,9 +16,10 @@ import json
 import statistics
 import subprocess
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
-from ..model import fused_decode
+from ..model import fused_decode, vocab_pass
 from ..model.generation import DecodeBatch
 from ..model.int8 import local_includes
 from ..model.loading import EMBEDDED, load_model
@@ -46,8 +48,15 @@ def sources_at(revision: str, into: Path) -> Path:
 
 def compare(handle, old_source: Path, prompt: str, tokens: int, reps: int) -> dict:
     """Per mode: each build's median step (ms) per rep, new/old per rep, and whether the texts were equal."""
+    return alternate(handle, {"old": lambda: fused_decode.kernel_built_from(old_source),
+                              "new": lambda: fused_decode.kernel_built_from(fused_decode._SOURCE)}, prompt, tokens, reps)
+
+
+def alternate(handle, sides: dict, prompt: str, tokens: int, reps: int) -> dict:
+    """:func:`compare` for any two ``sides`` ({"old": ..., "new": ...}: a context manager each, inside which that
+    side decodes), taking turns."""
     steer = seeded_steer(handle, handle.arch.num_layers // 2)[0]
-    builds = {"old": old_source, "new": fused_decode._SOURCE}
+    builds = sides  # name -> the context its decode runs in
     out = {}
     for mode in MODES:
         steps = {name: [] for name in builds}
@@ -55,7 +64,7 @@ def compare(handle, old_source: Path, prompt: str, tokens: int, reps: int) -> di
         for rep in range(reps):
             order = list(builds) if rep % 2 == 0 else list(reversed(builds))
             for name in order:
-                with fused_decode.kernel_built_from(builds[name]):
+                with builds[name]():
                     batch = DecodeBatch(handle)
                     _ours(handle, prompt, [steer], 4, batch, steered_only=mode == "steered_only")  # warm-up
                     _, times, result = _ours(handle, prompt, [steer], tokens, batch,
@@ -72,7 +81,9 @@ def main(argv=None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", required=True, help="the git revision whose block kernel is the A side")
+    parser.add_argument("--old", help="the git revision whose block kernel is the A side")
+    parser.add_argument("--vocab-pass", action="store_true",
+                        help="instead: torch's passes over the logits (old) against the one-pass summary (new)")
     parser.add_argument("--model", default=EMBEDDED)
     parser.add_argument("--prompt-repeat", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
@@ -81,10 +92,17 @@ def main(argv=None) -> None:
     handle = load_model(args.model, weights="int8")
     if fused_decode.unsupported(handle):
         parser.error(f"the fused step cannot decode this model: {fused_decode.unsupported(handle)}")
-    with tempfile.TemporaryDirectory() as tmp:
-        old = sources_at(args.old, Path(tmp))
-        result = compare(handle, old, GENERATION_PROMPT * max(1, args.prompt_repeat), args.tokens, args.reps)
-    print(json.dumps({"old": args.old, "prompt_repeat": args.prompt_repeat, "tokens": args.tokens,
+    prompt = GENERATION_PROMPT * max(1, args.prompt_repeat)
+    if args.vocab_pass:
+        result = alternate(handle, {"old": vocab_pass.left_to_torch, "new": nullcontext}, prompt, args.tokens,
+                           args.reps)
+    elif not args.old:
+        parser.error("give --old REVISION or --vocab-pass")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = compare(handle, sources_at(args.old, Path(tmp)), prompt, args.tokens, args.reps)
+    print(json.dumps({"old": "torch's passes" if args.vocab_pass else args.old,
+                      "prompt_repeat": args.prompt_repeat, "tokens": args.tokens,
                       "reps": args.reps, **result}))
 
 

@@ -4,6 +4,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from steer_ui.model import fused_decode
 from steer_ui.model.fused_decode import unsupported
@@ -49,3 +50,18 @@ def test_the_same_kernel_gives_the_same_texts_and_a_changed_one_does_not(handle,
     copy.write_text(text.replace("dot *= scaling;", "dot *= 0.0f;"))
     changed = kernel_ab.compare(handle, copy, "The capital of France is", tokens=6, reps=1)
     assert not changed["steered_only"]["texts_equal"]
+
+
+def test_the_vocab_pass_side_declines_inside_and_both_sides_decode_the_same_texts(handle, monkeypatch):
+    """``kernel_ab --vocab-pass``: the old side is torch's passes (the summary declines inside), and a tiny model's
+    greedy texts are the same either way (its vocabulary let through, as a real one is)."""
+    from steer_ui.model import vocab_pass
+
+    monkeypatch.setattr(vocab_pass, "_SHORTEST", 0)
+    x = torch.randn(1, 300)
+    with vocab_pass.left_to_torch():
+        assert vocab_pass.summarise(x, 3) is None
+    assert vocab_pass.summarise(x, 3) is not None
+    out = kernel_ab.alternate(handle, {"old": vocab_pass.left_to_torch, "new": kernel_ab.nullcontext},
+                              "Once upon a time", 4, 2)
+    assert all(out[mode]["texts_equal"] for mode in kernel_ab.MODES)
