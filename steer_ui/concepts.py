@@ -8,7 +8,7 @@ written down:
   embedding, and how long its rows are.
 * **Sampling** (:func:`sampling_filters`, :func:`sample_many`): the real
   next-token logits of a prompt pushed through the app's own sampler
-  (``generation.process_logits`` / ``generation.choose``), one filter at a
+  (``sampler.process_logits`` / ``sampler.choose``), one filter at a
   time, so the tab shows exactly what ``generate`` does.
 * **The logit explosion and its fix** (:func:`explode`, then
   :func:`fix_explosion`): a vector along one token's unembedding row
