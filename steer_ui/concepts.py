@@ -36,7 +36,8 @@ import torch
 
 from .methods.base import Progress, noop
 from .model.budget import KVLayout, kv_layout  # noqa: F401 - the KV lesson's layout, read where costs are
-from .model.generation import GenerationError, Sampling, choose, encode_prompt, process_logits, side_by_side
+from .model.generation import GenerationError, Sampling, encode_prompt, side_by_side
+from .model.sampler import choose, process_logits
 from .model.hooks import Steer
 from .model.units import to_raw_alpha
 from .messages import Said

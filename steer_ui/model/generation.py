@@ -52,7 +52,7 @@ from . import kv_rows, static_decode, vocab_pass
 from .dynamic_decode import DynamicDecode
 from .fused_decode import FusedDecode
 from .architecture import centred, topk_last
-from .sampler import choose, noise_generator, process_logits, uniforms  # noqa: F401 (importers)
+from .sampler import choose, noise_generator, process_logits, uniforms
 from .capture import left_pad, recording
 from .hooks import (HeadSteer, Steer, StepState, between_blocks, input_vector, special_positions, steering,
                     validate)

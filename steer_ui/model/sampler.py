@@ -101,12 +101,11 @@ def _top_p_from_candidates(logits: torch.Tensor, top_p: float, top_k: int) -> to
         lse = _log_mass(values)
     else:
         lse = _log_mass(logits)
-        values = index = None
     if not torch.isfinite(lse).all():
         return None
     k = _TOP_P_FIRST
     while True:
-        if values is None or not top_k:
+        if not top_k:  # top-k's candidates are taken above; otherwise the 64, 256, ... largest
             values, index = topk_last(logits, min(k, vocab))
         probs = (values.double() - lse).exp()
         dropped = (probs.cumsum(-1) - probs) >= top_p  # the same rule as over the sorted vocabulary
@@ -177,21 +176,28 @@ def gumbel_max(processed: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """(rows,) ``argmax(processed.double() + gumbel(u))`` per row (the first index on a tie), where only the tokens
     that can win get their noise (see the module's docstring)."""
     if processed.device.type != "cpu" or processed.shape[-1] <= _SHORT:
-        return argmax_last(processed.double() + gumbel(u).to(processed.device))
+        return whole_vocabulary_draw(processed, u)
     top_noise = float(gumbel(u.max().reshape(1)))  # the most noise any token gets: g grows with u
     picked = []
     for row in processed:
         token = _row_gumbel_max(row, u, top_noise)
         if token is None:  # NaN or infinite scores: the whole-vocabulary formula says what they mean
-            return argmax_last(processed.double() + gumbel(u))
+            return whole_vocabulary_draw(processed, u)
         picked.append(token)
     return torch.tensor(picked, device=processed.device)
+
+
+def whole_vocabulary_draw(processed: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(rows,) ``argmax(processed.double() + gumbel(u))``, every token's noise added: what :func:`gumbel_max`
+    equals, and its way where the shortcut does not apply."""
+    return argmax_last(processed.double() + gumbel(u).to(processed.device))
 
 
 def _row_gumbel_max(row: torch.Tensor, u: torch.Tensor, top_noise: float) -> int | None:
     probe_values, probe_index = (t[0] for t in topk_last(row.unsqueeze(0), min(_GUMBEL_PROBES, row.numel())))
     probe_scores = probe_values.double() + gumbel(u[probe_index])
-    bar = float(probe_scores.max())
+    best_score = probe_scores.max()
+    bar = float(best_score)
     if not math.isfinite(bar):
         return None
     # a token whose logit plus the most noise stays below the bar cannot win (less a margin for the float64
@@ -201,8 +207,7 @@ def _row_gumbel_max(row: torch.Tensor, u: torch.Tensor, top_noise: float) -> int
     if float(cut) > lowest:
         cut = torch.nextafter(cut, torch.tensor(float("-inf")))
     if probe_values[-1] < cut:  # every token that can win is a probe: the best score, the first index on a tie
-        best = probe_scores == probe_scores.max()
-        return int(probe_index[best].min())
+        return int(probe_index[probe_scores == best_score].min())
     candidates = (row >= cut).nonzero().squeeze(1)  # ascending: argmax's first maximum is the first index
     scores = row[candidates].double() + gumbel(u[candidates])
     return int(candidates[int(scores.argmax())])

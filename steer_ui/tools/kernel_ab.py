@@ -48,23 +48,23 @@ def sources_at(revision: str, into: Path) -> Path:
 
 def compare(handle, old_source: Path, prompt: str, tokens: int, reps: int) -> dict:
     """Per mode: each build's median step (ms) per rep, new/old per rep, and whether the texts were equal."""
-    return alternate(handle, {"old": lambda: fused_decode.kernel_built_from(old_source),
-                              "new": lambda: fused_decode.kernel_built_from(fused_decode._SOURCE)}, prompt, tokens, reps)
+    sides = {"old": lambda: fused_decode.kernel_built_from(old_source),
+             "new": lambda: fused_decode.kernel_built_from(fused_decode._SOURCE)}
+    return alternate(handle, sides, prompt, tokens, reps)
 
 
 def alternate(handle, sides: dict, prompt: str, tokens: int, reps: int) -> dict:
     """:func:`compare` for any two ``sides`` ({"old": ..., "new": ...}: a context manager each, inside which that
     side decodes), taking turns."""
     steer = seeded_steer(handle, handle.arch.num_layers // 2)[0]
-    builds = sides  # name -> the context its decode runs in
     out = {}
     for mode in MODES:
-        steps = {name: [] for name in builds}
+        steps = {name: [] for name in sides}
         texts = {}
         for rep in range(reps):
-            order = list(builds) if rep % 2 == 0 else list(reversed(builds))
+            order = list(sides) if rep % 2 == 0 else list(reversed(sides))
             for name in order:
-                with builds[name]():
+                with sides[name]():
                     batch = DecodeBatch(handle)
                     _ours(handle, prompt, [steer], 4, batch, steered_only=mode == "steered_only")  # warm-up
                     _, times, result = _ours(handle, prompt, [steer], tokens, batch,

@@ -17,7 +17,6 @@ import time
 import torch
 
 from ..model import sampler
-from ..model.architecture import argmax_last
 from ..model.generation import DecodeBatch, Sampling, stream_side_by_side
 from ..model.hooks import Steer
 from ..model.precision import PROBE_PROMPTS
@@ -37,7 +36,7 @@ def whole_vocabulary(logits: torch.Tensor, s: Sampling, rng: torch.Generator) ->
     top_k = s.top_k if s.top_k and s.top_k < x.shape[-1] else 0
     x = sampler.top_p_by_sorting(x, s.top_p, top_k) if s.top_p < 1.0 else \
         (sampler.top_k_filter(x, top_k) if top_k else x)
-    return argmax_last(x.double() + sampler.gumbel(u))
+    return sampler.whole_vocabulary_draw(x, u)
 
 
 def the_samplers_way(logits: torch.Tensor, s: Sampling, rng: torch.Generator) -> torch.Tensor:

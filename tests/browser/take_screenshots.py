@@ -143,13 +143,13 @@ def main() -> int:
         page.wait_for_selector("#next-token-bars .js-plotly-plot", timeout=120_000)
         settle(page)
         if only:
-            for view in ("several", "chat", "tsv"):
+            views = {"several": (several_vectors, "several_vectors"), "chat": (chat, "chat"), "tsv": (tsv, "train_tsv")}
+            for view, (shoot, _) in views.items():
                 if view in only:
-                    {"several": several_vectors, "chat": chat, "tsv": tsv}[view](page, out)
+                    shoot(page, out)
             browser.close()
             demo.close()
-            print("\n".join(str(out / f"{v}.png") for v in ("several_vectors", "chat", "train_tsv")
-                             if v.split("_")[-1 if v.startswith("train") else 0] in only))
+            print("\n".join(str(out / f"{name}.png") for view, (_, name) in views.items() if view in only))
             return 0
 
         page.get_by_role("tab", name="Model").click()

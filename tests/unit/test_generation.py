@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from steer_ui.model.generation import (GenerationError, Sampling, noise_generator, process_logits, side_by_side,
-                                      stream_side_by_side)
+from steer_ui.model.generation import GenerationError, Sampling, side_by_side, stream_side_by_side
 from steer_ui.model.hooks import Steer, hook_count, steering
+from steer_ui.model.sampler import noise_generator, process_logits
 from steer_ui.tiny import FAMILIES
 
 
