@@ -133,6 +133,19 @@ static inline __m512 weights16(const int8_t *q, __m512 s, __m512 o, int affine)
     return affine ? _mm512_add_ps(v, o) : v;
 }
 
+/* The four lane sums of A, B, C, D stored at out[0..3], each by _mm512_reduce_add_ps's own tree (lanes i and
+ * i + 8, then i and i + 4, i and i + 2, i and i + 1; an add is commutative, so the sums are the same bits),
+ * with the four trees sharing their shuffles and adds. */
+static inline __attribute__((always_inline)) void reduce4(__m512 A, __m512 B, __m512 C, __m512 D, float *out)
+{
+    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(A, B, 0x44), _mm512_shuffle_f32x4(A, B, 0xEE));
+    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(C, D, 0x44), _mm512_shuffle_f32x4(C, D, 0xEE));
+    __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xB1));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s)));
+}
+
 /* nb weight rows (starting at q, s, o; row stride k codes, `groups` scales) against `rows` input rows x, into
  * out[r * n_out + i].  From `w` (nb dequantised rows, stride k) when the tile was dequantised once for many
  * input rows: the same values.  Per (row, output): one accumulator over blocks of 16 in order, then the
@@ -167,8 +180,11 @@ static inline __attribute__((always_inline)) void tile16(const int nb, const int
             }
         }
     }
-    for (int i = 0; i < nb; i++)
-        for (int r = 0; r < rows; r++) out[r * n_out + i] = _mm512_reduce_add_ps(a[i][r]);
+    if (nb == 4)
+        for (int r = 0; r < rows; r++) reduce4(a[0][r], a[1][r], a[2][r], a[3][r], out + r * n_out);
+    else
+        for (int i = 0; i < nb; i++)
+            for (int r = 0; r < rows; r++) out[r * n_out + i] = _mm512_reduce_add_ps(a[i][r]);
 }
 
 /* nb and rows as constants in each call, so the accumulators live in registers */

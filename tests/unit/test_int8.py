@@ -116,6 +116,23 @@ def test_both_vector_paths_give_the_product_and_row_independent_sums(path, out_f
         assert torch.equal(w.kernel_product(fn, x[lo:hi].contiguous()), together[lo:hi]), (lo, hi)
 
 
+
+@pytest.mark.parametrize("rows", [1, 5, 13])
+def test_an_outputs_sum_does_not_depend_on_the_outputs_computed_beside_it(rows):
+    """The AVX-512 path reduces a full tile's four outputs with shared shuffles and one alone by
+    ``_mm512_reduce_add_ps``: both must take the same tree, so an output computed in a tile of four (the whole
+    weight) equals it computed alone (a one-row slice), bit for bit, for every register and buffered tile."""
+    fn = int8_mod._kernel()
+    if fn is None:
+        pytest.skip("no C compiler (cc) here: the torch path serves int8")
+    for out_features, in_features, group, affine in CASES[:3]:
+        w = _weight(out_features, in_features, group, affine, seed=7)
+        x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(8))
+        together = w.kernel_product(fn, x)
+        for i in (0, 1, 2, 3, 4, 130, out_features - 1):
+            alone = w.slice(i, i + 1).kernel_product(fn, x)
+            assert torch.equal(alone, together[:, i:i + 1]), (out_features, i)
+
 def test_per_channel_rounding_is_within_half_a_step():
     w = torch.randn(50, 96, generator=torch.Generator().manual_seed(4))
     q = per_channel(w)
