@@ -295,34 +295,24 @@ def row_kinds(s: Sampling) -> tuple[int, ...]:
                  if on)
 
 
-# A prompt pass costs about a fixed part (each block's weights read once, its Python and hooks) plus a part per
-# token row it computes, padding included.  On the CPU the fixed part is worth about this many token rows
-# (embedded Gemma 3 270M, int8, 2 cores: ~7 ms a pass against ~0.7 ms a token row); elsewhere padding is all
-# but free beside a pass, so every burst shares one pass, as before.
-CPU_PASS_TOKEN_ROWS = 10
-
-
 def prefill_groups(requests: Sequence[Request], device) -> list[list[Request]]:
-    """``requests`` split into groups whose prompts run in one left-padded pass each, at the least cost by the
-    model above (one group off the CPU).  A burst of prompts of 2 and 26 tokens padded into one pass computed
-    2.3x the token rows it needed."""
+    """``requests`` split into groups whose prompts run in one pass each: on the CPU one group per prompt
+    length, so no prompt is padded (elsewhere one group: padding is all but free beside a pass there).
+
+    A left-padded row is not computed as it is alone: its attention sums run over more columns, in another
+    order, so its numbers part from the request's solo run in the last bits (the bench's many-users batch: the
+    two chats' probabilities 1.8e-6 and 2.1e-6 from their solo runs, every other request equal bit for bit).
+    Without padding the batch equals each request alone bit for bit on the fused CPU step, which the
+    unembedding's int16 activations need (int8.py: their rounding turns last-bit differences into code steps).
+    It also spares the padding's rows (a burst of prompts of 2 and 26 tokens padded into one pass computed 2.3x
+    the token rows it needed); a pass's fixed part, ~7 ms on the embedded model, is what it costs."""
     requests = list(requests)
     if torch.device(device).type != "cpu" or len(requests) < 2:
         return [requests] if requests else []
-    order = sorted(requests, key=lambda r: len(r.ids))
-    rows = [len(_prefill_plan(r)[0]) for r in order]
-    # best[i]: the least cost of the first i requests (by length); a group ends at its longest prompt
-    best, cut = [0.0] + [math.inf] * len(order), [0] * (len(order) + 1)
-    for i in range(1, len(order) + 1):
-        for j in range(i):
-            cost = best[j] + CPU_PASS_TOKEN_ROWS + len(order[i - 1].ids) * sum(rows[j:i])
-            if cost < best[i]:
-                best[i], cut[i] = cost, j
-    groups, i = [], len(order)
-    while i:
-        groups.append(order[cut[i]:i])
-        i = cut[i]
-    return groups[::-1]
+    by_length: dict[int, list[Request]] = {}
+    for r in sorted(requests, key=lambda r: len(r.ids)):
+        by_length.setdefault(len(r.ids), []).append(r)
+    return list(by_length.values())
 
 
 def _decode_many(tok, ids: list[int]) -> list[str]:

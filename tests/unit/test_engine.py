@@ -65,18 +65,18 @@ def test_eight_concurrent_requests_get_their_solo_results(tiny, family):
     assert hook_count(handle) == 0
 
 
-def test_a_burst_prefills_prompts_of_far_apart_lengths_in_separate_passes(tiny):
-    """Padding a 2-token prompt to 40 tokens costs more on the CPU than a second pass (generation.prefill_groups);
-    elsewhere a burst shares one pass.  Every request lands in exactly one group, and the solo results hold
-    (the test above has prompts of 1 to 15 tokens)."""
+def test_a_burst_prefills_each_prompt_length_in_its_own_pass_on_the_cpu(tiny):
+    """On the CPU no prompt is padded (generation.prefill_groups): a padded row's numbers part from its solo run
+    in the last bits.  Requests of one length share a pass; elsewhere a burst shares one pass.  Every request
+    lands in exactly one group (the test above has the solo results of prompts of 1 to 15 tokens)."""
     handle = tiny("llama")
     short = [Request.make(handle, p, []) for p in ("Hi", "Yo")]
     long = [Request.make(handle, "word " * 40, []) for _ in range(2)]
     middle = Request.make(handle, "word " * 39, [])
-    groups = prefill_groups(short + long + [middle], "cpu")
-    assert sorted(len(g) for g in groups) == [2, 3]
-    assert {id(r) for r in groups[0]} == {id(r) for r in short}
-    assert {id(r) for g in groups for r in g} == {id(r) for r in short + long + [middle]}
+    assert len(short[0].ids) == len(short[1].ids) and len(middle.ids) < len(long[0].ids)
+    groups = prefill_groups(long + [middle] + short, "cpu")
+    assert [[id(r) for r in g] for g in groups] == [[id(r) for r in short], [id(middle)], [id(r) for r in long]]
+    assert all(len({len(r.ids) for r in g}) == 1 for g in groups)
     same = [Request.make(handle, "word " * 10, []) for _ in range(4)]
     assert prefill_groups(same, "cpu") == [same]
     assert [len(g) for g in prefill_groups(short + long, "cuda")] == [4]
