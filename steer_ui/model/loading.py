@@ -27,7 +27,7 @@ from ..paths import cache_root
 from .int8 import (int8_weights, kernel_available, kernel_identity, load_codes, quantise_model, save_codes,
                    w8a8_identity, w8a16_identity)
 from .precision import (PrecisionError, check_weights, cost, fingerprint, integer_path, read_cost, w8a8_cost,
-                        w8a16_cost, within_default_bound, write_cost)
+                        w8a16_cost, w8a16_unembedding_cost, within_default_bound, write_cost)
 from .handle import ModelHandle, from_model  # noqa: F401  (ModelHandle: re-exported for callers)
 
 EMBEDDED = "embedded"
@@ -342,9 +342,10 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
     cost_file = codes_dir / INT8_COST if codes_dir is not None else None
     kernel = kernel_identity()
     measured = read_cost(cost_file, kernel) if cost_file is not None else None
-    w8a8, w8a16 = ((measured or {}).get(path) or {} for path in ("w8a8", "w8a16"))
-    if measured is not None and (w8a8.get("kernel", "") != w8a8_identity() or "status" not in w8a8
-                                 or w8a16.get("kernel", "") != w8a16_identity() or "status" not in w8a16):
+    builds = {"w8a8": w8a8_identity(), "w8a16": w8a16_identity(), "w8a16_unembedding": w8a16_identity()}
+    paths = {path: (measured or {}).get(path) or {} for path in builds}
+    if measured is not None and any(p.get("kernel", "") != builds[path] or "status" not in p
+                                    for path, p in paths.items()):
         measured = None  # measured before W8A8/W8A16 (issue #50) or with another build: measured again, once
     reference = None
     if measured is None:
@@ -369,17 +370,20 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
         own_codes = bool(made["exact"]) and not made["rounded"]
         measured["w8a8"] = w8a8_cost(int8, reference, exact_codes=own_codes)
         measured["w8a16"] = w8a16_cost(int8, reference, exact_codes=own_codes)
+        measured["w8a16_unembedding"] = w8a16_unembedding_cost(int8, reference, exact_codes=own_codes)
         if cost_file is not None:
             write_cost(cost_file, measured)
-    # each only where its measured cost is within the default's bound.  W8A16 is measured but not switched on:
-    # with it on the bench's many-users batch was not exact (0 of 8 equal to their solo runs at 2f9e7d6,
-    # probabilities 1e-5 to 1e-3 apart), though each product is row-independent bit for bit: the float rows
-    # reaching a product alone and in the batch agree only to their last bits, and int16 rounding turns those
-    # into code steps (docs/bench.md, W8A16); the batch's exactness comes first (issue #50)
+    # the first path within the default's bound (precision.AUTO_INTEGER_PATHS).  W8A16 for every product is
+    # measured but not switched on: the fused step's blocks take float activations.  For the unembedding alone
+    # it is on at every row count, so the many-users batch stays exact bit for bit: on the fused step a row is
+    # computed alone, and prompts are never padded (generation.prefill_groups; at 2f9e7d6, before both, the
+    # batch with W8A16 was 0 of 8 equal to its solo runs: docs/bench.md, W8A16)
     on = integer_path(measured)
-    if on is not None:
+    if on == "w8a8":
         for w in int8_weights(int8.model):
-            setattr(w, on, True)
+            w.w8a8 = True
+    elif on == "w8a16_unembedding":
+        int8.arch.int8_unembedding.w8a16 = True
     int8.weights, int8.precision_cost = "int8", measured
     int8.int8_exact = bool(made["exact"]) and not made["rounded"]
     return int8

@@ -38,14 +38,16 @@ class PrecisionError(KeyedError):
     """A weights setting that cannot be used (unknown, or int8 off the CPU)."""
 
 
-# the integer-product paths the loader may switch on, in its order, where measured within the bound: W8A16 is
-# measured but left off while the many-users batch is not exact with it (steer_ui/model/loading.py, _to_int8)
-AUTO_INTEGER_PATHS = ("w8a8",)
+# the integer-product paths the loader may switch on, in its order, where measured within the bound: W8A8 for
+# every product; else W8A16 for the unembedding alone (every row count, so a request's result does not depend
+# on its batch).  W8A16 for every product is measured but left off: the fused CPU step has float activations,
+# so it would decode on the dynamic path, which was slower (steer_ui/model/loading.py, _to_int8)
+AUTO_INTEGER_PATHS = ("w8a8", "w8a16_unembedding")
 
 
 def integer_path(measured: dict | None) -> str | None:
-    """The integer-product path the loader switches on for a model with this measured cost ("w8a8"), or None:
-    the first of :data:`AUTO_INTEGER_PATHS` measured within the bound."""
+    """The integer-product path the loader switches on for a model with this measured cost ("w8a8" or
+    "w8a16_unembedding"), or None: the first of :data:`AUTO_INTEGER_PATHS` measured within the bound."""
     return next((path for path in AUTO_INTEGER_PATHS if ((measured or {}).get(path) or {}).get("on")), None)
 
 
@@ -132,10 +134,23 @@ def w8a16_cost(int8_handle, reference: dict, exact_codes: bool = True) -> dict:
                                      "int16, one scale per row")
 
 
+def w8a16_unembedding_cost(int8_handle, reference: dict, exact_codes: bool = True) -> dict:
+    """As :func:`w8a16_cost`, with integer products on int16 activations for the unembedding alone (the block
+    products keep float activations, so the fused CPU step still decodes).  The unembedding is a decode step's
+    largest product; on the embedded model its int16 rounding costs far less than every product's."""
+    from .int8 import w8a16_identity
+
+    unembedding = int8_handle.arch.int8_unembedding
+    if unembedding is None:
+        return {"on": False, "kernel": w8a16_identity(), "status": "not measured: the unembedding is not int8"}
+    return _rounded_activations_cost(int8_handle, reference, exact_codes, "w8a16", w8a16_identity(),
+                                     "int16, one scale per row, the unembedding only", weights=[unembedding])
+
+
 def _rounded_activations_cost(int8_handle, reference: dict, exact_codes: bool, switch: str, kernel: str | None,
-                              activations: str) -> dict:
-    """The cost of turning the weights' flag ``switch`` on for every product, measured with kernel build
-    ``kernel`` (None: no compiler), then put back off."""
+                              activations: str, weights: list | None = None) -> dict:
+    """The cost of turning the weights' flag ``switch`` on for ``weights`` (default: every product), measured
+    with kernel build ``kernel`` (None: no compiler), then put back off."""
     from .int8 import int8_weights
 
     name = switch.upper()
@@ -143,7 +158,7 @@ def _rounded_activations_cost(int8_handle, reference: dict, exact_codes: bool, s
         return {"on": False, "kernel": None, "status": f"no {name} kernel here (no C compiler)"}
     if not exact_codes:
         return {"on": False, "kernel": kernel, "status": "not measured: the int8 weights are rounded from floats"}
-    weights = int8_weights(int8_handle.model)
+    weights = int8_weights(int8_handle.model) if weights is None else weights
     for w in weights:
         setattr(w, switch, True)
     try:

@@ -2,13 +2,15 @@
 
     python -m steer_ui.tools.kernel_ab --old HEAD~1 [--prompt-repeat 40] [--tokens 64] [--reps 4]
     python -m steer_ui.tools.kernel_ab --vocab-pass [--reps 8]   # the one-pass logits summary against torch's passes
+    python -m steer_ui.tools.kernel_ab --unembedding-int16 [--reps 4]  # the unembedding on float, then int16 activations
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
 win or lose. So both builds of ``block_kernel.c`` (with the files each includes) decode in one
 process, turn about, each rep starting with the other. A steered-only decode and a side-by-side decode of
 ``--tokens`` greedy tokens follow a warm-up of each, after the bench's generation prompt written
 ``--prompt-repeat`` times: a long context weighs attention more. Prints one JSON with each build's median step
-per rep, new/old per rep, and whether the two builds' texts were equal.
+per rep, new/old per rep, and whether the two builds' texts were equal.  ``--unembedding-int16`` also runs the
+bench's many-users section (8 requests of 32 tokens, one after another and at once) for each side in turn.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import json
 import statistics
 import subprocess
 import tempfile
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from ..model import fused_decode, vocab_pass
@@ -77,6 +79,35 @@ def alternate(handle, sides: dict, prompt: str, tokens: int, reps: int) -> dict:
     return out
 
 
+@contextmanager
+def unembedding_activations(handle, int16: bool):
+    """Inside, the unembedding's products take int16 activations (``int16``) or float ones; then as loaded."""
+    weight = handle.arch.int8_unembedding
+    was = weight.w8a16
+    weight.w8a16 = int16
+    try:
+        yield
+    finally:
+        weight.w8a16 = was
+
+
+def many_users_alternated(handle, sides: dict, reps: int) -> dict:
+    """The bench's many-users section (one repetition each time) for each of ``sides`` in turn: per side, the
+    runs' times at once, one after another, their ratio, and how many of the 8 equalled their solo runs."""
+    from .many_users import bench_many_users
+
+    runs = {name: [] for name in sides}
+    for rep in range(reps):
+        for name in (list(sides) if rep % 2 == 0 else list(reversed(sides))):
+            with sides[name]():
+                out = bench_many_users(handle, handle.arch.num_layers // 2, 32, 1, lambda _m: None, moves=5)
+            runs[name].append({key: out[key] for key in ("concurrent_ms", "sequential_ms", "many_users_speedup",
+                                                         "many_users_exact")})
+    return {name: {"runs": r, "median_concurrent_ms": statistics.median(x["concurrent_ms"] for x in r),
+                   "median_speedup": round(statistics.median(x["many_users_speedup"] for x in r), 3)}
+            for name, r in runs.items()}
+
+
 def main(argv=None) -> None:
     import argparse
 
@@ -84,6 +115,9 @@ def main(argv=None) -> None:
     parser.add_argument("--old", help="the git revision whose block kernel is the A side")
     parser.add_argument("--vocab-pass", action="store_true",
                         help="instead: torch's passes over the logits (old) against the one-pass summary (new)")
+    parser.add_argument("--unembedding-int16", action="store_true",
+                        help="instead: the unembedding on float activations (old) against int16 ones (new), and "
+                             "the many-users section with each")
     parser.add_argument("--model", default=EMBEDDED)
     parser.add_argument("--prompt-repeat", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
@@ -96,12 +130,20 @@ def main(argv=None) -> None:
     if args.vocab_pass:
         result = alternate(handle, {"old": vocab_pass.left_to_torch, "new": nullcontext}, prompt, args.tokens,
                            args.reps)
+    elif args.unembedding_int16:
+        if handle.arch.int8_unembedding is None:
+            parser.error("the model's unembedding is not int8")
+        sides = {"old": lambda: unembedding_activations(handle, False),
+                 "new": lambda: unembedding_activations(handle, True)}
+        result = alternate(handle, sides, prompt, args.tokens, args.reps)
+        result["many_users"] = many_users_alternated(handle, sides, args.reps)
     elif not args.old:
-        parser.error("give --old REVISION or --vocab-pass")
+        parser.error("give --old REVISION, --vocab-pass or --unembedding-int16")
     else:
         with tempfile.TemporaryDirectory() as tmp:
             result = compare(handle, sources_at(args.old, Path(tmp)), prompt, args.tokens, args.reps)
-    print(json.dumps({"old": "torch's passes" if args.vocab_pass else args.old,
+    old = "torch's passes" if args.vocab_pass else "float activations" if args.unembedding_int16 else args.old
+    print(json.dumps({"old": old,
                       "prompt_repeat": args.prompt_repeat, "tokens": args.tokens,
                       "reps": args.reps, **result}))
 

@@ -238,15 +238,17 @@ def markdown(results: list[dict]) -> str:
 CROSSOVER_SHAPES = ((1024, 640, 32, True), (2048, 640, 32, True), (640, 2048, 16, False), (262144, 640, 32, False))
 
 
-def crossover(row_counts=(1, 3, 4, 8, 16, 24, 32, 64, 128), reps: int = 7, shapes=CROSSOVER_SHAPES) -> list[dict]:
-    """The float32-arithmetic kernel (today's int8 path) against the integer-product one, each row count and
-    shape timed alternately ``reps`` times on random codes of the model's shapes; the best of each in ms (on a
-    shared machine the best is the least disturbed)."""
+def crossover(row_counts=(1, 3, 4, 8, 16, 24, 32, 64, 128), reps: int = 7, shapes=CROSSOVER_SHAPES,
+              integer: str = "w8a8") -> list[dict]:
+    """The float32-arithmetic kernel (today's int8 path) against an integer-product one (``integer``: "w8a8" or
+    "w8a16"), each row count and shape timed alternately ``reps`` times on random codes of the model's shapes;
+    the best of each in ms (on a shared machine the best is the least disturbed)."""
     import torch
 
     from ..model.int8 import Int8Weight, _kernel
 
     fn = _kernel()
+    by_integers = {"w8a8": Int8Weight.w8a8_product, "w8a16": Int8Weight.w8a16_product}[integer]
     out = []
     for n, k, group, affine in shapes:
         gen = torch.Generator().manual_seed(0)
@@ -255,14 +257,14 @@ def crossover(row_counts=(1, 3, 4, 8, 16, 24, 32, 64, 128), reps: int = 7, shape
                        torch.randn(n, k // group, generator=gen) * 0.01 if affine else None, group)
         for rows in row_counts:
             x = torch.randn(rows, k, generator=gen)
-            today, integer = [], []
+            today, integers = [], []
             for _ in range(reps):
-                for times, product in ((today, lambda: w.kernel_product(fn, x)), (integer, lambda: w.w8a8_product(x))):
+                for times, product in ((today, lambda: w.kernel_product(fn, x)), (integers, lambda: by_integers(w, x))):
                     start = time.perf_counter()
                     product()
                     times.append(time.perf_counter() - start)
             out.append({"shape": f"{n} x {k} (group {group}{', affine' if affine else ''})", "rows": rows,
-                        "float32_ms": 1e3 * min(today), "w8a8_ms": 1e3 * min(integer)})
+                        "float32_ms": 1e3 * min(today), "integer_ms": 1e3 * min(integers)})
     return out
 
 
@@ -331,6 +333,9 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch's threads (default: as the app sets them)")
     parser.add_argument("--crossover", action="store_true",
                         help="time the int8 kernel against the integer-product (W8A8) kernel instead")
+    parser.add_argument("--crossover-path", default="w8a8", choices=("w8a8", "w8a16"),
+                        help="the integer-product kernel --crossover times")
+    parser.add_argument("--crossover-rows", default="1,3,4,8,16,24,32,64,128", help="row counts for --crossover")
     parser.add_argument("--own-norms", action="store_true",
                         help="profile with the norms' own forwards (the step before they were fused)")
     parser.add_argument("--norms-ab", action="store_true",
@@ -351,17 +356,20 @@ def main(argv=None) -> None:
         print(f"load average {load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
         return
     if args.crossover:
-        from ..model.int8 import _w8a8_kernel
+        from ..model.int8 import _w8a8_kernel, _w8a16_kernel
 
         load_start = os.getloadavg()
-        rows = crossover()
-        print(f"W8A8 path {_w8a8_kernel().path}, torch threads {torch.get_num_threads()}; load average "
+        path = args.crossover_path
+        rows = crossover(tuple(int(r) for r in args.crossover_rows.split(",")), integer=path)
+        build = (_w8a8_kernel if path == "w8a8" else _w8a16_kernel)()
+        name = path.upper()
+        print(f"{name} path {build.path}, torch threads {torch.get_num_threads()}; load average "
               f"{load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; best of 7, alternating")
-        print("| shape | rows | int8 weights, float32 products (ms) | W8A8 (ms) | float32 / W8A8 |")
+        print(f"| shape | rows | int8 weights, float32 products (ms) | {name} (ms) | {name} / float32 |")
         print("|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['shape']} | {r['rows']} | {r['float32_ms']:.3f} | {r['w8a8_ms']:.3f} | "
-                  f"{r['float32_ms'] / r['w8a8_ms']:.2f} |")
+            print(f"| {r['shape']} | {r['rows']} | {r['float32_ms']:.3f} | {r['integer_ms']:.3f} | "
+                  f"{r['integer_ms'] / r['float32_ms']:.2f} |")
         return
     handle = load_model(args.model, weights=args.weights)
     if args.own_norms:  # the step before the norms were fused (issue #50's before profile)

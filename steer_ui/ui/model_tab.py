@@ -52,7 +52,8 @@ def weights_text(lang: str, facts: dict) -> str:
     on = integer_path(cost)
     if weights == "int8" and on is not None:
         cost = cost[on]
-        kind = i18n.message(lang, "weights_integer_products", kind=kind, bits=8 if on == "w8a8" else 16)
+        kind = i18n.message(lang, "weights_integer_unembedding", kind=kind) if on == "w8a16_unembedding" else \
+            i18n.message(lang, "weights_integer_products", kind=kind, bits=8)
     numbers = {"dp": f"{cost['max_abs_dp']:.2g}", "agree": cost["top1_agree"], "prompts": cost["prompts"]}
     if weights != "int8":  # auto measured int8 and kept float32
         return i18n.message(lang, "weights_int8_declined", kind=kind, **numbers)

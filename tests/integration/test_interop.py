@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -152,9 +153,28 @@ def run_in_venv(cases: list[dict], workdir: Path) -> dict:
     return torch.load(out, weights_only=True)
 
 
+@contextmanager
+def float_activations(handle):
+    """Every int8 product on float32 activations while inside, then the loader's switches back.  These tests
+    compare what a vector *means* in another library, to float noise; the default's int16 activations in the
+    unembedding (issue #50) turn a last-bit difference between two hooks' sums into a rounding step (logits
+    ~1e-3 apart, within the cost the model line shows), which would hide a real steering difference."""
+    from steer_ui.model.int8 import int8_weights
+
+    weights = int8_weights(handle.model)
+    saved = [(w.w8a8, w.w8a16) for w in weights]
+    for w in weights:
+        w.w8a8 = w.w8a16 = False
+    try:
+        yield
+    finally:
+        for w, (a, b) in zip(weights, saved):
+            w.w8a8, w.w8a16 = a, b
+
+
 def our_logits(handle, vector, alpha: float, ids: list[list[int]], relative: bool = False):
     x = torch.tensor(ids, device=handle.input_device)
-    with torch.no_grad():
+    with torch.no_grad(), float_activations(handle):
         unsteered = handle.model(x).logits[:, -1].float().cpu()
         # repeng and steering-vectors (and llama.cpp) steer every position, BOS included: so do we, on request
         with steering(handle, build_steers(handle, vector, alpha, relative=relative, special_tokens=True)):
@@ -266,7 +286,7 @@ def test_steering_vectors_in_process_relative_alpha(tmp_path, gemma):
     unsteered, steered = our_logits(gemma, vector, alpha, ids, relative=True)
     multiplier = alpha * relative_scale(gemma, layer) / float(vector.direction().norm())
     loaded = sv.SteeringVector(**torch.load(path, weights_only=True))
-    with torch.no_grad(), gemma.lock, loaded.apply(gemma.model, multiplier=multiplier):
+    with torch.no_grad(), gemma.lock, float_activations(gemma), loaded.apply(gemma.model, multiplier=multiplier):
         theirs = gemma.model(torch.tensor(ids, device=gemma.input_device)).logits[:, -1].float().cpu()
     assert (steered - unsteered).abs().max().item() > MIN_EFFECT
     torch.testing.assert_close(theirs, steered, atol=ATOL, rtol=1e-5)

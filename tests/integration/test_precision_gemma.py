@@ -8,13 +8,15 @@ max |Δp| ≤ 0.03 (measured 0.0085 to 0.0203), and where its greedy text parts 
 import pytest
 import torch
 
-from steer_ui.model.generation import DecodeBatch, Request, Sampling, side_by_side
+from steer_ui.model.generation import DecodeBatch, Request, Sampling, prefill_groups, side_by_side
 from steer_ui.model.hooks import Steer
 from steer_ui.model.int8 import kernel_identity
 from steer_ui.model.loading import INT8_CODES, INT8_COST, gguf_cache_dir, embedded_gguf_path, load_model
 from steer_ui.model.precision import PROBE_PROMPTS, next_token_probs, within_default_bound
 
-INT8_MAX_DP = 1e-4
+INT8_MAX_DP = 1e-4  # float32 arithmetic throughout
+# the default since issue #50: the unembedding's products on int16 activations (measured 1.4e-4; greedy identical)
+INT8_W8A16_UNEMBEDDING_MAX_DP = 5e-4
 BF16_MAX_DP = 0.03  # measured 0.0085, 0.0132 and 0.0203 in three runs: bfloat16 kernels vary by run
 
 
@@ -53,19 +55,26 @@ def test_w8a8_is_measured_and_on_only_within_the_bound(gemma):
 
 
 def test_w8a16_is_measured_and_on_only_within_the_bound(gemma):
-    """Issue #50: integer products on int16 activations, measured as W8A8's; whether within the bound is kept
-    with the cost, but the loader leaves it off (the many-users batch was not exact with it: loading.py)."""
+    """Issue #50: integer products on int16 activations, measured as W8A8's, for every product and for the
+    unembedding alone.  Every product's stays off (the fused step's blocks take float activations); the
+    unembedding's is on where it is the first path within the bound (precision.AUTO_INTEGER_PATHS)."""
     from steer_ui.model.int8 import int8_weights, w8a16_identity
+    from steer_ui.model.precision import integer_path
 
-    w8a16 = gemma.precision_cost["w8a16"]
-    assert w8a16["status"] == "measured" and w8a16["kernel"] == w8a16_identity()
-    assert w8a16["on"] == within_default_bound(w8a16)
-    assert {w.w8a16 for w in int8_weights(gemma.model)} == {False}
+    cost = gemma.precision_cost
+    for path in ("w8a16", "w8a16_unembedding"):
+        assert cost[path]["status"] == "measured" and cost[path]["kernel"] == w8a16_identity()
+        assert cost[path]["on"] == within_default_bound(cost[path])
+    unembedding = gemma.arch.int8_unembedding
+    assert {w.w8a16 for w in int8_weights(gemma.model) if w is not unembedding} == {False}
+    assert unembedding.w8a16 == (integer_path(cost) == "w8a16_unembedding")
+    # measured on the embedded model: far inside the bound, so it is the path in use
+    assert cost["w8a16_unembedding"]["max_abs_dp"] < 0.002 and unembedding.w8a16
 
 
 def test_int8_next_token_probabilities_and_greedy_text_match_float32(float32, int8):
     dp = float((next_token_probs(int8) - next_token_probs(float32)).abs().max())
-    assert dp <= INT8_MAX_DP
+    assert dp <= (INT8_W8A16_UNEMBEDDING_MAX_DP if int8.arch.int8_unembedding.w8a16 else INT8_MAX_DP)
     for prompt in PROBE_PROMPTS:
         a, b = _greedy(float32, prompt), _greedy(int8, prompt)
         assert [t.token_id for t in a] == [t.token_id for t in b], prompt
@@ -113,16 +122,17 @@ def test_the_many_users_batch_is_exact_against_solo_runs_in_int8(int8):
     alone = [side_by_side(int8, p, s, sm) for p, s, sm in specs]
     batch = DecodeBatch(int8)
     requests = [Request.make(int8, p, s, sm) for p, s, sm in specs]
-    batch.admit(requests)
+    for group in prefill_groups(requests, "cpu"):  # as the engine admits them: no prompt padded on the CPU
+        batch.admit(group)
     while len(batch):
         batch.sample()
         batch.advance()
+    # bit for bit (issue #50): the fused step computes each row alone, and nothing is padded
     for r, solo in zip(requests, alone):
         for side in ("unsteered", "steered"):
             got, want = getattr(r.result, side), getattr(solo, side)
-            assert [t.token_id for t in got.tokens] == [t.token_id for t in want.tokens]
-            for x, y in zip(got.tokens, want.tokens):
-                assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+            assert [(t.token_id, t.logprob, t.alternatives) for t in got.tokens] == \
+                [(t.token_id, t.logprob, t.alternatives) for t in want.tokens]
 
 
 def test_the_model_line_says_the_precision_and_its_cost(gemma):

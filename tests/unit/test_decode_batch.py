@@ -97,6 +97,38 @@ def test_requests_together_equal_requests_alone_with_int8_weights(family, produc
         _same(r.result, solo)
 
 
+def _identical(batched, alone):
+    """Every token and every reported number equal, bit for bit (``_same`` allows float noise)."""
+    for side in ("unsteered", "steered"):
+        a, b = getattr(batched, side), getattr(alone, side)
+        assert a.text == b.text and a.finished == b.finished
+        assert [(t.token_id, t.logprob, t.alternatives, t.delta_logit, t.direct_delta_logit, t.max_delta_logit,
+                 t.kept) for t in a.tokens] == \
+            [(t.token_id, t.logprob, t.alternatives, t.delta_logit, t.direct_delta_logit, t.max_delta_logit, t.kept)
+             for t in b.tokens], side
+
+
+def test_requests_admitted_as_the_engine_groups_them_equal_requests_alone_bit_for_bit():
+    """Issue #50: on the fused CPU step each row is computed alone and the engine never pads a prompt on the CPU
+    (generation.prefill_groups), so the batch gives each request's solo numbers bit for bit, also with the
+    unembedding on int16 activations (rounding turns any last-bit difference into a code step).  Admitted in
+    one padded pass instead, the padded rows part in the last bits, which is what the no-padding rule is for."""
+    from steer_ui.model.generation import prefill_groups
+    from steer_ui.model.loading import load_model
+
+    handle = load_model("tiny:gemma3", device="cpu", weights="int8")
+    handle.arch.int8_unembedding.w8a16 = True
+    alone, batch, requests = _setup(handle)
+    groups = prefill_groups(requests, "cpu")
+    assert len(groups) == len({len(r.ids) for r in requests}) > 1
+    for group in groups:
+        batch.admit(group)
+    assert batch.decode_path["path"] == "fused"
+    _drain(batch)
+    for r, solo in zip(requests, alone):
+        _identical(r.result, solo)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_requests_join_and_leave_between_steps(tiny, family):
     """Continuous batching: a late request joins a running batch (shorter and longer prompts), early ones leave."""

@@ -65,3 +65,32 @@ def test_the_vocab_pass_side_declines_inside_and_both_sides_decode_the_same_text
     out = kernel_ab.alternate(handle, {"old": vocab_pass.left_to_torch, "new": kernel_ab.nullcontext},
                               "Once upon a time", 4, 2)
     assert all(out[mode]["texts_equal"] for mode in kernel_ab.MODES)
+
+
+def test_the_unembedding_side_switches_its_activations_inside_and_puts_them_back(handle, monkeypatch):
+    """``kernel_ab --unembedding-int16``: inside each side the unembedding's products take float or int16
+    activations (its W8A16 switch, which the loader sets), and leaving puts back what the loader set; the
+    many-users section runs for each side and reports its times and exactness."""
+    from steer_ui.tools import many_users
+
+    weight = handle.arch.int8_unembedding
+    loaded = weight.w8a16
+    for int16 in (True, False):
+        with kernel_ab.unembedding_activations(handle, int16):
+            assert weight.w8a16 is int16
+        assert weight.w8a16 is loaded
+    seen = []
+    real = many_users.bench_many_users
+
+    def short(h, layer, n_tokens, reps, log, moves=20):
+        seen.append(weight.w8a16)
+        return real(h, layer, 3, reps, log, moves=1)
+
+    monkeypatch.setattr(many_users, "bench_many_users", short)
+    sides = {"old": lambda: kernel_ab.unembedding_activations(handle, False),
+             "new": lambda: kernel_ab.unembedding_activations(handle, True)}
+    out = kernel_ab.many_users_alternated(handle, sides, 2)
+    assert seen == [False, True, True, False]  # turn about, each rep starting with the other
+    for side in ("old", "new"):
+        assert [r["many_users_exact"] for r in out[side]["runs"]] == [8, 8]
+        assert out[side]["median_concurrent_ms"] > 0

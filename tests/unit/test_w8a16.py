@@ -125,18 +125,51 @@ def test_the_switch_routes_every_product_and_survives_slices():
 
 
 def test_the_model_line_names_the_integer_path_the_loader_switches_on_and_only_that():
-    """The line shows the cost of the arithmetic in use: W8A8 where the loader turns it on; W8A16, measured within
-    the bound but left off by the loader (precision.AUTO_INTEGER_PATHS), is not named and its cost not shown."""
+    """The line shows the cost of the arithmetic in use: W8A8 where the loader turns it on, else W8A16 on the
+    unembedding where that is within the bound; W8A16 for every product, measured within the bound but left off
+    by the loader (precision.AUTO_INTEGER_PATHS), is never named and its cost not shown."""
     from steer_ui.ui.model_tab import weights_text
 
     measured = {"max_abs_dp": 2e-6, "top1_agree": 6, "prompts": 6,
                 "w8a8": {"on": True, "max_abs_dp": 0.004, "top1_agree": 6, "prompts": 6},
-                "w8a16": {"on": True, "max_abs_dp": 0.00042, "top1_agree": 6, "prompts": 6}}
+                "w8a16": {"on": True, "max_abs_dp": 0.00042, "top1_agree": 6, "prompts": 6},
+                "w8a16_unembedding": {"on": True, "max_abs_dp": 0.00014, "top1_agree": 6, "prompts": 6}}
     line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
     assert "8-bit activations" in line and "0.004" in line
     measured["w8a8"]["on"] = False
     line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
+    assert "unembedding's products on 16-bit activations" in line and "0.00014" in line and "0.00042" not in line
+    measured["w8a16_unembedding"]["on"] = False
+    line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
     assert "activations" not in line and "2e-06" in line and "0.00042" not in line
+
+
+def test_the_unembeddings_cost_is_measured_with_only_its_switch_on_and_put_back():
+    """precision.w8a16_unembedding_cost turns W8A16 on for the unembedding alone while it measures (the block
+    products keep float activations) and leaves every switch as it found it; rounded codes are not measured."""
+    from steer_ui.model import precision
+    from steer_ui.model.int8 import int8_weights
+    from steer_ui.model.loading import load_model
+
+    handle = load_model("tiny:gemma3", device="cpu", weights="int8")
+    reference = precision.fingerprint(handle)
+    unembedding = handle.arch.int8_unembedding
+    seen = []
+    real = int8_mod.Int8Weight.w8a16_product
+
+    def spy(self, flat, fn=None):
+        seen.append(self.codes.untyped_storage().data_ptr())  # a slice of the unembedding shares its storage
+        return real(self, flat, fn)
+
+    int8_mod.Int8Weight.w8a16_product = spy
+    try:
+        measured = precision.w8a16_unembedding_cost(handle, reference, exact_codes=True)
+    finally:
+        int8_mod.Int8Weight.w8a16_product = real
+    assert measured["status"] == "measured" and measured["max_abs_dp"] >= 0
+    assert seen and set(seen) == {unembedding.codes.untyped_storage().data_ptr()}
+    assert {w.w8a16 for w in int8_weights(handle.model)} == {False}
+    assert precision.w8a16_unembedding_cost(handle, reference, exact_codes=False)["on"] is False
 
 
 @pytest.mark.parametrize("switch", ["w8a16", "w8a8"])
