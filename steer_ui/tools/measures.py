@@ -30,7 +30,8 @@ from ..model.prefix import for_prompt
 from ..model.generation import DecodeBatch, Sampling, encode_prompt, stream_side_by_side
 from ..model.hooks import Steer, steering
 from ..model.loading import from_model
-from ..model.precision import PROBE_PROMPTS, final_hidden, next_token_probs  # noqa: F401  (bench and tools read them here)
+# PROBE_PROMPTS, final_hidden and next_token_probs: the bench and tools read them here
+from ..model.precision import PROBE_PROMPTS, final_hidden, integer_path, next_token_probs  # noqa: F401
 from ..model.units import relative_scale, to_raw_alpha
 from ..vector import random_vector
 from .greedy_reference import greedy_vs_reference
@@ -689,7 +690,12 @@ def bench_dtype_accuracy(handle, reference, log) -> dict:
     dtype = str(handle.dtype).replace("torch.", "")
     if handle.weights == "int8":  # measured at load against the float32 model just before quantising
         cost = handle.precision_cost or {}
-        return {"status": "measured", "dtype": "int8 weights, float32 arithmetic",
+        # the arithmetic in use: an integer-product path the loader switched on has its own measured cost
+        path = integer_path(cost)
+        arithmetic = {None: "float32 arithmetic", "w8a8": "every product on int8 activations",
+                      "w8a16_unembedding": "the unembedding's products on int16 activations"}[path]
+        cost = cost if path is None else cost[path]
+        return {"status": "measured", "dtype": f"int8 weights, {arithmetic}",
                 "max_abs_delta_prob": cost.get("max_abs_dp"), "top1_agree": f"{cost.get('top1_agree')}/"
                 f"{cost.get('prompts')}", "max_abs_delta_delta_logit": cost.get("max_abs_ddlogit"),
                 "reference": "the float32 model before quantising (measured at the first load, cached)",

@@ -40,3 +40,20 @@ def test_float32_is_its_own_reference_and_a_bfloat16_copy_differs():
 def test_bench_refuses_an_unknown_dtype_in_one_json_line(capsys):
     code = main(["bench", "--model", "random:llama-mini", "--dtype", "float8", "--quick", "--json"])
     assert code == 2 and "float8" in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_int8s_accuracy_is_the_cost_of_the_arithmetic_the_loader_switched_on():
+    """With int8 weights the figure comes from the first load's measurement: of float32 arithmetic, or of the
+    integer-product path in use (issue #50: the unembedding on int16 activations), named in the table."""
+    from types import SimpleNamespace
+
+    cost = {"max_abs_dp": 9e-7, "top1_agree": 6, "prompts": 6, "max_abs_ddlogit": 2e-5,
+            "w8a8": {"on": False, "max_abs_dp": 0.07, "top1_agree": 6, "prompts": 6, "max_abs_ddlogit": 2.7},
+            "w8a16_unembedding": {"on": True, "max_abs_dp": 1.4e-4, "top1_agree": 6, "prompts": 6,
+                                  "max_abs_ddlogit": 0.005}}
+    handle = SimpleNamespace(weights="int8", precision_cost=cost, dtype=torch.float32)
+    measured = bench_dtype_accuracy(handle, None, print)
+    assert measured["max_abs_delta_prob"] == 1.4e-4 and "unembedding's products on int16" in measured["dtype"]
+    cost["w8a16_unembedding"]["on"] = False
+    measured = bench_dtype_accuracy(handle, None, print)
+    assert measured["max_abs_delta_prob"] == 9e-7 and measured["dtype"] == "int8 weights, float32 arithmetic"
