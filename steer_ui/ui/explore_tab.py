@@ -576,7 +576,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         alpha_max, target, extend, rows.extra]
     assert len(controls) == len(panel_keys.CONTROLS)
     panel_keys.watch("explore", dict(zip(panel_keys.CONTROLS, controls)))
-    _wire_rows(backend, tab, next_token, refresh_all, nt_outputs)
+    _wire_rows(backend, tab, next_token, refresh_all, nt_outputs,
+               (generate, gen_outputs), (mark_alpha, sweep_inputs[:-1], [dose_key, dose]))
     tab.next_token_fn, tab.generate_fn, tab.sweep_fn = next_token, generate, sweep
     tab.refresh_all = refresh_all
     tab.sampling_inputs, tab.gen_outputs, tab.sweep_inputs = sampling_inputs, gen_outputs, sweep_inputs
@@ -585,7 +586,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     return tab
 
 
-def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_outputs: list) -> None:
+def _terms(count, *values) -> str:
+    """The added terms' text from the rows' values as the handlers receive them (five a row, three rows)."""
+    return extra_terms.compose(count, [values[i:i + 5] for i in range(0, len(values), 5)])
+
+
+def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_outputs: list, generation: tuple,
+               dose: tuple) -> None:
     """The added vectors' rows (ui/extra_terms.py): Add and Remove show and hide them; each row's α drives the
     next-token view as the main α does (its release, both generations and the dose-response), and a row's vector
     or layer every panel.  A row's values reach the handlers as one text (``extra``), written from the rows by
@@ -599,9 +606,8 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
     @handler(backend)
     def compose(count, vector_2, layer_2, alpha_2, relative_2, seed_2, vector_3, layer_3, alpha_3, relative_3, seed_3,
                 vector_4, layer_4, alpha_4, relative_4, seed_4, request: gr.Request = None):
-        return extra_terms.compose(count, [(vector_2, layer_2, alpha_2, relative_2, seed_2),
-                                           (vector_3, layer_3, alpha_3, relative_3, seed_3),
-                                           (vector_4, layer_4, alpha_4, relative_4, seed_4)])
+        return _terms(count, vector_2, layer_2, alpha_2, relative_2, seed_2, vector_3, layer_3, alpha_3, relative_3,
+                      seed_3, vector_4, layer_4, alpha_4, relative_4, seed_4)
 
     @handler(backend)
     def next_token_rows(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary, count, vector_2,
@@ -609,12 +615,38 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
                         vector_4, layer_4, alpha_4, relative_4, seed_4, request: gr.Request = None):
         """A drag of a row's α: the added terms and the next-token view for them in one answer, as the main α's
         drag is one event (composing first and drawing in a chained event let an older drawing land last)."""
-        extra = extra_terms.compose(count, [(vector_2, layer_2, alpha_2, relative_2, seed_2),
-                                            (vector_3, layer_3, alpha_3, relative_3, seed_3),
-                                            (vector_4, layer_4, alpha_4, relative_4, seed_4)])
+        extra = _terms(count, vector_2, layer_2, alpha_2, relative_2, seed_2, vector_3, layer_3, alpha_3,
+                       relative_3, seed_3, vector_4, layer_4, alpha_4, relative_4, seed_4)
         drawn_ = next_token(prompt, vector, layer, alpha, relative, vector_seed, whole_vocabulary, extra,
                             request=request)
         return tuple(drawn_) + (extra,) if isinstance(drawn_, tuple) else drawn_
+
+    generate, gen_outputs = generation
+    mark_alpha, dose_inputs, dose_outputs = dose
+
+    # A row's α released: both generations and the dose-response take the added terms from the rows' own values,
+    # as the drag's next_token_rows does, not from ``rows.extra``.  A drag's answer for an earlier α can land
+    # between the release's compose and the generation's start and write its terms there (then the next drag
+    # answer writes the last α's again): the generation was made for that earlier α and left stale for good
+    # (tests/browser/test_several_vectors_browser.py failed so, 1 run in 3 on an Intel Xeon).
+    @handler(backend)
+    def generate_rows(prompt, vector, layer, alpha, relative, vector_seed, greedy, temperature, top_k, top_p,
+                      repetition, max_tokens, seed, delta_limit, count, vector_2, layer_2, alpha_2, relative_2, seed_2,
+                      vector_3, layer_3, alpha_3, relative_3, seed_3, vector_4, layer_4, alpha_4, relative_4, seed_4,
+                      request: gr.Request = None):
+        extra = _terms(count, vector_2, layer_2, alpha_2, relative_2, seed_2, vector_3, layer_3, alpha_3,
+                       relative_3, seed_3, vector_4, layer_4, alpha_4, relative_4, seed_4)
+        yield from generate(prompt, vector, layer, alpha, relative, vector_seed, greedy, temperature, top_k, top_p,
+                            repetition, max_tokens, seed, delta_limit, extra, request=request)
+
+    @handler(backend)
+    def mark_alpha_rows(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, count,
+                        vector_2, layer_2, alpha_2, relative_2, seed_2, vector_3, layer_3, alpha_3, relative_3, seed_3,
+                        vector_4, layer_4, alpha_4, relative_4, seed_4, request: gr.Request = None):
+        extra = _terms(count, vector_2, layer_2, alpha_2, relative_2, seed_2, vector_3, layer_3, alpha_3,
+                       relative_3, seed_3, vector_4, layer_4, alpha_4, relative_4, seed_4)
+        return mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, extra,
+                          request=request)
 
     @handler(backend)
     def add_row(count, layer, alpha_max, extended, relative, vector_seed, request: gr.Request = None):
@@ -679,9 +711,16 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
         alpha.input(next_token_rows, tab.next_token_inputs[:-1] + rows.inputs, nt_outputs + [rows.extra],
                     api_name=f"next_token_on_alpha_{n}", api_visibility="undocumented", trigger_mode="always_last",
                     show_progress="hidden", **SLIDER)
-        refresh_all(alpha.release(compose, rows.inputs, [rows.extra], api_name=f"compose_release_{n}",
-                                  api_visibility="undocumented", trigger_mode="always_last", queue=False,
-                                  show_progress="hidden"), f"release_{n}")
+        alpha.release(compose, rows.inputs, [rows.extra], api_name=f"compose_release_{n}",
+                      api_visibility="undocumented", trigger_mode="always_last", queue=False, show_progress="hidden") \
+            .then(next_token_rows, tab.next_token_inputs[:-1] + rows.inputs, nt_outputs + [rows.extra],
+                  api_name=f"next_token_on_release_{n}", api_visibility="undocumented", show_progress="hidden",
+                  **SLIDER) \
+            .then(generate_rows, tab.steering_inputs + tab.sampling_inputs + rows.inputs, gen_outputs,
+                  api_name=f"generate_on_release_{n}", api_visibility="undocumented", show_progress="hidden",
+                  **EXPLORE) \
+            .then(mark_alpha_rows, dose_inputs + rows.inputs, dose_outputs, api_name=f"mark_alpha_on_release_{n}",
+                  api_visibility="undocumented", show_progress="hidden", **EXPLORE)
         refresh_all(vector.input(compose, rows.inputs, [rows.extra], api_name=f"compose_vector_{n}",
                                  api_visibility="undocumented", queue=False), f"vector_{n}")
         refresh_all(layer.release(compose, rows.inputs, [rows.extra], api_name=f"compose_layer_{n}",
