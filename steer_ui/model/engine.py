@@ -6,7 +6,7 @@ scheduler thread owns a :class:`~.generation.DecodeBatch` and loops:
 
 1. admit waiting requests (up to ``max_requests`` in the batch; the first
    ones wait ``gather_seconds`` for company so that a burst shares prompt
-   passes, one per group of similar lengths: ``generation.prefill_groups``);
+   passes, one per prompt length on the CPU: ``generation.prefill_groups``);
 2. sample every request's next tokens and hand each request its event;
 3. drop the requests that are done, cancelled or past their deadline, and run
    one decode step for the rest.
@@ -394,7 +394,7 @@ class Engine:
         self._give_way()  # take the turn (moves in flight finish first, bounded)
         new = self._take(batch)
         if new:
-            # prompts of very different lengths run in separate passes: padding them together costs more
+            # one pass per prompt length on the CPU: a padded row's numbers would part from its solo run
             tickets = {id(t.request): t for t in new}
             for group in prefill_groups([t.request for t in new], self.handle.input_device):
                 self._admit(batch, [tickets[id(r)] for r in group])

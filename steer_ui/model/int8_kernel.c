@@ -143,7 +143,8 @@ static inline __attribute__((always_inline)) void reduce4(__m512 A, __m512 B, __
     __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
     s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));
     s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xB1));
-    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s)));
+    const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, s)));
 }
 
 /* nb weight rows (starting at q, s, o; row stride k codes, `groups` scales) against `rows` input rows x, into

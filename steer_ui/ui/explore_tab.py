@@ -576,8 +576,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         alpha_max, target, extend, rows.extra]
     assert len(controls) == len(panel_keys.CONTROLS)
     panel_keys.watch("explore", dict(zip(panel_keys.CONTROLS, controls)))
-    _wire_rows(backend, tab, next_token, refresh_all, nt_outputs,
-               (generate, gen_outputs), (mark_alpha, sweep_inputs[:-1], [dose_key, dose]))
+    _wire_rows(backend, tab, next_token, nt_outputs, (generate, gen_outputs),
+               (mark_alpha, sweep_inputs[:-1], [dose_key, dose]))
     tab.next_token_fn, tab.generate_fn, tab.sweep_fn = next_token, generate, sweep
     tab.refresh_all = refresh_all
     tab.sampling_inputs, tab.gen_outputs, tab.sweep_inputs = sampling_inputs, gen_outputs, sweep_inputs
@@ -591,7 +591,7 @@ def _terms(count, *values) -> str:
     return extra_terms.compose(count, [values[i:i + 5] for i in range(0, len(values), 5)])
 
 
-def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_outputs: list, generation: tuple,
+def _wire_rows(backend: Service, tab: ExploreTab, next_token, nt_outputs: list, generation: tuple,
                dose: tuple) -> None:
     """The added vectors' rows (ui/extra_terms.py): Add and Remove show and hide them; each row's α drives the
     next-token view as the main α does (its release, both generations and the dose-response), and a row's vector
@@ -624,11 +624,11 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
     generate, gen_outputs = generation
     mark_alpha, dose_inputs, dose_outputs = dose
 
-    # A row's α released: both generations and the dose-response take the added terms from the rows' own values,
-    # as the drag's next_token_rows does, not from ``rows.extra``.  A drag's answer for an earlier α can land
-    # between the release's compose and the generation's start and write its terms there (then the next drag
-    # answer writes the last α's again): the generation was made for that earlier α and left stale for good
-    # (tests/browser/test_several_vectors_browser.py failed so, 1 run in 3 on an Intel Xeon).
+    # After a row's control (its α released, its vector, layer, units or seed, Add, Remove), every panel takes the
+    # added terms from the rows' own values, as the drag's next_token_rows does, not from ``rows.extra``: a drag's
+    # answer for an earlier α can land between the compose and a panel's start and write its terms there (then
+    # the next drag answer writes the last α's again), and that panel was made for the earlier α and left stale
+    # for good (tests/browser/test_several_vectors_browser.py failed so, 1 run in 3 on an Intel Xeon).
     @handler(backend)
     def generate_rows(prompt, vector, layer, alpha, relative, vector_seed, greedy, temperature, top_k, top_p,
                       repetition, max_tokens, seed, delta_limit, count, vector_2, layer_2, alpha_2, relative_2, seed_2,
@@ -647,6 +647,17 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
                        relative_3, seed_3, vector_4, layer_4, alpha_4, relative_4, seed_4)
         return mark_alpha(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, extra,
                           request=request)
+
+    def refresh_rows(event, trigger: str) -> None:
+        """After ``event``: the bars, both generations and the dose-response, each for the rows as they now are."""
+        event.then(next_token_rows, tab.next_token_inputs[:-1] + rows.inputs, nt_outputs + [rows.extra],
+                   api_name=f"next_token_on_{trigger}", api_visibility="undocumented", show_progress="hidden",
+                   **SLIDER) \
+            .then(generate_rows, tab.steering_inputs + tab.sampling_inputs + rows.inputs, gen_outputs,
+                  api_name=f"generate_on_{trigger}", api_visibility="undocumented", show_progress="hidden",
+                  **EXPLORE) \
+            .then(mark_alpha_rows, dose_inputs + rows.inputs, dose_outputs, api_name=f"mark_alpha_on_{trigger}",
+                  api_visibility="undocumented", show_progress="hidden", **EXPLORE)
 
     @handler(backend)
     def add_row(count, layer, alpha_max, extended, relative, vector_seed, request: gr.Request = None):
@@ -696,34 +707,27 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, refresh_all, nt_ou
         return event.then(compose, rows.inputs, [rows.extra], api_name=f"compose_on_{trigger}",
                           api_visibility="undocumented", queue=False, show_progress="hidden", **kwargs)
 
-    refresh_all(then_compose(rows.add.click(add_row, [rows.count, tab.layer, tab.alpha_max, tab.extend,
+    refresh_rows(then_compose(rows.add.click(add_row, [rows.count, tab.layer, tab.alpha_max, tab.extend,
                                                       tab.relative, tab.vector_seed],
                                             shown_rows + per_row, api_name="add_vector", queue=False),
                              "add"), "add_vector")
-    refresh_all(then_compose(rows.remove.click(remove_row, [rows.count], shown_rows + rows.groups,
+    refresh_rows(then_compose(rows.remove.click(remove_row, [rows.count], shown_rows + rows.groups,
                                                api_name="remove_vector", queue=False), "remove"), "remove_vector")
     for n, (vector, layer, alpha, relative, seed) in enumerate(zip(rows.vectors, rows.layers, rows.alphas,
                                                                   rows.relatives, rows.seeds), start=2):
         for own, what in ((relative, "relative"), (seed, "seed")):  # a row's units or seed: every panel
-            refresh_all(own.input(compose, rows.inputs, [rows.extra], api_name=f"compose_{what}_{n}",
+            refresh_rows(own.input(compose, rows.inputs, [rows.extra], api_name=f"compose_{what}_{n}",
                                   api_visibility="undocumented", trigger_mode="always_last", queue=False),
                         f"{what}_{n}")
         alpha.input(next_token_rows, tab.next_token_inputs[:-1] + rows.inputs, nt_outputs + [rows.extra],
                     api_name=f"next_token_on_alpha_{n}", api_visibility="undocumented", trigger_mode="always_last",
                     show_progress="hidden", **SLIDER)
-        alpha.release(compose, rows.inputs, [rows.extra], api_name=f"compose_release_{n}",
-                      api_visibility="undocumented", trigger_mode="always_last", queue=False, show_progress="hidden") \
-            .then(next_token_rows, tab.next_token_inputs[:-1] + rows.inputs, nt_outputs + [rows.extra],
-                  api_name=f"next_token_on_release_{n}", api_visibility="undocumented", show_progress="hidden",
-                  **SLIDER) \
-            .then(generate_rows, tab.steering_inputs + tab.sampling_inputs + rows.inputs, gen_outputs,
-                  api_name=f"generate_on_release_{n}", api_visibility="undocumented", show_progress="hidden",
-                  **EXPLORE) \
-            .then(mark_alpha_rows, dose_inputs + rows.inputs, dose_outputs, api_name=f"mark_alpha_on_release_{n}",
-                  api_visibility="undocumented", show_progress="hidden", **EXPLORE)
-        refresh_all(vector.input(compose, rows.inputs, [rows.extra], api_name=f"compose_vector_{n}",
+        refresh_rows(alpha.release(compose, rows.inputs, [rows.extra], api_name=f"compose_release_{n}",
+                                   api_visibility="undocumented", trigger_mode="always_last", queue=False,
+                                   show_progress="hidden"), f"release_{n}")
+        refresh_rows(vector.input(compose, rows.inputs, [rows.extra], api_name=f"compose_vector_{n}",
                                  api_visibility="undocumented", queue=False), f"vector_{n}")
-        refresh_all(layer.release(compose, rows.inputs, [rows.extra], api_name=f"compose_layer_{n}",
+        refresh_rows(layer.release(compose, rows.inputs, [rows.extra], api_name=f"compose_layer_{n}",
                                   api_visibility="undocumented", trigger_mode="always_last", queue=False,
                                   show_progress="hidden"), f"layer_{n}")
     # α max and Extend range move every α slider's range; a clamped row α changes the added terms
