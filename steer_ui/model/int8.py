@@ -27,7 +27,7 @@ import platform
 import re
 import subprocess
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -128,6 +128,16 @@ def _w8a16_kernel(extra_flags: tuple[str, ...] = ()):
     fn, path = _entry(_W8A16_SOURCE, extra_flags, "w8a16_matmul", "w8a16_path")
     if fn is not None:
         fn.path = {3: "avx512-vnni", 2: "avx512bw", 1: "avx2", 0: "c"}[path]
+        library = _library(_W8A16_SOURCE, extra_flags)
+        fn.packed_bytes = library.w8a16_packed_bytes
+        fn.packed_bytes.restype, fn.packed_bytes.argtypes = ctypes.c_int64, [ctypes.c_int64] * 3
+        fn.pack = library.w8a16_pack
+        fn.pack.restype = None
+        fn.pack.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3
+        fn.tiles = library.w8a16_tiles_matmul
+        fn.tiles.restype, fn.tiles.argtypes = ctypes.c_int, _ARGS
+        # AMX's tiles take every product whose group fits them (w8a16_kernel.c), on weights packed for them
+        fn.path = "amx" if fn.packed_bytes(16, 64, 32) else fn.path
     return fn
 
 
@@ -148,7 +158,11 @@ def w8a8_identity() -> str | None:
 
 def w8a16_identity() -> str | None:
     """The W8A16 kernel's build (source, flags, CPU), whose cost the loader measures; None without a compiler."""
-    return _kernel_target((), _W8A16_SOURCE)[0].stem if _w8a16_kernel() is not None else None
+    fn = _w8a16_kernel()
+    if fn is None:
+        return None
+    # whether the tiles are granted is the process's, not the build's: their sums run in another order
+    return _kernel_target((), _W8A16_SOURCE)[0].stem + ("-amx" if fn.path == "amx" else "")
 
 
 @dataclass
@@ -167,6 +181,9 @@ class Int8Weight:
     w8a8: bool = False
     # the same for integer products on int16 activations (W8A16, w8a16_kernel.c), with the same gate
     w8a16: bool = False
+    # the codes, scales and offsets as AMX's tiles take them (w8a16_kernel.c's w8a16_pack), made at the first
+    # W8A16 product where this machine has the tiles: (kernel build, codes, scales, offsets or None)
+    packed: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -180,10 +197,16 @@ class Int8Weight:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.offset) if t is not None)
 
     def slice(self, start: int, end: int | None) -> "Int8Weight":
-        """Output rows ``start:end`` (views, no copy)."""
-        return Int8Weight(self.codes[start:end], self.scale[start:end],
-                          None if self.offset is None else self.offset[start:end], self.group, self.exact,
-                          self.w8a8, self.w8a16)
+        """Output rows ``start:end`` (views, no copy; of the packed form too, where it starts on a tile)."""
+        out = Int8Weight(self.codes[start:end], self.scale[start:end],
+                         None if self.offset is None else self.offset[start:end], self.group, self.exact,
+                         self.w8a8, self.w8a16)
+        packed = self.tiles_packed() if self.w8a16 else self.packed  # packed once, here, not once a slice
+        if packed is not None and start % 16 == 0:
+            build, codes, scale, offset = packed
+            tiles = slice(start // 16, None if end is None else -(-end // 16))
+            out.packed = (build, codes[tiles], scale[tiles], None if offset is None else offset[tiles])
+        return out
 
     def dequantise(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """Rows ``start:end`` as float32 (a multiply, then an add: the same roundings as a GGUF reader)."""
@@ -272,7 +295,42 @@ class Int8Weight:
         """``flat @ W.T`` with the activations rounded to int16 per row and integer products
         (``w8a16_kernel.c``); None where the kernel is missing or refuses the shape.  ``fn``: a build (tests)."""
         fn = fn if fn is not None else _w8a16_kernel()
-        return None if fn is None else self._call(fn, flat)
+        if fn is None:
+            return None
+        packed = self._packed_for(fn)
+        if packed is None:
+            return self._call(fn, flat)
+        _, codes, scale, offset = packed
+        out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
+        status = fn.tiles(flat.data_ptr(), flat.shape[0], flat.shape[1], codes.data_ptr(), scale.data_ptr(),
+                          None if offset is None else offset.data_ptr(), self.group, self.codes.shape[0],
+                          out.data_ptr(), torch.get_num_threads())
+        return out if status == 0 else None
+
+    def tiles_packed(self) -> tuple | None:
+        """(build, codes, scales, offsets) packed for this machine's AMX tiles, or None where it has none or they
+        do not take this weight's group."""
+        fn = _w8a16_kernel()
+        return None if fn is None or fn.path != "amx" else self._packed_for(fn)
+
+    def _packed_for(self, fn) -> tuple | None:
+        """This weight packed for ``fn``'s tiles (made once, then kept), or None where ``fn`` has none for it."""
+        if self.packed is not None and self.packed[0] is fn:
+            return self.packed
+        n_out, k = self.codes.shape
+        size = fn.packed_bytes(n_out, k, self.group)
+        if not size:
+            return None
+        codes = torch.empty(size // (16 * k), k // self.group, 16 * self.group, dtype=torch.int8)
+        scale = torch.empty(size // (16 * k), k // self.group, 16)
+        offset = None if self.offset is None else torch.empty_like(scale)
+        codes_in, scale_in = self.codes.contiguous(), self.scale.contiguous()
+        offset_in = None if self.offset is None else self.offset.contiguous()
+        fn.pack(codes_in.data_ptr(), scale_in.data_ptr(), None if offset_in is None else offset_in.data_ptr(),
+                n_out, k, self.group, codes.data_ptr(), scale.data_ptr(),
+                None if offset is None else offset.data_ptr())
+        self.packed = (fn, codes, scale, offset)
+        return self.packed
 
 
 def _float32(w: Int8Weight) -> torch.Tensor:

@@ -15,6 +15,8 @@
  * weights: the group is the whole row), every 512 inputs, whatever the row count.
  *
  * Paths, chosen by what the compiler targets (-march=native):
+ *   AMX's tiles (w8a16_tiles_matmul, on a weight packed once by w8a16_pack; groups of a multiple of 4 up to 64):
+ *     the tiles take the integer sums, 16 outputs x up to 16 rows a group, at every row count (below);
  *   AVX-512 (BW; VNNI's vpdpwssd where present, else vpmaddwd + vpaddd, the same integer sums):
  *     groups of 16 or 32 in rows of a multiple of four groups (GGUF's Q8_0, Q4_K, Q6_K here): four groups
  *     interleaved per 32-input vector (tile_quads), so one conversion and one multiply-add serve four groups;
@@ -28,9 +30,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
+#include <string.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define WIDE 1
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TILES 1
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define NARROW 1
@@ -284,6 +292,192 @@ static void tile(int nb, int rows, const int8_t *q, const float *s, const float 
     CASE(1, 1) CASE(1, 2) CASE(1, 3) CASE(1, 4) CASE(1, 5) CASE(1, 6) CASE(1, 7) CASE(1, 8)
     default: break;
     }
+}
+
+/* AMX (Intel's tile unit, Sapphire Rapids and later): one instruction multiplies up to 16 activation rows of
+ * `group` int8 codes by 16 weight rows, into 16 x 16 int32 sums.  For it a weight is packed once (w8a16_pack):
+ * per 16 outputs and group, the codes as the tile takes them (group / 4 rows of 64 bytes, byte 4 n + j of row t
+ * holding input 4 t + j of output n: 512 bytes for a group of 32, read in order as the product streams), and the
+ * 16 outputs' scales (and offsets) for the group side by side, one vector.  An int16 code v splits exactly into
+ * bytes, v = 256 hi + lo (hi signed, lo unsigned), each byte row one tile product (TDPBSSD, TDPBUSD); (hi sum << 8)
+ * + lo sum is the group's int32 sum, exact (|hi sum| <= 64 * 128 * 128 for groups up to 64: shifted, < 2^31).
+ * Each row's 16 sums then take their scales in one multiply-add, a vector over the outputs, and every (row,
+ * output) pair's float sum runs over the groups in order, whatever rows come with it: a batch equals each row
+ * alone, bit for bit, and with a packed weight this path takes every row count. */
+#if defined(TILES)
+#define XTILEDATA 18
+#define REQ_XCOMP_PERM 0x1023
+
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* whether this process may use the tiles (Linux grants them on request, per process): 1 or 0 */
+static int tiles_granted(void)
+{
+    static int granted = -1;
+    if (granted < 0) granted = syscall(SYS_arch_prctl, REQ_XCOMP_PERM, XTILEDATA) == 0;
+    return granted;
+}
+#endif
+
+#if defined(TILES)
+/* One row rounded to int16 as round_row() does it (the same codes: nearbyint under the default rounding, clamped
+ * to +-32767), in 16-lane vectors, written straight as the tiles' bytes: hi = v >> 8 (signed), lo = v & 0xFF.
+ * xsum (affine weights): the codes' sum per group, exact.  Returns the row's scale, NaN for a non-finite row. */
+static float row_bytes(const float *x, int64_t k, int64_t group, uint8_t *hi, uint8_t *lo, float *xsum)
+{
+    __m512 top = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int64_t j = 0; j < k; j += 16) {
+        const __mmask16 m = k - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - j)) - 1);
+        const __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(m, x + j));
+        bad |= _mm512_mask_cmp_ps_mask(m, a, _mm512_set1_ps(3.4e38f), _CMP_NLE_UQ);  /* inf or NaN */
+        top = _mm512_max_ps(top, a);
+    }
+    const float most = _mm512_reduce_max_ps(top);
+    const float to_code = most > 0.0f && !bad ? 32767.0f / most : 0.0f;
+    const __m512 scale = _mm512_set1_ps(to_code), ceiling = _mm512_set1_ps(32767.0f);
+    const int vector_sums = group % 16 == 0;
+    for (int64_t g = 0; xsum && g < k / group; g++) xsum[g] = 0.0f;
+    for (int64_t j = 0; j < k; j += 16) {
+        const __mmask16 m = k - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - j)) - 1);
+        __m512 c = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), scale),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        c = _mm512_min_ps(_mm512_max_ps(c, _mm512_sub_ps(_mm512_setzero_ps(), ceiling)), ceiling);
+        const __m512i v = _mm512_cvtps_epi32(c);
+        _mm_mask_storeu_epi8(hi + j, m, _mm512_cvtepi32_epi8(_mm512_srai_epi32(v, 8)));
+        _mm_mask_storeu_epi8(lo + j, m, _mm512_cvtepi32_epi8(_mm512_and_si512(v, _mm512_set1_epi32(0xFF))));
+        if (xsum && vector_sums) xsum[j / group] += (float)_mm512_reduce_add_epi32(v);
+    }
+    if (xsum && !vector_sums)
+        for (int64_t j = 0; j < k; j++) xsum[j / group] += (float)((int8_t)hi[j] * 256 + lo[j]);
+    return bad ? NAN : most / 32767.0f;
+}
+#endif
+
+/* The packed form's sizes for an (n_out, k) weight in groups of `group`, or 0 where this build or process cannot
+ * take it (no tiles, or a group the tiles do not fit): codes bytes, and floats for the scales (the offsets too). */
+int64_t w8a16_packed_bytes(int64_t n_out, int64_t k, int64_t group)
+{
+#if defined(TILES)
+    if (group >= 4 && group <= 64 && group % 4 == 0 && k % group == 0 && n_out > 0 && tiles_granted())
+        return (n_out + 15) / 16 * 16 * k;
+#endif
+    (void)n_out; (void)k; (void)group;
+    return 0;
+}
+
+/* Packs q (and s, o: o may be NULL) into qp (w8a16_packed_bytes bytes), sp and op (bytes / group floats each);
+ * outputs past n_out are zeros. */
+void w8a16_pack(const int8_t *q, const float *s, const float *o, int64_t n_out, int64_t k, int64_t group,
+                int8_t *qp, float *sp, float *op)
+{
+    const int64_t groups = k / group, tiles = (n_out + 15) / 16;
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t g = 0; g < groups; g++) {
+            int8_t *block = qp + (t * groups + g) * 16 * group;
+            float *sv = sp + (t * groups + g) * 16, *ov = op ? op + (t * groups + g) * 16 : NULL;
+            for (int64_t n = 0; n < 16; n++) {
+                const int64_t row = 16 * t + n;
+                const int real = row < n_out;
+                sv[n] = real ? s[row * groups + g] : 0.0f;
+                if (ov) ov[n] = real && o ? o[row * groups + g] : 0.0f;
+                for (int64_t e = 0; e < group; e++)
+                    block[e / 4 * 64 + n * 4 + e % 4] = real ? q[row * k + g * group + e] : 0;
+            }
+        }
+}
+
+/* y = x @ W.T on a packed weight; returns 0, or -1 (no tiles here, or memory). */
+int w8a16_tiles_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp, const float *sp, const float *op,
+                       int64_t group, int64_t n_out, float *y, int threads)
+{
+#if defined(TILES)
+    if (rows <= 0) return rows == 0 ? 0 : -1;
+    if (!w8a16_packed_bytes(n_out, k, group)) return -1;
+    const int64_t groups = k / group, tiles = (n_out + 15) / 16;
+    /* the activations' bytes in blocks of `tall` rows, as even as 16 rows a block allows, the last padded with
+     * zeros, so that one tile shape serves every block */
+    const int tall = (int)((rows + (rows + 15) / 16 - 1) / ((rows + 15) / 16));  /* 24 rows: two blocks of 12 */
+    const int64_t padded = (rows + tall - 1) / tall * tall;
+    uint8_t *hi = malloc((size_t)(padded * k)), *lo = malloc((size_t)(padded * k));
+    float *xs = malloc((size_t)rows * sizeof(float));
+    float *xsum = op ? malloc((size_t)(rows * groups) * sizeof(float)) : NULL;
+    if (!hi || !lo || !xs || (op && !xsum)) {
+        free(hi); free(lo); free(xs); free(xsum);
+        return -1;
+    }
+    memset(hi + rows * k, 0, (size_t)((padded - rows) * k));
+    memset(lo + rows * k, 0, (size_t)((padded - rows) * k));
+    /* tiles 0 and 1: the activations' bytes (`tall` rows of a group), 2: the weights, 3 and 4: the sums */
+    struct tile_config config = {0};
+    config.palette = 1;
+    config.rows[0] = config.rows[1] = (uint8_t)tall, config.colsb[0] = config.colsb[1] = (uint16_t)group;
+    config.rows[2] = (uint8_t)(group / 4), config.colsb[2] = 64;
+    config.rows[3] = config.rows[4] = (uint8_t)tall, config.colsb[3] = config.colsb[4] = 64;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            xs[r] = row_bytes(x + r * k, k, group, hi + r * k, lo + r * k, xsum ? xsum + r * groups : NULL);
+        _tile_loadconfig(&config);
+        /* two buffers of each group's sums: a group's sums are read back one group later, while the tiles
+         * multiply the next (reading a tile store at once waited for it) */
+        int32_t top[2][16 * 16] __attribute__((aligned(64))), bottom[2][16 * 16] __attribute__((aligned(64)));
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t n = 16 * t;
+            const int nb = n_out - n < 16 ? (int)(n_out - n) : 16;
+            const __mmask16 keep = (__mmask16)((1u << nb) - 1);
+            for (int64_t r0 = 0; r0 < rows; r0 += tall) {
+                const int nr = rows - r0 < tall ? (int)(rows - r0) : tall;
+                __m512 acc[16];
+                for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
+                for (int64_t g = 0; g <= groups; g++) {
+                    if (g < groups) {
+                        const int64_t at = (t * groups + g) * 16;
+                        /* the next tile's block of this group (the packed codes stream in order) */
+                        for (int64_t line = 0; line < 16 * group; line += 64)
+                            _mm_prefetch((const char *)(qp + (at + 16 * groups) * group + line), _MM_HINT_T0);
+                        _tile_loadd(0, hi + r0 * k + g * group, k);
+                        _tile_loadd(1, lo + r0 * k + g * group, k);
+                        _tile_loadd(2, qp + at * group, 64);
+                        _tile_zero(3);
+                        _tile_zero(4);
+                        _tile_dpbssd(3, 0, 2);
+                        _tile_dpbusd(4, 1, 2);
+                        _tile_stored(3, top[g & 1], 64);
+                        _tile_stored(4, bottom[g & 1], 64);
+                    }
+                    if (g == 0) continue;
+                    /* the previous group's sums, in group order */
+                    const int64_t was = g - 1, at = (t * groups + was) * 16;
+                    const int32_t *ht = top[was & 1], *lt = bottom[was & 1];
+                    const __m512 sv = _mm512_load_ps(sp + at);
+                    const __m512 ov = op ? _mm512_load_ps(op + at) : sv;
+                    for (int r = 0; r < nr; r++) {
+                        const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(ht + 16 * r), 8),
+                                                             _mm512_load_si512(lt + 16 * r));
+                        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sv, acc[r]);
+                        if (op) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[(r0 + r) * groups + was]), ov, acc[r]);
+                    }
+                }
+                for (int r = 0; r < nr; r++)
+                    _mm512_mask_storeu_ps(y + (r0 + r) * n_out + n, keep,
+                                          _mm512_mul_ps(_mm512_set1_ps(xs[r0 + r]), acc[r]));
+            }
+        }
+        _tile_release();
+    }
+    free(hi); free(lo); free(xs); free(xsum);
+    return 0;
+#else
+    (void)x; (void)rows; (void)k; (void)qp; (void)sp; (void)op; (void)group; (void)n_out; (void)y; (void)threads;
+    return -1;
+#endif
 }
 
 /* Returns 0, or -1 when this build cannot take the shape (k not a multiple of group, a group its vector path

@@ -8,6 +8,8 @@ import torch
 from steer_ui.model.int8 import Int8Weight
 
 CPU_FLAGS = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
+AMX = " amx_int8 "  # the /proc/cpuinfo flag of AMX's integer tiles (Sapphire Rapids and later)
+NO_TILES = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")  # a build without them, on a CPU that has them
 
 
 def random_weight(out_features, in_features, group, affine, seed=0, low=-128, high=128) -> Int8Weight:
@@ -30,13 +32,16 @@ def rounding_bound(w: Int8Weight, x: torch.Tensor, levels: int) -> torch.Tensor:
 def built(kernel, name: str, flags: tuple[str, ...], needs: str | None = None):
     """The kernel ``kernel`` (``int8._w8a8_kernel`` or ``_w8a16_kernel``) built with ``flags`` as the path
     ``name`` ("native" or the path it must report), skipped where the CPU lacks ``needs`` (a /proc/cpuinfo flag
-    with its spaces); the native build of a VNNI machine must take the VNNI path."""
+    with its spaces); the native build of a VNNI machine must take the VNNI path (the int16 kernel: AMX's
+    tiles where the CPU has them)."""
     if needs is not None and needs not in CPU_FLAGS:
         pytest.skip(f"this CPU lacks{needs}")
     fn = kernel(flags)
     assert fn is not None
     if name == "native" and " avx512_vnni " in CPU_FLAGS and " avx512bw " in CPU_FLAGS:
-        assert fn.path == "avx512-vnni"
+        # the int16 kernel takes AMX's tiles where the CPU has them (Linux grants them to the process)
+        tiles = kernel.__name__ == "_w8a16_kernel" and AMX in CPU_FLAGS and " amx_tile " in CPU_FLAGS
+        assert fn.path == ("amx" if tiles else "avx512-vnni"), fn.path
     if name != "native":
         assert fn.path == name
     return fn
@@ -56,3 +61,20 @@ def assert_within_rounding(w: Int8Weight, x: torch.Tensor, got, levels: int) -> 
     error = (got.double() - reference).abs()
     assert (error <= rounding_bound(w, x, levels)).all(), float((error / rounding_bound(w, x, levels)).max())
 
+
+
+def on_the_tiles(handle, group: int = 32) -> None:
+    """Every int8 weight of ``handle`` rounded again in groups of ``group`` inputs (a tiny model's rounded rows are
+    wider than AMX's tiles take; GGUF's groups are 16 and 32), with integer products on int16 activations on for
+    every product, as the loader sets them on an AMX machine; skipped where there are no tiles."""
+    from steer_ui.model import int8
+
+    fn = int8._w8a16_kernel()
+    if fn is None or fn.path != "amx":
+        pytest.skip("no AMX tiles here (the CPU lacks amx_int8, or Linux did not grant them)")
+    for w in int8.int8_weights(handle.model):
+        rows, k = w.codes.shape
+        blocks = w.dequantise().view(rows, k // group, group)
+        scale = blocks.abs().amax(2).clamp_min(1e-12) / 127
+        w.codes = torch.round(blocks / scale[..., None]).clamp(-127, 127).to(torch.int8).view(rows, k).contiguous()
+        w.scale, w.offset, w.group, w.packed, w.w8a16 = scale.contiguous(), None, group, None, True

@@ -4,7 +4,8 @@ The bound is derived, not tuned.  Each row is rounded with one scale ``xs = max|
 moves by at most ``xs / 2`` and the product (the dequantised weights times the rounded row; the offsets multiply
 the rounded rows' group sums) by at most ``xs / 2 · Σ_k |W[n, k]|``.  The int32 sums are exact (converted to float
 at each group's end and every 512 inputs, so whole-row groups cannot overflow), so beyond that only float32's own
-sums add: a slack of 1e-5 of ``Σ |x| |W|``.  Every path this machine can run is built and checked: on an
+sums add: a slack of 1e-5 of ``Σ |x| |W|``.  Every path this machine can run is built and checked: on an AMX
+machine the native build takes the tiles (on weights packed for them) and ``-mno-amx-*`` builds VNNI's; on an
 AVX-512 machine the one without VNNI (``-mno-avx512vnni``), AVX2's (``-mno-avx512f``) and plain C's
 (``-mno-avx2`` too); and a row's result must not depend on the rows sent with it, bit for bit.
 """
@@ -15,15 +16,17 @@ import torch
 
 from steer_ui.model import int8 as int8_mod
 from steer_ui.model.int8 import Int8Weight
-from rounded_activations import assert_within_rounding, built, random_weight as _weight, rows_with_an_outlier
+from rounded_activations import (NO_TILES, assert_within_rounding, built, random_weight as _weight,
+                                 rows_with_an_outlier)
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc): no W8A16 kernel here")
 
 BUILDS = {
     "native": ((), None),
-    "avx512bw": (("-mno-avx512vnni",), " avx512bw "),
-    "avx2": (("-mno-avx512f",), " avx2 "),
-    "c": (("-mno-avx2", "-mno-avx512f"), None),
+    "avx512-vnni": (NO_TILES, " avx512_vnni "),
+    "avx512bw": (("-mno-avx512vnni", *NO_TILES), " avx512bw "),
+    "avx2": (("-mno-avx512f", *NO_TILES), " avx2 "),
+    "c": (("-mno-avx2", "-mno-avx512f", *NO_TILES), None),
 }
 
 
@@ -98,14 +101,20 @@ def test_zero_and_non_finite_rows():
         assert not torch.isfinite(got[1]).any() and not torch.isfinite(got[2]).any(), build
 
 
-def test_groups_a_vector_path_cannot_take_are_refused_not_guessed():
-    """Groups of 8 or 48 (not GGUF's) are not the AVX-512 path's; the caller then keeps today's product."""
-    fn = _build("native")
-    if fn.path not in ("avx512-vnni", "avx512bw"):
+@pytest.mark.parametrize("build", ["avx512-vnni", "native"])
+def test_groups_a_vector_path_cannot_take_are_refused_not_guessed(build):
+    """Groups of 8 or 48 (not GGUF's) are not the AVX-512 path's: the caller then keeps today's product.  AMX's
+    tiles take any group of a multiple of 4 up to 64, so there they are multiplied, within the rounding."""
+    fn = _build(build)
+    if fn.path not in ("avx512-vnni", "avx512bw", "amx"):
         pytest.skip("only the AVX-512 paths refuse these")
     for group in (8, 48):
         w = _weight(10, 144, group, False)
-        assert w.w8a16_product(torch.randn(2, 144), fn) is None
+        x = torch.randn(2, 144)
+        if fn.path == "amx":
+            assert_within_rounding(w, x, w.w8a16_product(x, fn), 32767)
+        else:
+            assert w.w8a16_product(x, fn) is None
 
 
 def test_the_switch_routes_every_product_and_survives_slices():
@@ -127,7 +136,8 @@ def test_the_switch_routes_every_product_and_survives_slices():
 def test_the_model_line_names_the_integer_path_the_loader_switches_on_and_only_that():
     """The line shows the cost of the arithmetic in use: W8A8 where the loader turns it on, else W8A16 on the
     unembedding where that is within the bound; W8A16 for every product, measured within the bound but left off
-    by the loader (precision.AUTO_INTEGER_PATHS), is never named and its cost not shown."""
+    by the loader without AMX's tiles (precision.AUTO_INTEGER_PATHS), is named only where the loader recorded it
+    in use (``in_use``, on a machine with the tiles)."""
     from steer_ui.ui.model_tab import weights_text
 
     measured = {"max_abs_dp": 2e-6, "top1_agree": 6, "prompts": 6,
@@ -139,6 +149,10 @@ def test_the_model_line_names_the_integer_path_the_loader_switches_on_and_only_t
     measured["w8a8"]["on"] = False
     line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
     assert "unembedding's products on 16-bit activations" in line and "0.00014" in line and "0.00042" not in line
+    measured["in_use"] = "w8a16"  # the loader's choice where the tiles take every product
+    line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
+    assert "integer products on 16-bit activations" in line and "0.00042" in line and "0.00014" not in line
+    del measured["in_use"]
     measured["w8a16_unembedding"]["on"] = False
     line = weights_text("en", {"weights": "int8", "int8_exact": True, "precision_cost": measured})
     assert "activations" not in line and "2e-06" in line and "0.00042" not in line
@@ -186,3 +200,47 @@ def test_a_long_integer_product_pauses_between_slabs_with_the_same_numbers(monke
     assert len(pauses) == 4  # 500 outputs in slabs of 128
     assert torch.equal(paused, w.matmul(x))
     assert torch.equal(paused[:, 130:140], w.slice(130, 140).matmul(x))
+
+
+def _tiles():
+    fn = _build("native")
+    if fn.path != "amx":
+        pytest.skip("no AMX tiles here (the CPU lacks amx_int8, or Linux did not grant them)")
+    return fn
+
+
+@pytest.mark.parametrize("group", [16, 32, 64])
+def test_the_tiles_byte_split_is_exact_at_the_extremes(group):
+    """An int16 code splits into a signed high byte and an unsigned low one, each its own tile product; at the
+    codes' extremes (every activation at +-32767, every weight code -128 or 127, groups up to 64) the shifted
+    high sum is at its largest, and the result must still be the exact integer sum times the scales."""
+    fn = _tiles()
+    k = 4 * group
+    codes = torch.where(torch.arange(k) % 3 == 0, -128, 127).to(torch.int8).repeat(5, 1)
+    codes[1] = -128  # every product of row 1 at the extreme
+    w = Int8Weight(codes, torch.full((5, 4), 0.25), None, group)
+    x = torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0).repeat(3, 1)
+    x[1] = 1.0  # row 1 of the activations all at +32767
+    codes_x = torch.round(x / (x.abs().amax(1, keepdim=True) / 32767))
+    exact = (codes_x.double() @ codes.double().T) * 0.25 * (1 / 32767)
+    got = w.w8a16_product(x, fn)
+    assert w.packed is not None
+    assert torch.allclose(got.double(), exact, rtol=2e-7, atol=0), (got, exact)
+    assert float(got[1, 1]) == pytest.approx(-128 * 0.25 * k, rel=1e-7)
+
+
+def test_a_weight_is_packed_once_and_its_tile_slices_share_the_packing():
+    """The tiles read a packed copy (w8a16_pack); a slice that starts on a 16-row tile reads views of it, not a
+    packing of its own (the unembedding is multiplied in slabs of rows); any slice gives its rows' numbers."""
+    fn = _tiles()
+    w = _weight(100, 640, 32, True, seed=3, low=0, high=16)
+    w.w8a16 = True
+    x = torch.randn(5, 640, generator=torch.Generator().manual_seed(4))
+    whole = w.matmul(x)
+    packed = w.packed
+    assert packed is not None and packed[1].shape == (7, 20, 16 * 32)
+    part = w.slice(32, 90)
+    assert part.packed[1].data_ptr() == packed[1][2].data_ptr()
+    assert torch.equal(part.matmul(x), whole[:, 32:90])
+    assert torch.equal(w.slice(5, 37).matmul(x), whole[:, 5:37])  # off a tile's edge: packed apart, same numbers
+    assert w.packed is packed
