@@ -76,11 +76,19 @@ def _bind(library):
     step = library.block_step
     step.restype = ctypes.c_int
     step.argtypes = [_I, _I, _P, _P, ctypes.c_float, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _I,
-                     ctypes.c_float, ctypes.c_float, _P, _P, ctypes.c_int]
+                     ctypes.c_float, ctypes.c_float, _P, _P, ctypes.c_int, _P]
     scratch = library.block_scratch
     scratch.restype = _I
     scratch.argtypes = [_I] * 7
     return step, scratch
+
+
+def _tiles_kernel() -> int | None:
+    """The address of w8a16_kernel.c's product on packed weights, where this machine has AMX's tiles."""
+    from .int8 import _w8a16_kernel
+
+    fn = _w8a16_kernel()
+    return ctypes.cast(fn.tiles, ctypes.c_void_p).value if fn is not None and fn.path == "amx" else None
 
 
 def unsupported(handle) -> str | None:
@@ -101,8 +109,12 @@ def unsupported(handle) -> str | None:
             if type(linear) is not Int8Linear or linear.bias is not None:
                 return "weights that are not int8 (the fused step takes int8_kernel.c's products)"
             w = linear.int8
-            if w.w8a8 or w.w8a16:
-                return "integer products on rounded activations are on (the fused step has float activations)"
+            if w.w8a8:
+                return "integer products on int8 activations are on (the fused step has float or int16 ones)"
+            if w.w8a16 and _tiles_kernel() is None:
+                return "integer products on int16 activations without AMX's tiles (the fused step takes them there)"
+            if w.w8a16 and w.tiles_packed() is None:
+                return f"an int8 group of {w.group} that AMX's tiles do not take"
             if w.group <= 0 or w.shape[1] % w.group:
                 return f"an int8 group of {w.group} that does not divide {w.shape[1]} inputs"
             if not all(t is None or t.is_contiguous() for t in (w.codes, w.scale, w.offset)):
@@ -133,9 +145,11 @@ class _Block:
     def __init__(self, layer):
         self.norms = _norms(layer)
         self.weights = [linear.int8 for linear in _linears(layer)]  # read in place: unsupported() checked them
-        self.pointers = (_P * 21)(*[t.data_ptr() if t is not None else None
-                                    for w in self.weights for t in (w.codes, w.scale, w.offset)])
-        self.dims = (_I * 21)(*[d for w in self.weights for d in (w.group, w.shape[0], w.shape[1])])
+        # a weight on int16 activations is passed packed for AMX's tiles, its group negated (block_kernel.c)
+        self._forms = [w.tiles_packed()[1:] if w.w8a16 else (w.codes, w.scale, w.offset) for w in self.weights]
+        # (kept: the C call reads them through these addresses, even if a weight is packed again meanwhile)
+        self.pointers = (_P * 21)(*[t.data_ptr() if t is not None else None for form in self._forms for t in form])
+        self.dims = (_I * 21)(*[d for w in self.weights for d in (-w.group if w.w8a16 else w.group, *w.shape)])
         self.eps = float(layer.input_layernorm.eps)
         self._norm_weights = [norm.weight for norm in self.norms]
         self._versions: tuple = ()
@@ -280,7 +294,7 @@ class FusedDecode:
                                  self.keys[i].data_ptr(), self.values[i].data_ptr(), self.capacity, column,
                                  start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling,
                                  self.softcap, None if head_add is None else head_add.data_ptr(), scratch.data_ptr(),
-                                 torch.get_num_threads())
+                                 torch.get_num_threads(), _tiles_kernel())
                 if status != 0:
                     raise RuntimeError(f"the block kernel refused block {i}'s shapes")
                 if i == self._final_block:

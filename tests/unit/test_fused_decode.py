@@ -14,7 +14,7 @@ from steer_ui.model import fused_decode, static_decode
 from steer_ui.model.generation import DecodeBatch, Request, Sampling
 from steer_ui.model.handle import from_model
 from steer_ui.model.hooks import HeadSteer, Steer, hook_count
-from steer_ui.model.int8 import kernel_available, quantise_model
+from steer_ui.model.int8 import int8_weights, kernel_available, quantise_model
 from steer_ui.tiny import tiny_handle, tiny_model
 from test_static_decode import SCHEDULE, _run, _same, _specs
 
@@ -113,6 +113,32 @@ def test_requests_together_equal_requests_alone_bit_for_bit(gemma3):
             if side == "steered":
                 assert [(t.delta_logit, t.direct_delta_logit) for t in a.tokens] == \
                     [(t.delta_logit, t.direct_delta_logit) for t in b.tokens]
+
+
+def test_with_every_product_on_amxs_tiles_the_fused_step_takes_them_and_stays_exact():
+    """Issue #50: where the loader turns on int16 activations for every product (AMX's tiles), the fused step's
+    blocks take them too (block_kernel.c calls the tiles' product on the packed weights): the same tokens and
+    numbers as the dynamic step, whose products are the same kernel's (the norms and attention to float noise),
+    and a batch equal to each request alone, bit for bit."""
+    from rounded_activations import on_the_tiles
+
+    model, tok = tiny_model("gemma3", layers=6)
+    quantise_model(model)
+    handle = from_model(model, tok, model_id="tiny:gemma3")
+    on_the_tiles(handle)
+    assert fused_decode.unsupported(handle) is None
+    specs = _specs(handle)
+    fused_batch, fused = _run(handle, "fused", SCHEDULE, specs)
+    assert fused_batch.decode_path["path"] == "fused"
+    assert all(w.packed is not None for w in int8_weights(handle.model))  # the blocks read the packed form
+    _, dynamic = _run(handle, "dynamic", SCHEDULE, specs)
+    _agree(fused, dynamic)
+    for i in (0, 3):
+        _, alone = _run(handle, "fused", {0: [i]}, specs)
+        for side in ("unsteered", "steered"):
+            a, b = getattr(fused[i], side), getattr(alone[i], side)
+            assert [(t.token_id, t.logprob, t.alternatives) for t in a.tokens] == \
+                [(t.token_id, t.logprob, t.alternatives) for t in b.tokens]
 
 
 def test_a_norm_gain_written_after_loading_is_read(gemma3):
