@@ -373,17 +373,23 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
         measured["w8a16_unembedding"] = w8a16_unembedding_cost(int8, reference, exact_codes=own_codes)
         if cost_file is not None:
             write_cost(cost_file, measured)
-    # the first path within the default's bound (precision.AUTO_INTEGER_PATHS).  W8A16 for every product is
-    # measured but not switched on: the fused step's blocks take float activations.  For the unembedding alone
-    # it is on at every row count, so the many-users batch stays exact bit for bit: on the fused step a row is
-    # computed alone, and prompts are never padded (generation.prefill_groups; at 2f9e7d6, before both, the
-    # batch with W8A16 was 0 of 8 equal to its solo runs: docs/bench.md, W8A16)
-    on = integer_path(measured)
-    if on == "w8a8":
-        for w in int8_weights(int8.model):
-            w.w8a8 = True
+    # the first path within the default's bound (precision.AUTO_INTEGER_PATHS).  W8A16 for every product only
+    # where AMX's tiles take every weight (the fused step's blocks then take int16 activations); else for the
+    # unembedding alone.  Either is on at every row count, so the many-users batch stays exact bit for bit: on the
+    # fused step a row is computed alone, and prompts are never padded (generation.prefill_groups; at 2f9e7d6,
+    # before both, the batch with W8A16 was 0 of 8 equal to its solo runs: docs/bench.md, W8A16)
+    weights = int8_weights(int8.model)
+    tiles = integer_path(measured, tiles=True) == "w8a16" and all(w.tiles_packed() is not None for w in weights)
+    on = integer_path(measured, tiles=tiles)
+    if on in ("w8a8", "w8a16"):
+        for w in weights:
+            setattr(w, on, True)
     elif on == "w8a16_unembedding":
         int8.arch.int8_unembedding.w8a16 = True
+    for w in weights:
+        if not w.w8a16:
+            w.packed = None  # packed while measured (or to ask the tiles), but not used
+    measured["in_use"] = on  # for the model line and the bench (precision.path_in_use); not kept in the file
     int8.weights, int8.precision_cost = "int8", measured
     int8.int8_exact = bool(made["exact"]) and not made["rounded"]
     return int8

@@ -39,16 +39,26 @@ class PrecisionError(KeyedError):
 
 
 # the integer-product paths the loader may switch on, in its order, where measured within the bound: W8A8 for
-# every product; else W8A16 for the unembedding alone (every row count, so a request's result does not depend
-# on its batch).  W8A16 for every product is measured but left off: the fused CPU step has float activations,
-# so it would decode on the dynamic path, which was slower (steer_ui/model/loading.py, _to_int8)
-AUTO_INTEGER_PATHS = ("w8a8", "w8a16_unembedding")
+# every product; else W8A16 for every product where AMX's tiles take it (the fused CPU step's blocks then take
+# int16 activations too: w8a16_kernel.c); else W8A16 for the unembedding alone.  Each at every row count, so a
+# request's result does not depend on its batch.  Without the tiles W8A16 for every product stays off: the fused
+# step's blocks take float activations there, and the dynamic path it would decode on was slower
+AUTO_INTEGER_PATHS = ("w8a8", "w8a16", "w8a16_unembedding")
 
 
-def integer_path(measured: dict | None) -> str | None:
-    """The integer-product path the loader switches on for a model with this measured cost ("w8a8" or
-    "w8a16_unembedding"), or None: the first of :data:`AUTO_INTEGER_PATHS` measured within the bound."""
-    return next((path for path in AUTO_INTEGER_PATHS if ((measured or {}).get(path) or {}).get("on")), None)
+def integer_path(measured: dict | None, tiles: bool = False) -> str | None:
+    """The integer-product path the loader switches on for a model with this measured cost ("w8a8", "w8a16" or
+    "w8a16_unembedding"), or None: the first of :data:`AUTO_INTEGER_PATHS` measured within the bound, "w8a16"
+    only where ``tiles`` (this machine's AMX tiles take every block weight)."""
+    return next((path for path in AUTO_INTEGER_PATHS
+                 if (path != "w8a16" or tiles) and ((measured or {}).get(path) or {}).get("on")), None)
+
+
+def path_in_use(measured: dict | None) -> str | None:
+    """The integer-product path a loaded model runs (the loader records its choice as ``in_use``; a cost without
+    it, as the tests write one, reads as a machine without AMX's tiles would choose)."""
+    measured = measured or {}
+    return measured["in_use"] if "in_use" in measured else integer_path(measured)
 
 
 def check_weights(weights: str, device: torch.device, dtype: str) -> str:

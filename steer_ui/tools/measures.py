@@ -31,7 +31,7 @@ from ..model.generation import DecodeBatch, Sampling, encode_prompt, stream_side
 from ..model.hooks import Steer, steering
 from ..model.loading import from_model
 # PROBE_PROMPTS, final_hidden and next_token_probs: the bench and tools read them here
-from ..model.precision import PROBE_PROMPTS, final_hidden, integer_path, next_token_probs  # noqa: F401
+from ..model.precision import PROBE_PROMPTS, final_hidden, next_token_probs, path_in_use  # noqa: F401
 from ..model.units import relative_scale, to_raw_alpha
 from ..vector import random_vector
 from .greedy_reference import greedy_vs_reference
@@ -691,8 +691,9 @@ def bench_dtype_accuracy(handle, reference, log) -> dict:
     if handle.weights == "int8":  # measured at load against the float32 model just before quantising
         cost = handle.precision_cost or {}
         # the arithmetic in use: an integer-product path the loader switched on has its own measured cost
-        path = integer_path(cost)
+        path = path_in_use(cost)
         arithmetic = {None: "float32 arithmetic", "w8a8": "every product on int8 activations",
+                      "w8a16": "every product on int16 activations (AMX's tiles)",
                       "w8a16_unembedding": "the unembedding's products on int16 activations"}[path]
         cost = cost if path is None else cost[path]
         return {"status": "measured", "dtype": f"int8 weights, {arithmetic}",

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .. import plots
-from ..model.precision import integer_path
+from ..model.precision import path_in_use
 from ..service import Service
 from . import i18n, relabel
 from .common import T, handler, progress_adapter, sid
@@ -49,11 +49,11 @@ def weights_text(lang: str, facts: dict) -> str:
     # change as the bound; the full measurement stays in the model's facts (JSON) and docs/models.md
     # with integer products on rounded activations (issue #50; the paths the loader switches on) the line names
     # that path and shows its cost, measured with it on for every product
-    on = integer_path(cost)
+    on = path_in_use(cost)
     if weights == "int8" and on is not None:
         cost = cost[on]
         kind = i18n.message(lang, "weights_integer_unembedding", kind=kind) if on == "w8a16_unembedding" else \
-            i18n.message(lang, "weights_integer_products", kind=kind, bits=8)
+            i18n.message(lang, "weights_integer_products", kind=kind, bits=16 if on == "w8a16" else 8)
     numbers = {"dp": f"{cost['max_abs_dp']:.2g}", "agree": cost["top1_agree"], "prompts": cost["prompts"]}
     if weights != "int8":  # auto measured int8 and kept float32
         return i18n.message(lang, "weights_int8_declined", kind=kind, **numbers)

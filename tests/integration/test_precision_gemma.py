@@ -56,20 +56,25 @@ def test_w8a8_is_measured_and_on_only_within_the_bound(gemma):
 
 def test_w8a16_is_measured_and_on_only_within_the_bound(gemma):
     """Issue #50: integer products on int16 activations, measured as W8A8's, for every product and for the
-    unembedding alone.  Every product's stays off (the fused step's blocks take float activations); the
-    unembedding's is on where it is the first path within the bound (precision.AUTO_INTEGER_PATHS)."""
-    from steer_ui.model.int8 import int8_weights, w8a16_identity
+    unembedding alone.  Every product's is on only where AMX's tiles take the fused step's block products (the
+    loader records ``in_use``); else the unembedding's, where it is the first path within the bound
+    (precision.AUTO_INTEGER_PATHS)."""
+    from steer_ui.model.int8 import _w8a16_kernel, int8_weights, w8a16_identity
     from steer_ui.model.precision import integer_path
 
     cost = gemma.precision_cost
     for path in ("w8a16", "w8a16_unembedding"):
         assert cost[path]["status"] == "measured" and cost[path]["kernel"] == w8a16_identity()
         assert cost[path]["on"] == within_default_bound(cost[path])
+    tiles = _w8a16_kernel().path == "amx"
+    assert cost["in_use"] == integer_path(cost, tiles=tiles)
     unembedding = gemma.arch.int8_unembedding
-    assert {w.w8a16 for w in int8_weights(gemma.model) if w is not unembedding} == {False}
-    assert unembedding.w8a16 == (integer_path(cost) == "w8a16_unembedding")
-    # measured on the embedded model: far inside the bound, so it is the path in use
-    assert cost["w8a16_unembedding"]["max_abs_dp"] < 0.002 and unembedding.w8a16
+    blocks = {w.w8a16 for w in int8_weights(gemma.model) if w is not unembedding}
+    assert blocks == {cost["in_use"] == "w8a16"}
+    assert unembedding.w8a16 == (cost["in_use"] in ("w8a16", "w8a16_unembedding"))
+    # measured on the embedded model: far inside the bound, so an int16 path is in use
+    assert cost["w8a16_unembedding"]["max_abs_dp"] < 0.002 and cost["w8a16"]["max_abs_dp"] < 0.002
+    assert unembedding.w8a16 and cost["in_use"] == ("w8a16" if tiles else "w8a16_unembedding")
 
 
 def test_int8_next_token_probabilities_and_greedy_text_match_float32(float32, int8):
