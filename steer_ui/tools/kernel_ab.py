@@ -3,6 +3,7 @@
     python -m steer_ui.tools.kernel_ab --old HEAD~1 [--prompt-repeat 40] [--tokens 64] [--reps 4]
     python -m steer_ui.tools.kernel_ab --vocab-pass [--reps 8]   # the one-pass logits summary against torch's passes
     python -m steer_ui.tools.kernel_ab --unembedding-int16 [--reps 4]  # the unembedding on float, then int16 activations
+    python -m steer_ui.tools.kernel_ab --blocks-int16 [--reps 4]  # the block products on float, then int16 (AMX's tiles)
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
 win or lose. So both builds of ``block_kernel.c`` (with the files each includes) decode in one
@@ -10,7 +11,9 @@ process, turn about, each rep starting with the other. A steered-only decode and
 ``--tokens`` greedy tokens follow a warm-up of each, after the bench's generation prompt written
 ``--prompt-repeat`` times: a long context weighs attention more. Prints one JSON with each build's median step
 per rep, new/old per rep, and whether the two builds' texts were equal.  ``--unembedding-int16`` also runs the
-bench's many-users section (8 requests of 32 tokens, one after another and at once) for each side in turn.
+bench's many-users section (8 requests of 32 tokens, one after another and at once) for each side in turn;
+``--blocks-int16`` too, with the block products (every weight but the unembedding) on float activations, then on
+int16 ones through AMX's tiles (the unembedding as loaded).
 """
 from __future__ import annotations
 
@@ -82,13 +85,33 @@ def alternate(handle, sides: dict, prompt: str, tokens: int, reps: int) -> dict:
 @contextmanager
 def unembedding_activations(handle, int16: bool):
     """Inside, the unembedding's products take int16 activations (``int16``) or float ones; then as loaded."""
-    weight = handle.arch.int8_unembedding
-    was = weight.w8a16
-    weight.w8a16 = int16
+    with int16_activations([handle.arch.int8_unembedding], int16):
+        yield
+
+
+@contextmanager
+def block_activations(handle, int16: bool):
+    """Inside, every block product (each int8 weight but the unembedding) takes int16 activations (``int16``, on
+    AMX's tiles: the fused step takes them only there) or float ones; then as loaded."""
+    from ..model.int8 import int8_weights
+
+    unembedding = handle.arch.int8_unembedding
+    with int16_activations([w for w in int8_weights(handle.model) if w is not unembedding], int16):
+        if fused_decode.unsupported(handle):
+            raise RuntimeError(f"the fused step cannot take this: {fused_decode.unsupported(handle)}")
+        yield
+
+
+@contextmanager
+def int16_activations(weights: list, int16: bool):
+    was = [w.w8a16 for w in weights]
+    for w in weights:
+        w.w8a16 = int16
     try:
         yield
     finally:
-        weight.w8a16 = was
+        for w, before in zip(weights, was):
+            w.w8a16 = before
 
 
 def many_users_alternated(handle, sides: dict, reps: int) -> dict:
@@ -118,6 +141,9 @@ def main(argv=None) -> None:
     parser.add_argument("--unembedding-int16", action="store_true",
                         help="instead: the unembedding on float activations (old) against int16 ones (new), and "
                              "the many-users section with each")
+    parser.add_argument("--blocks-int16", action="store_true",
+                        help="instead: the block products on float activations (old) against int16 ones on AMX's "
+                             "tiles (new), and the many-users section with each")
     parser.add_argument("--model", default=EMBEDDED)
     parser.add_argument("--prompt-repeat", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
@@ -130,19 +156,20 @@ def main(argv=None) -> None:
     if args.vocab_pass:
         result = alternate(handle, {"old": vocab_pass.left_to_torch, "new": nullcontext}, prompt, args.tokens,
                            args.reps)
-    elif args.unembedding_int16:
+    elif args.unembedding_int16 or args.blocks_int16:
         if handle.arch.int8_unembedding is None:
             parser.error("the model's unembedding is not int8")
-        sides = {"old": lambda: unembedding_activations(handle, False),
-                 "new": lambda: unembedding_activations(handle, True)}
+        switch = unembedding_activations if args.unembedding_int16 else block_activations
+        sides = {"old": lambda: switch(handle, False), "new": lambda: switch(handle, True)}
         result = alternate(handle, sides, prompt, args.tokens, args.reps)
         result["many_users"] = many_users_alternated(handle, sides, args.reps)
     elif not args.old:
-        parser.error("give --old REVISION, --vocab-pass or --unembedding-int16")
+        parser.error("give --old REVISION, --vocab-pass, --unembedding-int16 or --blocks-int16")
     else:
         with tempfile.TemporaryDirectory() as tmp:
             result = compare(handle, sources_at(args.old, Path(tmp)), prompt, args.tokens, args.reps)
-    old = "torch's passes" if args.vocab_pass else "float activations" if args.unembedding_int16 else args.old
+    old = ("torch's passes" if args.vocab_pass else "float activations" if args.unembedding_int16 or args.blocks_int16
+           else args.old)
     print(json.dumps({"old": old,
                       "prompt_repeat": args.prompt_repeat, "tokens": args.tokens,
                       "reps": args.reps, **result}))
