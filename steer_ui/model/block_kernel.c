@@ -50,21 +50,21 @@ static inline float gelu_tanh(float x)
     return x / (1.0f + exp_vec(-2.0f * c * (x + 0.044715f * x * x * x)));
 }
 
-/* a product on a weight packed for AMX's tiles: w8a16_kernel.c's w8a16_tiles_matmul, whose address the caller
- * passes (it is built apart, with the int16 kernels) */
-typedef int (*tiles_fn)(const float *, int64_t, int64_t, const int8_t *, const float *, const float *, int64_t,
+/* a product on a packed weight (AMX's tiles or AVX-512 VNNI): w8a16_kernel.c's w8a16_packed_matmul, whose
+ * address the caller passes (it is built apart, with the int16 kernels) */
+typedef int (*packed_fn)(const float *, int64_t, int64_t, const int8_t *, const float *, const float *, int64_t,
                         int64_t, float *, int);
 
-/* A weight's group below zero marks it packed for the tiles (its pointers are the packed codes, scales and
+/* A weight's group below zero marks it packed (its pointers are the packed codes, scales and
  * offsets): its product takes integer sums on int16 activations, every row count alike. */
 static int product(const void *const *w, const int64_t *dim, int which, const float *x, int64_t rows, float *y,
-                   int threads, tiles_fn tiles)
+                   int threads, packed_fn packed)
 {
     const void *const *p = w + 3 * which;
     const int64_t *d = dim + 3 * which; /* group, out, in */
     if (d[0] < 0)
-        return tiles ? tiles(x, rows, d[2], (const int8_t *)p[0], (const float *)p[1], (const float *)p[2], -d[0],
-                             d[1], y, threads)
+        return packed ? packed(x, rows, d[2], (const int8_t *)p[0], (const float *)p[1], (const float *)p[2], -d[0],
+                               d[1], y, threads)
                      : -1;
     return int8_matmul(x, rows, d[2], (const int8_t *)p[0], (const float *)p[1], (const float *)p[2], d[0], d[1],
                        y, threads);
@@ -82,15 +82,15 @@ int block_step(int64_t rows, int64_t hidden, float *h, const float *const *gains
                const void *const *w, const int64_t *dim, int64_t heads, int64_t kv_heads, int64_t head_dim,
                const float *cos_, const float *sin_, float *kstore, float *vstore, int64_t cap, int64_t col,
                const int64_t *start, int64_t window, float scaling, float softcap, const float *head_add,
-               float *scratch, int threads, tiles_fn tiles)
+               float *scratch, int threads, packed_fn packed)
 {
     const int64_t qd = heads * head_dim, kd = kv_heads * head_dim, inter = dim[3 * W_GATE + 1];
     float *x = scratch, *o = x + rows * hidden, *q = o + rows * hidden, *a = q + rows * qd;
     float *k = a + rows * qd, *v = k + rows * kd, *gate = v + rows * kd, *up = gate + rows * inter;
     float *scores = up + rows * inter;
     for (int64_t r = 0; r < rows; r++) rms(h + r * hidden, gains[G_IN], hidden, eps, x + r * hidden);
-    if (product(w, dim, W_Q, x, rows, q, threads, tiles) || product(w, dim, W_K, x, rows, k, threads, tiles)
-        || product(w, dim, W_V, x, rows, v, threads, tiles))
+    if (product(w, dim, W_Q, x, rows, q, threads, packed) || product(w, dim, W_K, x, rows, k, threads, packed)
+        || product(w, dim, W_V, x, rows, v, threads, packed))
         return -1;
     for (int64_t r = 0; r < rows; r++) {
         const float *c = cos_ + r * head_dim, *s = sin_ + r * head_dim;
@@ -147,17 +147,18 @@ int block_step(int64_t rows, int64_t hidden, float *h, const float *const *gains
     }
     if (head_add)
         for (int64_t n = 0; n < rows * qd; n++) a[n] += head_add[n];
-    if (product(w, dim, W_O, a, rows, o, threads, tiles)) return -1;
+    if (product(w, dim, W_O, a, rows, o, threads, packed)) return -1;
     for (int64_t r = 0; r < rows; r++) {
         float *hr = h + r * hidden, *orow = o + r * hidden;
         rms(orow, gains[G_POST_ATTN], hidden, eps, orow);
         for (int64_t n = 0; n < hidden; n++) hr[n] += orow[n];
         rms(hr, gains[G_PRE_FF], hidden, eps, x + r * hidden);
     }
-    if (product(w, dim, W_GATE, x, rows, gate, threads, tiles) || product(w, dim, W_UP, x, rows, up, threads, tiles)) return -1;
+    if (product(w, dim, W_GATE, x, rows, gate, threads, packed) || product(w, dim, W_UP, x, rows, up, threads, packed))
+        return -1;
 #pragma omp simd
     for (int64_t n = 0; n < rows * inter; n++) gate[n] = gelu_tanh(gate[n]) * up[n];
-    if (product(w, dim, W_DOWN, gate, rows, o, threads, tiles)) return -1;
+    if (product(w, dim, W_DOWN, gate, rows, o, threads, packed)) return -1;
     for (int64_t r = 0; r < rows; r++) {
         float *hr = h + r * hidden, *orow = o + r * hidden;
         rms(orow, gains[G_POST_FF], hidden, eps, orow);

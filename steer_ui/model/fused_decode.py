@@ -83,12 +83,13 @@ def _bind(library):
     return step, scratch
 
 
-def _tiles_kernel() -> int | None:
-    """The address of w8a16_kernel.c's product on packed weights, where this machine has AMX's tiles."""
+def _packed_kernel() -> int | None:
+    """The address of w8a16_kernel.c's product on packed weights, where this machine has a packed path (AMX's
+    tiles or AVX-512 VNNI)."""
     from .int8 import _w8a16_kernel
 
     fn = _w8a16_kernel()
-    return ctypes.cast(fn.tiles, ctypes.c_void_p).value if fn is not None and fn.path == "amx" else None
+    return ctypes.cast(fn.packed_matmul, ctypes.c_void_p).value if fn is not None and fn.packed else None
 
 
 def unsupported(handle) -> str | None:
@@ -111,10 +112,11 @@ def unsupported(handle) -> str | None:
             w = linear.int8
             if w.w8a8:
                 return "integer products on int8 activations are on (the fused step has float or int16 ones)"
-            if w.w8a16 and _tiles_kernel() is None:
-                return "integer products on int16 activations without AMX's tiles (the fused step takes them there)"
-            if w.w8a16 and w.tiles_packed() is None:
-                return f"an int8 group of {w.group} that AMX's tiles do not take"
+            if w.w8a16 and _packed_kernel() is None:
+                return ("integer products on int16 activations without AMX's tiles or AVX-512 VNNI (the fused "
+                        "step takes them on weights packed for those)")
+            if w.w8a16 and w.packed_form() is None:
+                return f"an int8 group of {w.group} that the packed int16 product does not take"
             if w.group <= 0 or w.shape[1] % w.group:
                 return f"an int8 group of {w.group} that does not divide {w.shape[1]} inputs"
             if not all(t is None or t.is_contiguous() for t in (w.codes, w.scale, w.offset)):
@@ -145,8 +147,8 @@ class _Block:
     def __init__(self, layer):
         self.norms = _norms(layer)
         self.weights = [linear.int8 for linear in _linears(layer)]  # read in place: unsupported() checked them
-        # a weight on int16 activations is passed packed for AMX's tiles, its group negated (block_kernel.c)
-        self._forms = [w.tiles_packed()[1:] if w.w8a16 else (w.codes, w.scale, w.offset) for w in self.weights]
+        # a weight on int16 activations is passed packed (w8a16_pack), its group negated (block_kernel.c)
+        self._forms = [w.packed_form()[1:] if w.w8a16 else (w.codes, w.scale, w.offset) for w in self.weights]
         # (kept: the C call reads them through these addresses, even if a weight is packed again meanwhile)
         self.pointers = (_P * 21)(*[t.data_ptr() if t is not None else None for form in self._forms for t in form])
         self.dims = (_I * 21)(*[d for w in self.weights for d in (-w.group if w.w8a16 else w.group, *w.shape)])
@@ -294,7 +296,7 @@ class FusedDecode:
                                  self.keys[i].data_ptr(), self.values[i].data_ptr(), self.capacity, column,
                                  start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling,
                                  self.softcap, None if head_add is None else head_add.data_ptr(), scratch.data_ptr(),
-                                 torch.get_num_threads(), _tiles_kernel())
+                                 torch.get_num_threads(), _packed_kernel())
                 if status != 0:
                     raise RuntimeError(f"the block kernel refused block {i}'s shapes")
                 if i == self._final_block:

@@ -124,7 +124,8 @@ def _w8a8_kernel(extra_flags: tuple[str, ...] = ()):
 def _w8a16_kernel(extra_flags: tuple[str, ...] = ()):
     """The int16-activation kernel (``w8a16_kernel.c``: activations rounded to int16 per row, int8 codes widened
     to int16, integer sums in int32), or None where no C compiler works.  ``fn.path``: "avx512-vnni",
-    "avx512bw", "avx2" or "c"."""
+    "avx512bw", "avx2" or "c"; ``fn.packed``: the path that takes every product on a weight packed once
+    (``w8a16_pack``), "amx" (AMX's tiles) or "avx512-vnni", or None where this build and process have none."""
     fn, path = _entry(_W8A16_SOURCE, extra_flags, "w8a16_matmul", "w8a16_path")
     if fn is not None:
         fn.path = {3: "avx512-vnni", 2: "avx512bw", 1: "avx2", 0: "c"}[path]
@@ -134,10 +135,9 @@ def _w8a16_kernel(extra_flags: tuple[str, ...] = ()):
         fn.pack = library.w8a16_pack
         fn.pack.restype = None
         fn.pack.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3
-        fn.tiles = library.w8a16_tiles_matmul
-        fn.tiles.restype, fn.tiles.argtypes = ctypes.c_int, _ARGS
-        # AMX's tiles take every product whose group fits them (w8a16_kernel.c), on weights packed for them
-        fn.path = "amx" if fn.packed_bytes(16, 64, 32) else fn.path
+        fn.packed_matmul = library.w8a16_packed_matmul
+        fn.packed_matmul.restype, fn.packed_matmul.argtypes = ctypes.c_int, _ARGS
+        fn.packed = {2: "amx", 1: "avx512-vnni", 0: None}[library.w8a16_packed_path()]
     return fn
 
 
@@ -161,8 +161,9 @@ def w8a16_identity() -> str | None:
     fn = _w8a16_kernel()
     if fn is None:
         return None
-    # whether the tiles are granted is the process's, not the build's: their sums run in another order
-    return _kernel_target((), _W8A16_SOURCE)[0].stem + ("-amx" if fn.path == "amx" else "")
+    # whether the tiles are granted is the process's, not the build's (their results equal VNNI's packed path's
+    # bit for bit, but not the unpacked kernel's, which sums in another order)
+    return _kernel_target((), _W8A16_SOURCE)[0].stem + ("-amx" if fn.packed == "amx" else "")
 
 
 @dataclass
@@ -181,8 +182,8 @@ class Int8Weight:
     w8a8: bool = False
     # the same for integer products on int16 activations (W8A16, w8a16_kernel.c), with the same gate
     w8a16: bool = False
-    # the codes, scales and offsets as AMX's tiles take them (w8a16_kernel.c's w8a16_pack), made at the first
-    # W8A16 product where this machine has the tiles: (kernel build, codes, scales, offsets or None)
+    # the codes, scales and offsets packed 16 outputs a block (w8a16_kernel.c's w8a16_pack), made at the first
+    # W8A16 product where this machine has a packed path: (kernel build, codes, scales, offsets or None)
     packed: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -201,7 +202,7 @@ class Int8Weight:
         out = Int8Weight(self.codes[start:end], self.scale[start:end],
                          None if self.offset is None else self.offset[start:end], self.group, self.exact,
                          self.w8a8, self.w8a16)
-        packed = self.tiles_packed() if self.w8a16 else self.packed  # packed once, here, not once a slice
+        packed = self.packed_form() if self.w8a16 else self.packed  # packed once, here, not once a slice
         if packed is not None and start % 16 == 0:
             build, codes, scale, offset = packed
             tiles = slice(start // 16, None if end is None else -(-end // 16))
@@ -302,19 +303,19 @@ class Int8Weight:
             return self._call(fn, flat)
         _, codes, scale, offset = packed
         out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
-        status = fn.tiles(flat.data_ptr(), flat.shape[0], flat.shape[1], codes.data_ptr(), scale.data_ptr(),
+        status = fn.packed_matmul(flat.data_ptr(), flat.shape[0], flat.shape[1], codes.data_ptr(), scale.data_ptr(),
                           None if offset is None else offset.data_ptr(), self.group, self.codes.shape[0],
                           out.data_ptr(), torch.get_num_threads())
         return out if status == 0 else None
 
-    def tiles_packed(self) -> tuple | None:
-        """(build, codes, scales, offsets) packed for this machine's AMX tiles, or None where it has none or they
-        do not take this weight's group."""
+    def packed_form(self) -> tuple | None:
+        """(build, codes, scales, offsets) packed for this machine's packed path (AMX's tiles or AVX-512 VNNI),
+        or None where it has none or it does not take this weight's group."""
         fn = _w8a16_kernel()
-        return None if fn is None or fn.path != "amx" else self._packed_for(fn)
+        return None if fn is None or fn.packed is None else self._packed_for(fn)
 
     def _packed_for(self, fn) -> tuple | None:
-        """This weight packed for ``fn``'s tiles (made once, then kept), or None where ``fn`` has none for it."""
+        """This weight packed for ``fn`` (made once, then kept), or None where ``fn`` has no packed path for it."""
         if self.packed is not None and self.packed[0] is fn:
             return self.packed
         n_out, k = self.codes.shape

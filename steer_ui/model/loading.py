@@ -374,13 +374,14 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
         if cost_file is not None:
             write_cost(cost_file, measured)
     # the first path within the default's bound (precision.AUTO_INTEGER_PATHS).  W8A16 for every product only
-    # where AMX's tiles take every weight (the fused step's blocks then take int16 activations); else for the
+    # where a packed path (AMX's tiles or AVX-512 VNNI) takes every weight (the fused step's blocks then take
+    # int16 activations); else for the
     # unembedding alone.  Either is on at every row count, so the many-users batch stays exact bit for bit: on the
     # fused step a row is computed alone, and prompts are never padded (generation.prefill_groups; at 2f9e7d6,
     # before both, the batch with W8A16 was 0 of 8 equal to its solo runs: docs/bench.md, W8A16)
     weights = int8_weights(int8.model)
-    tiles = integer_path(measured, tiles=True) == "w8a16" and all(w.tiles_packed() is not None for w in weights)
-    on = integer_path(measured, tiles=tiles)
+    packed = integer_path(measured, packed=True) == "w8a16" and all(w.packed_form() is not None for w in weights)
+    on = integer_path(measured, packed=packed)
     if on in ("w8a8", "w8a16"):
         for w in weights:
             setattr(w, on, True)
@@ -388,7 +389,7 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
         int8.arch.int8_unembedding.w8a16 = True
     for w in weights:
         if not w.w8a16:
-            w.packed = None  # packed while measured (or to ask the tiles), but not used
+            w.packed = None  # packed while measured (or to ask the packed path), but not used
     measured["in_use"] = on  # for the model line and the bench (precision.path_in_use); not kept in the file
     int8.weights, int8.precision_cost = "int8", measured
     int8.int8_exact = bool(made["exact"]) and not made["rounded"]

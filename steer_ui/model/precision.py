@@ -39,24 +39,25 @@ class PrecisionError(KeyedError):
 
 
 # the integer-product paths the loader may switch on, in its order, where measured within the bound: W8A8 for
-# every product; else W8A16 for every product where AMX's tiles take it (the fused CPU step's blocks then take
-# int16 activations too: w8a16_kernel.c); else W8A16 for the unembedding alone.  Each at every row count, so a
-# request's result does not depend on its batch.  Without the tiles W8A16 for every product stays off: the fused
-# step's blocks take float activations there, and the dynamic path it would decode on was slower
+# every product; else W8A16 for every product where a packed path takes every weight (AMX's tiles, or AVX-512
+# VNNI's vpdpbusd on the same packing: the fused CPU step's blocks then take int16 activations too:
+# w8a16_kernel.c); else W8A16 for the unembedding alone.  Each at every row count, so a request's result does not
+# depend on its batch.  Without a packed path W8A16 for every product stays off: the fused step's blocks take
+# float activations there, and the dynamic path it would decode on was slower
 AUTO_INTEGER_PATHS = ("w8a8", "w8a16", "w8a16_unembedding")
 
 
-def integer_path(measured: dict | None, tiles: bool = False) -> str | None:
+def integer_path(measured: dict | None, packed: bool = False) -> str | None:
     """The integer-product path the loader switches on for a model with this measured cost ("w8a8", "w8a16" or
     "w8a16_unembedding"), or None: the first of :data:`AUTO_INTEGER_PATHS` measured within the bound, "w8a16"
-    only where ``tiles`` (this machine's AMX tiles take every block weight)."""
+    only where ``packed`` (this machine's packed path takes every block weight)."""
     return next((path for path in AUTO_INTEGER_PATHS
-                 if (path != "w8a16" or tiles) and ((measured or {}).get(path) or {}).get("on")), None)
+                 if (path != "w8a16" or packed) and ((measured or {}).get(path) or {}).get("on")), None)
 
 
 def path_in_use(measured: dict | None) -> str | None:
     """The integer-product path a loaded model runs (the loader records its choice as ``in_use``; a cost without
-    it, as the tests write one, reads as a machine without AMX's tiles would choose)."""
+    it, as the tests write one, reads as a machine without a packed path would choose)."""
     measured = measured or {}
     return measured["in_use"] if "in_use" in measured else integer_path(measured)
 

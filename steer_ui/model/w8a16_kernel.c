@@ -15,8 +15,9 @@
  * weights: the group is the whole row), every 512 inputs, whatever the row count.
  *
  * Paths, chosen by what the compiler targets (-march=native):
- *   AMX's tiles (w8a16_tiles_matmul, on a weight packed once by w8a16_pack; groups of a multiple of 4 up to 64):
- *     the tiles take the integer sums, 16 outputs x up to 16 rows a group, at every row count (below);
+ *   a packed weight (w8a16_packed_matmul, on a weight packed once by w8a16_pack; groups of a multiple of 4 up to
+ *     64), at every row count: AMX's tiles take the integer sums, 16 outputs x up to 16 rows a group, where
+ *     the CPU has them; else AVX-512 VNNI's vpdpbusd, 16 outputs a vector (below);
  *   AVX-512 (BW; VNNI's vpdpwssd where present, else vpmaddwd + vpaddd, the same integer sums):
  *     groups of 16 or 32 in rows of a multiple of four groups (GGUF's Q8_0, Q4_K, Q6_K here): four groups
  *     interleaved per 32-input vector (tile_quads), so one conversion and one multiply-add serve four groups;
@@ -38,6 +39,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #define TILES 1
+#endif
+#if defined(TILES) || defined(__AVX512VNNI__)
+#define PACKED 1   /* a weight packed once (w8a16_pack) serves every product: on AMX's tiles, else VNNI's */
 #endif
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -323,11 +327,13 @@ static int tiles_granted(void)
 }
 #endif
 
-#if defined(TILES)
+#if defined(PACKED)
 /* One row rounded to int16 as round_row() does it (the same codes: nearbyint under the default rounding, clamped
  * to +-32767), in 16-lane vectors, written straight as the tiles' bytes: hi = v >> 8 (signed), lo = v & 0xFF.
- * xsum (affine weights): the codes' sum per group, exact.  Returns the row's scale, NaN for a non-finite row. */
-static float row_bytes(const float *x, int64_t k, int64_t group, uint8_t *hi, uint8_t *lo, float *xsum)
+ * xsum (affine weights): the codes' sum per group, exact; hisum (VNNI's path): the high bytes' sum per group.
+ * Returns the row's scale, NaN for a non-finite row. */
+static float row_bytes(const float *x, int64_t k, int64_t group, uint8_t *hi, uint8_t *lo, float *xsum,
+                       int32_t *hisum)
 {
     __m512 top = _mm512_setzero_ps();
     __mmask16 bad = 0;
@@ -342,6 +348,7 @@ static float row_bytes(const float *x, int64_t k, int64_t group, uint8_t *hi, ui
     const __m512 scale = _mm512_set1_ps(to_code), ceiling = _mm512_set1_ps(32767.0f);
     const int vector_sums = group % 16 == 0;
     for (int64_t g = 0; xsum && g < k / group; g++) xsum[g] = 0.0f;
+    for (int64_t g = 0; hisum && g < k / group; g++) hisum[g] = 0;
     for (int64_t j = 0; j < k; j += 16) {
         const __mmask16 m = k - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - j)) - 1);
         __m512 c = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), scale),
@@ -351,22 +358,36 @@ static float row_bytes(const float *x, int64_t k, int64_t group, uint8_t *hi, ui
         _mm_mask_storeu_epi8(hi + j, m, _mm512_cvtepi32_epi8(_mm512_srai_epi32(v, 8)));
         _mm_mask_storeu_epi8(lo + j, m, _mm512_cvtepi32_epi8(_mm512_and_si512(v, _mm512_set1_epi32(0xFF))));
         if (xsum && vector_sums) xsum[j / group] += (float)_mm512_reduce_add_epi32(v);
+        if (hisum && vector_sums) hisum[j / group] += _mm512_reduce_add_epi32(_mm512_srai_epi32(v, 8));
     }
     if (xsum && !vector_sums)
         for (int64_t j = 0; j < k; j++) xsum[j / group] += (float)((int8_t)hi[j] * 256 + lo[j]);
+    if (hisum && !vector_sums)
+        for (int64_t j = 0; j < k; j++) hisum[j / group] += (int8_t)hi[j];
     return bad ? NAN : most / 32767.0f;
 }
 #endif
 
-/* The packed form's sizes for an (n_out, k) weight in groups of `group`, or 0 where this build or process cannot
- * take it (no tiles, or a group the tiles do not fit): codes bytes, and floats for the scales (the offsets too). */
-int64_t w8a16_packed_bytes(int64_t n_out, int64_t k, int64_t group)
+/* Which path takes products on packed weights in this build and process: 2 AMX's tiles (the CPU has them and
+ * Linux granted them), 1 AVX-512 VNNI, 0 none (weights stay unpacked). */
+int w8a16_packed_path(void)
 {
 #if defined(TILES)
-    if (group >= 4 && group <= 64 && group % 4 == 0 && k % group == 0 && n_out > 0 && tiles_granted())
-        return (n_out + 15) / 16 * 16 * k;
+    if (tiles_granted()) return 2;
 #endif
-    (void)n_out; (void)k; (void)group;
+#if defined(PACKED) && defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* The packed form's sizes for an (n_out, k) weight in groups of `group`, or 0 where this build or process cannot
+ * take it (no packed path, or a group it does not fit): codes bytes, and floats for the scales (the offsets too). */
+int64_t w8a16_packed_bytes(int64_t n_out, int64_t k, int64_t group)
+{
+    if (group >= 4 && group <= 64 && group % 4 == 0 && k % group == 0 && n_out > 0 && w8a16_packed_path())
+        return (n_out + 15) / 16 * 16 * k;
     return 0;
 }
 
@@ -391,13 +412,11 @@ void w8a16_pack(const int8_t *q, const float *s, const float *o, int64_t n_out, 
         }
 }
 
-/* y = x @ W.T on a packed weight; returns 0, or -1 (no tiles here, or memory). */
-int w8a16_tiles_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp, const float *sp, const float *op,
-                       int64_t group, int64_t n_out, float *y, int threads)
-{
 #if defined(TILES)
-    if (rows <= 0) return rows == 0 ? 0 : -1;
-    if (!w8a16_packed_bytes(n_out, k, group)) return -1;
+/* y = x @ W.T on a packed weight, on the tiles; returns 0, or -1 (memory). */
+static int tiles_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp, const float *sp, const float *op,
+                        int64_t group, int64_t n_out, float *y, int threads)
+{
     const int64_t groups = k / group, tiles = (n_out + 15) / 16;
     /* the activations' bytes in blocks of `tall` rows, as even as 16 rows a block allows, the last padded with
      * zeros, so that one tile shape serves every block */
@@ -422,7 +441,7 @@ int w8a16_tiles_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++)
-            xs[r] = row_bytes(x + r * k, k, group, hi + r * k, lo + r * k, xsum ? xsum + r * groups : NULL);
+            xs[r] = row_bytes(x + r * k, k, group, hi + r * k, lo + r * k, xsum ? xsum + r * groups : NULL, NULL);
         _tile_loadconfig(&config);
         /* two buffers of each group's sums: a group's sums are read back one group later, while the tiles
          * multiply the next (reading a tile store at once waited for it) */
@@ -474,8 +493,119 @@ int w8a16_tiles_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp
     }
     free(hi); free(lo); free(xs); free(xsum);
     return 0;
+}
+#endif
+
+#if defined(PACKED) && defined(__AVX512VNNI__)
+/* VNNI's path on the packed weight (Zen 4, Ice Lake and later without the tiles): per 4 inputs, one 64-byte
+ * vector holds the 16 outputs' codes, and each row's 4 high and 4 low bytes are broadcast to every output.
+ * vpdpbusd multiplies unsigned bytes by signed ones, so the low bytes (unsigned) meet the codes as they are, and
+ * the high bytes (signed) meet the codes + 128 (unsigned): sum(hi * (q + 128)) - 128 * sum(hi) = sum(hi * q),
+ * exact, with the high bytes' group sum from row_bytes.  (hi sum << 8) + lo sum is then the group's int32 sum
+ * as the tiles form it, and the epilogue is theirs, so the results are theirs bit for bit.  Products held per
+ * 4 inputs: |hi| <= 128 times 255, four of them, 64 / 4 steps a group at most: < 2^22. */
+static inline __attribute__((always_inline)) void vnni_rows(const int R, const int8_t *qt, const float *st,
+        const float *ot, int64_t k, int64_t group, const uint8_t *hi, const uint8_t *lo, const int32_t *hisum,
+        const float *xsum, const float *xs, float *y, int64_t n_out, __mmask16 keep, const int8_t *next)
+{
+    const int64_t groups = k / group, steps = group / 4;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const int8_t *block = qt + g * 16 * group;
+        for (int64_t line = 0; next && line < 16 * group; line += 64)
+            _mm_prefetch((const char *)(next + g * 16 * group + line), _MM_HINT_T0);
+        __m512i ah[8], al[8];
+        for (int r = 0; r < R; r++) ah[r] = al[r] = _mm512_setzero_si512();
+        for (int64_t e = 0; e < steps; e++) {
+            const __m512i w = _mm512_loadu_si512((const void *)(block + 64 * e));
+            const __m512i wu = _mm512_xor_si512(w, flip);
+            for (int r = 0; r < R; r++) {
+                int32_t h4, l4;
+                memcpy(&h4, hi + r * k + g * group + 4 * e, 4);
+                memcpy(&l4, lo + r * k + g * group + 4 * e, 4);
+                ah[r] = _mm512_dpbusd_epi32(ah[r], wu, _mm512_set1_epi32(h4));
+                al[r] = _mm512_dpbusd_epi32(al[r], _mm512_set1_epi32(l4), w);
+            }
+        }
+        const __m512 sv = _mm512_loadu_ps(st + g * 16);
+        const __m512 ov = ot ? _mm512_loadu_ps(ot + g * 16) : sv;
+        for (int r = 0; r < R; r++) {
+            const __m512i top = _mm512_sub_epi32(ah[r], _mm512_set1_epi32(128 * hisum[r * groups + g]));
+            const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(top, 8), al[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sv, acc[r]);
+            if (ot) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[r * groups + g]), ov, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(y + r * n_out, keep, _mm512_mul_ps(_mm512_set1_ps(xs[r]), acc[r]));
+}
+
+static int vnni_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp, const float *sp, const float *op,
+                       int64_t group, int64_t n_out, float *y, int threads)
+{
+    const int64_t groups = k / group, tiles = (n_out + 15) / 16;
+    /* rows in blocks of up to 8 (each row's accumulators stay in registers), as even as that allows */
+    const int blocks = (int)((rows + 7) / 8), tall = (int)((rows + blocks - 1) / blocks);
+    uint8_t *hi = malloc((size_t)(rows * k)), *lo = malloc((size_t)(rows * k));
+    float *xs = malloc((size_t)rows * sizeof(float));
+    int32_t *hisum = malloc((size_t)(rows * groups) * sizeof(int32_t));
+    float *xsum = op ? malloc((size_t)(rows * groups) * sizeof(float)) : NULL;
+    if (!hi || !lo || !xs || !hisum || (op && !xsum)) {
+        free(hi); free(lo); free(xs); free(hisum); free(xsum);
+        return -1;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            xs[r] = row_bytes(x + r * k, k, group, hi + r * k, lo + r * k, xsum ? xsum + r * groups : NULL,
+                              hisum + r * groups);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t n = 16 * t;
+            const int nb = n_out - n < 16 ? (int)(n_out - n) : 16;
+            const __mmask16 keep = (__mmask16)((1u << nb) - 1);
+            const int8_t *qt = qp + t * groups * 16 * group, *next = t + 1 < tiles ? qt + groups * 16 * group : NULL;
+            for (int64_t r0 = 0; r0 < rows; r0 += tall) {
+                const int nr = rows - r0 < tall ? (int)(rows - r0) : tall;
+#define VNNI_ROWS(R) vnni_rows(R, qt, sp + t * groups * 16, op ? op + t * groups * 16 : NULL, k, group, \
+                               hi + r0 * k, lo + r0 * k, hisum + r0 * groups, xsum ? xsum + r0 * groups : NULL, \
+                               xs + r0, y + r0 * n_out + n, n_out, keep, r0 == 0 ? next : NULL)
+                switch (nr) {
+                case 1: VNNI_ROWS(1); break;
+                case 2: VNNI_ROWS(2); break;
+                case 3: VNNI_ROWS(3); break;
+                case 4: VNNI_ROWS(4); break;
+                case 5: VNNI_ROWS(5); break;
+                case 6: VNNI_ROWS(6); break;
+                case 7: VNNI_ROWS(7); break;
+                default: VNNI_ROWS(8); break;
+                }
+#undef VNNI_ROWS
+            }
+        }
+    }
+    free(hi); free(lo); free(xs); free(hisum); free(xsum);
+    return 0;
+}
+#endif
+/* y = x @ W.T on a weight packed by w8a16_pack (the tiles where granted, else VNNI's path: the same integer sums,
+ * the same float epilogue, so the same bits); returns 0, or -1 (no packed path here, a shape it does not take,
+ * or memory). */
+int w8a16_packed_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp, const float *sp, const float *op,
+                        int64_t group, int64_t n_out, float *y, int threads)
+{
+    if (rows <= 0) return rows == 0 ? 0 : -1;
+    if (!w8a16_packed_bytes(n_out, k, group)) return -1;
+#if defined(TILES)
+    if (w8a16_packed_path() == 2) return tiles_matmul(x, rows, k, qp, sp, op, group, n_out, y, threads);
+#endif
+#if defined(PACKED) && defined(__AVX512VNNI__)
+    return vnni_matmul(x, rows, k, qp, sp, op, group, n_out, y, threads);
 #else
-    (void)x; (void)rows; (void)k; (void)qp; (void)sp; (void)op; (void)group; (void)n_out; (void)y; (void)threads;
+    (void)x; (void)qp; (void)sp; (void)op; (void)y; (void)threads;
     return -1;
 #endif
 }

@@ -3,7 +3,7 @@
     python -m steer_ui.tools.kernel_ab --old HEAD~1 [--prompt-repeat 40] [--tokens 64] [--reps 4]
     python -m steer_ui.tools.kernel_ab --vocab-pass [--reps 8]   # the one-pass logits summary against torch's passes
     python -m steer_ui.tools.kernel_ab --unembedding-int16 [--reps 4]  # the unembedding on float, then int16 activations
-    python -m steer_ui.tools.kernel_ab --blocks-int16 [--reps 4]  # the block products on float, then int16 (AMX's tiles)
+    python -m steer_ui.tools.kernel_ab --blocks-int16 [--reps 4]  # the block products on float, then int16 (packed)
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
 win or lose. So both builds of ``block_kernel.c`` (with the files each includes) decode in one
@@ -13,7 +13,7 @@ process, turn about, each rep starting with the other. A steered-only decode and
 per rep, new/old per rep, and whether the two builds' texts were equal.  ``--unembedding-int16`` also runs the
 bench's many-users section (8 requests of 32 tokens, one after another and at once) for each side in turn;
 ``--blocks-int16`` too, with the block products (every weight but the unembedding) on float activations, then on
-int16 ones through AMX's tiles (the unembedding as loaded).
+int16 ones on packed weights (AMX's tiles or AVX-512 VNNI; the unembedding as loaded).
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def unembedding_activations(handle, int16: bool):
 @contextmanager
 def block_activations(handle, int16: bool):
     """Inside, every block product (each int8 weight but the unembedding) takes int16 activations (``int16``, on
-    AMX's tiles: the fused step takes them only there) or float ones; then as loaded."""
+    packed weights: the fused step takes them only there) or float ones; then as loaded."""
     from ..model.int8 import int8_weights
 
     unembedding = handle.arch.int8_unembedding
@@ -142,8 +142,8 @@ def main(argv=None) -> None:
                         help="instead: the unembedding on float activations (old) against int16 ones (new), and "
                              "the many-users section with each")
     parser.add_argument("--blocks-int16", action="store_true",
-                        help="instead: the block products on float activations (old) against int16 ones on AMX's "
-                             "tiles (new), and the many-users section with each")
+                        help="instead: the block products on float activations (old) against int16 ones on packed "
+                             "weights (new), and the many-users section with each")
     parser.add_argument("--model", default=EMBEDDED)
     parser.add_argument("--prompt-repeat", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)

@@ -693,7 +693,7 @@ def bench_dtype_accuracy(handle, reference, log) -> dict:
         # the arithmetic in use: an integer-product path the loader switched on has its own measured cost
         path = path_in_use(cost)
         arithmetic = {None: "float32 arithmetic", "w8a8": "every product on int8 activations",
-                      "w8a16": "every product on int16 activations (AMX's tiles)",
+                      "w8a16": "every product on int16 activations (packed weights)",
                       "w8a16_unembedding": "the unembedding's products on int16 activations"}[path]
         cost = cost if path is None else cost[path]
         return {"status": "measured", "dtype": f"int8 weights, {arithmetic}",

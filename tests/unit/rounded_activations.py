@@ -32,16 +32,18 @@ def rounding_bound(w: Int8Weight, x: torch.Tensor, levels: int) -> torch.Tensor:
 def built(kernel, name: str, flags: tuple[str, ...], needs: str | None = None):
     """The kernel ``kernel`` (``int8._w8a8_kernel`` or ``_w8a16_kernel``) built with ``flags`` as the path
     ``name`` ("native" or the path it must report), skipped where the CPU lacks ``needs`` (a /proc/cpuinfo flag
-    with its spaces); the native build of a VNNI machine must take the VNNI path (the int16 kernel: AMX's
-    tiles where the CPU has them)."""
+    with its spaces); the native build of a VNNI machine must take the VNNI path (the int16 kernel's packed
+    weights: AMX's tiles where the CPU has them, else VNNI's)."""
     if needs is not None and needs not in CPU_FLAGS:
         pytest.skip(f"this CPU lacks{needs}")
     fn = kernel(flags)
     assert fn is not None
     if name == "native" and " avx512_vnni " in CPU_FLAGS and " avx512bw " in CPU_FLAGS:
-        # the int16 kernel takes AMX's tiles where the CPU has them (Linux grants them to the process)
-        tiles = kernel.__name__ == "_w8a16_kernel" and AMX in CPU_FLAGS and " amx_tile " in CPU_FLAGS
-        assert fn.path == ("amx" if tiles else "avx512-vnni"), fn.path
+        assert fn.path == "avx512-vnni", fn.path
+        if kernel.__name__ == "_w8a16_kernel":
+            # packed weights take AMX's tiles where the CPU has them (Linux grants them to the process)
+            tiles = AMX in CPU_FLAGS and " amx_tile " in CPU_FLAGS
+            assert fn.packed == ("amx" if tiles else "avx512-vnni"), fn.packed
     if name != "native":
         assert fn.path == name
     return fn
@@ -63,15 +65,16 @@ def assert_within_rounding(w: Int8Weight, x: torch.Tensor, got, levels: int) -> 
 
 
 
-def on_the_tiles(handle, group: int = 32) -> None:
+def on_packed_weights(handle, group: int = 32) -> None:
     """Every int8 weight of ``handle`` rounded again in groups of ``group`` inputs (a tiny model's rounded rows are
-    wider than AMX's tiles take; GGUF's groups are 16 and 32), with integer products on int16 activations on for
-    every product, as the loader sets them on an AMX machine; skipped where there are no tiles."""
+    wider than the packed path takes; GGUF's groups are 16 and 32), with integer products on int16 activations on
+    for every product, as the loader sets them where a packed path exists (AMX's tiles, AVX-512 VNNI); skipped
+    where there is none."""
     from steer_ui.model import int8
 
     fn = int8._w8a16_kernel()
-    if fn is None or fn.path != "amx":
-        pytest.skip("no AMX tiles here (the CPU lacks amx_int8, or Linux did not grant them)")
+    if fn is None or fn.packed is None:
+        pytest.skip("no packed int16 path here (the CPU lacks AMX's tiles and AVX-512 VNNI)")
     for w in int8.int8_weights(handle.model):
         rows, k = w.codes.shape
         blocks = w.dequantise().view(rows, k // group, group)

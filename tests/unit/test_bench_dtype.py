@@ -55,7 +55,7 @@ def test_int8s_accuracy_is_the_cost_of_the_arithmetic_the_loader_switched_on():
     measured = bench_dtype_accuracy(handle, None, print)
     assert measured["max_abs_delta_prob"] == 1.4e-4 and "unembedding's products on int16" in measured["dtype"]
     cost["w8a16"] = {"on": True, "max_abs_dp": 2.9e-4, "top1_agree": 6, "prompts": 6, "max_abs_ddlogit": 0.01}
-    cost["in_use"] = "w8a16"  # the loader's choice on a machine with AMX's tiles
+    cost["in_use"] = "w8a16"  # the loader's choice on a machine with a packed path (AMX's tiles, AVX-512 VNNI)
     measured = bench_dtype_accuracy(handle, None, print)
     assert measured["max_abs_delta_prob"] == 2.9e-4 and "every product on int16" in measured["dtype"]
     del cost["in_use"]

@@ -108,22 +108,22 @@ def _identical(batched, alone):
              for t in b.tokens], side
 
 
-@pytest.mark.parametrize("int16", ["the unembedding", "every product, on AMX's tiles"])
+@pytest.mark.parametrize("int16", ["the unembedding", "every product, on packed weights"])
 def test_requests_admitted_as_the_engine_groups_them_equal_requests_alone_bit_for_bit(int16):
     """Issue #50: on the fused CPU step each row is computed alone and the engine never pads a prompt on the CPU
     (generation.prefill_groups), so the batch gives each request's solo numbers bit for bit, also with the
     unembedding on int16 activations (rounding turns any last-bit difference into a code step), or every
-    product (the block products on AMX's tiles, where the CPU has them).  Admitted in one padded pass instead,
+    product (the block products on packed weights: AMX's tiles or AVX-512 VNNI, where the CPU has them).  Admitted in one padded pass instead,
     the padded rows part in the last bits, which is what the no-padding rule is for."""
     from steer_ui.model.generation import prefill_groups
     from steer_ui.model.loading import load_model
-    from rounded_activations import on_the_tiles
+    from rounded_activations import on_packed_weights
 
     handle = load_model("tiny:gemma3", device="cpu", weights="int8")
     if int16 == "the unembedding":
         handle.arch.int8_unembedding.w8a16 = True
     else:
-        on_the_tiles(handle)
+        on_packed_weights(handle)
     alone, batch, requests = _setup(handle)
     groups = prefill_groups(requests, "cpu")
     assert len(groups) == len({len(r.ids) for r in requests}) > 1

@@ -115,17 +115,17 @@ def test_requests_together_equal_requests_alone_bit_for_bit(gemma3):
                     [(t.delta_logit, t.direct_delta_logit) for t in b.tokens]
 
 
-def test_with_every_product_on_amxs_tiles_the_fused_step_takes_them_and_stays_exact():
-    """Issue #50: where the loader turns on int16 activations for every product (AMX's tiles), the fused step's
-    blocks take them too (block_kernel.c calls the tiles' product on the packed weights): the same tokens and
+def test_with_every_product_on_packed_weights_the_fused_step_takes_them_and_stays_exact():
+    """Issue #50: where the loader turns on int16 activations for every product (packed weights: AMX's tiles or
+    AVX-512 VNNI), the fused step's blocks take them too (block_kernel.c calls the packed product): the same tokens and
     numbers as the dynamic step, whose products are the same kernel's (the norms and attention to float noise),
     and a batch equal to each request alone, bit for bit."""
-    from rounded_activations import on_the_tiles
+    from rounded_activations import on_packed_weights
 
     model, tok = tiny_model("gemma3", layers=6)
     quantise_model(model)
     handle = from_model(model, tok, model_id="tiny:gemma3")
-    on_the_tiles(handle)
+    on_packed_weights(handle)
     assert fused_decode.unsupported(handle) is None
     specs = _specs(handle)
     fused_batch, fused = _run(handle, "fused", SCHEDULE, specs)

@@ -97,14 +97,14 @@ def test_the_unembedding_side_switches_its_activations_inside_and_puts_them_back
 
 
 def test_the_block_side_switches_every_block_product_and_leaves_the_unembedding():
-    """``kernel_ab --blocks-int16``: inside, every int8 weight but the unembedding takes int16 activations on AMX's
-    tiles (or float ones), the fused step still decodes, and leaving puts back what was set; where the fused step
+    """``kernel_ab --blocks-int16``: inside, every int8 weight but the unembedding takes int16 activations on packed
+    weights (or float ones), the fused step still decodes, and leaving puts back what was set; where the fused step
     cannot take a block product on int16 activations the side says why instead of timing the dynamic path."""
     from steer_ui.model.int8 import int8_weights
-    from rounded_activations import on_the_tiles
+    from rounded_activations import on_packed_weights
 
     h = load_model("tiny:gemma3", device="cpu", weights="int8")
-    on_the_tiles(h)  # GGUF-like groups, every product on the tiles, as the loader sets it there
+    on_packed_weights(h)  # GGUF-like groups, every product on packed weights, as the loader sets it there
     unembedding = h.arch.int8_unembedding
     blocks = [w for w in int8_weights(h.model) if w is not unembedding]
     with kernel_ab.block_activations(h, False):
@@ -114,9 +114,9 @@ def test_the_block_side_switches_every_block_product_and_leaves_the_unembedding(
         assert out["steered_only"]["texts_equal"]
     assert all(w.w8a16 for w in blocks)
     for w in blocks:
-        w.group = 128  # wider than the tiles take: the fused step would have to leave them
+        w.group = 128  # wider than the packed path takes: the fused step would have to leave them
         w.packed = None
-    with pytest.raises(RuntimeError, match="tiles do not take"):
+    with pytest.raises(RuntimeError, match="packed int16 product does not take"):
         with kernel_ab.block_activations(h, True):
             pass
     assert all(w.w8a16 for w in blocks)

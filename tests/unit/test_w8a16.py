@@ -4,10 +4,12 @@ The bound is derived, not tuned.  Each row is rounded with one scale ``xs = max|
 moves by at most ``xs / 2`` and the product (the dequantised weights times the rounded row; the offsets multiply
 the rounded rows' group sums) by at most ``xs / 2 · Σ_k |W[n, k]|``.  The int32 sums are exact (converted to float
 at each group's end and every 512 inputs, so whole-row groups cannot overflow), so beyond that only float32's own
-sums add: a slack of 1e-5 of ``Σ |x| |W|``.  Every path this machine can run is built and checked: on an AMX
-machine the native build takes the tiles (on weights packed for them) and ``-mno-amx-*`` builds VNNI's; on an
-AVX-512 machine the one without VNNI (``-mno-avx512vnni``), AVX2's (``-mno-avx512f``) and plain C's
-(``-mno-avx2`` too); and a row's result must not depend on the rows sent with it, bit for bit.
+sums add: a slack of 1e-5 of ``Σ |x| |W|``.  Every path this machine can run is built and checked: weights packed
+once (``w8a16_pack``) take AMX's tiles in the native build of an AMX machine and VNNI's ``vpdpbusd`` in a VNNI
+build without the tiles (``-mno-amx-*``, or the native build elsewhere), and the same builds' unpacked kernel is
+checked beside them; on an AVX-512 machine also the build without VNNI (``-mno-avx512vnni``), AVX2's
+(``-mno-avx512f``) and plain C's (``-mno-avx2`` too); and a row's result must not depend on the rows sent with it,
+bit for bit.
 """
 import shutil
 
@@ -34,6 +36,15 @@ def _build(name: str):
     return built(int8_mod._w8a16_kernel, name, *BUILDS[name])
 
 
+def _products(w: Int8Weight, x: torch.Tensor, fn) -> list:
+    """``x @ W.T`` by each path ``fn``'s build has for ``w``: on the packed weight where it packs (the product the
+    switch takes), and by the unpacked kernel, which a group the packed path does not take still reaches."""
+    out = [w.w8a16_product(x, fn)]
+    if w.packed is not None:
+        out.append(w.kernel_product(fn, x.contiguous()))
+    return out
+
+
 # GGUF's groups: Q8_0 (32), Q4_K (32, affine: codes 0..15), Q6_K (16, codes -32..31), per output row (the group
 # is the whole row, 640 and 2048 wide: past 512 inputs, where one int32 chunk ends); odd output counts (tile
 # edges), input widths ending on half a 32-code vector (48, 80, 208), a multiple-of-32 group (96, affine)
@@ -50,7 +61,8 @@ def test_the_product_is_within_the_activations_rounding(build, out_features, in_
     fn = _build(build)
     w = _weight(out_features, in_features, group, affine, seed=rows, low=low, high=high)
     x = rows_with_an_outlier(rows, in_features, out_features)
-    assert_within_rounding(w, x, w.w8a16_product(x, fn), 32767)
+    for got in _products(w, x, fn):
+        assert_within_rounding(w, x, got, 32767)
 
 
 def test_whole_row_groups_do_not_overflow_int32():
@@ -71,9 +83,9 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(build, out_features
     fn = _build(build)
     w = _weight(out_features, in_features, group, affine, seed=9, low=low, high=high)
     x = torch.randn(29, in_features, generator=torch.Generator().manual_seed(10))
-    together = w.w8a16_product(x, fn)
-    for lo, hi in ((0, 1), (1, 4), (4, 13), (12, 13), (3, 29), (2, 11), (28, 29)):
-        assert torch.equal(w.w8a16_product(x[lo:hi].contiguous(), fn), together[lo:hi]), (lo, hi)
+    for path, together in enumerate(_products(w, x, fn)):
+        for lo, hi in ((0, 1), (1, 4), (4, 13), (12, 13), (3, 29), (2, 11), (28, 29)):
+            assert torch.equal(_products(w, x[lo:hi].contiguous(), fn)[path], together[lo:hi]), (path, lo, hi)
 
 
 def test_the_offsets_meet_the_rounded_rows():
@@ -103,15 +115,17 @@ def test_zero_and_non_finite_rows():
 
 @pytest.mark.parametrize("build", ["avx512-vnni", "native"])
 def test_groups_a_vector_path_cannot_take_are_refused_not_guessed(build):
-    """Groups of 8 or 48 (not GGUF's) are not the AVX-512 path's: the caller then keeps today's product.  AMX's
-    tiles take any group of a multiple of 4 up to 64, so there they are multiplied, within the rounding."""
+    """Groups of 8 or 48 (not GGUF's) are not the unpacked AVX-512 path's: the caller then keeps today's product.
+    The packed path takes any group of a multiple of 4 up to 64, so there they are multiplied, within the
+    rounding; a group of 80 is neither's."""
     fn = _build(build)
-    if fn.path not in ("avx512-vnni", "avx512bw", "amx"):
+    if fn.path not in ("avx512-vnni", "avx512bw"):
         pytest.skip("only the AVX-512 paths refuse these")
-    for group in (8, 48):
-        w = _weight(10, 144, group, False)
-        x = torch.randn(2, 144)
-        if fn.path == "amx":
+    for group in (8, 48, 80):
+        w = _weight(10, 240, group, False)
+        x = torch.randn(2, 240)
+        assert w.kernel_product(fn, x) is None
+        if fn.packed and group <= 64:
             assert_within_rounding(w, x, w.w8a16_product(x, fn), 32767)
         else:
             assert w.w8a16_product(x, fn) is None
@@ -128,9 +142,9 @@ def test_the_switch_routes_every_product_and_survives_slices():
         assert torch.equal(w.matmul(x[:rows]), w.w8a16_product(x[:rows].contiguous(), fn))
     assert w.slice(10, 20).w8a16 and torch.equal(w.slice(10, 20).matmul(x), w.w8a16_product(x, fn)[:, 10:20])
     if fn.path in ("avx512-vnni", "avx512bw"):
-        odd = _weight(10, 144, 48, False)
+        odd = _weight(10, 160, 80, False)  # a group neither the unpacked nor the packed path takes
         odd.w8a16 = True
-        assert torch.equal(odd.matmul(x[:2, :144]), odd.kernel_product(int8_mod._kernel(), x[:2, :144].contiguous()))
+        assert torch.equal(odd.matmul(x[:2, :160]), odd.kernel_product(int8_mod._kernel(), x[:2, :160].contiguous()))
 
 
 def test_the_model_line_names_the_integer_path_the_loader_switches_on_and_only_that():
@@ -202,19 +216,21 @@ def test_a_long_integer_product_pauses_between_slabs_with_the_same_numbers(monke
     assert torch.equal(paused[:, 130:140], w.slice(130, 140).matmul(x))
 
 
-def _tiles():
-    fn = _build("native")
-    if fn.path != "amx":
-        pytest.skip("no AMX tiles here (the CPU lacks amx_int8, or Linux did not grant them)")
+def _packed(build: str = "native"):
+    fn = _build(build)
+    if fn.packed is None:
+        pytest.skip("no packed int16 path in this build (the CPU lacks AMX's tiles and AVX-512 VNNI)")
     return fn
 
 
+@pytest.mark.parametrize("build", ["native", "avx512-vnni"])
 @pytest.mark.parametrize("group", [16, 32, 64])
-def test_the_tiles_byte_split_is_exact_at_the_extremes(group):
-    """An int16 code splits into a signed high byte and an unsigned low one, each its own tile product; at the
-    codes' extremes (every activation at +-32767, every weight code -128 or 127, groups up to 64) the shifted
-    high sum is at its largest, and the result must still be the exact integer sum times the scales."""
-    fn = _tiles()
+def test_the_packed_byte_split_is_exact_at_the_extremes(group, build):
+    """An int16 code splits into a signed high byte and an unsigned low one, each its own product (a tile's, or
+    VNNI's vpdpbusd on the codes + 128, corrected by the high bytes' sum); at the codes' extremes (every
+    activation at +-32767, every weight code -128 or 127, groups up to 64) the shifted high sum is at its
+    largest, and the result must still be the exact integer sum times the scales."""
+    fn = _packed(build)
     k = 4 * group
     codes = torch.where(torch.arange(k) % 3 == 0, -128, 127).to(torch.int8).repeat(5, 1)
     codes[1] = -128  # every product of row 1 at the extreme
@@ -230,9 +246,10 @@ def test_the_tiles_byte_split_is_exact_at_the_extremes(group):
 
 
 def test_a_weight_is_packed_once_and_its_tile_slices_share_the_packing():
-    """The tiles read a packed copy (w8a16_pack); a slice that starts on a 16-row tile reads views of it, not a
-    packing of its own (the unembedding is multiplied in slabs of rows); any slice gives its rows' numbers."""
-    fn = _tiles()
+    """The packed path reads a packed copy (w8a16_pack); a slice that starts on a 16-row block reads views of it,
+    not a packing of its own (the unembedding is multiplied in slabs of rows); any slice gives its rows'
+    numbers."""
+    _packed()
     w = _weight(100, 640, 32, True, seed=3, low=0, high=16)
     w.w8a16 = True
     x = torch.randn(5, 640, generator=torch.Generator().manual_seed(4))
@@ -244,3 +261,16 @@ def test_a_weight_is_packed_once_and_its_tile_slices_share_the_packing():
     assert torch.equal(part.matmul(x), whole[:, 32:90])
     assert torch.equal(w.slice(5, 37).matmul(x), whole[:, 5:37])  # off a tile's edge: packed apart, same numbers
     assert w.packed is packed
+
+
+def test_amxs_tiles_and_vnnis_packed_path_give_the_same_bits():
+    """The two packed paths form the same exact int32 sum per group and share the float epilogue, so a machine's
+    results do not depend on whether Linux grants the tiles; checked where the CPU has them."""
+    tiles, vnni = _packed("native"), _packed("avx512-vnni")
+    if tiles.packed != "amx":
+        pytest.skip("no AMX tiles here to compare VNNI's packed path with")
+    assert vnni.packed == "avx512-vnni"
+    for out_features, in_features, group, affine, low, high in CASES[:6]:
+        w = _weight(out_features, in_features, group, affine, seed=2, low=low, high=high)
+        x = rows_with_an_outlier(19, in_features, 3)
+        assert torch.equal(w.w8a16_product(x, tiles), w.w8a16_product(x, vnni)), (out_features, in_features, group)
