@@ -1,0 +1,41 @@
+"""The package asks torch for transparent huge pages before torch allocates (steer_ui/__init__.py): the decode
+step streams the int8 unembedding from memory every token, and on 4 KiB pages it ran at half the speed."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+# a fresh process: the package first, then a 64 MiB buffer written through, then what the kernel backs it with
+PROBE = """
+import steer_ui, torch, os
+t = torch.empty(64 << 20, dtype=torch.uint8).fill_(1)
+huge = [l for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages:')][0].split()[1]
+print(os.environ.get('THP_MEM_ALLOC_ENABLE'), huge)
+"""
+
+
+def _probe(env: dict) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    return out[0], int(out[1])
+
+
+def test_importing_the_package_first_gives_torchs_large_buffers_huge_pages():
+    if not THP.is_file() or "[never]" in THP.read_text():
+        pytest.skip("this kernel has transparent huge pages off (or none)")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    setting, huge_kb = _probe(env)
+    assert setting == "1" and huge_kb >= 32 << 10, (setting, huge_kb)
+
+
+def test_a_setting_made_before_the_import_is_kept():
+    """An operator's own choice (0 turns it off) wins over the package's default."""
+    if not THP.is_file() or "[madvise]" not in THP.read_text():
+        pytest.skip("only where huge pages are given on request ('madvise') does torch's setting decide")
+    setting, huge_kb = _probe({**os.environ, "THP_MEM_ALLOC_ENABLE": "0"})
+    assert setting == "0" and huge_kb < 32 << 10, (setting, huge_kb)
