@@ -548,6 +548,11 @@ static int vnni_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp
     const int64_t groups = k / group, tiles = (n_out + 15) / 16;
     /* rows in blocks of up to 8 (each row's accumulators stay in registers), as even as that allows */
     const int blocks = (int)((rows + 7) / 8), tall = (int)((rows + blocks - 1) / blocks);
+    /* up to 8 tiles a chunk (80 KB of codes at 640 inputs, in the L2), fewer where the chunks would not spread
+     * over the threads (640 outputs are 40 tiles) */
+    int64_t chunk = tiles / (4 * (int64_t)(threads > 0 ? threads : 1));
+    chunk = chunk < 1 ? 1 : chunk > 8 ? 8 : chunk;
+    const int64_t chunks = (tiles + chunk - 1) / chunk;
     uint8_t *hi = malloc((size_t)(rows * k)), *lo = malloc((size_t)(rows * k));
     float *xs = malloc((size_t)rows * sizeof(float));
     int32_t *hisum = malloc((size_t)(rows * groups) * sizeof(int32_t));
@@ -562,30 +567,36 @@ static int vnni_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp
         for (int64_t r = 0; r < rows; r++)
             xs[r] = row_bytes(x + r * k, k, group, hi + r * k, lo + r * k, xsum ? xsum + r * groups : NULL,
                               hisum + r * groups);
+        /* a chunk of tiles at a time, its row blocks outside: the chunk's codes (10 KB a tile for 640 inputs) come
+         * from the L2 for the second and later blocks, while one block's bytes stay in the L1 (all 24 rows' are
+         * 30 KB, which with a tile's codes overflowed Zen 4's 32 KB L1 when every block ran over one tile) */
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            const int64_t n = 16 * t;
-            const int nb = n_out - n < 16 ? (int)(n_out - n) : 16;
-            const __mmask16 keep = (__mmask16)((1u << nb) - 1);
-            const int8_t *qt = qp + t * groups * 16 * group, *next = t + 1 < tiles ? qt + groups * 16 * group : NULL;
+        for (int64_t c = 0; c < chunks; c++)
             for (int64_t r0 = 0; r0 < rows; r0 += tall) {
                 const int nr = rows - r0 < tall ? (int)(rows - r0) : tall;
+                for (int64_t t = c * chunk; t < tiles && t < (c + 1) * chunk; t++) {
+                    const int64_t n = 16 * t;
+                    const int nb = n_out - n < 16 ? (int)(n_out - n) : 16;
+                    const __mmask16 keep = (__mmask16)((1u << nb) - 1);
+                    const int8_t *qt = qp + t * groups * 16 * group;
+                    /* the first block streams the codes from memory: it prefetches the next tile's */
+                    const int8_t *next = r0 == 0 && t + 1 < tiles ? qt + groups * 16 * group : NULL;
 #define VNNI_ROWS(R) vnni_rows(R, qt, sp + t * groups * 16, op ? op + t * groups * 16 : NULL, k, group, \
                                hi + r0 * k, lo + r0 * k, hisum + r0 * groups, xsum ? xsum + r0 * groups : NULL, \
-                               xs + r0, y + r0 * n_out + n, n_out, keep, r0 == 0 ? next : NULL)
-                switch (nr) {
-                case 1: VNNI_ROWS(1); break;
-                case 2: VNNI_ROWS(2); break;
-                case 3: VNNI_ROWS(3); break;
-                case 4: VNNI_ROWS(4); break;
-                case 5: VNNI_ROWS(5); break;
-                case 6: VNNI_ROWS(6); break;
-                case 7: VNNI_ROWS(7); break;
-                default: VNNI_ROWS(8); break;
-                }
+                               xs + r0, y + r0 * n_out + n, n_out, keep, next)
+                    switch (nr) {
+                    case 1: VNNI_ROWS(1); break;
+                    case 2: VNNI_ROWS(2); break;
+                    case 3: VNNI_ROWS(3); break;
+                    case 4: VNNI_ROWS(4); break;
+                    case 5: VNNI_ROWS(5); break;
+                    case 6: VNNI_ROWS(6); break;
+                    case 7: VNNI_ROWS(7); break;
+                    default: VNNI_ROWS(8); break;
+                    }
 #undef VNNI_ROWS
+                }
             }
-        }
     }
     free(hi); free(lo); free(xs); free(hisum); free(xsum);
     return 0;

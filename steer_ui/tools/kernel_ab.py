@@ -4,6 +4,7 @@
     python -m steer_ui.tools.kernel_ab --vocab-pass [--reps 8]   # the one-pass logits summary against torch's passes
     python -m steer_ui.tools.kernel_ab --unembedding-int16 [--reps 4]  # the unembedding on float, then int16 activations
     python -m steer_ui.tools.kernel_ab --blocks-int16 [--reps 4]  # the block products on float, then int16 (packed)
+    python -m steer_ui.tools.kernel_ab --w8a16-old REV [--reps 6]  # w8a16_kernel.c's packed product at REV vs now
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
 win or lose. So both builds of ``block_kernel.c`` (with the files each includes) decode in one
@@ -13,10 +14,13 @@ process, turn about, each rep starting with the other. A steered-only decode and
 per rep, new/old per rep, and whether the two builds' texts were equal.  ``--unembedding-int16`` also runs the
 bench's many-users section (8 requests of 32 tokens, one after another and at once) for each side in turn;
 ``--blocks-int16`` too, with the block products (every weight but the unembedding) on float activations, then on
-int16 ones on packed weights (AMX's tiles or AVX-512 VNNI; the unembedding as loaded).
+int16 ones on packed weights (AMX's tiles or AVX-512 VNNI; the unembedding as loaded).  ``--w8a16-old`` times the
+packed int16 product alone, ``w8a16_kernel.c`` at a revision against this tree's, on random codes of the embedded
+model's shapes at the row counts the app decodes (the two revisions must pack alike: the outputs are compared).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import statistics
 import subprocess
@@ -49,6 +53,68 @@ def sources_at(revision: str, into: Path) -> Path:
     for name in local_includes(write(block)):
         write(name)
     return into / block
+
+
+W8A16_SHAPES = ((262144, 640, 32, False), (2048, 640, 32, False), (1024, 640, 32, False), (640, 1024, 32, True),
+                (640, 2048, 16, False), (256, 640, 32, False))  # the embedded model's weights (out, in, group, affine)
+
+
+def w8a16_products(old_source: Path, reps: int, rows=(1, 3, 8, 16, 24), shapes=W8A16_SHAPES) -> list[dict]:
+    """The packed int16 product of ``old_source``'s build against this tree's, into preallocated outputs (a fresh
+    25 MB output faults its pages in every call): per shape and row count, the median over ``reps`` turns of each
+    build's best of a few calls, in ms, and whether the outputs were equal bit for bit."""
+    import time
+
+    import torch
+
+    from ..model.int8 import _ARGS, _W8A16_SOURCE, _library, Int8Weight
+
+    builds = {}
+    for name, source in (("old", old_source), ("new", _W8A16_SOURCE)):
+        fn = _library(source, ()).w8a16_packed_matmul
+        fn.restype, fn.argtypes = ctypes.c_int, _ARGS
+        builds[name] = fn
+    out = []
+    for n, k, group, affine in shapes:
+        gen = torch.Generator().manual_seed(0)
+        w = Int8Weight(torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8),
+                       torch.rand(n, k // group, generator=gen) * 0.01,
+                       torch.rand(n, k // group, generator=gen) * 0.01 if affine else None, group)
+        packed = w.packed_form()
+        if packed is None:
+            raise RuntimeError("no packed int16 path on this machine (AMX's tiles or AVX-512 VNNI)")
+        _, codes, scale, offset = packed
+        calls = 3 if n > 100_000 else 200
+        for count in rows:
+            x = torch.randn(count, k, generator=gen)
+            ys = {name: torch.empty(count, n) for name in builds}
+            times = {name: [] for name in builds}
+            for rep in range(reps):
+                for name in (("old", "new") if rep % 2 == 0 else ("new", "old")):
+                    best = float("inf")
+                    for _ in range(calls):
+                        start = time.perf_counter()
+                        builds[name](x.data_ptr(), count, k, codes.data_ptr(), scale.data_ptr(),
+                                     None if offset is None else offset.data_ptr(), group, n, ys[name].data_ptr(),
+                                     torch.get_num_threads())
+                        best = min(best, time.perf_counter() - start)
+                    times[name].append(1e3 * best)
+            old_ms, new_ms = statistics.median(times["old"]), statistics.median(times["new"])
+            out.append({"shape": f"{n} x {k} (group {group}{', affine' if affine else ''})", "rows": count,
+                        "old_ms": round(old_ms, 4), "new_ms": round(new_ms, 4),
+                        "new_over_old": round(new_ms / old_ms, 3), "equal": torch.equal(ys["old"], ys["new"])})
+    return out
+
+
+def w8a16_source_at(revision: str, into: Path) -> Path:
+    """``w8a16_kernel.c`` as ``revision`` has it, written under ``into``."""
+    root = Path(__file__).resolve().parents[2]
+    from ..model.int8 import _W8A16_SOURCE
+
+    path = _W8A16_SOURCE.relative_to(root).as_posix()
+    text = subprocess.run(["git", "show", f"{revision}:{path}"], cwd=root, check=True, capture_output=True).stdout
+    (into / _W8A16_SOURCE.name).write_bytes(text)
+    return into / _W8A16_SOURCE.name
 
 
 def compare(handle, old_source: Path, prompt: str, tokens: int, reps: int) -> dict:
@@ -144,11 +210,18 @@ def main(argv=None) -> None:
     parser.add_argument("--blocks-int16", action="store_true",
                         help="instead: the block products on float activations (old) against int16 ones on packed "
                              "weights (new), and the many-users section with each")
+    parser.add_argument("--w8a16-old", metavar="REVISION",
+                        help="instead: w8a16_kernel.c's packed int16 product at REVISION (old) against this tree's")
     parser.add_argument("--model", default=EMBEDDED)
     parser.add_argument("--prompt-repeat", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.w8a16_old:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = w8a16_products(w8a16_source_at(args.w8a16_old, Path(tmp)), args.reps)
+        print(json.dumps({"old": args.w8a16_old, "reps": args.reps, "products": rows}))
+        return
     handle = load_model(args.model, weights="int8")
     if fused_decode.unsupported(handle):
         parser.error(f"the fused step cannot decode this model: {fused_decode.unsupported(handle)}")

@@ -120,3 +120,39 @@ def test_the_block_side_switches_every_block_product_and_leaves_the_unembedding(
         with kernel_ab.block_activations(h, True):
             pass
     assert all(w.w8a16 for w in blocks)
+
+
+def test_the_packed_int16_product_at_a_revision_is_timed_against_this_trees(tmp_path):
+    """``kernel_ab --w8a16-old``: the kernel as a revision has it, built apart, takes the same packed weight;
+    every shape and row count gets both builds' times and whether their outputs were equal bit for bit, and a
+    build that sums otherwise is reported unequal, not hidden."""
+    from steer_ui.model.int8 import _W8A16_SOURCE, _w8a16_kernel
+
+    if _w8a16_kernel() is None or _w8a16_kernel().packed is None:
+        pytest.skip("no packed int16 path here (the CPU lacks AMX's tiles and AVX-512 VNNI)")
+    same = tmp_path / "same" / _W8A16_SOURCE.name
+    same.parent.mkdir()
+    same.write_bytes(_W8A16_SOURCE.read_bytes())
+    shapes = ((40, 64, 32, False), (17, 96, 16, True))
+    rows = kernel_ab.w8a16_products(same, 2, rows=(1, 9), shapes=shapes)
+    assert [(r["shape"], r["rows"]) for r in rows] == [
+        ("40 x 64 (group 32)", 1), ("40 x 64 (group 32)", 9), ("17 x 96 (group 16, affine)", 1),
+        ("17 x 96 (group 16, affine)", 9)]
+    assert all(r["equal"] and r["old_ms"] > 0 and r["new_ms"] > 0 for r in rows)
+    # a build whose epilogue drops the high bytes' correction: every output moves
+    other = tmp_path / "other" / _W8A16_SOURCE.name
+    other.parent.mkdir()
+    text = _W8A16_SOURCE.read_text()
+    assert text.count("128 * hisum[") == 1
+    other.write_text(text.replace("128 * hisum[", "0 * hisum["))
+    if _w8a16_kernel().packed == "amx":
+        pytest.skip("the tiles need no correction: the changed build gives the same bits here")
+    assert not any(r["equal"] for r in kernel_ab.w8a16_products(other, 1, rows=(3,), shapes=shapes))
+
+
+@pytest.mark.skipif(not _in_git(), reason="not a git checkout")
+def test_the_w8a16_source_at_a_revision_is_what_git_holds(tmp_path):
+    path = kernel_ab.w8a16_source_at("HEAD", tmp_path)
+    shown = subprocess.run(["git", "show", "HEAD:steer_ui/model/w8a16_kernel.c"], cwd=ROOT, capture_output=True,
+                           check=True).stdout
+    assert path.read_bytes() == shown
