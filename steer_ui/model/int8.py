@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..paths import cache_root
+from . import huge_pages
 
 KERNEL_MAX_ROWS = 64  # the AVX2 path's limit (decode steps, the many-users batch, the slider's re-runs)
 _SLAB_ROWS = 4096  # the torch path dequantises this many output rows at a time (~10 MB at 640 inputs)
@@ -322,9 +323,11 @@ class Int8Weight:
         size = fn.packed_bytes(n_out, k, self.group)
         if not size:
             return None
-        codes = torch.empty(size // (16 * k), k // self.group, 16 * self.group, dtype=torch.int8)
-        scale = torch.empty(size // (16 * k), k // self.group, 16)
-        offset = None if self.offset is None else torch.empty_like(scale)
+        # on huge pages, the small weights side by side in the order they are packed (huge_pages.py): a step
+        # streams them all
+        codes = huge_pages.empty((size // (16 * k), k // self.group, 16 * self.group), torch.int8)
+        scale = huge_pages.empty((size // (16 * k), k // self.group, 16), torch.float32)
+        offset = None if self.offset is None else huge_pages.empty(tuple(scale.shape), torch.float32)
         codes_in, scale_in = self.codes.contiguous(), self.scale.contiguous()
         offset_in = None if self.offset is None else self.offset.contiguous()
         fn.pack(codes_in.data_ptr(), scale_in.data_ptr(), None if offset_in is None else offset_in.data_ptr(),

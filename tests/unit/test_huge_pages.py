@@ -39,3 +39,29 @@ def test_a_setting_made_before_the_import_is_kept():
         pytest.skip("only where huge pages are given on request ('madvise') does torch's setting decide")
     setting, huge_kb = _probe({**os.environ, "THP_MEM_ALLOC_ENABLE": "0"})
     assert setting == "0" and huge_kb < 32 << 10, (setting, huge_kb)
+
+
+def test_packed_weights_sit_side_by_side_on_huge_pages_whatever_was_imported_first():
+    """Packed int8 weights (huge_pages.empty): small ones share an arena in the order they are packed (a step reads
+    them in that order), each buffer on a cache line, a large one alone from a huge page's start; the kernel is
+    asked for huge pages even where torch was not (this process imported torch before the package)."""
+    import torch
+
+    from steer_ui.model import huge_pages
+
+    small = [huge_pages.empty((3, 5, 64), torch.int8) for _ in range(3)]
+    scale = huge_pages.empty((3, 5, 16), torch.float32)
+    ends = [t.data_ptr() + t.numel() * t.element_size() for t in small]
+    assert all(t.data_ptr() % huge_pages.ALIGN == 0 for t in [*small, scale])
+    assert small[1].data_ptr() == -(-ends[0] // 64) * 64 and small[2].data_ptr() == -(-ends[1] // 64) * 64
+    assert scale.dtype == torch.float32 and scale.shape == (3, 5, 16)
+    big = huge_pages.empty((huge_pages.ARENA // 64 + 1, 64), torch.int8)
+    assert big.data_ptr() % huge_pages.HUGE == 0
+    if not THP.is_file() or "[never]" in THP.read_text():
+        pytest.skip("this kernel has transparent huge pages off (or none)")
+    # torch told not to (the operator's 0): the package's own request still gives the buffer huge pages
+    probe = ("import torch\nfrom steer_ui.model import huge_pages\n"
+             "big = huge_pages.empty((64 << 20,), torch.int8)\nbig.fill_(1)\nprint(huge_pages.huge_kb(big))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**os.environ, "THP_MEM_ALLOC_ENABLE": "0"},
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert int(out) >= 60 << 10, out
