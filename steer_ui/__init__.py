@@ -5,5 +5,7 @@ import os
 # unembedding (168 MB for Gemma 3's 262k-token vocabulary) from memory every token; on 4 KiB pages the hardware
 # prefetchers stop at each page's end, and the one-row product took 7.5 ms against 3.8 ms on huge pages
 # (docs/bench.md, "Huge pages").  torch reads the variable once, at its first allocation, so it is set here,
-# before the package imports torch; a process that imported torch first keeps what it had.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# before the package imports torch; a process that imported torch first keeps what it had (the packed weights
+# still get huge pages: model/huge_pages.py).  STEER_UI_HUGE_PAGES=0 leaves both off.
+if os.environ.get("STEER_UI_HUGE_PAGES") != "0":
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")

@@ -7,11 +7,13 @@ the one-row unembedding ran 7.5 -> 3.8 ms (docs/bench.md, "Huge pages").  torch 
 it), but not to the block weights, each under 2 MiB, nor to a process that imported torch first.  So packed
 weights come from here: small ones side by side in 32 MiB arenas, in the order they are packed (the order a
 step reads them), large ones alone, each region asked for huge pages (``madvise``) before it is written.
+``STEER_UI_HUGE_PAGES=0`` asks for none (here and torch's: the before-and-after of docs/bench.md).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 
 import torch
@@ -20,6 +22,7 @@ HUGE = 2 << 20  # a transparent huge page on x86-64
 ARENA = 32 << 20  # small buffers share arenas of this size
 ALIGN = 64  # every buffer starts on a cache line (the kernels' vector loads)
 _MADV_HUGEPAGE = 14
+SWITCH = "STEER_UI_HUGE_PAGES"  # "0": no huge pages asked for
 
 _lock = threading.Lock()
 _arena: torch.Tensor | None = None
@@ -29,6 +32,8 @@ _used = 0
 def _advise(buffer: torch.Tensor) -> bool:
     """Asks the kernel for huge pages over the whole 2 MiB pages inside ``buffer`` (untouched memory gets them
     when first written); False where it cannot (no libc, not Linux, THP off)."""
+    if os.environ.get(SWITCH) == "0":
+        return False
     start = buffer.data_ptr()
     first = -(-start // HUGE) * HUGE
     last = (start + buffer.numel() * buffer.element_size()) // HUGE * HUGE

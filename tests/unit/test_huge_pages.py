@@ -65,3 +65,18 @@ def test_packed_weights_sit_side_by_side_on_huge_pages_whatever_was_imported_fir
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**os.environ, "THP_MEM_ALLOC_ENABLE": "0"},
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert int(out) >= 60 << 10, out
+
+
+def test_the_switch_leaves_huge_pages_off_for_the_package_and_torch():
+    """``STEER_UI_HUGE_PAGES=0``: no madvise of the package's, and torch is not told to ask (the A side of the
+    before-and-after in docs/bench.md)."""
+    if not THP.is_file() or "[madvise]" not in THP.read_text():
+        pytest.skip("only where huge pages are given on request ('madvise') does asking decide")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    setting, huge_kb = _probe({**env, "STEER_UI_HUGE_PAGES": "0"})
+    assert setting == "None" and huge_kb < 32 << 10, (setting, huge_kb)
+    probe = ("import torch\nfrom steer_ui.model import huge_pages\n"
+             "big = huge_pages.empty((64 << 20,), torch.int8)\nbig.fill_(1)\nprint(huge_pages.huge_kb(big))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "STEER_UI_HUGE_PAGES": "0"},
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert int(out) < 32 << 10, out
