@@ -1,8 +1,9 @@
 """Memory for weights that a decode step streams every token, on transparent huge pages.
 
 A decode step reads every packed weight once (about 270 MB for the embedded model: the unembedding's 168 MB and
-126 weights of 0.16-1.3 MB each).  On 4 KiB pages the CPU's prefetchers stop at each page's end; on 2 MiB pages
-the one-row unembedding ran 7.5 -> 3.8 ms (docs/bench.md, "Huge pages").  torch gives huge pages to buffers of
+126 weights of 0.16-1.3 MB each).  On 4 KiB pages the CPU's prefetchers stop at each page's end and every page
+costs a TLB entry; the packed unembedding's product read from 2 MiB pages took 0.8-0.95 of its time on 4 KiB ones
+(``kernel_ab --huge-pages``; docs/bench.md, "Huge pages").  torch gives huge pages to buffers of
 2 MiB and more where ``THP_MEM_ALLOC_ENABLE`` is set before its first allocation (``steer_ui/__init__.py`` sets
 it), but not to the block weights, each under 2 MiB, nor to a process that imported torch first.  So packed
 weights come from here: small ones side by side in 32 MiB arenas, in the order they are packed (the order a
@@ -21,7 +22,7 @@ import torch
 HUGE = 2 << 20  # a transparent huge page on x86-64
 ARENA = 32 << 20  # small buffers share arenas of this size
 ALIGN = 64  # every buffer starts on a cache line (the kernels' vector loads)
-_MADV_HUGEPAGE = 14
+_MADV_HUGEPAGE, _MADV_NOHUGEPAGE = 14, 15
 SWITCH = "STEER_UI_HUGE_PAGES"  # "0": no huge pages asked for
 
 _lock = threading.Lock()
@@ -37,12 +38,16 @@ def _advise(buffer: torch.Tensor) -> bool:
     start = buffer.data_ptr()
     first = -(-start // HUGE) * HUGE
     last = (start + buffer.numel() * buffer.element_size()) // HUGE * HUGE
-    if last <= first:
+    return last > first and _madvise(first, last - first, _MADV_HUGEPAGE)
+
+
+def _madvise(start: int, length: int, advice: int) -> bool:
+    if length <= 0:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_HUGEPAGE) == 0
+        return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice) == 0
     except (OSError, AttributeError):
         return False
 
@@ -71,6 +76,21 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         region = _arena[_used:_used + nbytes]
         _used += -(-nbytes // ALIGN) * ALIGN
     return region.view(dtype).view(shape)
+
+
+def pages_copy(tensor: torch.Tensor, huge: bool) -> torch.Tensor:
+    """A copy of a CPU ``tensor`` from a huge page's start, asked onto huge pages (``huge``) or kept off them
+    (``MADV_NOHUGEPAGE``, whatever torch or the system would choose): the two sides of ``kernel_ab --huge-pages``."""
+    nbytes = tensor.numel() * tensor.element_size()
+    raw = torch.empty(nbytes + HUGE, dtype=torch.uint8)
+    skip = -raw.data_ptr() % HUGE
+    region = raw[skip:skip + nbytes]
+    if huge:
+        _advise(region)
+    else:
+        _madvise(region.data_ptr(), nbytes // HUGE * HUGE, _MADV_NOHUGEPAGE)
+    region.copy_(tensor.reshape(-1).view(torch.uint8))
+    return region.view(tensor.dtype).view(tensor.shape)
 
 
 def huge_kb(tensor: torch.Tensor) -> int | None:

@@ -5,6 +5,7 @@
     python -m steer_ui.tools.kernel_ab --unembedding-int16 [--reps 4]  # the unembedding on float, then int16 activations
     python -m steer_ui.tools.kernel_ab --blocks-int16 [--reps 4]  # the block products on float, then int16 (packed)
     python -m steer_ui.tools.kernel_ab --w8a16-old REV [--reps 6]  # w8a16_kernel.c's packed product at REV vs now
+    python -m steer_ui.tools.kernel_ab --huge-pages [--reps 20]  # the packed unembedding on 4 KiB vs 2 MiB pages
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
 win or lose. So both builds of ``block_kernel.c`` (with the files each includes) decode in one
@@ -17,6 +18,8 @@ bench's many-users section (8 requests of 32 tokens, one after another and at on
 int16 ones on packed weights (AMX's tiles or AVX-512 VNNI; the unembedding as loaded).  ``--w8a16-old`` times the
 packed int16 product alone, ``w8a16_kernel.c`` at a revision against this tree's, on random codes of the embedded
 model's shapes at the row counts the app decodes (the two revisions must pack alike: the outputs are compared).
+``--huge-pages`` times the packed int16 product of one unembedding-sized weight from two copies of its packed
+codes in one process, one kept on 4 KiB pages and one on 2 MiB pages, turn about.
 """
 from __future__ import annotations
 
@@ -103,6 +106,44 @@ def w8a16_products(old_source: Path, reps: int, rows=(1, 3, 8, 16, 24), shapes=W
             out.append({"shape": f"{n} x {k} (group {group}{', affine' if affine else ''})", "rows": count,
                         "old_ms": round(old_ms, 4), "new_ms": round(new_ms, 4),
                         "new_over_old": round(new_ms / old_ms, 3), "equal": torch.equal(ys["old"], ys["new"])})
+    return out
+
+
+def huge_pages_products(reps: int, rows=(1, 3, 16), n: int = 262144, k: int = 640, group: int = 32) -> dict:
+    """The packed int16 product of a random (n, k) weight read from a copy of its packed codes on 4 KiB pages
+    ("small") and from one on 2 MiB pages ("huge"), taking turns ``reps`` times per row count: the min and the
+    median in ms, how much of each copy the kernel backs with huge pages (KiB), and whether the outputs were
+    equal."""
+    import time
+
+    import torch
+
+    from ..model import huge_pages
+    from ..model.int8 import Int8Weight, _w8a16_kernel
+
+    fn = _w8a16_kernel()
+    gen = torch.Generator().manual_seed(0)
+    w = Int8Weight(torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8),
+                   torch.rand(n, k // group, generator=gen) * 0.01, None, group)
+    packed = w.packed_form()
+    if packed is None:
+        raise RuntimeError("no packed int16 path on this machine (AMX's tiles or AVX-512 VNNI)")
+    _, codes, scale, _ = packed
+    copies = {name: huge_pages.pages_copy(codes, huge=name == "huge") for name in ("small", "huge")}
+    out = {"huge_kb": {name: huge_pages.huge_kb(c) for name, c in copies.items()}, "rows": []}
+    for count in rows:
+        x = torch.randn(count, k, generator=gen)
+        ys = {name: torch.empty(count, n) for name in copies}
+        times = {name: [] for name in copies}
+        for rep in range(reps):
+            for name in (("small", "huge") if rep % 2 == 0 else ("huge", "small")):
+                start = time.perf_counter()
+                fn.packed_matmul(x.data_ptr(), count, k, copies[name].data_ptr(), scale.data_ptr(), None, group, n,
+                                 ys[name].data_ptr(), torch.get_num_threads())
+                times[name].append(1e3 * (time.perf_counter() - start))
+        out["rows"].append({"rows": count, **{f"{name}_ms": [round(min(t), 3), round(statistics.median(t), 3)]
+                                              for name, t in times.items()},
+                            "equal": torch.equal(ys["small"], ys["huge"])})
     return out
 
 
@@ -212,11 +253,16 @@ def main(argv=None) -> None:
                              "weights (new), and the many-users section with each")
     parser.add_argument("--w8a16-old", metavar="REVISION",
                         help="instead: w8a16_kernel.c's packed int16 product at REVISION (old) against this tree's")
+    parser.add_argument("--huge-pages", action="store_true",
+                        help="instead: the packed unembedding-sized product on 4 KiB pages (old) against 2 MiB ones")
     parser.add_argument("--model", default=EMBEDDED)
     parser.add_argument("--prompt-repeat", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.huge_pages:
+        print(json.dumps({"reps": args.reps, **huge_pages_products(args.reps)}))
+        return
     if args.w8a16_old:
         with tempfile.TemporaryDirectory() as tmp:
             rows = w8a16_products(w8a16_source_at(args.w8a16_old, Path(tmp)), args.reps)

@@ -156,3 +156,19 @@ def test_the_w8a16_source_at_a_revision_is_what_git_holds(tmp_path):
     shown = subprocess.run(["git", "show", "HEAD:steer_ui/model/w8a16_kernel.c"], cwd=ROOT, capture_output=True,
                            check=True).stdout
     assert path.read_bytes() == shown
+
+
+def test_the_huge_pages_side_reads_the_same_codes_from_huge_pages_and_the_other_from_small_ones():
+    """``kernel_ab --huge-pages``: two copies of one packed weight, one kept off huge pages whatever the system
+    would choose, one on them; both give the same outputs, so only the pages differ."""
+    from steer_ui.model.int8 import _w8a16_kernel
+
+    if _w8a16_kernel() is None or _w8a16_kernel().packed is None:
+        pytest.skip("no packed int16 path here (the CPU lacks AMX's tiles and AVX-512 VNNI)")
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.is_file() or "[never]" in thp.read_text():
+        pytest.skip("this kernel has transparent huge pages off (or none)")
+    out = kernel_ab.huge_pages_products(2, rows=(1, 5), n=8192)  # 5 MiB of codes: two huge pages at least
+    assert out["huge_kb"]["small"] == 0 and out["huge_kb"]["huge"] >= 4096, out["huge_kb"]
+    assert [r["rows"] for r in out["rows"]] == [1, 5] and all(r["equal"] for r in out["rows"])
+    assert all(r["small_ms"][0] > 0 and r["huge_ms"][0] > 0 for r in out["rows"])
