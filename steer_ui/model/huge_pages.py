@@ -87,8 +87,9 @@ def pages_copy(tensor: torch.Tensor, huge: bool) -> torch.Tensor:
     region = raw[skip:skip + nbytes]
     if huge:
         _advise(region)
-    else:
-        _madvise(region.data_ptr(), nbytes // HUGE * HUGE, _MADV_NOHUGEPAGE)
+    else:  # the whole allocation, which torch may have asked huge pages for: none of it may hold one
+        first = raw.data_ptr() // 4096 * 4096
+        _madvise(first, raw.data_ptr() + raw.numel() - first, _MADV_NOHUGEPAGE)
     region.copy_(tensor.reshape(-1).view(torch.uint8))
     return region.view(tensor.dtype).view(tensor.shape)
 

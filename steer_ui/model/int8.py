@@ -337,6 +337,16 @@ class Int8Weight:
         return self.packed
 
 
+def random_weight(n_out: int, k: int, group: int, affine: bool, generator: torch.Generator, low: int = -127,
+                  high: int = 128) -> Int8Weight:
+    """A weight of random codes in [low, high), scales up to 0.01 (and offsets, ``affine``): the shapes the
+    benchmarks time the kernels on."""
+    codes = torch.randint(low, high, (n_out, k), generator=generator, dtype=torch.int8)
+    scale = torch.rand(n_out, k // group, generator=generator) * 0.01
+    offset = torch.randn(n_out, k // group, generator=generator) * 0.01 if affine else None
+    return Int8Weight(codes, scale, offset, group)
+
+
 def _float32(w: Int8Weight) -> torch.Tensor:
     rows, cols = w.codes.shape
     out = w.codes.float().view(rows, cols // w.group, w.group).mul_(w.scale[..., None])

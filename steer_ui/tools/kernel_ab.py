@@ -70,7 +70,7 @@ def w8a16_products(old_source: Path, reps: int, rows=(1, 3, 8, 16, 24), shapes=W
 
     import torch
 
-    from ..model.int8 import _ARGS, _W8A16_SOURCE, _library, Int8Weight
+    from ..model.int8 import _ARGS, _W8A16_SOURCE, _library
 
     builds = {}
     for name, source in (("old", old_source), ("new", _W8A16_SOURCE)):
@@ -80,13 +80,7 @@ def w8a16_products(old_source: Path, reps: int, rows=(1, 3, 8, 16, 24), shapes=W
     out = []
     for n, k, group, affine in shapes:
         gen = torch.Generator().manual_seed(0)
-        w = Int8Weight(torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8),
-                       torch.rand(n, k // group, generator=gen) * 0.01,
-                       torch.rand(n, k // group, generator=gen) * 0.01 if affine else None, group)
-        packed = w.packed_form()
-        if packed is None:
-            raise RuntimeError("no packed int16 path on this machine (AMX's tiles or AVX-512 VNNI)")
-        _, codes, scale, offset = packed
+        codes, scale, offset = _packed_random(n, k, group, affine, gen)
         calls = 3 if n > 100_000 else 200
         for count in rows:
             x = torch.randn(count, k, generator=gen)
@@ -109,6 +103,16 @@ def w8a16_products(old_source: Path, reps: int, rows=(1, 3, 8, 16, 24), shapes=W
     return out
 
 
+def _packed_random(n: int, k: int, group: int, affine: bool, gen) -> tuple:
+    """A random weight's packed (codes, scales, offsets or None) for this machine's packed int16 path."""
+    from ..model.int8 import random_weight
+
+    packed = random_weight(n, k, group, affine, gen).packed_form()
+    if packed is None:
+        raise RuntimeError("no packed int16 path on this machine (AMX's tiles or AVX-512 VNNI)")
+    return packed[1:]
+
+
 def huge_pages_products(reps: int, rows=(1, 3, 16), n: int = 262144, k: int = 640, group: int = 32) -> dict:
     """The packed int16 product of a random (n, k) weight read from a copy of its packed codes on 4 KiB pages
     ("small") and from one on 2 MiB pages ("huge"), taking turns ``reps`` times per row count: the min and the
@@ -119,16 +123,11 @@ def huge_pages_products(reps: int, rows=(1, 3, 16), n: int = 262144, k: int = 64
     import torch
 
     from ..model import huge_pages
-    from ..model.int8 import Int8Weight, _w8a16_kernel
+    from ..model.int8 import _w8a16_kernel
 
     fn = _w8a16_kernel()
     gen = torch.Generator().manual_seed(0)
-    w = Int8Weight(torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8),
-                   torch.rand(n, k // group, generator=gen) * 0.01, None, group)
-    packed = w.packed_form()
-    if packed is None:
-        raise RuntimeError("no packed int16 path on this machine (AMX's tiles or AVX-512 VNNI)")
-    _, codes, scale, _ = packed
+    codes, scale, _ = _packed_random(n, k, group, False, gen)
     copies = {name: huge_pages.pages_copy(codes, huge=name == "huge") for name in ("small", "huge")}
     out = {"huge_kb": {name: huge_pages.huge_kb(c) for name, c in copies.items()}, "rows": []}
     for count in rows:

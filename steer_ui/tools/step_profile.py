@@ -245,16 +245,14 @@ def crossover(row_counts=(1, 3, 4, 8, 16, 24, 32, 64, 128), reps: int = 7, shape
     the best of each in ms (on a shared machine the best is the least disturbed)."""
     import torch
 
-    from ..model.int8 import Int8Weight, _kernel
+    from ..model.int8 import Int8Weight, _kernel, random_weight
 
     fn = _kernel()
     by_integers = {"w8a8": Int8Weight.w8a8_product, "w8a16": Int8Weight.w8a16_product}[integer]
     out = []
     for n, k, group, affine in shapes:
         gen = torch.Generator().manual_seed(0)
-        w = Int8Weight(torch.randint(-32, 32, (n, k), generator=gen, dtype=torch.int8),
-                       torch.rand(n, k // group, generator=gen) * 0.01,
-                       torch.randn(n, k // group, generator=gen) * 0.01 if affine else None, group)
+        w = random_weight(n, k, group, affine, gen, low=-32, high=32)
         for rows in row_counts:
             x = torch.randn(rows, k, generator=gen)
             today, integers = [], []
