@@ -366,6 +366,17 @@ static float row_bytes(const float *x, int64_t k, int64_t group, uint8_t *hi, ui
         for (int64_t j = 0; j < k; j++) hisum[j / group] += (int8_t)hi[j];
     return bad ? NAN : most / 32767.0f;
 }
+
+/* One group of one row, 16 outputs: its exact int32 sums of the high bytes (``top``, corrected) and the low
+ * bytes made one, scaled into the row's float accumulator (and the offsets times the group's code sum,
+ * ``xsum_g``, where the weight is affine).  Both packed paths end every group here, so their results are the
+ * same bits wherever their integer sums are. */
+static inline __m512 group_sum(__m512 acc, __m512i top, __m512i low, __m512 sv, __m512 ov, const float *xsum_g)
+{
+    const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(top, 8), low);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sv, acc);
+    return xsum_g ? _mm512_fmadd_ps(_mm512_set1_ps(*xsum_g), ov, acc) : acc;
+}
 #endif
 
 /* Which path takes products on packed weights in this build and process: 2 AMX's tiles (the CPU has them and
@@ -477,12 +488,9 @@ static int tiles_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q
                     const int32_t *ht = top[was & 1], *lt = bottom[was & 1];
                     const __m512 sv = _mm512_load_ps(sp + at);
                     const __m512 ov = op ? _mm512_load_ps(op + at) : sv;
-                    for (int r = 0; r < nr; r++) {
-                        const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(ht + 16 * r), 8),
-                                                             _mm512_load_si512(lt + 16 * r));
-                        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sv, acc[r]);
-                        if (op) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[(r0 + r) * groups + was]), ov, acc[r]);
-                    }
+                    for (int r = 0; r < nr; r++)
+                        acc[r] = group_sum(acc[r], _mm512_load_si512(ht + 16 * r), _mm512_load_si512(lt + 16 * r),
+                                           sv, ov, op ? xsum + (r0 + r) * groups + was : NULL);
                 }
                 for (int r = 0; r < nr; r++)
                     _mm512_mask_storeu_ps(y + (r0 + r) * n_out + n, keep,
@@ -531,12 +539,9 @@ static inline __attribute__((always_inline)) void vnni_rows(const int R, const i
         }
         const __m512 sv = _mm512_loadu_ps(st + g * 16);
         const __m512 ov = ot ? _mm512_loadu_ps(ot + g * 16) : sv;
-        for (int r = 0; r < R; r++) {
-            const __m512i top = _mm512_sub_epi32(ah[r], _mm512_set1_epi32(128 * hisum[r * groups + g]));
-            const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(top, 8), al[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sv, acc[r]);
-            if (ot) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[r * groups + g]), ov, acc[r]);
-        }
+        for (int r = 0; r < R; r++)
+            acc[r] = group_sum(acc[r], _mm512_sub_epi32(ah[r], _mm512_set1_epi32(128 * hisum[r * groups + g])),
+                               al[r], sv, ov, ot ? xsum + r * groups + g : NULL);
     }
     for (int r = 0; r < R; r++)
         _mm512_mask_storeu_ps(y + r * n_out, keep, _mm512_mul_ps(_mm512_set1_ps(xs[r]), acc[r]));
