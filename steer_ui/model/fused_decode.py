@@ -285,6 +285,7 @@ class FusedDecode:
             scratch = torch.empty(scratch_fn(rows, hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
                                              self.capacity))
             start = self.start.contiguous()
+            packed = _packed_kernel()  # one lookup a step, not one a block
             final = None
             for i, block in enumerate(self.blocks):
                 if pause is not None:
@@ -296,7 +297,7 @@ class FusedDecode:
                                  self.keys[i].data_ptr(), self.values[i].data_ptr(), self.capacity, column,
                                  start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling,
                                  self.softcap, None if head_add is None else head_add.data_ptr(), scratch.data_ptr(),
-                                 torch.get_num_threads(), _packed_kernel())
+                                 torch.get_num_threads(), packed)
                 if status != 0:
                     raise RuntimeError(f"the block kernel refused block {i}'s shapes")
                 if i == self._final_block:

@@ -12,6 +12,7 @@ step reads them), large ones alone, each a new mapping asked for huge pages (``m
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import threading
@@ -49,10 +50,7 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor of ``shape`` and ``dtype`` on huge pages where the kernel gives them: its own
     mapping past half an arena, else the next place in the current arena (a new one when it is full)."""
     global _arena, _used
-    count = 1
-    for size in shape:
-        count *= int(size)
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(int(size) for size in shape) * dtype.itemsize
     if nbytes > ARENA // 2:
         return _fresh(nbytes, huge=True).view(dtype).view(shape)
     with _lock:

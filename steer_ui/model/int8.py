@@ -162,8 +162,9 @@ def w8a16_identity() -> str | None:
     fn = _w8a16_kernel()
     if fn is None:
         return None
-    # whether the tiles are granted is the process's, not the build's (their results equal VNNI's packed path's
-    # bit for bit, but not the unpacked kernel's, which sums in another order)
+    # whether the tiles are granted is the process's, not the build's; their results should equal VNNI's packed
+    # path's bit for bit (the same int32 sums and epilogue), but no machine with both has checked that yet, so a
+    # cost measured on one is not taken for the other
     return _kernel_target((), _W8A16_SOURCE)[0].stem + ("-amx" if fn.packed == "amx" else "")
 
 
@@ -305,8 +306,8 @@ class Int8Weight:
         _, codes, scale, offset = packed
         out = flat.new_empty((flat.shape[0], self.codes.shape[0]))
         status = fn.packed_matmul(flat.data_ptr(), flat.shape[0], flat.shape[1], codes.data_ptr(), scale.data_ptr(),
-                          None if offset is None else offset.data_ptr(), self.group, self.codes.shape[0],
-                          out.data_ptr(), torch.get_num_threads())
+                                  None if offset is None else offset.data_ptr(), self.group, self.codes.shape[0],
+                                  out.data_ptr(), torch.get_num_threads())
         return out if status == 0 else None
 
     def packed_form(self) -> tuple | None:

@@ -375,10 +375,10 @@ def _to_int8(handle: ModelHandle, codes_dir: Path | None, progress: Progress) ->
             write_cost(cost_file, measured)
     # the first path within the default's bound (precision.AUTO_INTEGER_PATHS).  W8A16 for every product only
     # where a packed path (AMX's tiles or AVX-512 VNNI) takes every weight (the fused step's blocks then take
-    # int16 activations); else for the
-    # unembedding alone.  Either is on at every row count, so the many-users batch stays exact bit for bit: on the
-    # fused step a row is computed alone, and prompts are never padded (generation.prefill_groups; at 2f9e7d6,
-    # before both, the batch with W8A16 was 0 of 8 equal to its solo runs: docs/bench.md, W8A16)
+    # int16 activations); else for the unembedding alone.  Either is on at every row count, so the many-users
+    # batch stays exact bit for bit: on the fused step a row is computed alone, and prompts are never padded
+    # (generation.prefill_groups; at 2f9e7d6, before both, the batch with W8A16 was 0 of 8 equal to its solo
+    # runs: docs/bench.md, W8A16)
     weights = int8_weights(int8.model)
     packed = integer_path(measured, packed=True) == "w8a16" and all(w.packed_form() is not None for w in weights)
     on = integer_path(measured, packed=packed)

@@ -33,18 +33,18 @@ from pathlib import Path
 
 from ..model import fused_decode, vocab_pass
 from ..model.generation import DecodeBatch
-from ..model.int8 import local_includes
+from ..model.int8 import _W8A16_SOURCE, local_includes
 from ..model.loading import EMBEDDED, load_model
 from .measures import GENERATION_PROMPT, _ours, seeded_steer
 
 MODES = ("steered_only", "side_by_side")
 
 
-def sources_at(revision: str, into: Path) -> Path:
-    """The block kernel as ``revision`` has it, with the files it includes (as that revision has them), written
-    under ``into``; the block kernel's path."""
+def sources_at(revision: str, into: Path, source: Path = fused_decode._SOURCE) -> Path:
+    """A kernel's C file (the block kernel unless ``source`` says another) as ``revision`` has it, with the files
+    it includes (as that revision has them), written under ``into``; the kernel's path there."""
     root = Path(__file__).resolve().parents[2]
-    folder = fused_decode._SOURCE.parent.relative_to(root).as_posix()
+    folder = source.parent.relative_to(root).as_posix()
 
     def write(name: str) -> bytes:
         text = subprocess.run(["git", "show", f"{revision}:{folder}/{name}"], cwd=root, check=True,
@@ -52,10 +52,26 @@ def sources_at(revision: str, into: Path) -> Path:
         (into / name).write_bytes(text)
         return text
 
-    block = fused_decode._SOURCE.name
-    for name in local_includes(write(block)):
+    for name in local_includes(write(source.name)):
         write(name)
-    return into / block
+    return into / source.name
+
+
+def _turns(sides: dict, reps: int, calls: int = 1) -> dict[str, list[float]]:
+    """Each of ``sides`` (name -> a call to time) timed ``reps`` times, the sides taking turns and each turn
+    starting with the other side: per side, each turn's best of ``calls`` calls, in ms."""
+    import time
+
+    times = {name: [] for name in sides}
+    for rep in range(reps):
+        for name in (list(sides) if rep % 2 == 0 else list(reversed(sides))):
+            best = float("inf")
+            for _ in range(calls):
+                start = time.perf_counter()
+                sides[name]()
+                best = min(best, time.perf_counter() - start)
+            times[name].append(1e3 * best)
+    return times
 
 
 W8A16_SHAPES = ((262144, 640, 32, False), (2048, 640, 32, False), (1024, 640, 32, False), (640, 1024, 32, True),
@@ -66,11 +82,9 @@ def w8a16_products(old_source: Path, reps: int, rows=(1, 3, 8, 16, 24), shapes=W
     """The packed int16 product of ``old_source``'s build against this tree's, into preallocated outputs (a fresh
     25 MB output faults its pages in every call): per shape and row count, the median over ``reps`` turns of each
     build's best of a few calls, in ms, and whether the outputs were equal bit for bit."""
-    import time
-
     import torch
 
-    from ..model.int8 import _ARGS, _W8A16_SOURCE, _library
+    from ..model.int8 import _ARGS, _library
 
     builds = {}
     for name, source in (("old", old_source), ("new", _W8A16_SOURCE)):
@@ -85,17 +99,13 @@ def w8a16_products(old_source: Path, reps: int, rows=(1, 3, 8, 16, 24), shapes=W
         for count in rows:
             x = torch.randn(count, k, generator=gen)
             ys = {name: torch.empty(count, n) for name in builds}
-            times = {name: [] for name in builds}
-            for rep in range(reps):
-                for name in (("old", "new") if rep % 2 == 0 else ("new", "old")):
-                    best = float("inf")
-                    for _ in range(calls):
-                        start = time.perf_counter()
-                        builds[name](x.data_ptr(), count, k, codes.data_ptr(), scale.data_ptr(),
-                                     None if offset is None else offset.data_ptr(), group, n, ys[name].data_ptr(),
-                                     torch.get_num_threads())
-                        best = min(best, time.perf_counter() - start)
-                    times[name].append(1e3 * best)
+
+            def product(name: str):
+                return lambda: builds[name](x.data_ptr(), count, k, codes.data_ptr(), scale.data_ptr(),
+                                            None if offset is None else offset.data_ptr(), group, n,
+                                            ys[name].data_ptr(), torch.get_num_threads())
+
+            times = _turns({name: product(name) for name in builds}, reps, calls)
             old_ms, new_ms = statistics.median(times["old"]), statistics.median(times["new"])
             out.append({"shape": f"{n} x {k} (group {group}{', affine' if affine else ''})", "rows": count,
                         "old_ms": round(old_ms, 4), "new_ms": round(new_ms, 4),
@@ -118,8 +128,6 @@ def huge_pages_products(reps: int, rows=(1, 3, 16), n: int = 262144, k: int = 64
     ("small") and from one on 2 MiB pages ("huge"), taking turns ``reps`` times per row count: the min and the
     median in ms, how much of each copy the kernel backs with huge pages (KiB), and whether the outputs were
     equal."""
-    import time
-
     import torch
 
     from ..model import huge_pages
@@ -133,28 +141,16 @@ def huge_pages_products(reps: int, rows=(1, 3, 16), n: int = 262144, k: int = 64
     for count in rows:
         x = torch.randn(count, k, generator=gen)
         ys = {name: torch.empty(count, n) for name in copies}
-        times = {name: [] for name in copies}
-        for rep in range(reps):
-            for name in (("small", "huge") if rep % 2 == 0 else ("huge", "small")):
-                start = time.perf_counter()
-                fn.packed_matmul(x.data_ptr(), count, k, copies[name].data_ptr(), scale.data_ptr(), None, group, n,
-                                 ys[name].data_ptr(), torch.get_num_threads())
-                times[name].append(1e3 * (time.perf_counter() - start))
+
+        def product(name: str):
+            return lambda: fn.packed_matmul(x.data_ptr(), count, k, copies[name].data_ptr(), scale.data_ptr(), None,
+                                            group, n, ys[name].data_ptr(), torch.get_num_threads())
+
+        times = _turns({name: product(name) for name in copies}, reps)
         out["rows"].append({"rows": count, **{f"{name}_ms": [round(min(t), 3), round(statistics.median(t), 3)]
                                               for name, t in times.items()},
                             "equal": torch.equal(ys["small"], ys["huge"])})
     return out
-
-
-def w8a16_source_at(revision: str, into: Path) -> Path:
-    """``w8a16_kernel.c`` as ``revision`` has it, written under ``into``."""
-    root = Path(__file__).resolve().parents[2]
-    from ..model.int8 import _W8A16_SOURCE
-
-    path = _W8A16_SOURCE.relative_to(root).as_posix()
-    text = subprocess.run(["git", "show", f"{revision}:{path}"], cwd=root, check=True, capture_output=True).stdout
-    (into / _W8A16_SOURCE.name).write_bytes(text)
-    return into / _W8A16_SOURCE.name
 
 
 def compare(handle, old_source: Path, prompt: str, tokens: int, reps: int) -> dict:
@@ -264,7 +260,7 @@ def main(argv=None) -> None:
         return
     if args.w8a16_old:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = w8a16_products(w8a16_source_at(args.w8a16_old, Path(tmp)), args.reps)
+            rows = w8a16_products(sources_at(args.w8a16_old, Path(tmp), _W8A16_SOURCE), args.reps)
         print(json.dumps({"old": args.w8a16_old, "reps": args.reps, "products": rows}))
         return
     handle = load_model(args.model, weights="int8")

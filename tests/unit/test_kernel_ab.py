@@ -152,7 +152,9 @@ def test_the_packed_int16_product_at_a_revision_is_timed_against_this_trees(tmp_
 
 @pytest.mark.skipif(not _in_git(), reason="not a git checkout")
 def test_the_w8a16_source_at_a_revision_is_what_git_holds(tmp_path):
-    path = kernel_ab.w8a16_source_at("HEAD", tmp_path)
+    from steer_ui.model.int8 import _W8A16_SOURCE
+
+    path = kernel_ab.sources_at("HEAD", tmp_path, _W8A16_SOURCE)
     shown = subprocess.run(["git", "show", "HEAD:steer_ui/model/w8a16_kernel.c"], cwd=ROOT, capture_output=True,
                            check=True).stdout
     assert path.read_bytes() == shown
