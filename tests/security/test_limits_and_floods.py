@@ -139,9 +139,16 @@ def test_an_honest_session_keeps_its_exact_results_while_six_clients_flood_the_q
 def test_saves_sent_at_once_while_their_generation_runs_leave_the_servers_threads_free(server, honest):
     """/save_result is answered outside the queue and waits for the page's running generation: eighty at once
     from one page held every server thread (a stranger's /whoami took 8.7 s before one waiter per page and four
-    over all).  Now the extra saves are refused at once and the stranger is answered at once."""
+    over all).  Now the extra saves are refused at once and the stranger is answered at once.
+
+    "At once" is bounded by the mechanism, not a guess at this machine's speed: a save that waits waits
+    ``policy.page_wait_s`` before it too may be told "still running", so each of the 79 refusals must come back
+    sooner than that, and while the page's generation still runs.  (A 2-second bound failed on a busy 2-core
+    machine once in a full run, 77 of 80 within 2 s, and never alone.)  The stranger gets the same bound: with
+    the waiters unbounded it took 8.2 s here."""
+    from steer_ui.policy import Policy
     import httpx
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     page = client(server)
     fn = {d.get("api_name"): d["id"] for d in httpx.get(server.url + "config", timeout=30).json()["dependencies"]}
@@ -150,7 +157,7 @@ def test_saves_sent_at_once_while_their_generation_runs_leave_the_servers_thread
 
     def call(api: str, session: str) -> tuple[float, str]:
         start = time.perf_counter()
-        answer = httpx.post(server.url + "gradio_api/run/predict", timeout=60,
+        answer = httpx.post(server.url + "gradio_api/run/predict", timeout=120,
                             json={"data": [], "fn_index": fn[api], "session_hash": session})
         return time.perf_counter() - start, answer.text
 
@@ -158,13 +165,20 @@ def test_saves_sent_at_once_while_their_generation_runs_leave_the_servers_thread
         saves = [pool.submit(call, "save_result", page.session_hash) for _ in range(80)]
         time.sleep(0.5)
         stranger_s, _ = call("whoami", "0123456789abcdef0123")
+        stranger_before_the_end = not long_run.done()
+        first = []
+        for future in as_completed(saves):
+            first.append(future.result())
+            if len(first) == 79:
+                break
+        refusals_before_the_end = not long_run.done()
+        long_run.cancel()
         outcomes = [f.result() for f in saves]
-    assert stranger_s < 2.0, stranger_s
-    refused_at_once = [text for seconds, text in outcomes if seconds < 2.0]
-    assert len(refused_at_once) >= 79, sorted(round(s, 1) for s, _ in outcomes)
-    assert all("still running" in text for text in refused_at_once), {t[:80] for t in refused_at_once}
+    waited = Policy().page_wait_s  # the test's server runs the default policy (tests/conftest.py)
+    assert stranger_before_the_end and stranger_s < waited, stranger_s
+    assert refusals_before_the_end and all(seconds < waited for seconds, _ in first), sorted(round(s, 1) for s, _ in outcomes)
+    assert all("still running" in text for _, text in first), {t[:80] for _, t in first}
     assert not any(leak in text for _, text in outcomes for leak in LEAKS)
-    long_run.cancel()
     honest()
 
 
