@@ -366,6 +366,7 @@ class Request:
     decode_resid: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # block -> (hidden,) float
     decode_heads: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # block -> (width,) float
     rng: torch.Generator | None = field(default=None, repr=False)  # made at the first sampled step
+    noise: torch.Tensor | None = field(default=None, repr=False)  # the step's uniforms, rewritten every step
     history: torch.Tensor | None = field(default=None, repr=False)
     generated: dict[int, list[int]] = field(default_factory=lambda: {UNSTEERED: [], STEERED: []}, repr=False)
     # the rows this request decodes, in the batch's order (see Sampling.unsteered / counterfactual)
@@ -404,7 +405,11 @@ class Request:
         turns the few it needs into Gumbel noise (:mod:`.sampler`)."""
         if self.rng is None:
             self.rng = noise_generator(self.sampling.seed, device)
-        return uniforms(self.rng, vocab)
+        # the same buffer every step where it fits: fresh pages each step cost more than the draw (mt_stream)
+        keep = self.noise if self.noise is not None and self.noise.shape == (vocab,) \
+            and self.noise.device == self.rng.device else None
+        self.noise = uniforms(self.rng, vocab, out=keep)
+        return self.noise
 
     @property
     def sides(self) -> dict[int, Side]:
