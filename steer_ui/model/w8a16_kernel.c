@@ -505,6 +505,14 @@ static int tiles_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q
 #endif
 
 #if defined(PACKED) && defined(__AVX512VNNI__)
+/* The end of one group of one row on VNNI's path: the high bytes' products less their correction, 128 times the
+ * row's high bytes' sum over the group (``hisum_g``), then the shared epilogue. */
+static inline __m512 vnni_group_end(__m512 acc, __m512i ah, __m512i al, const int32_t *hisum_g, __m512 sv,
+                                    __m512 ov, const float *xsum_g)
+{
+    return group_sum(acc, _mm512_sub_epi32(ah, _mm512_set1_epi32(128 * hisum_g[0])), al, sv, ov, xsum_g);
+}
+
 /* VNNI's path on the packed weight (Zen 4, Ice Lake and later without the tiles): per 4 inputs, one 64-byte
  * vector holds the 16 outputs' codes, and each row's 4 high and 4 low bytes are broadcast to every output.
  * vpdpbusd multiplies unsigned bytes by signed ones, so the low bytes (unsigned) meet the codes as they are, and
@@ -540,13 +548,58 @@ static inline __attribute__((always_inline)) void vnni_rows(const int R, const i
         const __m512 sv = _mm512_loadu_ps(st + g * 16);
         const __m512 ov = ot ? _mm512_loadu_ps(ot + g * 16) : sv;
         for (int r = 0; r < R; r++)
-            acc[r] = group_sum(acc[r], _mm512_sub_epi32(ah[r], _mm512_set1_epi32(128 * hisum[r * groups + g])),
-                               al[r], sv, ov, ot ? xsum + r * groups + g : NULL);
+            acc[r] = vnni_group_end(acc[r], ah[r], al[r], hisum + r * groups + g, sv, ov,
+                                    ot ? xsum + r * groups + g : NULL);
     }
     for (int r = 0; r < R; r++)
         _mm512_mask_storeu_ps(y + r * n_out, keep, _mm512_mul_ps(_mm512_set1_ps(xs[r]), acc[r]));
 }
 
+/* vnni_rows for groups of 4 * STEPS inputs (STEPS 4 or 8: Q6_K's 16, the 32 of Q4_K, Q5_0 and Q8_0), the same
+ * integer sums and the same epilogue, so the same bits: a group's codes are loaded once into registers (with their
+ * flipped copy), then each row in turn meets them, its two accumulators alone in flight.  With the rows innermost
+ * (vnni_rows) GCC 12 copied the accumulators between every two products and spilled the codes to the stack; held,
+ * the block products at 8-24 rows took 0.76-0.87 of the time (kernel_ab --w8a16-old, equal bits).  Under
+ * HELD_ROWS rows vnni_rows stays: streaming the unembedding's codes from memory at 1 and 3 rows, the held loop
+ * took 1.47 times as long. */
+static inline __attribute__((always_inline)) void vnni_rows_held(const int R, const int STEPS, const int8_t *qt,
+        const float *st, const float *ot, int64_t k, int64_t group, const uint8_t *hi, const uint8_t *lo,
+        const int32_t *hisum, const float *xsum, const float *xs, float *y, int64_t n_out, __mmask16 keep,
+        const int8_t *next)
+{
+    const int64_t groups = k / group;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const int8_t *block = qt + g * 16 * group;
+        for (int64_t line = 0; next && line < 16 * group; line += 64)
+            _mm_prefetch((const char *)(next + g * 16 * group + line), _MM_HINT_T0);
+        __m512i w[8], wu[8];
+        for (int e = 0; e < STEPS; e++) {
+            w[e] = _mm512_loadu_si512((const void *)(block + 64 * e));
+            wu[e] = _mm512_xor_si512(w[e], flip);
+        }
+        const __m512 sv = _mm512_loadu_ps(st + g * 16);
+        const __m512 ov = ot ? _mm512_loadu_ps(ot + g * 16) : sv;
+        for (int r = 0; r < R; r++) {
+            __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
+            const uint8_t *h = hi + r * k + g * group, *l = lo + r * k + g * group;
+            for (int e = 0; e < STEPS; e++) {
+                int32_t h4, l4;
+                memcpy(&h4, h + 4 * e, 4);
+                memcpy(&l4, l + 4 * e, 4);
+                ah = _mm512_dpbusd_epi32(ah, wu[e], _mm512_set1_epi32(h4));
+                al = _mm512_dpbusd_epi32(al, _mm512_set1_epi32(l4), w[e]);
+            }
+            acc[r] = vnni_group_end(acc[r], ah, al, hisum + r * groups + g, sv, ov, ot ? xsum + r * groups + g : NULL);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(y + r * n_out, keep, _mm512_mul_ps(_mm512_set1_ps(xs[r]), acc[r]));
+}
+
+#define HELD_ROWS 4 /* row blocks this tall and taller hold a group's codes in registers (vnni_rows_held) */
 static int vnni_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp, const float *sp, const float *op,
                        int64_t group, int64_t n_out, float *y, int threads)
 {
@@ -586,9 +639,10 @@ static int vnni_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp
                     const int8_t *qt = qp + t * groups * 16 * group;
                     /* the first block streams the codes from memory: it prefetches the next tile's */
                     const int8_t *next = r0 == 0 && t + 1 < tiles ? qt + groups * 16 * group : NULL;
-#define VNNI_ROWS(R) vnni_rows(R, qt, sp + t * groups * 16, op ? op + t * groups * 16 : NULL, k, group, \
-                               hi + r0 * k, lo + r0 * k, hisum + r0 * groups, xsum ? xsum + r0 * groups : NULL, \
-                               xs + r0, y + r0 * n_out + n, n_out, keep, next)
+#define VNNI_ARGS qt, sp + t * groups * 16, op ? op + t * groups * 16 : NULL, k, group, hi + r0 * k, lo + r0 * k, \
+                  hisum + r0 * groups, xsum ? xsum + r0 * groups : NULL, xs + r0, y + r0 * n_out + n, n_out, keep, next
+#define VNNI_ROWS(R) (R >= HELD_ROWS && group == 32 ? vnni_rows_held(R, 8, VNNI_ARGS) \
+                      : R >= HELD_ROWS && group == 16 ? vnni_rows_held(R, 4, VNNI_ARGS) : vnni_rows(R, VNNI_ARGS))
                     switch (nr) {
                     case 1: VNNI_ROWS(1); break;
                     case 2: VNNI_ROWS(2); break;
@@ -600,6 +654,7 @@ static int vnni_matmul(const float *x, int64_t rows, int64_t k, const int8_t *qp
                     default: VNNI_ROWS(8); break;
                     }
 #undef VNNI_ROWS
+#undef VNNI_ARGS
                 }
             }
     }

@@ -5,6 +5,7 @@
     python -m steer_ui.tools.kernel_ab --unembedding-int16 [--reps 4]  # the unembedding on float, then int16 activations
     python -m steer_ui.tools.kernel_ab --blocks-int16 [--reps 4]  # the block products on float, then int16 (packed)
     python -m steer_ui.tools.kernel_ab --w8a16-old REV [--reps 6]  # w8a16_kernel.c's packed product at REV vs now
+    python -m steer_ui.tools.kernel_ab --w8a16-decode-old REV [--reps 4]  # the same, in whole decodes and many users
     python -m steer_ui.tools.kernel_ab --huge-pages [--reps 20]  # the packed unembedding on 4 KiB vs 2 MiB pages
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
@@ -17,7 +18,10 @@ bench's many-users section (8 requests of 32 tokens, one after another and at on
 ``--blocks-int16`` too, with the block products (every weight but the unembedding) on float activations, then on
 int16 ones on packed weights (AMX's tiles or AVX-512 VNNI; the unembedding as loaded).  ``--w8a16-old`` times the
 packed int16 product alone, ``w8a16_kernel.c`` at a revision against this tree's, on random codes of the embedded
-model's shapes at the row counts the app decodes (the two revisions must pack alike: the outputs are compared).
+model's shapes at the row counts the app decodes (the two revisions must pack alike: the outputs are compared);
+``--w8a16-decode-old`` puts that revision's packed product under every packed weight (the fused blocks and the
+unembedding) for the decodes and the many-users section, turn about with this tree's (a product alone streams a
+small weight from the caches, a decode streams all of them from memory).
 ``--huge-pages`` times the packed int16 product of one unembedding-sized weight from two copies of its packed
 codes in one process, one kept on 4 KiB pages and one on 2 MiB pages, turn about.
 """
@@ -185,6 +189,24 @@ def alternate(handle, sides: dict, prompt: str, tokens: int, reps: int) -> dict:
 
 
 @contextmanager
+def packed_product_from(source: Path):
+    """Inside, every packed product (the fused step's and the unembedding's) is ``source``'s build's; the weights
+    stay packed as they are (the two sources must pack alike)."""
+    from ..model.int8 import _ARGS, _library, _w8a16_kernel
+
+    fn = _w8a16_kernel()
+    if fn is None or fn.packed is None:
+        raise RuntimeError("no packed path on this machine")
+    other = _library(source, ()).w8a16_packed_matmul
+    other.restype, other.argtypes = ctypes.c_int, _ARGS
+    kept, fn.packed_matmul = fn.packed_matmul, other
+    try:
+        yield
+    finally:
+        fn.packed_matmul = kept
+
+
+@contextmanager
 def unembedding_activations(handle, int16: bool):
     """Inside, the unembedding's products take int16 activations (``int16``) or float ones; then as loaded."""
     with int16_activations([handle.arch.int8_unembedding], int16):
@@ -248,6 +270,9 @@ def main(argv=None) -> None:
                              "weights (new), and the many-users section with each")
     parser.add_argument("--w8a16-old", metavar="REVISION",
                         help="instead: w8a16_kernel.c's packed int16 product at REVISION (old) against this tree's")
+    parser.add_argument("--w8a16-decode-old", metavar="REVISION",
+                        help="instead: decodes and the many-users section with w8a16_kernel.c's packed product at "
+                             "REVISION (old) against this tree's")
     parser.add_argument("--huge-pages", action="store_true",
                         help="instead: the packed unembedding-sized product on 4 KiB pages (old) against 2 MiB ones")
     parser.add_argument("--model", default=EMBEDDED)
@@ -277,13 +302,19 @@ def main(argv=None) -> None:
         sides = {"old": lambda: switch(handle, False), "new": lambda: switch(handle, True)}
         result = alternate(handle, sides, prompt, args.tokens, args.reps)
         result["many_users"] = many_users_alternated(handle, sides, args.reps)
+    elif args.w8a16_decode_old:
+        with tempfile.TemporaryDirectory() as tmp:
+            old_source = sources_at(args.w8a16_decode_old, Path(tmp), _W8A16_SOURCE)
+            sides = {"old": lambda: packed_product_from(old_source), "new": nullcontext}
+            result = alternate(handle, sides, prompt, args.tokens, args.reps)
+            result["many_users"] = many_users_alternated(handle, sides, args.reps)
     elif not args.old:
-        parser.error("give --old REVISION, --vocab-pass, --unembedding-int16 or --blocks-int16")
+        parser.error("give --old REVISION, --vocab-pass, --unembedding-int16, --blocks-int16 or --w8a16-decode-old")
     else:
         with tempfile.TemporaryDirectory() as tmp:
             result = compare(handle, sources_at(args.old, Path(tmp)), prompt, args.tokens, args.reps)
     old = ("torch's passes" if args.vocab_pass else "float activations" if args.unembedding_int16 or args.blocks_int16
-           else args.old)
+           else args.w8a16_decode_old or args.old)
     print(json.dumps({"old": old,
                       "prompt_repeat": args.prompt_repeat, "tokens": args.tokens,
                       "reps": args.reps, **result}))

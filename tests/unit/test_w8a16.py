@@ -225,7 +225,8 @@ def _packed(build: str = "native"):
 
 @pytest.mark.parametrize("build", ["native", "avx512-vnni"])
 @pytest.mark.parametrize("group", [16, 32, 64])
-def test_the_packed_byte_split_is_exact_at_the_extremes(group, build):
+@pytest.mark.parametrize("rows", [3, 8])  # VNNI's two loops: rows innermost (under 4 rows), codes held (4 and more)
+def test_the_packed_byte_split_is_exact_at_the_extremes(group, build, rows):
     """An int16 code splits into a signed high byte and an unsigned low one, each its own product (a tile's, or
     VNNI's vpdpbusd on the codes + 128, corrected by the high bytes' sum); at the codes' extremes (every
     activation at +-32767, every weight code -128 or 127, groups up to 64) the shifted high sum is at its
@@ -235,7 +236,7 @@ def test_the_packed_byte_split_is_exact_at_the_extremes(group, build):
     codes = torch.where(torch.arange(k) % 3 == 0, -128, 127).to(torch.int8).repeat(5, 1)
     codes[1] = -128  # every product of row 1 at the extreme
     w = Int8Weight(codes, torch.full((5, 4), 0.25), None, group)
-    x = torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0).repeat(3, 1)
+    x = torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0).repeat(rows, 1)
     x[1] = 1.0  # row 1 of the activations all at +32767
     codes_x = torch.round(x / (x.abs().amax(1, keepdim=True) / 32767))
     exact = (codes_x.double() @ codes.double().T) * 0.25 * (1 / 32767)
