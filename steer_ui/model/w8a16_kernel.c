@@ -505,6 +505,13 @@ static int tiles_matmul(const float *x, int64_t rows, int64_t k, const int8_t *q
 #endif
 
 #if defined(PACKED) && defined(__AVX512VNNI__)
+/* The next tile's codes for group g into the L1 while this tile's are multiplied (``next`` NULL: nothing). */
+static inline void prefetch_group(const int8_t *next, int64_t g, int64_t group)
+{
+    for (int64_t line = 0; next && line < 16 * group; line += 64)
+        _mm_prefetch((const char *)(next + g * 16 * group + line), _MM_HINT_T0);
+}
+
 /* The end of one group of one row on VNNI's path: the high bytes' products less their correction, 128 times the
  * row's high bytes' sum over the group (``hisum_g``), then the shared epilogue. */
 static inline __m512 vnni_group_end(__m512 acc, __m512i ah, __m512i al, const int32_t *hisum_g, __m512 sv,
@@ -530,8 +537,7 @@ static inline __attribute__((always_inline)) void vnni_rows(const int R, const i
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const int8_t *block = qt + g * 16 * group;
-        for (int64_t line = 0; next && line < 16 * group; line += 64)
-            _mm_prefetch((const char *)(next + g * 16 * group + line), _MM_HINT_T0);
+        prefetch_group(next, g, group);
         __m512i ah[8], al[8];
         for (int r = 0; r < R; r++) ah[r] = al[r] = _mm512_setzero_si512();
         for (int64_t e = 0; e < steps; e++) {
@@ -573,8 +579,7 @@ static inline __attribute__((always_inline)) void vnni_rows_held(const int R, co
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const int8_t *block = qt + g * 16 * group;
-        for (int64_t line = 0; next && line < 16 * group; line += 64)
-            _mm_prefetch((const char *)(next + g * 16 * group + line), _MM_HINT_T0);
+        prefetch_group(next, g, group);
         __m512i w[8], wu[8];
         for (int e = 0; e < STEPS; e++) {
             w[e] = _mm512_loadu_si512((const void *)(block + 64 * e));
