@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ _SOURCE = Path(__file__).with_name("mt_kernel.c")
 _STATE_BYTES = 5056
 _LEFT, _NEXT, _WORDS = 8, 16, 24
 _N = 624
+_off = False  # left_to_torch
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,7 +50,7 @@ def rand64(rng: torch.Generator, n: int, floor: float = 0.0, out: torch.Tensor |
     ``out``: a contiguous (n,) float64 CPU tensor to write them into.  Worth keeping from step to step: a fresh
     2 MB buffer is fresh pages, and faulting them in cost 0.67 ms here, more than drawing the numbers (0.27).
     ``kernel``: a build of it (tests)."""
-    if rng.device.type != "cpu":
+    if rng.device.type != "cpu" or _off:
         return None
     fn = kernel or _kernel()
     if fn is None:
@@ -74,3 +76,15 @@ def rand64(rng: torch.Generator, n: int, floor: float = 0.0, out: torch.Tensor |
     raw[_NEXT:_NEXT + 8].view(np.uint64)[0] = left_next[1]
     rng.set_state(state)
     return out
+
+
+@contextmanager
+def left_to_torch():
+    """Inside, :func:`rand64` declines, so every draw is ``torch.rand``'s (A/B runs: ``python -m
+    steer_ui.tools.sampling_cost --uniforms``)."""
+    global _off
+    kept, _off = _off, True
+    try:
+        yield
+    finally:
+        _off = kept

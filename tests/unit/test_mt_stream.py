@@ -73,3 +73,22 @@ def test_a_request_rewrites_one_noise_buffer_step_after_step(tiny):
     assert torch.equal(first, torch.rand(1000, generator=reference, dtype=torch.float64))
     second = request.uniforms(1000, "cpu")
     assert second is first and torch.equal(second, torch.rand(1000, generator=reference, dtype=torch.float64))
+
+
+def test_left_to_torch_declines_the_kernel_inside_and_puts_it_back():
+    rng = torch.Generator().manual_seed(5)
+    with mt_stream.left_to_torch():
+        assert mt_stream.rand64(rng, 10) is None
+    assert (mt_stream.rand64(rng, 10) is not None) == (KERNEL is not None)
+
+
+def test_the_cost_tool_draws_the_same_uniforms_both_ways_and_decodes_the_same_texts(tiny):
+    """``python -m steer_ui.tools.sampling_cost --uniforms`` on a tiny model: equal draws, equal sampled texts."""
+    from steer_ui.tools import sampling_cost
+
+    draws = sampling_cost.time_uniforms(vocab=4099, reps=3)
+    assert draws["equal"] and draws["torch.rand"] > 0 and draws["mt_stream"] > 0
+    steps = sampling_cost.decode_with_each_draw(tiny("llama"), reps=2, tokens=4)
+    assert set(steps) == {"steered only", "side by side"}
+    for row in steps.values():
+        assert row["texts_equal"] and len(row["torch.rand"]) == len(row["mt_stream"]) == 2
