@@ -85,8 +85,10 @@ class DynamicDecode:
             self.mask = self.mask[:, lead:]
         self.padded = bool((self.mask == 0).any())
 
-    def set_steering(self, steers: list) -> None:
-        """The steers (one (rows, hidden) matrix per steered block, per-head shifts) the next steps add."""
+    def set_steering(self, steers: list, twins: list[tuple[int, int]] | None = None) -> None:
+        """The steers (one (rows, hidden) matrix per steered block, per-head shifts) the next steps add.  ``twins``
+        (rows that equal others in the first blocks, :meth:`.fused_decode.FusedDecode.set_steering`): this path
+        computes every row."""
         self._steers = steers
 
     def step(self, next_ids: torch.Tensor, pause=None) -> tuple[torch.Tensor, torch.Tensor]:

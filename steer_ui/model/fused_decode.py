@@ -44,6 +44,19 @@ _I = ctypes.c_int64
 
 
 _built_from: list = []  # a build :func:`kernel_built_from` puts in place of this tree's (A/B runs)
+_SHARING = True  # rows with twins skip the blocks their twins compute for them (every_row_computed turns it off)
+
+
+@contextmanager
+def every_row_computed():
+    """Inside, batches made here compute every row in every block, twins or not (A/B runs and tests: the
+    outputs are the same bit for bit)."""
+    global _SHARING
+    kept, _SHARING = _SHARING, False
+    try:
+        yield
+    finally:
+        _SHARING = kept
 
 
 def _kernel():
@@ -194,6 +207,14 @@ class FusedDecode:
         self.positions: torch.Tensor | None = None  # (rows,) each row's next position id
         self._steers: list = []
         self._final_block = arch.num_layers - 1
+        # Rows that compute what another row computes in the first blocks (a request's counterfactual row is its
+        # steered row until the first steered block: set_steering's ``twins``) are stored last, so that each block
+        # computes a prefix of the rows and copies the rest (see _share).  _order[i]: the batch's row stored at i
+        # (None: the batch's own order); _inverse: where each batch row is stored.
+        self._order: torch.Tensor | None = None
+        self._inverse: torch.Tensor | None = None
+        self._active: list[int] = []  # rows each block computes (a prefix of the stored rows)
+        self._copies: dict[int, list[tuple[int, int]]] = {}  # block -> (stored row, its twin) to copy after it
 
     can_join = True  # every join is a copy into the store
 
@@ -231,26 +252,81 @@ class FusedDecode:
         start = total - mask.sum(dim=1).to(torch.int64)
         self.start = start if self.start is None else torch.cat([self.start + shift, start])
         self.positions = positions.clone() if self.positions is None else torch.cat([self.positions, positions])
+        if self._order is not None:  # the new rows are stored after the others, as the batch numbers them
+            self._set_order(torch.cat([self._order, torch.arange(self.rows - new_rows, self.rows)]))
         self.keys, self.values, self.columns = keys, values, total
 
     def keep(self, rows: list[int]) -> None:
         """Keep only ``rows`` (indices into the current row order, in the new order)."""
         if not rows:
             self.keys, self.values, self.columns, self.start, self.positions = [], [], 0, None, None
+            self._set_order(None)
             return
-        index = torch.tensor(rows)
-        self.keys = [k.index_select(0, index) for k in self.keys]
-        self.values = [v.index_select(0, index) for v in self.values]
-        self.start = self.start.index_select(0, index)
-        self.positions = self.positions.index_select(0, index)
+        if self._order is None:
+            self._reorder(torch.tensor(rows))
+            return
+        # stored rows keep their relative places; each is renumbered as the batch renumbers it
+        renumbered = {old: new for new, old in enumerate(rows)}
+        stored = sorted(int(self._inverse[old]) for old in rows)
+        self._reorder(torch.tensor(stored), torch.tensor([renumbered[int(self._order[i])] for i in stored]))
 
-    def set_steering(self, steers: list) -> None:
+    def _reorder(self, stored: torch.Tensor, order: torch.Tensor | None = None) -> None:
+        """Keep the stored rows ``stored``, in that order, now holding the batch's rows ``order`` (None: in the
+        batch's own order)."""
+        self.keys = [k.index_select(0, stored) for k in self.keys]
+        self.values = [v.index_select(0, stored) for v in self.values]
+        self.start = self.start.index_select(0, stored)
+        self.positions = self.positions.index_select(0, stored)
+        self._set_order(order)
+
+    def _set_order(self, order: torch.Tensor | None) -> None:
+        if order is not None and torch.equal(order, torch.arange(order.shape[0])):
+            order = None
+        self._order = order
+        self._inverse = None if order is None else torch.empty_like(order).index_copy_(
+            0, order, torch.arange(order.shape[0]))
+        self._active, self._copies = [], {}  # set_steering says them again
+
+    def set_steering(self, steers: list, twins: list[tuple[int, int]] | None = None) -> None:
         """The steers the next steps add: :class:`.hooks.Steer` (one (rows, hidden) matrix per block) and
-        :class:`.hooks.HeadSteer` (per-head shifts), as :meth:`.generation.DecodeBatch._steers_for` makes them."""
+        :class:`.hooks.HeadSteer` (per-head shifts), as :meth:`.generation.DecodeBatch._steers_for` makes them.
+
+        ``twins``: per row, ``(twin, blocks)``: the row's input to each of blocks ``0 .. blocks - 1`` is bit for
+        bit its ``twin``'s (the same tokens, no steer of either before block ``blocks`` and no row steered
+        there is a twin); ``(-1, 0)`` for a row computed in every block.  Those blocks compute the twin alone
+        and the row takes its output: a request's counterfactual row skips the blocks below its first steered
+        one (:meth:`.generation.DecodeBatch._twins_for`)."""
         for s in steers:
             if not isinstance(s, (Steer, HeadSteer)):
                 raise TypeError(f"the fused step cannot add a {type(s).__name__}")
         self._steers = list(steers)
+        self._share(twins if _SHARING and twins else [(-1, 0)] * self.rows)
+
+    def _share(self, twins: list[tuple[int, int]]) -> None:
+        """Store the rows with twins last, by how many blocks they skip (fewest first), so each block computes a
+        prefix of the stored rows; note what each block computes and copies."""
+        n = len(self.blocks)
+        if len(twins) != self.rows:
+            raise ValueError(f"twins for {len(twins)} rows, the store holds {self.rows}")
+        plain = [r for r, (twin, blocks) in enumerate(twins) if twin < 0 or blocks <= 0]
+        shared = sorted((r for r, (twin, blocks) in enumerate(twins) if twin >= 0 and blocks > 0),
+                        key=lambda r: twins[r][1])
+        for r in shared:
+            twin = twins[r][0]
+            if twin >= self.rows or twin == r or (twins[twin][0] >= 0 and twins[twin][1] > 0):
+                raise ValueError(f"row {r}'s twin {twin} is not a row computed in every block")
+        order = torch.tensor(plain + shared, dtype=torch.long)
+        if self.rows:
+            current = self._order if self._order is not None else torch.arange(self.rows)
+            if not torch.equal(order, current):
+                inverse = self._inverse if self._inverse is not None else torch.arange(self.rows)
+                self._reorder(inverse.index_select(0, order), order)
+        stored_at = {int(row): i for i, row in enumerate(order)}
+        skips = [min(twins[r][1], n) for r in shared]  # ascending: the rows a block skips are a suffix
+        self._active = [self.rows - sum(1 for b in skips if b > i) for i in range(n)]
+        self._copies = {}
+        for r, b in zip(shared, skips):  # after its last skipped block (before that block's steers)
+            self._copies.setdefault(b - 1, []).append((stored_at[r], stored_at[twins[r][0]]))
 
     def _grow(self) -> None:
         capacity = self.capacity + max(_GROW, self.capacity // 2)
@@ -274,8 +350,10 @@ class FusedDecode:
         for s in self._steers:
             if isinstance(s, Steer):
                 by_block.setdefault(s.layer, []).append(s)
+        order, inverse = self._order, self._inverse
         with torch.inference_mode():
-            h = handle.model.get_input_embeddings()(next_ids)[:, -1, :].float().contiguous()
+            stored_ids = next_ids if order is None else next_ids.index_select(0, order.to(next_ids.device))
+            h = handle.model.get_input_embeddings()(stored_ids)[:, -1, :].float().contiguous()
             position_ids = self.positions.unsqueeze(1)
             rope = {}
             for kind in set(self.kinds):
@@ -291,8 +369,11 @@ class FusedDecode:
                 if pause is not None:
                     pause()
                 head_add = self._head_add(i, state, rows)
+                if head_add is not None and order is not None:
+                    head_add = head_add.index_select(0, order).contiguous()
                 cos, sin = rope[self.kinds[i]]
-                status = step_fn(rows, hidden, h.data_ptr(), block.gain_pointers(), block.eps, block.pointers, block.dims,
+                computed = self._active[i] if self._active else rows
+                status = step_fn(computed, hidden, h.data_ptr(), block.gain_pointers(), block.eps, block.pointers, block.dims,
                                  self.heads, self.kv_heads, self.head_dim, cos.data_ptr(), sin.data_ptr(),
                                  self.keys[i].data_ptr(), self.values[i].data_ptr(), self.capacity, column,
                                  start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling,
@@ -300,16 +381,22 @@ class FusedDecode:
                                  torch.get_num_threads(), packed)
                 if status != 0:
                     raise RuntimeError(f"the block kernel refused block {i}'s shapes")
+                for row, twin in self._copies.get(i, ()):
+                    h[row] = h[twin]  # its input to the next block, as computing it would give, bit for bit
                 if i == self._final_block:
                     final = h.clone()  # what the dynamic path's recording sees: the block's output before steering
                 steers = by_block.get(i)
-                if steers:
-                    h = apply_steers(steers, state, h.unsqueeze(1)).squeeze(1).contiguous()
+                if steers:  # the steers' rows are the batch's: added in its order
+                    batch_h = h if order is None else h.index_select(0, inverse)
+                    batch_h = apply_steers(steers, state, batch_h.unsqueeze(1)).squeeze(1)
+                    h = (batch_h if order is None else batch_h.index_select(0, order)).contiguous()
             if pause is not None:
                 pause()
             out = arch.final_norm(h)
         self.columns += 1
         self.positions = self.positions + 1
+        if order is not None:
+            out, final = out.index_select(0, inverse), final.index_select(0, inverse)
         return out, final
 
     def _head_add(self, layer: int, state: StepState, rows: int) -> torch.Tensor | None:

@@ -458,6 +458,22 @@ class Request:
         self.done = True
 
 
+def row_twins(requests: Sequence[Request], blocks: int) -> list[tuple[int, int]]:
+    """Per row of ``requests`` (in the batch's order), (the row it equals, in how many first blocks), for the
+    decode path to skip computing: a request's counterfactual row is fed its steered row's tokens and is never
+    steered, so below the first block any of the request's steers touches (a residual steer after its block, a
+    head shift inside its block; prompt-only ones too, which made the prompt's keys and values differ above them)
+    the two rows' inputs are the same, bit for bit.  (-1, 0) for every other row."""
+    twins: list[tuple[int, int]] = []
+    for r in requests:
+        first = min([s.layer + 1 if isinstance(s, Steer) else min(s.shifts) for s in r.steers], default=blocks)
+        start = len(twins)
+        for kind in r.kinds:
+            shared = kind == COUNTERFACTUAL and STEERED in r.kinds and first > 0
+            twins.append((start + r.kinds.index(STEERED), first) if shared else (-1, 0))
+    return twins
+
+
 class DecodeBatch:
     """The rows of every running request, their KV cache, and one decode step for all of them.
 
@@ -525,7 +541,7 @@ class DecodeBatch:
     def steering_changed(self) -> None:
         """Take up changed steering of running requests (their ``decode_resid`` / ``decode_heads``) from the
         next step on; on the static path an in-place write of their rows (no re-build, no re-capture)."""
-        self.kv.set_steering(self._steers_for(self.requests))
+        self.kv.set_steering(self._steers_for(self.requests), row_twins(self.requests, self.handle.arch.num_layers))
 
     # ------------------------------------------------------------ prefill
     def admit(self, requests: Sequence[Request]) -> None:
@@ -598,7 +614,7 @@ class DecodeBatch:
             if self.next_ids is not None:  # new rows have not sampled yet; sample() sets it for everyone
                 self.next_ids = None
         self.requests += list(requests)
-        self.kv.set_steering(steers)
+        self.kv.set_steering(steers, row_twins(self.requests, self.handle.arch.num_layers))
 
     def _steers_for(self, requests: list[Request]) -> list:
         """One (rows, hidden) matrix per steered block, one (rows, width) per steered head site; zero rows elsewhere."""

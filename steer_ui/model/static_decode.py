@@ -442,11 +442,12 @@ class StaticDecode:
             self._shift(-self.columns)
 
     @torch.inference_mode()
-    def set_steering(self, steers: list) -> None:
+    def set_steering(self, steers: list, twins: list[tuple[int, int]] | None = None) -> None:
         """Write the rows' steering: ``Steer`` s with one (rows, hidden) matrix each and a ``HeadSteer`` of
         (rows, width) shifts, as :meth:`DecodeBatch._steers_for` makes them.  In place: no re-build, no re-capture
         (except the first per-head shift, or the first steer that also takes special tokens, which allocates
-        their buffers)."""
+        their buffers).  ``twins`` (:meth:`.fused_decode.FusedDecode.set_steering`): the captured step computes
+        every row."""
         heads = self._heads or any(isinstance(s, HeadSteer) for s in steers)
         special = self._special or any(getattr(s, "special_tokens", False) for s in steers)
         if (heads, special) != (self._heads, self._special):

@@ -7,6 +7,7 @@
     python -m steer_ui.tools.kernel_ab --w8a16-old REV [--reps 6]  # w8a16_kernel.c's packed product at REV vs now
     python -m steer_ui.tools.kernel_ab --w8a16-decode-old REV [--reps 4]  # the same, in whole decodes and many users
     python -m steer_ui.tools.kernel_ab --huge-pages [--reps 20]  # the packed unembedding on 4 KiB vs 2 MiB pages
+    python -m steer_ui.tools.kernel_ab --twins [--reps 4]  # every row computed vs counterfactual rows sharing
 
 On these shared 2-core machines the same step moves by 10-30 % between runs, more than most kernel changes
 win or lose. So both builds of ``block_kernel.c`` (with the files each includes) decode in one
@@ -23,7 +24,9 @@ model's shapes at the row counts the app decodes (the two revisions must pack al
 unembedding) for the decodes and the many-users section, turn about with this tree's (a product alone streams a
 small weight from the caches, a decode streams all of them from memory).
 ``--huge-pages`` times the packed int16 product of one unembedding-sized weight from two copies of its packed
-codes in one process, one kept on 4 KiB pages and one on 2 MiB pages, turn about.
+codes in one process, one kept on 4 KiB pages and one on 2 MiB pages, turn about.  ``--twins`` decodes (and runs
+the many-users section) with every row computed in every block (old) and with counterfactual rows taking their
+steered rows' blocks below the first steered one (new, :meth:`.fused_decode.FusedDecode.set_steering`).
 """
 from __future__ import annotations
 
@@ -273,6 +276,9 @@ def main(argv=None) -> None:
     parser.add_argument("--w8a16-decode-old", metavar="REVISION",
                         help="instead: decodes and the many-users section with w8a16_kernel.c's packed product at "
                              "REVISION (old) against this tree's")
+    parser.add_argument("--twins", action="store_true",
+                        help="instead: every row computed in every block (old) against counterfactual rows taking "
+                             "their twins' blocks (new), in decodes and the many-users section")
     parser.add_argument("--huge-pages", action="store_true",
                         help="instead: the packed unembedding-sized product on 4 KiB pages (old) against 2 MiB ones")
     parser.add_argument("--model", default=EMBEDDED)
@@ -302,6 +308,10 @@ def main(argv=None) -> None:
         sides = {"old": lambda: switch(handle, False), "new": lambda: switch(handle, True)}
         result = alternate(handle, sides, prompt, args.tokens, args.reps)
         result["many_users"] = many_users_alternated(handle, sides, args.reps)
+    elif args.twins:
+        sides = {"old": fused_decode.every_row_computed, "new": nullcontext}
+        result = alternate(handle, sides, prompt, args.tokens, args.reps)
+        result["many_users"] = many_users_alternated(handle, sides, args.reps)
     elif args.w8a16_decode_old:
         with tempfile.TemporaryDirectory() as tmp:
             old_source = sources_at(args.w8a16_decode_old, Path(tmp), _W8A16_SOURCE)
@@ -309,12 +319,13 @@ def main(argv=None) -> None:
             result = alternate(handle, sides, prompt, args.tokens, args.reps)
             result["many_users"] = many_users_alternated(handle, sides, args.reps)
     elif not args.old:
-        parser.error("give --old REVISION, --vocab-pass, --unembedding-int16, --blocks-int16 or --w8a16-decode-old")
+        parser.error("give --old REVISION, --vocab-pass, --unembedding-int16, --blocks-int16, --w8a16-decode-old or "
+                     "--twins")
     else:
         with tempfile.TemporaryDirectory() as tmp:
             result = compare(handle, sources_at(args.old, Path(tmp)), prompt, args.tokens, args.reps)
     old = ("torch's passes" if args.vocab_pass else "float activations" if args.unembedding_int16 or args.blocks_int16
-           else args.w8a16_decode_old or args.old)
+           else "every row computed" if args.twins else args.w8a16_decode_old or args.old)
     print(json.dumps({"old": old,
                       "prompt_repeat": args.prompt_repeat, "tokens": args.tokens,
                       "reps": args.reps, **result}))

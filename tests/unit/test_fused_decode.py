@@ -115,6 +115,44 @@ def test_requests_together_equal_requests_alone_bit_for_bit(gemma3):
                     [(t.delta_logit, t.direct_delta_logit) for t in b.tokens]
 
 
+def _exact(a_results, b_results):
+    for a_result, b_result in zip(a_results, b_results):
+        for side in ("unsteered", "steered"):
+            a, b = getattr(a_result, side), getattr(b_result, side)
+            assert [(t.token_id, t.logprob, t.alternatives, t.delta_logit, t.direct_delta_logit) for t in a.tokens] \
+                == [(t.token_id, t.logprob, t.alternatives, t.delta_logit, t.direct_delta_logit) for t in b.tokens]
+
+
+def test_counterfactual_rows_taking_their_twins_blocks_change_no_bit(gemma3):
+    """A counterfactual row skips the blocks below its request's first steered block and takes its steered row's
+    output there (the two are fed the same tokens and neither is steered yet): every number is the same bit for
+    bit as when every row computes every block, across joins and leaves, with residual steers at several blocks,
+    head shifts (inside their block), special tokens, an input-dependent vector and an unsteered request (whose
+    counterfactual row skips every block)."""
+    g = torch.Generator().manual_seed(3)
+    width = gemma3.model.config.num_attention_heads * gemma3.model.config.head_dim
+    shift, w = torch.randn(width, generator=g), torch.randn(64, 64, generator=g) / 8
+    eos = gemma3.tokenizer.eos_token
+    specs = _specs(gemma3) + [
+        ("nothing steered", [], Sampling(max_new_tokens=5)),
+        ("heads at 2", [HeadSteer({2: shift}, alpha=4.0)], Sampling(max_new_tokens=6, temperature=0.8, seed=1)),
+        (f"a turn{eos} then more", [Steer(layer=4, vector=w[0] * 3, alpha=2.0, special_tokens=True),
+                                    Steer(layer=1, vector=w[1] * 2, alpha=-1.0, positions="prompt")],
+         Sampling(max_new_tokens=8)),
+        ("its own vector", [Steer(layer=3, fn=lambda h: torch.tanh(h @ w) * 6.0, context_layer=1)],
+         Sampling(max_new_tokens=7))]
+    schedule = {0: [0, 5], 1: [6, 7], 2: [2, 8], 4: [1], 5: [3], 6: [4]}
+    batch, shared = _run(gemma3, "fused", schedule, specs)
+    assert batch.decode_path["path"] == "fused"
+    with fused_decode.every_row_computed():
+        _, computed = _run(gemma3, "fused", schedule, specs)
+    _exact(shared, computed)
+    # and the rows were shared: a batch of the unsteered request skips its counterfactual row in every block
+    lone = DecodeBatch(gemma3, decode="fused")
+    lone.admit([Request.make(gemma3, *specs[5])])
+    assert lone.kv._active == [2] * len(gemma3.arch.layers) and lone.kv._copies == {5: [(2, 1)]}
+
+
 def test_with_every_product_on_packed_weights_the_fused_step_takes_them_and_stays_exact():
     """Issue #50: where the loader turns on int16 activations for every product (packed weights: AMX's tiles or
     AVX-512 VNNI), the fused step's blocks take them too (block_kernel.c calls the packed product): the same tokens and
