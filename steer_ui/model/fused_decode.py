@@ -15,6 +15,9 @@ goes", issue #50).  :class:`FusedDecode` runs the same step with the same calls 
   C call before the output projection (:meth:`.hooks.HeadSteer.addition`), the final block's output is kept
   before its steering (as :func:`.capture.recording` sees it), and ``pause`` runs before each block and before
   the final norm.
+* **Twins**: a request's counterfactual row equals its steered row, bit for bit, below the request's first steered
+  block (:func:`.generation.row_twins`); those blocks compute the steered row alone and the counterfactual row
+  takes its output.  Such rows are stored last, so each block computes a prefix of the stored rows.
 * **Arithmetic**: the products are int8_kernel.c's, as on the dynamic path; the norms, rope, attention and
   activation are the same formulas summed in another order, so the two paths agree to float32 rounding, not
   bit for bit (tests/unit/test_fused_decode.py bounds the difference and checks the tokens).  Each row is
