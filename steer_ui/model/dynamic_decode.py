@@ -49,10 +49,11 @@ class DynamicDecode:
     def report(self, reason: str) -> dict:
         return {"path": self.path, "reason": reason}
 
-    def join(self, cache, columns: int, mask: torch.Tensor, positions: torch.Tensor, reserve: int) -> None:
+    def join(self, cache, columns: int, mask: torch.Tensor, positions: torch.Tensor, reserve: int,
+             twins: list[tuple[int, int]] | None = None) -> None:
         """Append rows from a prefill: their KV (``cache``, ``columns`` left-padded columns), attention ``mask``
         (rows, columns) and next position ids (rows,).  ``reserve`` (steps to come) does not matter here: the
-        cache grows as it goes."""
+        cache grows as it goes; nor do ``twins`` (:meth:`set_steering`)."""
         if self.cache is None:
             self.cache, self.columns, self.mask, self.positions = cache, columns, mask, positions
         else:

@@ -157,6 +157,19 @@ def _norms(layer) -> list:
             layer.post_feedforward_layernorm, attn.q_norm, attn.k_norm]
 
 
+def _stored_order(twins: list[tuple[int, int]]) -> torch.Tensor:
+    """The batch's rows in the order :class:`FusedDecode` stores them for ``twins`` (its set_steering's): the rows
+    computed in every block first, in the batch's order, then the rows with twins, fewest shared blocks first."""
+    plain = [r for r, (twin, blocks) in enumerate(twins) if twin < 0 or blocks <= 0]
+    shared = sorted((r for r, (twin, blocks) in enumerate(twins) if twin >= 0 and blocks > 0),
+                    key=lambda r: twins[r][1])
+    for r in shared:
+        twin = twins[r][0]
+        if twin >= len(twins) or twin == r or (twins[twin][0] >= 0 and twins[twin][1] > 0):
+            raise ValueError(f"row {r}'s twin {twin} is not a row computed in every block")
+    return torch.tensor(plain + shared, dtype=torch.long)
+
+
 class _Block:
     """One block's weights as the C call takes them: 7 × (codes, scale, offset) pointers and (group, out, in)."""
 
@@ -237,27 +250,40 @@ class FusedDecode:
         # never-written columns are never read (a row attends from its start on), so empty, not zeros
         return ([torch.empty(shape) for _ in self.blocks], [torch.empty(shape) for _ in self.blocks])
 
-    def join(self, cache, columns: int, mask: torch.Tensor, positions: torch.Tensor, reserve: int) -> None:
+    def join(self, cache, columns: int, mask: torch.Tensor, positions: torch.Tensor, reserve: int,
+             twins: list[tuple[int, int]] | None = None) -> None:
         """Append rows from a prefill: their HF ``cache`` (``columns`` left-padded columns; a sliding layer keeps
         the last ``window − 1``), attention ``mask`` (rows, columns), next position ids (rows,); ``reserve``: the
-        steps to come (the store makes room for some of them now and grows when a step needs more)."""
+        steps to come (the store makes room for some of them now and grows when a step needs more).  ``twins``:
+        every row's, the new ones included (:meth:`set_steering`): the store is built in the order they ask for,
+        so the steering that follows need not copy it again."""
         new_rows = mask.shape[0]
+        rows = self.rows + new_rows
         total = max(self.columns, columns)
         shift = total - self.columns  # the running rows move right when a longer prompt joins
         capacity = max(self.capacity, total + 1 + min(int(reserve), _GROW))
-        keys, values = self._store(self.rows + new_rows, capacity)
+        old_order = self._order if self._order is not None else torch.arange(self.rows)
+        if twins is not None and len(twins) != rows:
+            raise ValueError(f"twins for {len(twins)} rows, the store will hold {rows}")
+        order = _stored_order(twins) if _SHARING and twins else torch.cat([old_order, torch.arange(self.rows, rows)])
+        at = torch.empty_like(order).index_copy_(0, order, torch.arange(rows))  # where each batch row is stored
+        old_at, new_at = at.index_select(0, old_order), at[self.rows:]
+        keys, values = self._store(rows, capacity)
         for i, layer in enumerate(cache.layers):
             for mine, old, theirs in ((keys[i], self.keys, layer.keys), (values[i], self.values, layer.values)):
                 if self.rows:
-                    mine[: self.rows, :, shift:shift + self.columns] = old[i][:, :, : self.columns]
+                    mine[:, :, shift:shift + self.columns].index_copy_(0, old_at, old[i][:, :, : self.columns])
                 stored = theirs.shape[-2]
-                mine[self.rows:, :, total - stored:total] = theirs.float()
-        start = total - mask.sum(dim=1).to(torch.int64)
-        self.start = start if self.start is None else torch.cat([self.start + shift, start])
-        self.positions = positions.clone() if self.positions is None else torch.cat([self.positions, positions])
-        if self._order is not None:  # the new rows are stored after the others, as the batch numbers them
-            self._set_order(torch.cat([self._order, torch.arange(self.rows - new_rows, self.rows)]))
+                mine[:, :, total - stored:total].index_copy_(0, new_at, theirs.float())
+        start, place = torch.empty(rows, dtype=torch.int64), torch.empty(rows, dtype=positions.dtype)
+        start.index_copy_(0, new_at, total - mask.sum(dim=1).to(torch.int64))
+        place.index_copy_(0, new_at, positions)
+        if self.rows:
+            start.index_copy_(0, old_at, self.start + shift)
+            place.index_copy_(0, old_at, self.positions)
+        self.start, self.positions = start, place
         self.keys, self.values, self.columns = keys, values, total
+        self._set_order(order)
 
     def keep(self, rows: list[int]) -> None:
         """Keep only ``rows`` (indices into the current row order, in the new order)."""
@@ -311,14 +337,8 @@ class FusedDecode:
         n = len(self.blocks)
         if len(twins) != self.rows:
             raise ValueError(f"twins for {len(twins)} rows, the store holds {self.rows}")
-        plain = [r for r, (twin, blocks) in enumerate(twins) if twin < 0 or blocks <= 0]
-        shared = sorted((r for r, (twin, blocks) in enumerate(twins) if twin >= 0 and blocks > 0),
-                        key=lambda r: twins[r][1])
-        for r in shared:
-            twin = twins[r][0]
-            if twin >= self.rows or twin == r or (twins[twin][0] >= 0 and twins[twin][1] > 0):
-                raise ValueError(f"row {r}'s twin {twin} is not a row computed in every block")
-        order = torch.tensor(plain + shared, dtype=torch.long)
+        order = _stored_order(twins)
+        shared = [r for r in order.tolist() if twins[r][0] >= 0 and twins[r][1] > 0]
         if self.rows:
             current = self._order if self._order is not None else torch.arange(self.rows)
             if not torch.equal(order, current):

@@ -605,7 +605,9 @@ class DecodeBatch:
     def _join(self, requests, cache, columns, mask, positions, hidden, final_residual) -> None:
         """Add the prefilled rows; all or nothing (what can fail runs before the batch changes)."""
         steers = self._steers_for(self.requests + list(requests))
-        self.kv.join(cache, columns, mask, positions, reserve=max(r.sampling.max_new_tokens for r in requests))
+        twins = row_twins(self.requests + list(requests), self.handle.arch.num_layers)
+        self.kv.join(cache, columns, mask, positions, reserve=max(r.sampling.max_new_tokens for r in requests),
+                     twins=twins)
         if self.hidden is None:
             self.hidden, self.final = hidden, final_residual
         else:
@@ -614,7 +616,7 @@ class DecodeBatch:
             if self.next_ids is not None:  # new rows have not sampled yet; sample() sets it for everyone
                 self.next_ids = None
         self.requests += list(requests)
-        self.kv.set_steering(steers, row_twins(self.requests, self.handle.arch.num_layers))
+        self.kv.set_steering(steers, twins)
 
     def _steers_for(self, requests: list[Request]) -> list:
         """One (rows, hidden) matrix per steered block, one (rows, width) per steered head site; zero rows elsewhere."""

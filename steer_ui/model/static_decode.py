@@ -387,13 +387,15 @@ class StaticDecode:
 
     # ------------------------------------------------------------ rows
     @torch.inference_mode()
-    def join(self, cache: Cache, columns: int, mask: torch.Tensor, positions: torch.Tensor, reserve: int) -> None:
+    def join(self, cache: Cache, columns: int, mask: torch.Tensor, positions: torch.Tensor, reserve: int,
+             twins: list[tuple[int, int]] | None = None) -> None:
         """Append rows from a prefill: their KV (``cache``, ``columns`` left-padded columns), attention
         ``mask`` (rows, columns) and next position ids (rows,); room is kept for ``reserve`` more steps.
 
         The new rows' real tokens end where the running rows' do (the column
         before the next write), as :func:`.kv_rows.join` aligns them; a prompt
         longer than the batch's columns moves the running rows right first.
+        ``twins`` (:meth:`set_steering`) do not matter here.
         """
         n = mask.shape[0]
         if not kv_rows.joinable(cache) or len(cache.layers) != len(self._kinds):

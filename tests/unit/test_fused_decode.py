@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from steer_ui.model import fused_decode, static_decode
-from steer_ui.model.generation import DecodeBatch, Request, Sampling
+from steer_ui.model.generation import DecodeBatch, Request, Sampling, row_twins
 from steer_ui.model.handle import from_model
 from steer_ui.model.hooks import HeadSteer, Steer, hook_count
 from steer_ui.model.int8 import int8_weights, kernel_available, quantise_model
@@ -151,6 +151,24 @@ def test_counterfactual_rows_taking_their_twins_blocks_change_no_bit(gemma3):
     lone = DecodeBatch(gemma3, decode="fused")
     lone.admit([Request.make(gemma3, *specs[5])])
     assert lone.kv._active == [2] * len(gemma3.arch.layers) and lone.kv._copies == {5: [(2, 1)]}
+
+
+def test_a_join_stores_the_rows_in_their_shared_order_with_no_second_copy(gemma3, monkeypatch):
+    """The store is built at each join in the order the twins ask for (plain rows first, then the rows with twins,
+    fewest shared blocks first): the steering that follows finds it so and copies nothing again."""
+    copies = []
+    reorder = fused_decode.FusedDecode._reorder
+    monkeypatch.setattr(fused_decode.FusedDecode, "_reorder", lambda self, *a: copies.append(a) or reorder(self, *a))
+    specs = _specs(gemma3)
+    batch = DecodeBatch(gemma3, decode="fused")
+    batch.admit([Request.make(gemma3, *specs[0])])
+    batch.sample()
+    batch.advance()
+    batch.admit([Request.make(gemma3, *spec) for spec in specs[1:3]])
+    assert copies == []
+    order = batch.kv._order.tolist()  # the order the twins give
+    assert order == fused_decode._stored_order(row_twins(batch.requests, len(gemma3.arch.layers))).tolist()
+    assert order != list(range(len(order)))  # the counterfactual rows were moved after the others
 
 
 def test_with_every_product_on_packed_weights_the_fused_step_takes_them_and_stays_exact():
