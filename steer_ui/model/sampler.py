@@ -148,13 +148,16 @@ def noise_generator(seed: int, device) -> torch.Generator:
 
 def uniforms(rng: torch.Generator, vocab: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """(vocab,) float64 uniforms from ``rng``, on its device: one step's draw for one request (its rows share it).
-    Clamped away from 0, where the Gumbel transform would give -inf.  On the CPU the numbers come from
-    :func:`.mt_stream.rand64` (torch's, bit for bit, several times faster), written into ``out`` where given (the
-    caller's buffer from the step before)."""
+    Clamped away from 0, where the Gumbel transform would give -inf.  Written into ``out`` where given (the
+    caller's buffer from the step before: a (vocab,) float64 tensor on ``rng``'s device).  On the CPU the numbers
+    come from :func:`.mt_stream.rand64` (torch's, bit for bit, several times faster)."""
     drawn = mt_stream.rand64(rng, vocab, _SMALLEST_UNIFORM, out=out)
     if drawn is not None:
         return drawn
-    return torch.rand(vocab, generator=rng, dtype=torch.float64, device=rng.device).clamp_(min=_SMALLEST_UNIFORM)
+    if out is None:
+        out = torch.empty(vocab, dtype=torch.float64, device=rng.device)
+    return torch.rand(vocab, generator=rng, dtype=torch.float64, device=rng.device, out=out).clamp_(
+        min=_SMALLEST_UNIFORM)
 
 
 def gumbel(u: torch.Tensor) -> torch.Tensor:

@@ -258,6 +258,14 @@ def many_users_alternated(handle, sides: dict, reps: int) -> dict:
             for name, r in runs.items()}
 
 
+def with_many_users(handle, sides: dict, prompt: str, tokens: int, reps: int) -> dict:
+    """:func:`alternate`'s decodes, then the many-users section (:func:`many_users_alternated`), for the same two
+    ``sides``."""
+    result = alternate(handle, sides, prompt, tokens, reps)
+    result["many_users"] = many_users_alternated(handle, sides, reps)
+    return result
+
+
 def main(argv=None) -> None:
     import argparse
 
@@ -306,18 +314,15 @@ def main(argv=None) -> None:
             parser.error("the model's unembedding is not int8")
         switch = unembedding_activations if args.unembedding_int16 else block_activations
         sides = {"old": lambda: switch(handle, False), "new": lambda: switch(handle, True)}
-        result = alternate(handle, sides, prompt, args.tokens, args.reps)
-        result["many_users"] = many_users_alternated(handle, sides, args.reps)
+        result = with_many_users(handle, sides, prompt, args.tokens, args.reps)
     elif args.twins:
         sides = {"old": fused_decode.every_row_computed, "new": nullcontext}
-        result = alternate(handle, sides, prompt, args.tokens, args.reps)
-        result["many_users"] = many_users_alternated(handle, sides, args.reps)
+        result = with_many_users(handle, sides, prompt, args.tokens, args.reps)
     elif args.w8a16_decode_old:
         with tempfile.TemporaryDirectory() as tmp:
             old_source = sources_at(args.w8a16_decode_old, Path(tmp), _W8A16_SOURCE)
             sides = {"old": lambda: packed_product_from(old_source), "new": nullcontext}
-            result = alternate(handle, sides, prompt, args.tokens, args.reps)
-            result["many_users"] = many_users_alternated(handle, sides, args.reps)
+            result = with_many_users(handle, sides, prompt, args.tokens, args.reps)
     elif not args.old:
         parser.error("give --old REVISION, --vocab-pass, --unembedding-int16, --blocks-int16, --w8a16-decode-old or "
                      "--twins")

@@ -10,7 +10,7 @@ Prints the median milliseconds a row and step, and how many of the draws picked 
 also times whole decode steps of one sampled sequence (steered only and side by side) in this tree.
 ``--uniforms`` times a step's uniforms drawn by ``torch.rand`` (into a new tensor, then clamped, as before) and by
 :mod:`steer_ui.model.mt_stream` (into a kept buffer), turn about, and whether they were equal; then sampled decode
-steps with each, turn about (:func:`time_decode`, fewer settings), and whether the texts were equal.
+steps (T 1.0, steered only and side by side) with each, turn about, and whether the texts were equal.
 """
 from __future__ import annotations
 
@@ -78,10 +78,15 @@ def time_sampling(handle, reps: int) -> dict:
     return out
 
 
-def time_decode(handle, tokens: int = 48, reps: int = 4) -> dict:
+def _decode_steer(handle) -> Steer:
+    """The decode timings' steer: a seeded random direction at a third of the blocks, relative α 0.3."""
     layer = handle.arch.num_layers // 3
     vector = random_vector(handle.arch.hidden_size, layer, seed=2).directions[layer]
-    steer = Steer(layer=layer, vector=vector, alpha=to_raw_alpha(handle, 0.3, layer, relative=True))
+    return Steer(layer=layer, vector=vector, alpha=to_raw_alpha(handle, 0.3, layer, relative=True))
+
+
+def time_decode(handle, tokens: int = 48, reps: int = 4) -> dict:
+    steer = _decode_steer(handle)
     out = {}
     for name, kwargs in list(SETTINGS.items())[:2] + [("greedy", dict(temperature=0.0))]:
         for alone in (True, False):
@@ -119,9 +124,7 @@ def time_uniforms(vocab: int = 262_144, reps: int = 300) -> dict:
 def decode_with_each_draw(handle, reps: int = 4, tokens: int = 48) -> dict:
     """The sampled steered-only and side-by-side steps (T 1.0) with torch's draw and the kernel's, turn about:
     per way the median step of each rep, in ms, and whether the texts were equal."""
-    layer = handle.arch.num_layers // 3
-    vector = random_vector(handle.arch.hidden_size, layer, seed=2).directions[layer]
-    steer = Steer(layer=layer, vector=vector, alpha=to_raw_alpha(handle, 0.3, layer, relative=True))
+    steer = _decode_steer(handle)
     ways = {"torch.rand": mt_stream.left_to_torch, "mt_stream": contextlib.nullcontext}
     out = {}
     for alone in (True, False):

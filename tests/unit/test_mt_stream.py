@@ -63,6 +63,10 @@ def test_the_samplers_uniforms_are_torchs_clamped_ones():
     for _ in range(2):
         expected = torch.rand(262_144, generator=theirs, dtype=torch.float64).clamp_(min=1e-300)
         assert torch.equal(sampler.uniforms(ours, 262_144), expected)
+    kept = torch.empty(262_144, dtype=torch.float64)  # torch's own draw writes into the caller's buffer too
+    with mt_stream.left_to_torch():
+        got = sampler.uniforms(ours, 262_144, out=kept)
+    assert got is kept and torch.equal(got, torch.rand(262_144, generator=theirs, dtype=torch.float64))
 
 
 def test_a_request_rewrites_one_noise_buffer_step_after_step(tiny):
