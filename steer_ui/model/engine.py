@@ -24,7 +24,8 @@ this one module:
 * iterating a ticket gives the request's :class:`~.generation.StepEvent` s as
   they come (each with a snapshot of the result so far); an error the
   engine met for this request is raised there;
-* :meth:`Ticket.cancel`: the request's rows leave at the next step.
+* :meth:`Ticket.cancel`: the request's rows leave at the next step;
+* :meth:`Engine.run_move`: a short interactive pass (a slider move) computed in turn with the decode.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import torch
 
@@ -45,6 +47,7 @@ from .cpu_threads import prepare_helpers, release_helpers
 from .generation import DecodeBatch, Request, StepEvent, prefill_groups
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _DONE = object()
 _GRACE_SECONDS = 30.0  # past its deadline a ticket waits this much longer for the engine's own answer
@@ -212,6 +215,10 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._batch: DecodeBatch | None = None  # the scheduler's batch, for its decode path (see `load`)
+        # moves the engine thread runs itself, at its fused step's pause points (see `run_move`)
+        self._moves_queued: deque[_Move] = deque()
+        self._inline = False  # the engine thread is in a fused step's sampling or decode: it takes queued moves
+        self._inline_seconds = 0.0  # what the queued moves took during the step under way (not the step's own)
 
     # ------------------------------------------------------------ clients
     def submit(self, request: Request, timeout_seconds: float | None = None) -> Ticket:
@@ -318,6 +325,46 @@ class Engine:
                 self._move_seconds += _MOVE_MEAN_WEIGHT * (time.monotonic() - start - self._move_seconds)
                 self._cv.notify_all()
 
+    def run_move(self, fn: Callable[[], T]) -> T:
+        """Run ``fn``, a short interactive pass (a slider move), in turn with the decode; its result, or its error.
+
+        While the engine decodes on the fused CPU step, the engine thread runs
+        ``fn`` itself, at the step's next pause point once its turn is over (as
+        :meth:`interactive` times the turns), and the caller waits.  One thread
+        then computes at a time with one OpenMP team: a move run in its own
+        thread makes a second team beside the decode's idle one, which puts both
+        in libgomp's throttled wait (``cpu_threads``), and its own pass ran about
+        1.4x as long as idle (docs/bench.md, "A move on the engine's thread").
+        Elsewhere (the engine idle, admitting prompts under its hooks, or on
+        another decode path, whose hooks a move would see) the caller runs
+        ``fn`` inside :meth:`interactive`.  ``fn`` runs with grad mode on and
+        inference mode off wherever it runs, as in a fresh thread.
+        """
+        if threading.current_thread() is self._thread:  # a move that makes a move: it is already its turn
+            return fn()
+        move = _Move(fn)
+        with self._cv:
+            queued = self._inline and not self._closed
+            if queued:
+                self._moves_queued.append(move)
+        if not queued:
+            with self.interactive():
+                return fn()
+        return move.answer()
+
+    def _run_queued_moves(self) -> None:
+        """On the engine thread: the moves queued now, in order of arrival (those that come meanwhile wait for the
+        decode's next turn, so that moves arriving non-stop cannot starve it)."""
+        with self._cv:
+            moves = list(self._moves_queued)
+            self._moves_queued.clear()
+        for move in moves:
+            started = time.monotonic()
+            move.run()
+            took = time.monotonic() - started
+            self._inline_seconds += took
+            self._move_seconds += _MOVE_MEAN_WEIGHT * (took - self._move_seconds)
+
     def _give_way(self) -> None:
         """Called by the engine thread before each decoder block, the final norm, and each step.
 
@@ -326,6 +373,11 @@ class Engine:
         otherwise hands it to the moves (see :meth:`interactive`) and takes it
         back when they end.
         """
+        if self._moves_queued and self._inline:
+            turn = max(self.turn_seconds, self.turn_share * self._move_seconds)
+            if time.monotonic() - self._turn_started >= turn:
+                self._run_queued_moves()
+                self._turn_started = time.monotonic()
         if self._decoding and not (self._moves or self._moves_waiting):
             return  # the usual case: no lock taken (a move arriving now waits for the next boundary)
         with self._cv:
@@ -414,6 +466,26 @@ class Engine:
         if not len(batch):
             return
         started, rows = time.monotonic(), batch.rows
+        self._inline_seconds = 0.0
+        with self._cv:  # no hooks of the engine's in the fused step's sampling and blocks: moves may run there
+            self._inline = batch.decode_path.get("path") == "fused"
+        try:
+            self._sample_and_step(batch)
+        finally:
+            with self._cv:
+                self._inline = False
+            self._run_queued_moves()  # those that came after the step's last pause point
+        self.stats.observe_step(time.monotonic() - started - self._inline_seconds, rows)
+        # every ticket whose request left the batch (done, cancelled, timed out) gets its end, exactly once
+        live = {id(r) for r in batch.requests}
+        for key in [k for k in self._running if k not in live]:
+            self._running.pop(key)._put(_DONE)
+        self.stats.steps += 1
+        rows = self.stats.rows = batch.rows  # the rows the next step decodes: requests leave (done, cancelled)
+        self.stats.rows_per_step += (rows - self.stats.rows_per_step) / self.stats.steps
+
+    def _sample_and_step(self, batch: DecodeBatch) -> None:
+        """Sample, hand out the events (ending requests past their deadline), and run one decode step."""
         events = batch.sample()
         now = time.monotonic()
         for request, event in events:
@@ -427,14 +499,6 @@ class Engine:
                 self._running.pop(id(request))._put(EngineTimeout(
                     "the generation ran past its time limit and was stopped"))
         batch.advance()
-        self.stats.observe_step(time.monotonic() - started, rows)
-        # every ticket whose request left the batch (done, cancelled, timed out) gets its end, exactly once
-        live = {id(r) for r in batch.requests}
-        for key in [k for k in self._running if k not in live]:
-            self._running.pop(key)._put(_DONE)
-        self.stats.steps += 1
-        rows = self.stats.rows = batch.rows  # the rows the next step decodes: requests leave (done, cancelled)
-        self.stats.rows_per_step += (rows - self.stats.rows_per_step) / self.stats.steps
 
     def _gather_burst(self) -> None:
         """While a burst is still arriving, wait on: until ``gather_seconds`` have passed since the newest waiting
@@ -486,6 +550,32 @@ class Engine:
         for ticket in running.values():
             ticket.request.cancelled = True
             ticket._put(exc)
+
+
+class _Move:
+    """A move handed to the engine thread (:meth:`Engine.run_move`): its function, then its result or error."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.result = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            # the engine thread decodes in inference mode; the move runs as in a fresh thread (grad mode on)
+            with torch.inference_mode(False), torch.enable_grad():
+                self.result = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - the caller gets it; the engine thread goes on
+            self.error = exc
+        finally:
+            self._done.set()
+
+    def answer(self):
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 def _snapshot(event: StepEvent) -> StepEvent:

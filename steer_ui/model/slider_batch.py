@@ -7,12 +7,17 @@ arrive within ``gather_seconds`` of each other for the same prompt, block and
 positions become rows of one such pass, each row with its own vector and α
 (a (rows, hidden) steering matrix).  The first caller of a group runs the
 pass for everyone in it; the others wait for their row.
+
+The computing goes through ``run`` (``Engine.run_move`` in the app: on the
+decode engine's own thread while it decodes); the gathering stays in the
+callers' threads, so that moves can join a group while its leader waits.
 """
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -20,11 +25,16 @@ from .analysis import NextTokenView, compare_logits, next_token, prefix_state, u
 from .hooks import Steer, SteeringError
 
 
+def _here(fn):
+    return fn()
+
+
 @dataclass(eq=False)
 class _Group:
     rows: list[torch.Tensor] = field(default_factory=list)  # α·v per row, float32
+    top_k: list[int] = field(default_factory=list)  # each row's
     done: threading.Event = field(default_factory=threading.Event)
-    logits: torch.Tensor | None = None
+    views: list[NextTokenView] | None = None
     error: BaseException | None = None
 
 
@@ -40,17 +50,13 @@ class SliderBatcher:
         self._lock = threading.Lock()
         self._open: dict[tuple, _Group] = {}
 
-    def next_token(self, prompt: str, steers, top_k: int = 10) -> NextTokenView:
-        """:func:`~.analysis.next_token`, sharing the pass with concurrent moves where it can."""
+    def next_token(self, prompt: str, steers, top_k: int = 10, run: Callable = _here) -> NextTokenView:
+        """:func:`~.analysis.next_token`, sharing the pass with concurrent moves where it can; ``run(fn)`` computes
+        (by default here)."""
         if len(steers) != 1 or not isinstance(steers[0], Steer) or steers[0].fn is not None \
                 or steers[0].vector.ndim != 1:
-            return next_token(self.handle, prompt, steers, top_k=top_k)
+            return run(lambda: next_token(self.handle, prompt, steers, top_k=top_k))
         steer = steers[0]
-        st = prefix_state(self.handle, prompt, steer.layer)
-        steered = self._steered_logits(prompt, steer)
-        return compare_logits(self.handle, unsteered_reference(st), steered, top_k)
-
-    def _steered_logits(self, prompt: str, steer: Steer) -> torch.Tensor:
         push = float(steer.scalar_alpha) * steer.vector.float()
         if not torch.isfinite(push).all():  # checked alone, so one user's overflow never fails a group
             raise SteeringError.from_key("steering_overflow")
@@ -62,6 +68,7 @@ class SliderBatcher:
                 group = self._open[key] = _Group()
             row = len(group.rows)
             group.rows.append(push)
+            group.top_k.append(top_k)
         if not leader:
             group.done.wait()
         else:
@@ -70,22 +77,26 @@ class SliderBatcher:
                 if self._open.get(key) is group:
                     del self._open[key]
             try:
-                st = prefix_state(self.handle, prompt, steer.layer)
-                combined = Steer(layer=steer.layer, vector=torch.stack(group.rows), positions=steer.positions,
-                                 special_tokens=steer.special_tokens)
-                group.logits = st.logits([combined], rows=len(group.rows))
-                self.passes += 1
-                self.largest = max(self.largest, len(group.rows))
+                group.views = run(lambda: self._views(prompt, steer, group))
             except BaseException as exc:  # every member of the group gets the error
                 group.error = exc
             finally:
                 group.done.set()
-        if group.error is not None:
-            if len(group.rows) == 1:
-                raise group.error
-            # whatever failed the shared pass, each member finds out alone whether it was theirs
-            st = prefix_state(self.handle, prompt, steer.layer)
-            alone = Steer(layer=steer.layer, vector=push.unsqueeze(0), positions=steer.positions,
-                          special_tokens=steer.special_tokens)
-            return st.logits([alone], rows=1)[0]
-        return group.logits[row]
+        if group.error is None:
+            return group.views[row]
+        if len(group.rows) == 1:
+            raise group.error
+        # whatever failed the shared pass, each member finds out alone whether it was theirs
+        alone = Steer(layer=steer.layer, vector=push, positions=steer.positions, special_tokens=steer.special_tokens)
+        return run(lambda: next_token(self.handle, prompt, [alone], top_k=top_k))
+
+    def _views(self, prompt: str, steer: Steer, group: _Group) -> list[NextTokenView]:
+        """Every member's view from one pass of the group's rows."""
+        st = prefix_state(self.handle, prompt, steer.layer)
+        combined = Steer(layer=steer.layer, vector=torch.stack(group.rows), positions=steer.positions,
+                         special_tokens=steer.special_tokens)
+        logits = st.logits([combined], rows=len(group.rows))
+        self.passes += 1
+        self.largest = max(self.largest, len(group.rows))
+        unsteered = unsteered_reference(st)
+        return [compare_logits(self.handle, unsteered, logits[i], k) for i, k in enumerate(group.top_k)]

@@ -91,9 +91,9 @@ class Explore:
         steers = self.library.steers_for(session, steering)
         try:
             engine, slider = self.models.explore_workers()
-            # the decode batch pauses between steps for a slider move
-            with guard.reserve(needed), engine.interactive():
-                return slider.next_token(prompt, steers, top_k=top_k)
+            # the move runs in turn with the decode batch (on its thread while it decodes: Engine.run_move)
+            with guard.reserve(needed):
+                return slider.next_token(prompt, steers, top_k=top_k, run=engine.run_move)
         except expected_errors() as exc:
             raise UserError("explore_failed", detail=said_of(exc)) from None
 

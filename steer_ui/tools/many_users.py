@@ -115,10 +115,13 @@ def _slider_latencies(engine, handle, layer: int, moves: int, waits: list | None
     for i in range(moves):
         steer = Steer(layer=layer, vector=vec, alpha=to_raw_alpha(handle, 0.02 * (i % 10), layer, relative=True))
         start = time.perf_counter()
-        with engine.interactive():
+
+        def move(steer=steer, start=start):
             if waits is not None:
                 waits.append(time.perf_counter() - start)
             next_token(handle, PROMPTS[1], [steer])
+
+        engine.run_move(move)  # as the app's slider moves run
         out.append(time.perf_counter() - start)
     return out
 
