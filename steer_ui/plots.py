@@ -180,7 +180,7 @@ def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_d
     if max_abs_delta_logit is not None:  # on a second line, so a narrow chart does not cut it off
         detail = f"{rule or 'max |Δlogit|'} = {max_abs_delta_logit:.2f}"
         if max_delta_token is not None:  # plotly titles take HTML: '<pad>' must stay text
-            detail += f" on {repr(_show_token(max_delta_token))}"
+            detail += f" {_label(labels, 'on_token', 'on')} {repr(_show_token(max_delta_token))}"
         if exploding:
             title = "⚠ " + title
             detail += " — " + _label(labels, "exploded", "logits exploding")
@@ -268,7 +268,8 @@ def dose_response(frame: pd.DataFrame, current_alpha: float | None = None, alpha
                       annotation_text=f"α = {float(current_alpha):.4g}", annotation_position="top")
     fig.update_xaxes(title_text="α")
     return _layout(fig, _label(labels, "title", "Dose-response"),
-                   yaxis2=dict(overlaying="y", side="right", title="max |Δlogit|", showgrid=False))
+                   yaxis2=dict(overlaying="y", side="right", title=_label(labels, "max_delta", "max |Δlogit|"),
+                               showgrid=False))
 
 
 def layer_norms(norms: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:

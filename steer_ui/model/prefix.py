@@ -39,6 +39,30 @@ Progress = Callable[[float, str], None]
 _RECORD_AT_CALL = 2
 
 
+def _quiet_rows(steers: Sequence[Steer], rows: int) -> torch.Tensor | None:
+    """(rows,) bool: the rows to which no steer adds anything (α 0, or a zero row of a per-row vector), or None
+    where that cannot be read off the steers (an input-dependent or per-head steer)."""
+    quiet = torch.ones(rows, dtype=torch.bool)
+    for s in steers:
+        if not isinstance(s, Steer) or s.fn is not None or s.alpha.numel() not in (1, rows):
+            return None
+        adds = s.alpha.reshape(-1).expand(rows) != 0
+        if s.vector.ndim == 2:
+            if s.vector.shape[0] != rows:
+                return None
+            adds = adds & (s.vector != 0).any(dim=-1).cpu()
+        quiet &= ~adds
+    return quiet
+
+
+def _rows_of(steer: Steer, rows: torch.Tensor) -> Steer:
+    """``steer`` for ``rows`` of its batch only (its per-row α and vectors taken at those rows)."""
+    alpha = steer.alpha if steer.alpha.numel() == 1 else steer.alpha.index_select(0, rows)
+    vector = steer.vector if steer.vector.ndim == 1 else steer.vector.index_select(0, rows.to(steer.vector.device))
+    return Steer(layer=steer.layer, vector=vector, alpha=alpha, positions=steer.positions,
+                 special_tokens=steer.special_tokens)
+
+
 @dataclass
 class Prefix:
     """Rows run once through the frozen model, ready to re-run the blocks after ``layer``."""
@@ -141,6 +165,9 @@ class Prefix:
         here = [s for s in steers if s.layer == self.layer]
         if not all(isinstance(s, Steer) for s in here):
             raise ValueError(f"only residual steers can act at the cached block {self.layer}")
+        quiet = _quiet_rows(steers, rows) if self.rows == 1 else None
+        if quiet is not None and quiet.any():
+            return self._with_quiet_rows(steers, quiet)
         later = [s for s in steers if s.layer > self.layer]
         state = StepState(prompt_len=None, special=special_positions(handle, self.input_ids))
         with torch.inference_mode(), steering(handle, later, state):
@@ -151,6 +178,17 @@ class Prefix:
                 if replayed is not None:
                     return replayed
             return self._logits_above(h).cpu()
+
+    def _with_quiet_rows(self, steers: Sequence[Steer], quiet: torch.Tensor) -> torch.Tensor:
+        """:meth:`logits` where the rows marked ``quiet`` add nothing: those rows are the unsteered logits, which
+        the prefix keeps, and only the others re-run.  A sweep's centre (α = 0) and a slider at 0 cost no pass; on
+        int8 weights the re-run of such a row gives these logits bit for bit (its products do not depend on the
+        rows beside it), elsewhere it would differ from them by float rounding only."""
+        out = self.unsteered_logits.expand(quiet.shape[0], -1).clone()
+        loud = (~quiet).nonzero().reshape(-1)
+        if loud.numel():
+            out[loud] = self.logits([_rows_of(s, loud) for s in steers], rows=int(loud.numel()))
+        return out
 
     def _logits_above(self, h: torch.Tensor) -> torch.Tensor:
         """Last-position logits (rows, vocab) of blocks ``layer + 1``.. on ``h`` (on the model's device)."""

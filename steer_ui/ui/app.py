@@ -154,12 +154,30 @@ JS_QUIET_MODEBARS = """
 }
 """
 
-JS_BROWSER_LANG = ("() => { (%s)(); (%s)(); (%s)(); (%s)(); "
+# A chart drawn while its tab was hidden (an answer arriving, or the language changed, while another tab was open) had
+# no width to measure, so Plotly drew it 700 px wide and the panel clipped its right side: the Δlogit chart lost its
+# promoted half (a browser review of the page).  Plotly refits a chart on the window's resize event (gradio makes
+# each one responsive), so opening a tab raises one once the tab is shown.
+JS_FIT_CHARTS = """
+() => {
+  if (window.__steerFitCharts) return;
+  window.__steerFitCharts = true;
+  const fit = () => window.dispatchEvent(new Event('resize'));
+  document.addEventListener('click', (e) => {
+    if (e.target.closest && e.target.closest('button[role=tab], .overflow-dropdown button')) {
+      requestAnimationFrame(() => requestAnimationFrame(fit));
+      setTimeout(fit, 300);  // and once more after the tab's content has mounted
+    }
+  }, true);
+}
+"""
+
+JS_BROWSER_LANG = ("() => { (%s)(); (%s)(); (%s)(); (%s)(); (%s)(); "
                    "return (document.documentElement.lang || navigator.language || 'en'); }"
                    % (panel_keys.JS_ENTER_COMMITS.strip(),
                       JS_TAB_LABELS.strip() % (json.dumps(TAB_LABELS, ensure_ascii=False),
                                                json.dumps(TOAST_TITLES, ensure_ascii=False)),
-                      alpha_box.script().strip(), JS_QUIET_MODEBARS.strip()))
+                      alpha_box.script().strip(), JS_QUIET_MODEBARS.strip(), JS_FIT_CHARTS.strip()))
 
 
 def js_open_tab(tab_id: str, only_if: str = "true") -> str:

@@ -76,12 +76,11 @@ def saved_next_token(explore_tab, lang: str, saved: dict) -> tuple:
 
 def saved_generation(lang: str, saved: dict) -> tuple:
     """(unsteered text, coloured steered tokens, per-token chart, token table, details) of a saved result."""
-    from .explore_tab import COLOUR_SCALE
+    from .explore_tab import shade
 
     generation = saved["generation"]
     tokens = generation["steered"]["tokens"]
-    coloured = [(t["token"], None if t.get("delta_logit") is None else
-                 max(-1.0, min(1.0, t["delta_logit"] / COLOUR_SCALE))) for t in tokens]
+    coloured = [(t["token"], shade(t.get("delta_logit"))) for t in tokens]
     frame = _token_frame(tokens)
     chart = plots.per_token_delta(frame, labels=i18n.plot_labels(lang, "per_token")) if len(frame) else \
         plots.empty_figure(i18n.message(lang, "no_tokens"))

@@ -57,6 +57,9 @@ NOTES = {"bars": "stale_bars", "generations": "stale_generations", "dose": "stal
          "probe": "stale_probe", "detect": "stale_detect", "compare": "stale_compare"}
 # the view each panel answers to (Explore's are the default)
 VIEW_OF = {"train": "train", "probe": "train", "detect": "detect", "compare": "compare"}
+# parts of a panel group that sit far from its note, and say so themselves (their element ids): the per-token chart
+# is a screen below the generations' note, and a reader scrolled to it saw the old generation's tokens unmarked
+ALSO = {"generations": ("per-token-delta",)}
 
 
 def _plain(value: Any) -> Any:
@@ -99,8 +102,9 @@ def made_for(lang: str, panel: str, values: dict, fields: tuple | None = None) -
     key = html.escape(json.dumps(settings, ensure_ascii=False), quote=True)
     note = html.escape(i18n.message(lang, NOTES[panel]), quote=False)
     view = VIEW_OF.get(panel, "explore")
-    element = MadeFor(f'<div class="made-for" data-panel="{panel}" data-view="{view}" data-key="{key}">'
-                      f'<span class="stale-note" role="status">⚠ {note}</span></div>')
+    also = " ".join(ALSO.get(panel, ()))
+    element = MadeFor(f'<div class="made-for" data-panel="{panel}" data-view="{view}" data-key="{key}" '
+                      f'data-also="{also}"><span class="stale-note" role="status">⚠ {note}</span></div>')
     element.data = json.dumps({"panel": panel, "made_for": settings}, ensure_ascii=False)
     return element
 
@@ -150,6 +154,12 @@ _JS_CHECK = """
         try { key = JSON.parse(el.dataset.key); } catch (e) { return; }
         const stale = Object.keys(key).some((k) => (k in now) && !same(key[k], now[k]));
         el.classList.toggle('stale', stale);
+        (el.dataset.also || '').split(' ').filter(Boolean).forEach((id) => {
+          const part = document.getElementById(id);
+          if (!part) return;
+          part.classList.toggle('stale-part', stale);
+          part.dataset.staleNote = el.querySelector('.stale-note').textContent;
+        });
       });
     };
     window.__steerObserver = new MutationObserver(() => window.__steerCheckStale());
@@ -206,5 +216,8 @@ CSS = """
 @keyframes steer-stale-in {
   from { visibility: hidden; max-height: 0; padding-top: 0; padding-bottom: 0; border-width: 0; }
   to { visibility: visible; max-height: 8em; } }
+.stale-part::before { content: attr(data-stale-note); display: block; padding: 4px 8px; margin-bottom: 4px;
+  border-radius: 4px; font-size: 14px; line-height: 1.4; background: #fff4d6; color: #5c3d00;
+  border: 1px solid #b58900; animation: steer-stale-in 0s linear 0.6s both; }
 @media (max-width: 760px) { #bars-made-for { order: -3; } }
 """

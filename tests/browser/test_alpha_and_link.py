@@ -144,6 +144,7 @@ def test_arrow_keys_on_the_slider_regenerate_like_a_release(browser, app):
 def test_a_stale_note_takes_its_own_line_above_its_panel(browser, app):
     url, _calls = app
     page = _open(browser, url)
+    made_for = page.locator("#explore-prompt textarea").input_value()
     page.locator("#explore-prompt textarea").fill("I think the new restaurant downtown is")  # not submitted
     for panel in PANELS:
         page.wait_for_function(f"() => document.querySelector('.made-for[data-panel={panel}]')"
@@ -157,6 +158,14 @@ def test_a_stale_note_takes_its_own_line_above_its_panel(browser, app):
             target = _box(page, selector)
             assert not _overlap(note, target), f"the {panel} note covers {selector}"
             assert note["y"] + note["height"] <= target["y"] + 0.5, f"the {panel} note is not above {selector}"
+    # the per-token chart, a screen below the generations' note, says so itself, in the note's words, above its plot
+    said = page.evaluate("() => { const e = document.querySelector('#per-token-delta');"
+                         " return [e.classList.contains('stale-part'), getComputedStyle(e, '::before').content,"
+                         " document.querySelector('.made-for[data-panel=generations] .stale-note').textContent]; }")
+    assert said[0] and said[1].strip('"') == said[2], said
+    page.locator("#explore-prompt textarea").fill(made_for)  # back to the prompt the panels were made for
+    page.wait_for_function("() => !document.querySelector('#per-token-delta').classList.contains('stale-part')",
+                           timeout=10_000)
     page.close()
 
 

@@ -79,13 +79,14 @@ def _chart_texts(page) -> list[str]:
     """Every title, axis title, legend entry and annotation of every chart on the open tab."""
     return page.evaluate(
         "() => Array.from(document.querySelectorAll('.js-plotly-plot .gtitle, .js-plotly-plot .xtitle, "
-        ".js-plotly-plot .ytitle, .js-plotly-plot .legendtext, .js-plotly-plot .annotation-text'))"
+        ".js-plotly-plot .ytitle, .js-plotly-plot .y2title, .js-plotly-plot .legendtext, "
+        ".js-plotly-plot .annotation-text'))"
         ".filter(e => e.getClientRects().length).map(e => e.textContent)")
 
 
 def _english_words(text: str) -> set[str]:
     text = re.sub(r"--[\w-]+|\S+\.(csv|json|safetensors)\b", " ", text)
-    return set(re.findall(r"(?<![\w'])[A-Za-z]{3,}(?![\w'])", text)) - ALLOWED_LATIN
+    return set(re.findall(r"(?<![\w'])[A-Za-z]{2,}(?![\w'])", text)) - ALLOWED_LATIN
 
 
 def _made_for_keys(page) -> dict:
@@ -294,4 +295,34 @@ def test_a_malformed_csv_and_a_garbage_vector_file_are_refused_in_plain_words(br
         for text in [m for _t, m in shown] + [status]:
             english = set(re.findall(r"(?<![\w'.])[A-Za-z]{3,}(?![\w'.])", text)) - ALLOWED_LATIN
             assert english <= {"bare", "steering", "vectors", "layer_activations", "steer_ui"}, text
+    page.close()
+
+
+def _charts_fit(page, selectors: str) -> bool:
+    """Whether every chart under ``selectors`` is drawn no wider than its panel (a chart drawn while its tab was
+    hidden had no width to measure: Plotly drew it 700 px wide and the panel clipped its right side)."""
+    return page.evaluate("(s) => Array.from(document.querySelectorAll(s)).every((p) => {"
+                         " const svg = p.querySelector('svg.main-svg'), box = p.querySelector('.js-plotly-plot');"
+                         " return svg && box && Number(svg.getAttribute('width')) <= box.getBoundingClientRect().width + 1;"
+                         " })", selectors)
+
+
+def test_charts_redrawn_while_their_tab_was_hidden_fit_their_panels_when_it_opens(browser, app):
+    url, _backend, _calls = app
+    page = open_page(browser, url)
+    charts = "#next-token-bars, #delta-logit"
+    _wait(page, "() => document.querySelector('#delta-logit .js-plotly-plot') !== null")
+    assert _charts_fit(page, charts)
+    _open_tab(page, "model")  # the language switches while Explore is hidden: its charts are redrawn there
+    page.locator("#lang-switch label", has_text="简体中文").click()
+    _wait(page, "() => document.querySelector('#explore-readout').innerText.includes('熵')", timeout=20_000)
+    time.sleep(1.0)
+    _open_tab(page, "explore")
+    _wait(page, "(s) => document.querySelectorAll(s).length > 0", arg=charts)
+    deadline = time.monotonic() + 10
+    while not _charts_fit(page, charts):
+        assert time.monotonic() < deadline, page.evaluate(
+            "(s) => Array.from(document.querySelectorAll(s)).map((p) => [p.id, p.querySelector('svg.main-svg')"
+            "?.getAttribute('width'), p.querySelector('.js-plotly-plot')?.getBoundingClientRect().width])", charts)
+        time.sleep(0.2)
     page.close()

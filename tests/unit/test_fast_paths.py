@@ -55,9 +55,11 @@ def test_the_final_mlp_really_sees_one_position(tiny):
     prefix = for_prompt(handle, PROMPT, 1)
     seen = []
     remover = handle.arch.final_mlp.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[1]))
+    # a steer that adds something (a row that adds nothing takes the kept unsteered logits: no re-run at all)
+    push = [Steer(layer=1, vector=torch.ones(handle.arch.hidden_size), alpha=0.5)]
     try:
-        prefix.logits([], rows=1)  # the first call checks the cut once (a full and a cut run), then cuts
-        prefix.logits([], rows=1)
+        prefix.logits(push, rows=1)  # the first call checks the cut once (a full and a cut run), then cuts
+        prefix.logits(push, rows=1)
     finally:
         remover.remove()
     assert seen[-1] == 1 and prefix.input_ids.shape[1] > 1

@@ -97,3 +97,40 @@ def test_cuda_slider_replays_from_threads_at_once_each_get_their_own_alpha():
     for alpha, logits in got:
         torch.testing.assert_close(logits, expected[alpha], atol=0, rtol=0)
     assert "rerun_graph" in prefix.memo
+
+
+def _rows_rerun(handle, prefix, steers, rows):
+    """(logits, the batch sizes the blocks above the prefix ran with)."""
+    seen = []
+    remover = handle.arch.layers[-1].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[0]))
+    try:
+        return prefix.logits(steers, rows=rows), seen
+    finally:
+        remover.remove()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_rows_that_add_nothing_take_the_unsteered_logits_and_only_the_others_rerun(tiny, family):
+    handle = tiny(family)
+    prefix = for_prompt(handle, "a sweep's centre", 1)
+    g = torch.Generator().manual_seed(4)
+    v, w = (torch.randn(handle.arch.hidden_size, generator=g) for _ in range(2))
+    alphas = [-2.0, 0.0, 1.5, -0.0, 3.0]
+    got, seen = _rows_rerun(handle, prefix, [Steer(layer=1, vector=v, alpha=torch.tensor(alphas))], 5)
+    assert seen == [3]  # the three rows that add something, in one pass
+    for row, a in enumerate(alphas):
+        alone = prefix.logits([Steer(layer=1, vector=v, alpha=a)], rows=1)[0] if a else prefix.unsteered_logits[0]
+        torch.testing.assert_close(got[row], alone, atol=1e-5, rtol=1e-5)
+        if not a:
+            assert torch.equal(got[row], prefix.unsteered_logits[0])
+    # a zero row of per-row vectors adds nothing either; a held steer elsewhere makes a zero-α row add something
+    per_row = torch.stack([v, torch.zeros_like(v)])
+    got, seen = _rows_rerun(handle, prefix, [Steer(layer=1, vector=per_row)], 2)
+    assert seen == [1] and torch.equal(got[1], prefix.unsteered_logits[0])
+    held = [Steer(layer=1, vector=v, alpha=torch.tensor([0.0, 1.0])), Steer(layer=2, vector=w, alpha=0.5)]
+    got, seen = _rows_rerun(handle, prefix, held, 2)
+    assert seen == [2] and not torch.equal(got[0], prefix.unsteered_logits[0])
+    # nothing added anywhere: no pass at all
+    got, seen = _rows_rerun(handle, prefix, [Steer(layer=1, vector=v, alpha=torch.zeros(3))], 3)
+    assert seen == [] and all(torch.equal(r, prefix.unsteered_logits[0]) for r in got)
+    assert hook_count(handle) == 0
