@@ -164,7 +164,10 @@ def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_d
     """
     frame = pd.concat([promoted.assign(kind="up"), suppressed.assign(kind="down")], ignore_index=True)
     frame = frame.sort_values("delta_logit", kind="stable")
-    frame["label"] = [_show_token(t) + ("" if k == "up" else " ") for t, k in zip(frame.token, frame.kind)]
+    # text even when no token moved (a push too small to change any likely token left both frames empty, and an
+    # empty column of floats refused the " #id" added below: the slider at α = 1e-8 failed, a hostile probe)
+    frame["label"] = pd.Series([_show_token(t) + ("" if k == "up" else " ") for t, k in zip(frame.token, frame.kind)],
+                               index=frame.index, dtype=object)
     dup = frame.label.duplicated(keep=False)
     frame.loc[dup, "label"] = frame.loc[dup, "label"] + " #" + frame.loc[dup, "token_id"].astype(str)
     colors = [UP_COLOR if d >= 0 else DOWN_COLOR for d in frame.delta_logit]

@@ -221,9 +221,9 @@ class Service:
         """Checked sampling settings (see :meth:`steer_ui.rooms.explore.Explore.sampling`)."""
         return self.explore.sampling(*args, **kwargs)
 
-    def checked_alpha(self, alpha) -> float:
-        """``alpha`` as a number within the server's bound (:meth:`steer_ui.guards.Guard.alpha`), else a refusal."""
-        return self.guard.alpha(alpha)
+    def checked_alpha(self, alpha, what: str = "alpha") -> float:
+        """``alpha`` within the server's bound (:meth:`.guards.Guard.alpha`), else a refusal naming ``what``."""
+        return self.guard.alpha(alpha, what)
 
     def delta_limit(self, session, vector_name, requested=None) -> float:
         return self.explore.delta_limit(session, vector_name, requested)

@@ -66,6 +66,10 @@ class GenerationError(ValueError):
     """A generation request that cannot run (empty prompt, bad sampling values)."""
 
 
+# a temperature below this decodes greedily (its limit); 1e-3 turns a gap of 0.1 logits into 100 nats
+GREEDY_BELOW = 1e-3
+
+
 @dataclass
 class Sampling:
     max_new_tokens: int = 48
@@ -88,6 +92,12 @@ class Sampling:
     # needs the counterfactual row and a measured request both, whatever these say
     unsteered: bool = True
     counterfactual: bool = True
+
+    def __post_init__(self) -> None:
+        # T -> 0 is greedy decoding; a temperature this small only overflows: the logits over it were infinite in
+        # float32 (1e-38 gave an empty answer through /v1, NaN probabilities in Concepts: a hostile probe)
+        if isinstance(self.temperature, (int, float)) and 0 < self.temperature < GREEDY_BELOW:
+            self.temperature = 0.0
 
     def validate(self) -> None:
         import math

@@ -26,6 +26,9 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  kind: str = "invalid_request_error"):
+        # a client's own text echoed back (a key, a value) may hold a lone surrogate, which JSON's UTF-8 cannot carry:
+        # the answer itself failed to encode (a 500 and a traceback); such characters are written as escapes
+        message, param = _encodable(message), None if param is None else _encodable(param)
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -66,16 +69,21 @@ COMPLETION_FIELDS = COMMON | {"prompt"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 
 
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _number(body: dict, name: str, default, low: float, high: float, integer: bool = False):
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or (integer and value != int(value)):
+    # an integer of hundreds of digits is no float (math.isfinite raised OverflowError on it): compared as it is
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, float) and (not math.isfinite(value) or (integer and not value.is_integer()))):
         raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got {str(value)[:40]!r}",
                        name)
     if not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be between {low:g} and {high:g}, got {value!r}", name)
+        raise ApiError(400, f"'{name}' must be between {low:g} and {high:g}, got {str(value)[:40]}", name)
     return int(value) if integer else float(value)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import json
+import logging
 import threading
 import time
 import uuid
@@ -30,6 +31,8 @@ from ..policy import ANONYMOUS_PREFIX
 from ..service import Service, UserError  # the door: this front calls nothing behind it
 from . import answers
 from .requests import ApiError, Generation, read
+
+log = logging.getLogger(__name__)
 
 OWNER_HEADER = "x-steer-owner"
 # a refusal's status by the door's message key (the rest are 400): unknown things 404, a full house 429/503
@@ -124,12 +127,21 @@ def router(backend: Service, api_keys=(), passwords=()):
         except UserError as exc:
             release()
             return error(refusal(exc))
+        except Exception as exc:  # noqa: BLE001 - a request that broke something unforeseen still frees its place
+            release()  # (before this, eight such requests held an address's places until a restart)
+            log.error("unexpected error in an API request", exc_info=exc)
+            return error(ApiError(500, "something went wrong on the server (it is logged there)",
+                                  code="internal_error", kind="server_error"))
         if gen.stream:
             return StreamingResponse(_sse(job, release, refusal), media_type="text/event-stream")
         try:
             return await run_in_threadpool(job.whole)
         except UserError as exc:
             return error(refusal(exc))
+        except Exception as exc:  # noqa: BLE001 - one line in OpenAI's shape, the traceback in the log
+            log.error("unexpected error in an API request", exc_info=exc)
+            return error(ApiError(500, "something went wrong on the server (it is logged there)",
+                                  code="internal_error", kind="server_error"))
         finally:
             job.close()
             release()

@@ -93,6 +93,9 @@ def refusal_text(lang: str, exc: BaseException) -> str:
         text = i18n.message(lang, exc.key, **exc.params)
     else:
         text = i18n.message(lang, "unexpected")
+    # a refusal that echoes the client's value may hold a lone surrogate, which gradio's answer (UTF-8) cannot
+    # carry: the client's stream was cut with no message at all; such characters are written as escapes
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text.splitlines()[0] if text else text
 
 

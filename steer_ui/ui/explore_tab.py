@@ -437,8 +437,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             raise UserError("generation_superseded")
 
     def _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended, extra=""):
-        return (prompt, vector, int(layer), bool(relative), int(vector_seed or 0), float(alpha_max), target or "",
-                bool(extended), extra or "")
+        """The cached dose-response's key; None for inputs that are not numbers where numbers go (an emptied box):
+        no cached curve answers them, and the sweep they lead to refuses them by name."""
+        try:
+            return (prompt, vector, int(layer), bool(relative), int(vector_seed or 0), float(alpha_max),
+                    target or "", bool(extended), extra or "")
+        except (TypeError, ValueError, OverflowError):
+            return None
 
     @handler(backend)
     def sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended=False, extra="",
@@ -447,7 +452,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         vector swept, the added ones held at their α."""
         session = sid(request)
         made_for = panel_keys.key_of("dose", locals())
-        top = backend.checked_alpha(alpha_max) * (EXTEND if extended else 1.0)
+        top = backend.checked_alpha(alpha_max, "alpha_max") * (EXTEND if extended else 1.0)
         frame = backend.sweep(session, prompt, vector, layer, top, relative, vector_seed, target=target or None,
                               held=extra_terms.held(relative, vector_seed, extra))
         backend.session(session).cache["sweep"] = (_sweep_key(prompt, vector, layer, relative, vector_seed,
@@ -461,7 +466,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         """Re-mark α on the cached dose-response; recompute only when the inputs changed."""
         cached = backend.session(sid(request)).cache.get("sweep")
         key = _sweep_key(prompt, vector, layer, relative, vector_seed, alpha_max, target, extended, extra)
-        if cached is None or cached[0] != key:
+        if cached is None or key is None or cached[0] != key:
             return sweep(prompt, vector, layer, alpha, relative, vector_seed, alpha_max, target, extended, extra,
                          request=request)[:2]
         return relabel.keep(backend, sid(request), [dose_key, dose], dose_panel, panel_keys.key_of("dose", locals()),

@@ -14,6 +14,7 @@ and passes NaN through.  So the app's ``process_api`` is wrapped once (:func:`in
 from __future__ import annotations
 
 import logging
+import typing
 import os
 from typing import Any
 
@@ -144,6 +145,20 @@ def check_inputs(block_fn, inputs: list, state, lang: str) -> list:
     return inputs
 
 
+def check_event_data(block_fn, event_data) -> None:
+    """Refuse a call of a select handler (a table row, a token) that sends no selection: gradio reads the event's
+    index out of nothing, and the client got "something went wrong" (a hostile probe)."""
+    fn = getattr(block_fn, "fn", None)
+    if fn is None or getattr(event_data, "_data", None) is not None:
+        return
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - an annotation this cannot read: gradio reads it its own way
+        return
+    if any(isinstance(hint, type) and issubclass(hint, gr.SelectData) for hint in hints.values()):
+        raise UserError("bad_input", what="event data", detail="no selection was sent")
+
+
 def install(demo: gr.Blocks, backend) -> None:
     """Wrap ``demo.process_api``: admission, input checks, and one plain line for every failure."""
     original = demo.process_api
@@ -161,6 +176,7 @@ def install(demo: gr.Blocks, backend) -> None:
                 lang = backend.language(session) if session is not None else "en"
                 if not isinstance(block_fn, int):
                     inputs = check_inputs(block_fn, list(inputs or []), state, lang)
+                    check_event_data(block_fn, kwargs.get("event_data"))
             return await original(block_fn, inputs, state, request, iterator, *args, **kwargs)
         except gr.Error:
             raise

@@ -249,3 +249,26 @@ def test_exposing_the_app_without_a_password_needs_an_explicit_flag():
     done = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", "tiny:llama", "--host", "0.0.0.0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--auth" in done.stderr and "--public" in done.stderr
+
+
+def test_a_slider_push_too_small_to_move_any_token_is_a_view_not_an_error(server, honest):
+    """α = 1e-8 moved no likely token: the Δlogit chart's empty frame broke the handler (a hostile probe)."""
+    c = client(server)
+    for alpha in (1e-8, 1e-20):
+        out = c.predict(PROMPT, RANDOM, LAYER, alpha, True, 0, api_name="/next_token")
+        assert out is not None
+    honest(full=False)
+
+
+@pytest.mark.parametrize("api, args", [("/token_details", ()), ("/open_row_in_explore", ())])
+def test_a_select_handler_called_without_a_selection_is_refused_in_one_line(server, honest, api, args):
+    refused(lambda: client(server).predict(*args, api_name=api), "selection")
+    honest(full=False)
+
+
+def test_an_emptied_alpha_max_box_is_refused_by_its_name(server, honest):
+    c = client(server)
+    for api in ("/mark_alpha_on_layer", "/sweep"):
+        refused(lambda api=api: c.predict(PROMPT, RANDOM, LAYER, 0.1, True, 0, None, "", False, "", api_name=api),
+                "α max")
+    honest(full=False)

@@ -295,3 +295,19 @@ def test_a_steered_generation_within_range_still_works_beside_the_refusals(serve
     assert len(result["steered"]["tokens"]) == 4
     assert torch.isfinite(torch.tensor([t["logprob"] for t in result["steered"]["tokens"]])).all()
     honest()
+
+
+@pytest.mark.parametrize("api, data", [("set_language", '["\\ud800"]'),
+                                       ("export_vector", '["random direction", "\\ud800"]')])
+def test_a_lone_surrogate_in_a_choice_is_refused_in_one_line_not_a_cut_stream(server, honest, api, data):
+    """The refusal echoed the value, which gradio's answer (UTF-8) could not carry: the client's stream was cut
+    with no message (a hostile probe).  Now one line, the character written as an escape."""
+    log_before = server.log.read_text(errors="replace")
+    body = ('{"data": ' + data + ', "fn_index": null, "session_hash": null, "event_data": null, '
+            '"trigger_id": null}')
+    outcome = raw_call(server, api, [], body_text=body)
+    assert outcome[0] == "error" and "\\ud800" in outcome[1] and "\n" not in outcome[1].strip(), outcome
+    assert not any(leak in outcome[1] for leak in LEAKS)
+    time.sleep(0.5)
+    assert "Traceback" not in server.log.read_text(errors="replace")[len(log_before):]
+    honest()

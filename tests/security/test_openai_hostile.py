@@ -166,6 +166,27 @@ def test_numbers_out_of_bounds_are_a_400_naming_the_field(server, honest_api, fi
     honest_api()
 
 
+def test_numbers_of_hundreds_of_digits_are_a_400_and_give_their_place_back(server, honest_api):
+    """A 400-digit integer is no float: it broke the check (OverflowError) past the point where the request's place
+    among its address's 8 is given back, so eight of them shut /v1 for the address until a restart (a hostile
+    probe).  Sixteen here, each one 400 naming its field; then the honest client is served, not told it is busy."""
+    fields = ("max_tokens", "seed", "n", "top_k", "temperature", "top_p", "repetition_penalty", "logprobs")
+    for path in ("completions", "chat/completions"):
+        start = b'{"model": "embedded", ' + (b'"prompt": "x", ' if path == "completions" else
+                                             b'"messages": [{"role": "user", "content": "x"}], ')
+        for field in fields:
+            raw = start + b'"' + field.encode() + b'": 1' + b"0" * 400 + b"}"
+            error = _one_refusal(_post(server, raw, path), 400, field)
+            assert error["param"] == field and len(error["message"]) < 200, error
+    honest_api()
+
+
+def test_a_lone_surrogate_echoed_back_is_written_as_an_escape(server, honest_api):
+    error = _one_refusal(_post(server, b'{"model": "embedded", "prompt": "Hi", "max_tokens": 2, "\\ud800": 1}'), 400)
+    assert "\\ud800" in error["message"], error  # the key named, its surrogate as an escape
+    honest_api()
+
+
 def test_a_prompt_or_conversation_over_the_token_bound_is_a_400(server, honest_api):
     _one_refusal(_post(server, _body(prompt="\U00013000" * 4000)), 400)
     _one_refusal(_post(server, {"model": "embedded", "max_tokens": 2,

@@ -206,3 +206,19 @@ def test_bad_requests(tiny):
     with pytest.raises(GenerationError, match="top-p"):
         side_by_side(handle, "x", [], Sampling(top_p=0))
     assert hook_count(handle) == 0
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-300, 5e-324, 9.9e-4])
+def test_a_temperature_too_small_to_divide_by_decodes_greedily(tiny, temperature):
+    """T -> 0 is greedy; 30 logits over 1e-38 are infinite in float32, which gave an empty answer (a hostile probe)."""
+    handle = tiny("llama")
+    steers = [Steer(layer=1, vector=torch.ones(handle.arch.hidden_size), alpha=0.5)]
+    tiny_t = side_by_side(handle, "The weather", steers, Sampling(max_new_tokens=6, temperature=temperature,
+                                                                  stop_at_eos=False))
+    greedy = side_by_side(handle, "The weather", steers, Sampling(max_new_tokens=6, stop_at_eos=False))
+    for side in ("unsteered", "steered"):
+        got, want = getattr(tiny_t, side).tokens, getattr(greedy, side).tokens
+        assert len(got) == 6 and [t.token_id for t in got] == [t.token_id for t in want]
+    assert Sampling(temperature=1e-3).temperature == 1e-3  # from here on it samples
+    with pytest.raises(GenerationError):
+        Sampling(temperature=float("nan")).validate()

@@ -209,3 +209,10 @@ def test_charts_carry_plotly_whites_look_without_its_defaults_for_other_traces()
     (app, _, app_bytes), (full, _, full_bytes) = measure(repeats=1)
     assert app.startswith("app") and full == "plotly_white"
     assert app_bytes * 3 < full_bytes
+
+
+def test_delta_logit_bars_with_no_token_moved_is_an_empty_chart_not_an_error():
+    """A push too small to move any likely token (the slider at α = 1e-8) leaves both frames empty."""
+    empty = pd.DataFrame({"token": [], "token_id": [], "delta_logit": []})
+    fig = plots.delta_logit_bars(empty, empty, 0.0, None, rule="max centred |Δlogit|, likely tokens")
+    assert len(fig.data[0].x) == 0 and "likely tokens = 0.00" in fig.layout.title.text
