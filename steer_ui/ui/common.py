@@ -107,9 +107,10 @@ def as_gr_error(backend, request, exc: BaseException) -> gr.Error:
     """The refusal as a gr.Error: what an API client receives."""
     if isinstance(exc, gr.Error):
         return exc
-    # the toast renders HTML: user file names and token strings must not become markup (quotes stay as they
-    # are, so an API client reads plain text)
-    return gr.Error(html.escape(refusal_line(backend, request, exc), quote=False),
+    # the page's toast renders HTML: user file names and token strings must not become markup there; an API client
+    # reads the line as plain text, where "&lt;script&gt;" was noise (a hostile probe)
+    line = refusal_line(backend, request, exc)
+    return gr.Error(html.escape(line, quote=False) if from_page(request) else line,
                     title=i18n.message(lang_of(backend, request), "error_title"), print_exception=False)
 
 

@@ -272,3 +272,11 @@ def test_an_emptied_alpha_max_box_is_refused_by_its_name(server, honest):
         refused(lambda api=api: c.predict(PROMPT, RANDOM, LAYER, 0.1, True, 0, None, "", False, "", api_name=api),
                 "α max")
     honest(full=False)
+
+
+def test_an_api_client_reads_a_refusal_as_plain_text_not_html_entities(server, honest):
+    """The page's toast needs markup escaped; an API client got "&lt;script&gt;" in its plain line (a hostile probe)."""
+    message = refused(lambda: client(server).predict(PROMPT, "<b>x</b>", LAYER, 0.5, True, 0,
+                                                     api_name="/next_token"), "no vector named")
+    assert "<b>x</b>" in message and "&lt;" not in message, message
+    honest(full=False)
