@@ -39,19 +39,21 @@ Progress = Callable[[float, str], None]
 _RECORD_AT_CALL = 2
 
 
-def _quiet_rows(steers: Sequence[Steer], rows: int) -> torch.Tensor | None:
-    """(rows,) bool: the rows to which no steer adds anything (α 0, or a zero row of a per-row vector), or None
-    where that cannot be read off the steers (an input-dependent or per-head steer)."""
-    quiet = torch.ones(rows, dtype=torch.bool)
+def _quiet_rows(steers: Sequence[Steer], rows: int) -> list[bool] | None:
+    """Per row, whether no steer adds anything to it (α 0, or a zero row of a per-row vector); None where that
+    cannot be read off the steers (an input-dependent or per-head steer).  A decision made on the host."""
+    quiet = [True] * rows
     for s in steers:
         if not isinstance(s, Steer) or s.fn is not None or s.alpha.numel() not in (1, rows):
             return None
-        adds = s.alpha.reshape(-1).expand(rows) != 0
+        alphas = s.alpha.reshape(-1).expand(rows).tolist()
         if s.vector.ndim == 2:
             if s.vector.shape[0] != rows:
                 return None
-            adds = adds & (s.vector != 0).any(dim=-1).cpu()
-        quiet &= ~adds
+            moving = (s.vector != 0).any(dim=-1).tolist()
+        else:
+            moving = [True] * rows
+        quiet = [q and not (a != 0 and m) for q, a, m in zip(quiet, alphas, moving)]
     return quiet
 
 
@@ -166,7 +168,7 @@ class Prefix:
         if not all(isinstance(s, Steer) for s in here):
             raise ValueError(f"only residual steers can act at the cached block {self.layer}")
         quiet = _quiet_rows(steers, rows) if self.rows == 1 else None
-        if quiet is not None and quiet.any():
+        if quiet is not None and any(quiet):
             return self._with_quiet_rows(steers, quiet)
         later = [s for s in steers if s.layer > self.layer]
         state = StepState(prompt_len=None, special=special_positions(handle, self.input_ids))
@@ -179,13 +181,13 @@ class Prefix:
                     return replayed
             return self._logits_above(h).cpu()
 
-    def _with_quiet_rows(self, steers: Sequence[Steer], quiet: torch.Tensor) -> torch.Tensor:
+    def _with_quiet_rows(self, steers: Sequence[Steer], quiet: list[bool]) -> torch.Tensor:
         """:meth:`logits` where the rows marked ``quiet`` add nothing: those rows are the unsteered logits, which
         the prefix keeps, and only the others re-run.  A sweep's centre (α = 0) and a slider at 0 cost no pass; on
         int8 weights the re-run of such a row gives these logits bit for bit (its products do not depend on the
         rows beside it), elsewhere it would differ from them by float rounding only."""
-        out = self.unsteered_logits.expand(quiet.shape[0], -1).clone()
-        loud = (~quiet).nonzero().reshape(-1)
+        out = self.unsteered_logits.expand(len(quiet), -1).clone()
+        loud = torch.tensor([i for i, q in enumerate(quiet) if not q], dtype=torch.long)
         if loud.numel():
             out[loud] = self.logits([_rows_of(s, loud) for s in steers], rows=int(loud.numel()))
         return out

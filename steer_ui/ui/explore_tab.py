@@ -259,6 +259,18 @@ def highlighted(frame) -> list[tuple[str, float | None]]:
     return [(t.token, shade(t.delta_logit)) for t in frame.steered_tokens]
 
 
+JS_VECTOR_AT_FOCUS = "(v) => { window.__steerVectorWas = v; }"
+# the last input is the vector the list held at focus; afterwards the pick is what it holds (a click's second event)
+JS_VECTOR_WAS = """
+(...args) => {
+  const was = window.__steerVectorWas;
+  window.__steerVectorWas = args[1];
+  args[args.length - 1] = was === undefined || was === null ? '' : was;
+  return args;
+}
+"""
+
+
 def build_explore_tab(backend: Service, num_layers: int | None = None) -> ExploreTab:
     layers = num_layers or MAX_LAYERS
     # Three blocks laid out by CSS grid (app.py's CSS): on a wide screen the controls (essentials, then the rest)
@@ -315,6 +327,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             prompt_ref = gr.Textbox(visible=False, elem_id="explore-prompt-ref")
             # url_state.terms_ref; like the added vectors' text, a call written before it may leave it off
             extra_ref = optional_trailing(gr.Textbox(visible=False, elem_id="explore-extra-ref"))
+            # the vector the dropdown held when it took the focus (JS_VECTOR_WAS): a pick of the same one is none
+            vector_was = optional_trailing(gr.Textbox(visible=False, elem_id="explore-vector-was"))
             link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, elem_id="explore-link",
                               visible=False)
             with gr.Accordion(T("explore.sampling"), open=False, elem_id="explore-sampling"):
@@ -485,10 +499,13 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         return gr.skip() if alpha_max is not None and float(alpha_max) == box else box
 
     @handler(backend)
-    def pick_vector(prompt, vector, layer, vector_seed, alpha, extended, request: gr.Request):
+    def pick_vector(prompt, vector, layer, vector_seed, alpha, extended, vector_was="", request: gr.Request = None):
         """Move the layer slider to the vector's own layer and α max to where its KL reaches ~5 nats there; the α
         slider's range (and α, clamped into it) comes in the same answer, so the panels' refresh chained after
-        this reads the α they will show (the bars were drawn for the old α, then clamped, and stayed stale)."""
+        this reads the α they will show (the bars were drawn for the old α, then clamped, and stayed stale).
+        ``vector_was``: the vector the dropdown held before (the page's); the same one again changes nothing."""
+        if vector_was and vector_was == vector:  # focus passing through the list, or its second event of a click
+            return (gr.skip(),) * 5
         info = backend.vector_info(sid(request), vector)
         layers_ = info.get("layers") or [layer]
         new_layer = layer if vector == RANDOM else layers_[0]
@@ -577,8 +594,12 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     # a person toggling Extend range: α may be clamped, and every α-dependent panel follows the new range
     refresh_all(extend.input(alpha_range, [alpha, alpha_max, extend], [alpha], api_name="alpha_range_extend",
                              api_visibility="undocumented", queue=False), "extend")
-    refresh_all(vector.input(pick_vector, [prompt, vector, layer, vector_seed, alpha, extend],
-                             [layer, alpha_max, relative, vector_ref, alpha],
+    # gradio's dropdown fires its input event when the focus merely passes through it (and twice for a click): the
+    # page tells the handler what the list held at focus, so a pick of the same vector re-calibrates nothing (a
+    # browser review saw α max move from 0.335 to 0.37 as a keyboard user tabbed past the list)
+    vector.focus(None, [vector], None, js=JS_VECTOR_AT_FOCUS, queue=False)
+    refresh_all(vector.input(pick_vector, [prompt, vector, layer, vector_seed, alpha, extend, vector_was],
+                             [layer, alpha_max, relative, vector_ref, alpha], js=JS_VECTOR_WAS,
                              api_name="pick_vector", api_visibility="undocumented", **EXPLORE), "vector")
     # the page URL follows the controls (in the browser only), and "Copy link" copies it
     for control in (prompt, vector, layer, alpha, relative, vector_seed, alpha_max, vector_ref, prompt_ref, extend,

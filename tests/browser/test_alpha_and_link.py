@@ -14,7 +14,7 @@ from browser_kit import NEEDS_CHROMIUM, ROOT, browser, served, tiny_library_back
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
 
 PANELS = ("bars", "generations", "dose")
-MODEL_CALLS = ("next_token", "stream_generate", "sweep")
+MODEL_CALLS = ("next_token", "stream_generate", "sweep", "calibrated_alpha_max")
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +189,31 @@ def test_after_picking_another_vector_no_panel_stays_stale(browser, app):
     assert keys["bars"][0]["vector"] == "random direction" and keys["bars"][0]["alpha"] == high  # clamped
     time.sleep(3.0)
     assert not any(stale for _key, stale in _keys(page).values())
+    page.close()
+
+
+def test_the_focus_passing_through_the_vector_list_recalibrates_nothing_and_a_pick_calibrates_once(browser, app):
+    """gradio's dropdown fires its input event as the focus leaves it, and twice for a click: tabbing past the list
+    moved α max (0.335 to 0.37 on the embedded model, a browser review), and each pick calibrated twice."""
+    url, calls = app
+    page = _open(browser, url)
+    box = page.locator("#explore-alpha-max input")
+    shown = box.input_value()
+    del calls[:]
+    page.locator("#explore-vector input").focus()
+    page.keyboard.press("Tab")
+    time.sleep(3.0)  # what the input event set off would have reached the model by now
+    assert "calibrated_alpha_max" not in calls and box.input_value() == shown, calls
+    _settled(page)
+    del calls[:]
+    page.locator("#explore-vector input").click()
+    page.locator("ul[role=listbox] li", has_text="random").first.click()
+    page.wait_for_function("() => !!document.querySelector('.made-for[data-panel=bars]')"
+                           " && JSON.parse(document.querySelector('.made-for[data-panel=bars]').dataset.key).vector"
+                           " === 'random direction'", timeout=30_000)
+    _settled(page)
+    time.sleep(1.0)
+    assert calls.count("calibrated_alpha_max") == 1, calls
     page.close()
 
 
