@@ -259,13 +259,14 @@ def highlighted(frame) -> list[tuple[str, float | None]]:
     return [(t.token, shade(t.delta_logit)) for t in frame.steered_tokens]
 
 
-JS_VECTOR_AT_FOCUS = "(v) => { window.__steerVectorWas = v; }"
-# the last input is the vector the list held at focus; afterwards the pick is what it holds (a click's second event)
+JS_VECTOR_FOCUSED = "() => { window.__steerVectorMoved = false; }"
+JS_VECTOR_MOVED = "() => { window.__steerVectorMoved = true; }"
+# the last input: the vector itself when the list's value has not changed since it took the focus (the focus passed
+# through), else nothing.  A click on another vector fires two input events: both run, as the second one's chained
+# refresh reads the layer the first one set (a skipped second call left the bars at the old layer: the panel walk)
 JS_VECTOR_WAS = """
 (...args) => {
-  const was = window.__steerVectorWas;
-  window.__steerVectorWas = args[1];
-  args[args.length - 1] = was === undefined || was === null ? '' : was;
+  args[args.length - 1] = window.__steerVectorMoved === false ? args[1] : '';
   return args;
 }
 """
@@ -327,7 +328,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             prompt_ref = gr.Textbox(visible=False, elem_id="explore-prompt-ref")
             # url_state.terms_ref; like the added vectors' text, a call written before it may leave it off
             extra_ref = optional_trailing(gr.Textbox(visible=False, elem_id="explore-extra-ref"))
-            # the vector the dropdown held when it took the focus (JS_VECTOR_WAS): a pick of the same one is none
+            # the vector, when the list's value did not change while it had the focus (JS_VECTOR_WAS), else empty
             vector_was = optional_trailing(gr.Textbox(visible=False, elem_id="explore-vector-was"))
             link = gr.Textbox(label=T("explore.link"), interactive=False, max_lines=1, elem_id="explore-link",
                               visible=False)
@@ -503,8 +504,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         """Move the layer slider to the vector's own layer and α max to where its KL reaches ~5 nats there; the α
         slider's range (and α, clamped into it) comes in the same answer, so the panels' refresh chained after
         this reads the α they will show (the bars were drawn for the old α, then clamped, and stayed stale).
-        ``vector_was``: the vector the dropdown held before (the page's); the same one again changes nothing."""
-        if vector_was and vector_was == vector:  # focus passing through the list, or its second event of a click
+        ``vector_was``: the vector when the list's value did not change since it took the focus: nothing to do."""
+        if vector_was and vector_was == vector:  # the focus passed through the list
             return (gr.skip(),) * 5
         info = backend.vector_info(sid(request), vector)
         layers_ = info.get("layers") or [layer]
@@ -594,10 +595,11 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     # a person toggling Extend range: α may be clamped, and every α-dependent panel follows the new range
     refresh_all(extend.input(alpha_range, [alpha, alpha_max, extend], [alpha], api_name="alpha_range_extend",
                              api_visibility="undocumented", queue=False), "extend")
-    # gradio's dropdown fires its input event when the focus merely passes through it (and twice for a click): the
-    # page tells the handler what the list held at focus, so a pick of the same vector re-calibrates nothing (a
-    # browser review saw α max move from 0.335 to 0.37 as a keyboard user tabbed past the list)
-    vector.focus(None, [vector], None, js=JS_VECTOR_AT_FOCUS, queue=False)
+    # gradio's dropdown fires its input event when the focus merely passes through it: the page tells the handler
+    # when the list's value has not changed since it took the focus, and then nothing is re-calibrated (a browser
+    # review saw α max move from 0.335 to 0.37 as a keyboard user tabbed past the list)
+    vector.focus(None, None, None, js=JS_VECTOR_FOCUSED, queue=False)
+    vector.change(None, None, None, js=JS_VECTOR_MOVED, queue=False)
     refresh_all(vector.input(pick_vector, [prompt, vector, layer, vector_seed, alpha, extend, vector_was],
                              [layer, alpha_max, relative, vector_ref, alpha], js=JS_VECTOR_WAS,
                              api_name="pick_vector", api_visibility="undocumented", **EXPLORE), "vector")
