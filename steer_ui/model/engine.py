@@ -322,7 +322,7 @@ class Engine:
             release_helpers()  # the decode computes next: this thread's idle helpers would slow it
             with self._cv:
                 self._moves -= 1
-                self._move_seconds += _MOVE_MEAN_WEIGHT * (time.monotonic() - start - self._move_seconds)
+                self._observe_move(time.monotonic() - start)
                 self._cv.notify_all()
 
     def run_move(self, fn: Callable[[], T]) -> T:
@@ -363,7 +363,11 @@ class Engine:
             move.run()
             took = time.monotonic() - started
             self._inline_seconds += took
-            self._move_seconds += _MOVE_MEAN_WEIGHT * (took - self._move_seconds)
+            self._observe_move(took)
+
+    def _observe_move(self, seconds: float) -> None:
+        """A move's duration into the running mean the decode's turn is sized by (both kinds of move)."""
+        self._move_seconds += _MOVE_MEAN_WEIGHT * (seconds - self._move_seconds)
 
     def _give_way(self) -> None:
         """Called by the engine thread before each decoder block, the final norm, and each step.
