@@ -5,6 +5,7 @@
     python -m steer_ui.tools.kernel_ab --unembedding-int16 [--reps 4]  # the unembedding on float, then int16 activations
     python -m steer_ui.tools.kernel_ab --blocks-int16 [--reps 4]  # the block products on float, then int16 (packed)
     python -m steer_ui.tools.kernel_ab --w8a16-old REV [--reps 6]  # w8a16_kernel.c's packed product at REV vs now
+    python -m steer_ui.tools.kernel_ab --w8a16-high-bytes [--reps 6]  # the same without the low bytes' products
     python -m steer_ui.tools.kernel_ab --w8a16-decode-old REV [--reps 4]  # the same, in whole decodes and many users
     python -m steer_ui.tools.kernel_ab --huge-pages [--reps 20]  # the packed unembedding on 4 KiB vs 2 MiB pages
     python -m steer_ui.tools.kernel_ab --twins [--reps 4]  # every row computed vs counterfactual rows sharing
@@ -23,6 +24,9 @@ model's shapes at the row counts the app decodes (the two revisions must pack al
 ``--w8a16-decode-old`` puts that revision's packed product under every packed weight (the fused blocks and the
 unembedding) for the decodes and the many-users section, turn about with this tree's (a product alone streams a
 small weight from the caches, a decode streams all of them from memory).
+``--w8a16-high-bytes`` times this tree's packed product without its low bytes' products (old; wrong sums,
+for timing only) against the whole one: what int8 activations on the packed layout could cost at most, one
+``vpdpbusd`` per 64 multiply-adds with the broadcasts and the groups' float steps as today.
 ``--huge-pages`` times the packed int16 product of one unembedding-sized weight from two copies of its packed
 codes in one process, one kept on 4 KiB pages and one on 2 MiB pages, turn about.  ``--twins`` decodes (and runs
 the many-users section) with every row computed in every block (old) and with counterfactual rows taking their
@@ -118,6 +122,26 @@ def w8a16_products(old_source: Path, reps: int, rows=(1, 3, 8, 16, 24), shapes=W
                         "old_ms": round(old_ms, 4), "new_ms": round(new_ms, 4),
                         "new_over_old": round(new_ms / old_ms, 3), "equal": torch.equal(ys["old"], ys["new"])})
     return out
+
+
+# the low bytes' products in w8a16_kernel.c's two VNNI loops (vnni_rows, vnni_rows_held)
+_LOW_BYTES = ("al[r] = _mm512_dpbusd_epi32(al[r], _mm512_set1_epi32(l4), w);",
+              "al = _mm512_dpbusd_epi32(al, _mm512_set1_epi32(l4), w[e]);")
+
+
+def high_bytes_only(into: Path) -> Path:
+    """This tree's ``w8a16_kernel.c`` with the low bytes' products left out of its VNNI loops, written under
+    ``into``: the products of int8 activations (the high bytes) on the packed layout, everything else as today.
+    Its sums are wrong; it exists to be timed (``--w8a16-high-bytes``)."""
+    text = _W8A16_SOURCE.read_text()
+    for line in _LOW_BYTES:
+        if text.count(line) != 1:
+            raise RuntimeError(f"w8a16_kernel.c no longer has the line {line!r} once: update kernel_ab._LOW_BYTES")
+        text = text.replace(line, "(void)l4;")
+    for name in local_includes(text.encode()):
+        (into / name).write_bytes((_W8A16_SOURCE.parent / name).read_bytes())
+    (into / _W8A16_SOURCE.name).write_text(text)
+    return into / _W8A16_SOURCE.name
 
 
 def _packed_random(n: int, k: int, group: int, affine: bool, gen) -> tuple:
@@ -281,6 +305,9 @@ def main(argv=None) -> None:
                              "weights (new), and the many-users section with each")
     parser.add_argument("--w8a16-old", metavar="REVISION",
                         help="instead: w8a16_kernel.c's packed int16 product at REVISION (old) against this tree's")
+    parser.add_argument("--w8a16-high-bytes", action="store_true",
+                        help="instead: the packed int16 product without its low bytes' products (old) against the "
+                             "whole one: a bound on int8 activations' gain")
     parser.add_argument("--w8a16-decode-old", metavar="REVISION",
                         help="instead: decodes and the many-users section with w8a16_kernel.c's packed product at "
                              "REVISION (old) against this tree's")
@@ -301,6 +328,11 @@ def main(argv=None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             rows = w8a16_products(sources_at(args.w8a16_old, Path(tmp), _W8A16_SOURCE), args.reps)
         print(json.dumps({"old": args.w8a16_old, "reps": args.reps, "products": rows}))
+        return
+    if args.w8a16_high_bytes:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = w8a16_products(high_bytes_only(Path(tmp)), args.reps)
+        print(json.dumps({"old": "high bytes only", "reps": args.reps, "products": rows}))
         return
     handle = load_model(args.model, weights="int8")
     if fused_decode.unsupported(handle):

@@ -150,6 +150,23 @@ def test_the_packed_int16_product_at_a_revision_is_timed_against_this_trees(tmp_
     assert not any(r["equal"] for r in kernel_ab.w8a16_products(other, 1, rows=(3,), shapes=shapes))
 
 
+def test_the_high_bytes_build_leaves_out_only_the_low_bytes_products(tmp_path):
+    """``kernel_ab --w8a16-high-bytes``: the copy differs from this tree's kernel in the two low-byte products
+    alone, builds, and its sums differ from the whole product's (each output loses its low bytes' share), so the
+    timing compares the two arithmetics it says it does."""
+    from steer_ui.model.int8 import _W8A16_SOURCE, _w8a16_kernel
+
+    path = kernel_ab.high_bytes_only(tmp_path)
+    ours, theirs = _W8A16_SOURCE.read_text().splitlines(), path.read_text().splitlines()
+    changed = [(a.strip(), b.strip()) for a, b in zip(ours, theirs) if a != b]
+    assert len(ours) == len(theirs) and [b for _, b in changed] == ["(void)l4;", "(void)l4;"]
+    assert sorted(a for a, _ in changed) == sorted(kernel_ab._LOW_BYTES)
+    if _w8a16_kernel() is None or _w8a16_kernel().packed != "avx512-vnni":
+        pytest.skip("the VNNI path on packed weights is not this machine's (no AVX-512 VNNI, or AMX's tiles)")
+    rows = kernel_ab.w8a16_products(path, 1, rows=(1, 5), shapes=((40, 64, 32, False),))
+    assert [r["rows"] for r in rows] == [1, 5] and not any(r["equal"] for r in rows)
+
+
 @pytest.mark.skipif(not _in_git(), reason="not a git checkout")
 def test_the_w8a16_source_at_a_revision_is_what_git_holds(tmp_path):
     from steer_ui.model.int8 import _W8A16_SOURCE
