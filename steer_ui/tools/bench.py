@@ -96,7 +96,8 @@ TARGETS = {
     "many_users_speedup": (">=", 3.0),
     "many_users_exact": (">=", 8),
     "slider_p95_load_over_idle_p50": ("<=", 2.0),
-    "many_prompts_speedup": (">=", 4.0),  # issue #31
+    # issue #31 set 4 against the float32 one-at-a-time path; #50 restated it as 3 against the int8 one
+    "many_prompts_speedup": (">=", 3.0),
     "openai_concurrency_speedup": (">=", 3.0),  # issue #49: 8 /v1 streams with 8 steerings at once
     # llama.cpp on the same GGUF, where llama_cpp is installed (issue #50; #37 had set vs_llama_cpp <= 2): our
     # side-by-side step, and our steered-only step, over its steered token; eight sequences with eight steerings
