@@ -101,6 +101,13 @@ def _said(key: str, params: dict[str, Any]) -> Said:
     return Said(key, **params)
 
 
+def encodable(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a message that echoes a client's value may hold a lone surrogate, which no
+    UTF-8 answer (JSON, gradio's events) can encode (the answer itself then failed); such characters are written
+    as backslash escapes, everything else as it is."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def first_line(exc: BaseException) -> str:
     """``exc``'s message, first line only (its type's name when it has none)."""
     text = str(exc).strip()

@@ -15,6 +15,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from ..messages import encodable
+
 MAX_CHOICES = 8  # n: each choice is one more request in the decode batch
 MAX_LOGPROBS_COMPLETIONS = 5  # OpenAI's bound for /v1/completions' logprobs
 MAX_TOP_LOGPROBS = 20  # ... and for chat's top_logprobs
@@ -26,9 +28,9 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  kind: str = "invalid_request_error"):
-        # a client's own text echoed back (a key, a value) may hold a lone surrogate, which JSON's UTF-8 cannot carry:
-        # the answer itself failed to encode (a 500 and a traceback); such characters are written as escapes
-        message, param = _encodable(message), None if param is None else _encodable(param)
+        # a client's own text echoed back (a key, a value): a lone surrogate in it made the answer fail to encode
+        # (a 500 and a traceback)
+        message, param = encodable(message), None if param is None else encodable(param)
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -67,10 +69,6 @@ COMMON = {"model", "steering", "vllm_xargs", "compare", "max_tokens", "temperatu
           "repetition_penalty", "n", "stream", "stream_options", "stop", "seed", "logprobs"}
 COMPLETION_FIELDS = COMMON | {"prompt"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
-
-
-def _encodable(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _number(body: dict, name: str, default, low: float, high: float, integer: bool = False):

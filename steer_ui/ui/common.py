@@ -13,6 +13,7 @@ from collections import OrderedDict
 
 import gradio as gr
 
+from ..messages import encodable
 from ..policy import ANONYMOUS_PREFIX, valid_session_id
 from ..service import UserError
 from . import i18n, panel_keys, relabel
@@ -93,9 +94,8 @@ def refusal_text(lang: str, exc: BaseException) -> str:
         text = i18n.message(lang, exc.key, **exc.params)
     else:
         text = i18n.message(lang, "unexpected")
-    # a refusal that echoes the client's value may hold a lone surrogate, which gradio's answer (UTF-8) cannot
-    # carry: the client's stream was cut with no message at all; such characters are written as escapes
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    # a refusal that echoes the client's value: a lone surrogate in it cut the client's stream with no message
+    text = encodable(text)
     return text.splitlines()[0] if text else text
 
 
