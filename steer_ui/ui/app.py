@@ -31,9 +31,13 @@ CSS = """
 body:not(.dark) .gradio-container {
   --block-info-text-color: #5b5b66; --body-text-color-subdued: #5b5b66;
   --color-accent: #c2410c; --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412;
-  --button-primary-border-color: #c2410c; --button-cancel-background-fill: #b91c1c;
-  --button-cancel-background-fill-hover: #991b1b; --button-cancel-border-color: #b91c1c;
+  --button-primary-border-color: #c2410c;
+  /* Cancel drawn in red outline, tinted under the pointer: a solid red button beside every idle job read as an
+     alarm (a browser review); gradio's hover changes the fill only, so the text stays red on both */
+  --button-cancel-background-fill: #ffffff; --button-cancel-text-color: #b91c1c;
+  --button-cancel-background-fill-hover: #fee2e2; --button-cancel-border-color: #b91c1c;
 }
+body:not(.dark) .gradio-container button.stop { border-width: 1px; }  /* the theme draws buttons without one */
 body:not(.dark) .gradio-container span.key { color: #8a3a0c; }
 body:not(.dark) .gradio-container span.value { color: #7c2d12; }
 body:not(.dark) .gradio-container span.value.number { color: #1e5468; }

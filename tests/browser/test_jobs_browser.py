@@ -134,6 +134,10 @@ def test_cancel_on_a_running_job_answers_at_once_and_the_job_shows_one_progress_
     upload_statements(page)
     before = vector_names(page)
     page.get_by_role("tab", name="Train").click()
+    # idle, Cancel is a red outline on white, not a filled red alarm (a browser review); its text stays readable
+    idle = page.locator("#train-cancel").evaluate(
+        "e => { const s = getComputedStyle(e); return [s.backgroundColor, s.color, s.borderWidth] }")
+    assert idle == ["rgb(255, 255, 255)", "rgb(185, 28, 28)", "1px"], idle
     page.locator("#train-method label", has_text="tsv").click()
     page.locator("#train-tsv-init-epochs input[type=number]").fill("200")
     page.locator("#train-tsv-advanced").get_by_text("Advanced settings").click()
