@@ -71,7 +71,7 @@ def router(backend: Service, api_keys=(), passwords=()):
                            kind="authentication_error")
 
     async def body_of(request: Request) -> Any:
-        try:  # the body's size is bounded before this (ui.request_guard.BodyLimit, policy.max_body_bytes)
+        try:  # the body's size is bounded before this (ui.request_guard.RequestLimits, policy.max_body_bytes)
             return json.loads(await request.body())
         except (ValueError, RecursionError):  # not JSON, not UTF-8, a number of thousands of digits, deep nesting
             raise ApiError(400, "the request body is not valid JSON") from None

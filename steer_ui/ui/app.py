@@ -461,6 +461,6 @@ def launch_kwargs(max_body_bytes: int | None = None, forwarded_allow_ips=(), **o
     request_guard.trust_forwarded(forwarded_allow_ips)
     limit = max_body_bytes if max_body_bytes is not None else Policy().max_body_bytes
     kwargs = dict(i18n=i18n.gr_i18n(), css=CSS, ssr_mode=False, footer_links=["api", "settings"], show_error=True,
-                  app_kwargs={"middleware": [Middleware(request_guard.BodyLimit, limit=limit)]})
+                  app_kwargs={"middleware": [Middleware(request_guard.RequestLimits, limit=limit)]})
     kwargs.update(overrides)
     return kwargs

@@ -188,22 +188,38 @@ def install(demo: gr.Blocks, backend) -> None:
     demo.process_api = process_api
 
 
-class BodyLimit:
-    """ASGI middleware: a POST body over ``limit`` bytes is refused (413, one line) before gradio parses it.
+MAX_TARGET_CHARS = 16 * 1024  # a request's path and query: the app's own links hold ~2,000 (url_state.MAX_LINK_CHARS)
 
-    File uploads go through gradio's ``/upload`` route, bounded by ``--max-file-size``; every other body is
-    JSON of a few kilobytes, so a multi-gigabyte one is an attack on the server's memory.
+
+class RequestLimits:
+    """ASGI middleware: what a request is refused for before gradio reads it, each with one line (JSON).
+
+    * a POST body over ``limit`` bytes (413): file uploads go through gradio's ``/upload`` route, bounded by
+      ``--max-file-size``; every other body is JSON of a few kilobytes, so a multi-gigabyte one is an attack on
+      the server's memory;
+    * a path and query over :data:`MAX_TARGET_CHARS` (414): gradio parsed a 70,000-character one into a URL of
+      its own, which refused it past 65,536 (a 500 and a traceback in the log);
+    * a stream of events (``GET …/queue/data``) for a session with nothing queued (404): gradio started the stream
+      before it looked, so the client read a cut answer and the log a traceback, for every such request.
     """
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, int(limit)
 
     async def __call__(self, scope, receive, send):
-        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path", "").endswith("/upload"):
+        if scope.get("type") != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        target = len(scope.get("raw_path") or path.encode()) + len(scope.get("query_string") or b"")
+        if target > MAX_TARGET_CHARS:
+            return await _refuse(send, scope, 414, "url_too_long", size=target, limit=MAX_TARGET_CHARS)
+        if scope.get("method") == "GET" and path.endswith("/queue/data") and not _queued(scope):
+            return await _refuse(send, scope, 404, "no_queued_events")
+        if scope.get("method") != "POST" or path.endswith("/upload"):
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send, int(declared), scope)
+            return await self._too_large(send, int(declared), scope)
         chunks, size, more = [], 0, True
         while more:  # read the body here, within the limit, and hand gradio a replay of it
             message = await receive()
@@ -212,21 +228,40 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.limit:
-                return await self._refuse(send, size, scope)
+                return await self._too_large(send, size, scope)
             more = message.get("more_body", False)
         return await self.app(scope, _replay([b"".join(chunks)], None, receive), send)
 
-    async def _refuse(self, send, size: int, scope) -> None:
-        import json
+    async def _too_large(self, send, size: int, scope) -> None:
+        await _refuse(send, scope, 413, "body_too_large", size=f"{size / 2**20:.1f}", limit=f"{self.limit / 2**20:g}")
 
-        text = i18n.message("en", "body_too_large", size=f"{size / 2**20:.1f}", limit=f"{self.limit / 2**20:g}")
-        # /v1's clients read OpenAI's error object (docs/api.md); gradio's read FastAPI's detail
-        body = json.dumps({"error": {"message": text, "type": "invalid_request_error", "param": None,
-                                     "code": "body_too_large"}} if scope.get("path", "").startswith("/v1/")
-                          else {"detail": text}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+
+def _queued(scope) -> bool:
+    """Whether the session a ``…/queue/data`` request names has events in gradio's queue (True where this cannot
+    tell: an app without gradio's queue, which answers such requests itself)."""
+    from urllib.parse import parse_qs
+
+    queue = getattr(getattr(scope.get("app"), "blocks", None), "_queue", None)
+    pending = getattr(queue, "pending_messages_per_session", None)
+    if pending is None:
+        return True
+    try:
+        session = parse_qs((scope.get("query_string") or b"").decode("latin-1")).get("session_hash", [None])[0]
+    except ValueError:
+        return False
+    return session is not None and session in pending
+
+
+async def _refuse(send, scope, status: int, key: str, **params) -> None:
+    import json
+
+    text = i18n.message("en", key, **params)
+    # /v1's clients read OpenAI's error object (docs/api.md); gradio's read FastAPI's detail
+    body = json.dumps({"error": {"message": text, "type": "invalid_request_error", "param": None, "code": key}}
+                      if scope.get("path", "").startswith("/v1/") else {"detail": text}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _replay(bodies: list[bytes], last, receive=None):

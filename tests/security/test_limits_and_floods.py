@@ -249,6 +249,35 @@ def test_a_call_short_of_a_required_value_is_refused_in_one_line_and_only_added_
     honest()
 
 
+def test_an_address_of_70000_characters_is_refused_in_one_line_not_a_500(server, honest):
+    """gradio read such an address into a URL of its own, which refused it (a 500 and a traceback a request).
+    Sent by http.client: httpx refuses to send such an address at all."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(server.url)
+    for path in ("/?a=" + "x" * 70_000, "/gradio_api/queue/data?session_hash=" + "x" * 70_000):
+        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+        connection.request("GET", path)
+        response = connection.getresponse()
+        detail = json.loads(response.read())["detail"]
+        connection.close()
+        assert response.status == 414 and "characters long" in detail and "\n" not in detail, (path[:40], detail)
+    honest()
+
+
+def test_a_results_stream_for_a_session_with_nothing_queued_is_a_404_not_a_cut_stream(server, honest):
+    """gradio began the event stream, then found no such session and raised into a started answer: the client
+    read a cut response and the log got a traceback, once per request."""
+    import httpx
+
+    response = httpx.get(server.url + "gradio_api/queue/data?session_hash=nobody-queued-this", timeout=30)
+    assert response.status_code == 404 and "no events in the queue" in response.json()["detail"]
+    response = httpx.get(server.url + "gradio_api/queue/data", timeout=30)  # no session named at all
+    assert response.status_code == 404
+    honest()
+
+
 def test_bad_input_leaves_no_traceback_in_the_server_log(server, honest):
     """Every refusal above is a visitor's mistake, not the server's: the log stays free of tracebacks."""
     assert "Traceback" not in server.log.read_text(errors="replace")

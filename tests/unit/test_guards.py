@@ -158,7 +158,7 @@ def test_the_fair_queue_puts_a_newcomer_before_a_flooding_address_s_backlog():
 def test_a_request_body_over_the_limit_is_refused_before_the_app_reads_it():
     import asyncio
 
-    from steer_ui.ui.request_guard import BodyLimit
+    from steer_ui.ui.request_guard import RequestLimits
 
     seen = []
 
@@ -176,7 +176,7 @@ def test_a_request_body_over_the_limit_is_refused_before_the_app_reads_it():
             sent.append(message)
 
         scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": headers}
-        await BodyLimit(app, limit=10)(scope, receive, send)
+        await RequestLimits(app, limit=10)(scope, receive, send)
         return sent
 
     sent = asyncio.run(run([b"x" * 4, b"y" * 4], []))  # within the limit: passed on whole
