@@ -14,6 +14,7 @@ from ..messages import UserError
 from ..sessions import Session
 from ..steering import steering_kind
 from .common import RANDOM, Shared, expected_errors, first_line, said_of
+from . import unsteered_memo
 from .library import Library
 from .models import Models
 
@@ -226,16 +227,27 @@ class Explore:
 
         sampling = sampling or self.sampling()
         guard = self.shared.guard
+        s = self.shared.find(session)
+        engine = self.models.engine()
+        # the unsteered side this session decoded last time for the same prompt and sampling: then only the
+        # steered and counterfactual rows decode (unsteered_memo)
+        memo_key = unsteered_memo.key(prompt, sampling)
+        kept_side = unsteered_memo.recall(s.cache, engine.handle, memo_key)
+        decoded = dataclasses.replace(sampling, unsteered=False) if kept_side is not None else sampling
         # its rows (the page's three: unsteered, steered, counterfactual) over the prompt and every new token
-        needed = guard.prompt(self.models.handle, prompt, rows=len(row_kinds(sampling)),
+        needed = guard.prompt(self.models.handle, prompt, rows=len(row_kinds(decoded)),
                               new_tokens=sampling.max_new_tokens)
         steers = self.library.steers_for(session, steering)
-        engine = self.models.engine()
         try:
-            request = Request.make(engine.handle, prompt, steers, sampling)
+            request = Request.make(engine.handle, prompt, steers, decoded)
         except expected_errors() as exc:
             raise UserError("generation_failed", detail=said_of(exc)) from None
-        s = self.shared.find(session)
+        if kept_side is not None:
+            request.result.unsteered = kept_side
+
+        def keep_unsteered(result) -> None:
+            if kept_side is None and request.done and not request.cancelled:
+                unsteered_memo.remember(s.cache, engine.handle, memo_key, result.unsteered)
         # the KV cache is what a generation keeps while it decodes; its prefill's scratch is bounded per request,
         # and the decode batch holds at most policy.batch_requests of them
         wait_s = self.shared.policy.page_wait_s if turn or supersede else 0.0
@@ -248,7 +260,7 @@ class Explore:
             hold(ticket)
             kept = {"prompt": prompt, **(settings or {}), "steering": parse(steering).as_dict(),
                     "sampling": dataclasses.asdict(sampling)}
-            yield from _frames(s, prompt, ticket, kept, len(request.ids))
+            yield from _frames(s, prompt, ticket, kept, len(request.ids), keep_unsteered)
 
     def sweep(self, session: str | None, prompt: str, vector_name: str | None, layer: int | None,
               alpha_max: float = 1.0, relative: bool = True, seed: int = 0, points: int = 21,
@@ -300,8 +312,10 @@ def last_frame(frames: Iterator[Frame]) -> Frame | None:
     return frame
 
 
-def _frames(s: Session, prompt: str, ticket, settings: dict | None = None, prompt_tokens: int = 0) -> Iterator[Frame]:
-    """A ticket's events as frames (the newest each time), then the final one; errors as one line each."""
+def _frames(s: Session, prompt: str, ticket, settings: dict | None = None, prompt_tokens: int = 0,
+            on_final=None) -> Iterator[Frame]:
+    """A ticket's events as frames (the newest each time), then the final one; errors as one line each.
+    ``on_final(result)`` runs before the final frame goes out (whoever reads the frames may stop there)."""
     from ..model.engine import EngineBusy, EngineTimeout
 
     def frame(result, done: bool) -> Frame:
@@ -324,6 +338,8 @@ def _frames(s: Session, prompt: str, ticket, settings: dict | None = None, promp
     finally:
         ticket.cancel()
     if last is not None and not ticket.superseded:  # a superseded generation's partial text is not a result
+        if on_final is not None:
+            on_final(last)
         final = frame(last, True)
         s.last_generation = {**final.as_dict(), "settings": settings or {}}  # what Save result keeps
         yield final

@@ -365,3 +365,5 @@ def test_the_http_generation_timer_times_what_a_visitor_gets(app):
     out = measure(url, tokens=5, repeats=2, layer=1)
     assert out["steps"] == 5 and len(out["seconds"]) == 2 and all(t > 0 for t in out["seconds"])
     assert out["median_ms_per_step"] == pytest.approx(out["median_s"] / 5 * 1000, rel=0.01)
+    fresh = measure(url, tokens=5, repeats=2, layer=1, new_seed_each=True)  # each decodes its unsteered side
+    assert fresh["new_seed_each"] and fresh["steps"] == 5 and len(fresh["seconds"]) == 2
