@@ -9,6 +9,9 @@ torch's (in double within each of eight slices), so it agrees with ``torch.logsu
 not bit for bit; the k largest and their indices are torch's (ties: the lower index first, so the first is
 ``argmax``).  Where the kernel cannot say (no C compiler, a GPU, NaN or an infinity in a row, a short
 vocabulary) :func:`summarise` returns None and the caller keeps torch's passes.
+
+:func:`compare` is the dose-response's pass (:func:`.analysis.sweep`): each steered row against the unsteered
+one, its KL, entropy, argmax, top probability and largest |Δlogit| in one pass, the sums in double.
 """
 from __future__ import annotations
 
@@ -46,6 +49,55 @@ def _kernel(extra_flags: tuple[str, ...] = ()):
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_void_p, ctypes.c_int]
     return fn
+
+
+@dataclass
+class Comparison:
+    """Each row of steered logits against the unsteered row, as the dose-response frame reads it (float64)."""
+    kl: torch.Tensor  # (rows,) KL(unsteered ‖ steered), nats
+    entropy: torch.Tensor  # (rows,) of the steered distribution, nats
+    lse: torch.Tensor  # (rows,) log-sum-exp of the steered logits
+    top1: torch.Tensor  # (rows,) int64: the first index of each row's maximum (argmax)
+    top1_prob: torch.Tensor  # (rows,)
+    max_abs_delta_logit: torch.Tensor  # (rows,)
+
+
+@functools.lru_cache(maxsize=None)
+def _compare_kernel(extra_flags: tuple[str, ...] = ()):
+    library = _library(_SOURCE, extra_flags)
+    if library is None:
+        return None
+    fn = library.vocab_compare
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    return fn
+
+
+def compare(logits: torch.Tensor, base: torch.Tensor, kernel=None) -> Comparison | None:
+    """(rows, vocab) float32 ``logits`` against the (vocab,) float32 ``base`` row in one C pass a row, or None
+    where torch's passes should say it (no C compiler, a GPU, NaN or an infinity in a row, fewer than 8 tokens).
+    A row equal to ``base`` gets a KL of exactly 0.  ``kernel``: a build of it (tests)."""
+    if logits.device.type != "cpu" or base.device.type != "cpu" or logits.dtype != torch.float32 \
+            or base.dtype != torch.float32 or logits.dim() != 2 or base.shape != logits.shape[-1:] \
+            or logits.shape[0] == 0:
+        return None
+    fn = kernel or _compare_kernel()
+    if fn is None:
+        return None
+    x, b = logits.contiguous(), base.contiguous()
+    both = torch.cat([b.unsqueeze(0), x])  # the base's own numbers from the same arithmetic (its lse)
+    pb = torch.softmax(b.double(), dim=-1)
+    argmax = torch.empty(both.shape[0], dtype=torch.int64)
+    out = torch.empty(both.shape[0], 5, dtype=torch.float64)
+    if fn(both.data_ptr(), both.shape[0], both.shape[1], b.data_ptr(), pb.data_ptr(), argmax.data_ptr(),
+          out.data_ptr(), torch.get_num_threads()) != 0:
+        return None
+    top, lse, entropy, kl_term, gap = out[1:].unbind(-1)
+    # KL(p_b ‖ p_x) = Σ p_b ((b - lse_b) - (x - lse_x)) = Σ p_b (b - x) + lse_x - lse_b
+    kl = (kl_term + (lse - out[0, 1])).clamp_min(0.0)
+    return Comparison(kl=kl, entropy=entropy, lse=lse, top1=argmax[1:], top1_prob=(top - lse).exp(),
+                      max_abs_delta_logit=gap)
 
 
 def summarise(logits: torch.Tensor, k: int, kernel=None) -> Summary | None:

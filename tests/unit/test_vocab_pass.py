@@ -89,3 +89,61 @@ def test_a_batch_decodes_the_same_tokens_and_numbers_with_the_summary_as_with_to
                 assert abs(ta.logprob - tb.logprob) < 1e-5
                 assert [x for x, _ in ta.alternatives] == [x for x, _ in tb.alternatives]
                 assert all(abs(p - q) < 1e-5 for (_, p), (_, q) in zip(ta.alternatives, tb.alternatives))
+
+
+# ---------------------------------------------------------------- the dose-response's pass (vocab_pass.compare)
+def _reference(x: torch.Tensor, base: torch.Tensor) -> dict:
+    """The sweep frame's numbers in float64, each row against ``base``."""
+    lu, ls = base.double().log_softmax(-1), x.double().log_softmax(-1)
+    return {"kl": (lu.exp() * (lu - ls)).sum(-1), "entropy": -(ls.exp() * ls).sum(-1),
+            "top1_prob": ls.exp().amax(-1), "max_abs_delta_logit": (x.double() - base.double()).abs().amax(-1)}
+
+
+@pytest.mark.parametrize("flags", [(), ("-mno-avx512f",), ("-mno-avx2", "-mno-avx512f")])
+@pytest.mark.parametrize("rows, vocab", [(1, 262_144), (21, 50_257), (3, 9), (2, 4_099)])
+def test_each_row_against_the_base_is_float64s_kl_entropy_and_top_to_1e_6_on_every_vector_width(flags, rows, vocab):
+    """Against a float64 reference on the native, AVX2 and plain builds (torch's float32 passes were 3e-4 off the
+    KL of a 21-row sweep of the embedded model); the argmax is torch's first maximum; a row equal to the base has
+    a KL of exactly 0, and a row's numbers are the same alone."""
+    kernel = vocab_pass._compare_kernel(flags)
+    g = torch.Generator().manual_seed(vocab + rows)
+    base = torch.randn(vocab, generator=g) * 5
+    x = base + torch.randn(rows, vocab, generator=g) * torch.linspace(0, 3, rows).unsqueeze(1)  # row 0: the base
+    seen = vocab_pass.compare(x, base, kernel=kernel)
+    exact = _reference(x, base)
+    for name, value in exact.items():
+        assert torch.allclose(getattr(seen, name), value, rtol=1e-6, atol=1e-6), name
+    assert torch.equal(seen.top1, argmax_last(x))
+    assert float(seen.kl[0]) == 0.0 and float(seen.max_abs_delta_logit[0]) == 0.0
+    for r in range(rows):
+        alone = vocab_pass.compare(x[r:r + 1].clone(), base, kernel=kernel)
+        assert torch.equal(alone.kl, seen.kl[r:r + 1]) and torch.equal(alone.entropy, seen.entropy[r:r + 1])
+
+
+def test_the_first_maximum_wins_across_slices_and_odd_rows_are_left_to_torch():
+    base = torch.zeros(40_000)
+    x = torch.full((1, 40_000), -3.0)
+    x[0, [39_000, 20_000, 6]] = 2.0
+    assert int(vocab_pass.compare(x, base).top1[0]) == 6
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        odd = x.clone()
+        odd[0, 77] = bad
+        assert vocab_pass.compare(odd, base) is None
+    assert vocab_pass.compare(x.double(), base.double()) is None
+    assert vocab_pass.compare(x, base[:-1]) is None
+    assert vocab_pass.compare(torch.randn(1, 7), torch.randn(7)) is None  # fewer values than the kernel's slices
+
+
+def test_the_sweep_frame_is_the_same_with_the_kernel_as_with_torchs_passes(tiny, monkeypatch):
+    from steer_ui.model.analysis import sweep
+
+    handle = tiny("llama")
+    v = torch.randn(64, generator=torch.Generator().manual_seed(3))
+    alphas = [-6.0, 0.0, 2.0, 9.0]
+    fast = sweep(handle, "sweep me", v, 1, alphas, target="a")
+    monkeypatch.setattr(vocab_pass, "compare", lambda *a, **k: None)
+    slow = sweep(handle, "sweep me", v, 1, alphas, target="a")
+    assert list(fast.top1_token_id) == list(slow.top1_token_id) and list(fast.top1_token) == list(slow.top1_token)
+    assert fast.kl[1] == 0.0
+    for column in ("kl", "entropy", "top1_prob", "max_abs_delta_logit", "target_prob"):
+        assert list(fast[column]) == pytest.approx(list(slow[column]), rel=1e-4, abs=1e-5), column
