@@ -302,7 +302,8 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
             values = {f"{default}.position": position, f"{default}.seed": seed}  # the default method's, as wired
             key, fig = relabel.keep(backend, sid(request), [probe_key, probe_plot], probe_panel,
                                     panel_keys.key_of("probe", values, tuple(values)), frame, best)
-            line = relabel.keep(backend, sid(request), [status], *relabel.text("probed", layer=best))[0] \
+            # one component: keep returns its one value (indexing it took the line's first character)
+            line = relabel.keep(backend, sid(request), [status], *relabel.text("probed", layer=best)) \
                 if best is not None else ""
             return (key, fig, table(frame), gr.update(value=best) if best is not None else gr.skip(),
                     gr.update(value=False) if best is not None else gr.skip(), line)

@@ -226,6 +226,9 @@ def test_train_and_detect_report_plainly(app):
     with pytest.raises(Exception, match="unknown setting"):
         c.predict("mean-diff", 1, False, '{"epochs": 3}', api_name="/train")
     assert c.predict(api_name="/methods")[0]["name"] == "mean-diff"
+    # the probe's status is its whole line (a browser review saw "P": the line's first character)
+    probed = c.predict("last", 0, api_name="/probe_layers")
+    assert probed[-1] == f"Probed every layer: the best is layer {probed[3]['value']}, now on the layer slider."
     with pytest.raises(Exception, match="TSV"):
         c.predict(RANDOM, {"headers": ["prompt", "answer"], "data": [["q", "a"]]}, None, api_name="/detect")
 
