@@ -13,6 +13,11 @@ This script, installed once at page load, checks the box before gradio's own lis
 * arrow keys (and Page Up/Down, Home, End) on the slider move α like a drag; once they rest for KEY_REST_MS the
   move is released like a drag's end, so both generations and the dose-response follow.
 
+The α range box (``#explore-alpha-max``) is held the same way against its own bounds: a 0 typed there (or on the
+way to 0.5) reached the server, which refused it outside the queue, where no toast can go: the α slider turned
+into a red "Error" pill with no word of why (a browser review).  Now it is refused on leaving the box, which
+returns to its last value, with one line under it.
+
 The server holds the page to the slider's range as well (``common.SliderAlpha``), for a page whose script did not
 run; API callers are not held to it (the range is a convenience of the page).
 """
@@ -31,8 +36,14 @@ _JS = """
   const lines = %(lines)s;
   // every α slider of the page (the main one and the rows of ui/extra_terms.py) carries this class; each box is
   // checked against its own slider's range and says why beside its own slider
-  const SLIDER = '.steer-alpha', BOX = SLIDER + ' input[type=number]', RANGE = SLIDER + ' input[type=range]';
-  const rangeOf = (box) => { const s = box.closest(SLIDER); return s ? s.querySelector('input[type=range]') : null; };
+  const SLIDER = '.steer-alpha', RANGE = SLIDER + ' input[type=range]';
+  // the α range box is checked against its own min and max, the α boxes against their sliders'
+  const LIMIT = '#explore-alpha-max input[type=number]', BOX = SLIDER + ' input[type=number], ' + LIMIT;
+  const rangeOf = (box) => {
+    if (on(box, LIMIT)) return box;
+    const s = box.closest(SLIDER);
+    return s ? s.querySelector('input[type=range]') : null;
+  };
   const KEYS = ['ArrowLeft', 'ArrowRight', 'ArrowUp', 'ArrowDown', 'PageUp', 'PageDown', 'Home', 'End'];
   const on = (el, selector) => el instanceof Element && el.matches(selector);
   let entered = null;  // the box's value when it was entered: the last value the slider took
@@ -45,18 +56,21 @@ _JS = """
     if (!Number.isFinite(value)) return ['number', {}];
     if (!range) return null;
     const low = Number(range.min), high = Number(range.max);
-    const slack = 1e-9 * Math.max(1, Math.abs(low), Math.abs(high));
-    return (value < low - slack || value > high + slack) ? ['range', {low: range.min, high: range.max}] : null;
+    // each end's own slack: one shared by both let a 0 through the α range box's [0.001, 1000000]
+    const off = value < low - 1e-9 * Math.max(1, Math.abs(low)) || value > high + 1e-9 * Math.max(1, Math.abs(high));
+    return off ? ['range', {low: range.min, high: range.max}] : null;
   };
   const refused = (box) => refusal(box.value, box.validity.badInput, rangeOf(box));
   const say = (box, text) => {
-    const slider = box.closest(SLIDER);
+    const limit = on(box, LIMIT), slider = limit ? box.closest('#explore-alpha-max') : box.closest(SLIDER);
     // the main slider's line keeps its id (alpha-refusal); an added row's is named after its slider
-    const id = !slider || slider.id === 'alpha-slider' ? 'alpha-refusal' : slider.id + '-refusal';
+    const id = limit ? 'alpha-max-refusal'
+      : !slider || slider.id === 'alpha-slider' ? 'alpha-refusal' : slider.id + '-refusal';
     let line = document.getElementById(id);
     if (!line && slider && text) {
       line = document.createElement('div');
       line.id = id;
+      line.className = 'alpha-box-refusal';
       line.setAttribute('role', 'alert');
       slider.appendChild(line);
     }
@@ -85,9 +99,10 @@ _JS = """
       entered = box.value;
       return true;
     }
-    const range = rangeOf(box);
-    box.value = entered !== null && !refusal(entered, false, range) ? entered : (range ? range.value : '0');
-    const text = (lines[window.__steerLang] || lines.en)[why[0]];
+    const range = rangeOf(box), limit = on(box, LIMIT);
+    box.value = entered !== null && !refusal(entered, false, range) ? entered
+      : limit ? '1' : (range ? range.value : '0');
+    const text = (lines[window.__steerLang] || lines.en)[limit ? 'limit_' + why[0] : why[0]];
     say(box, text.replace('{low}', why[1].low).replace('{high}', why[1].high));
     return false;
   };
@@ -110,5 +125,7 @@ _JS = """
 def script() -> str:
     """The page-load script, with the refusal lines in every language (the page picks its own)."""
     lines = {lang: {"range": i18n.message(lang, "alpha_outside_range", low="{low}", high="{high}"),
-                    "number": i18n.message(lang, "alpha_not_a_number")} for lang in i18n.LANGS}
+                    "number": i18n.message(lang, "alpha_not_a_number"),
+                    "limit_range": i18n.message(lang, "alpha_max_outside_range", low="{low}", high="{high}"),
+                    "limit_number": i18n.message(lang, "alpha_max_not_a_number")} for lang in i18n.LANGS}
     return _JS % {"lines": json.dumps(lines, ensure_ascii=False), "rest": KEY_REST_MS}

@@ -45,7 +45,7 @@ body:not(.dark) .gradio-container span.punctuation { color: #3f5050; }
 #alpha-slider input[type=range] { accent-color: #c2410c; }
 /* a slider reached by Tab shows where the keyboard is (gradio's theme draws no focus ring on a range input) */
 .gradio-container input[type=range]:focus-visible { outline: 3px solid #c2410c !important; outline-offset: 3px; }
-#alpha-refusal { margin-top: 6px; font-size: 14px; color: #991b1b; }
+#alpha-refusal, .alpha-box-refusal { margin-top: 6px; font-size: 14px; color: #991b1b; }
 /* Explore (issue #36): controls left, outputs right with the generations first on a wide screen; one column on a
    phone with prompt, vector and α, then the outputs with the bars first, then the other controls */
 #explore-main { display: grid !important; grid-template-columns: minmax(300px, 1fr) minmax(0, 2fr);

@@ -113,10 +113,9 @@ def cancel_fn(backend: Service):
         lang, session = lang_of(backend, request), sid(request)
         waiting = (backend.job_view(session) or {}).get("state") == "waiting"
         if not backend.cancel(session):
-            if not from_page(request):
-                return i18n.message(lang, "nothing_to_cancel")
-            gr.Info(i18n.message(lang, "nothing_to_cancel"), title=i18n.message(lang, "notice_title"))
-            return gr.skip()
+            # the line itself, on the page too: this runs outside the queue, where a toast never reached the page
+            # (a browser review's Cancel on an idle tab said nothing)
+            return i18n.message(lang, "nothing_to_cancel")
         if from_page(request):
             return gr.skip()
         outcome = backend.job_outcome(session, wait=CANCEL_WAIT_S)

@@ -111,17 +111,27 @@ def _live_panel(lang: str, other_model: str | None, same: bool, detail: str, mad
 def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
     """Share, Save result and Run live on the Explore tab, and the library's API endpoints."""
 
-    @handler(backend)
+    # a refusal goes to the library's line: this event runs outside the queue, where a toast never reaches the page
+    # (a browser review's Share on the default vector did nothing it could see)
+    @handler(backend, status=explore.library_status)
     def share(vector, extra, request: gr.Request):
-        try:
-            share_id = backend.share_vector(sid(request), vector)
-        except UserError:
-            if not any(t.source in owned(backend, sid(request)) for t in extra_terms.added(extra)):
-                raise
-            share_id = ""  # a bundled main vector travels by name; the added rows' own ones by their share ids
-        ids = url_state.terms_ref(rows_share_ids(backend, sid(request), extra))  # every added row's own vector too
+        session = sid(request)
+        rows_owned = any(t.source in owned(backend, session) for t in extra_terms.added(extra))
+        said = {}
+        if {v["name"]: v["kind"] for v in backend.vectors(session)}.get(vector) in ("random", "bundled", "listed"):
+            share_id = ""  # every server has it: a link names it, and the added rows' own vectors by their ids
+            said = {} if rows_owned else {"name": vector}
+        else:
+            try:
+                share_id = backend.share_vector(session, vector)
+            except UserError:
+                if not rows_owned:
+                    raise
+                share_id = ""
+        ids = url_state.terms_ref(rows_share_ids(backend, session, extra))  # every added row's own vector too
         # the link itself is the page's own (JS_COPY_URL, chained below): the whole view, with the share ids
-        return share_id, ids, relabel.keep(backend, sid(request), [explore.library_status], *relabel.text("shared"))
+        line = relabel.text("shared_by_name", **said) if said else relabel.text("shared")
+        return share_id, ids, relabel.keep(backend, session, [explore.library_status], *line)
 
     @handler(backend, status=explore.library_status)
     def link_prompt(prompt, prompt_ref, request: gr.Request):

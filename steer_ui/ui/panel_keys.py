@@ -191,7 +191,8 @@ JS_ENTER_COMMITS = """
   if (!window.__steerEnterCommits) {
     window.__steerEnterCommits = true;
     const SELECTOR = '.steer-alpha input[type=number], #explore-layer input[type=number], '
-      + '.explore-term input[type=number]';  // every α (ui/extra_terms.py's rows too) and every layer
+      + '.explore-term input[type=number], #explore-alpha-max input[type=number]';  // every α (ui/extra_terms.py's
+      // rows too), every layer, and the α range (ui/alpha_box.py checks it on leaving)
     document.addEventListener('keydown', (e) => {
       if (e.key === 'Enter' && e.target.matches(SELECTOR)) {
         e.target.blur();

@@ -234,6 +234,49 @@ def test_the_alpha_max_box_shows_the_slider_s_end_and_extend_scales_it_exactly(b
     page.close()
 
 
+def test_an_alpha_range_of_zero_or_less_is_refused_under_its_box_and_the_slider_stays(browser, app):
+    """A 0 or a -3 in the α range box reached the server outside the queue, whose refusal no toast could carry:
+    the α slider became a red "Error" pill with no word of why (a browser review).  Now the box says why on
+    leaving, returns to its value, and nothing runs; a value it takes still sets the slider's range."""
+    url, calls = app
+    page = _open(browser, url)
+    alpha_max = page.locator("#explore-alpha-max input")
+    shown = alpha_max.input_value()
+    rng = page.locator("#alpha-slider input[type=range]")
+    ends = (rng.get_attribute("min"), rng.get_attribute("max"))
+    for typed, says in (("0", "between 0.001 and 1000000"), ("-3", "between"), ("2000000", "between")):
+        del calls[:]
+        alpha_max.click()
+        alpha_max.press("Control+a")
+        page.keyboard.type(typed)
+        alpha_max.press("Tab")
+        page.locator("#alpha-max-refusal", has_text=says).wait_for(timeout=5_000)
+        time.sleep(1.5)  # anything the refused value set off would have reached the server by now
+        assert alpha_max.input_value() == shown and calls == [], (typed, calls)
+        assert (rng.get_attribute("min"), rng.get_attribute("max")) == ends
+        assert page.locator("#alpha-slider .error, #explore-alpha-max .error").count() == 0  # no "Error" pill
+    alpha_max.click()
+    alpha_max.press("Control+a")
+    page.keyboard.type("0.5")
+    alpha_max.press("Enter")
+    page.wait_for_function("() => document.querySelector('#alpha-slider input[type=range]').max === '0.5'",
+                           timeout=10_000)
+    assert not page.locator("#alpha-max-refusal").is_visible()
+    page.close()
+
+
+def test_share_on_a_vector_that_comes_with_the_app_says_copy_link_is_all_it_needs(browser, app):
+    """Share on the default vector did nothing a person could see: its refusal went to a toast from an event
+    outside the queue, which never reaches the page (a browser review).  A bundled vector needs no share id."""
+    url, _calls = app
+    page = _open(browser, url)
+    vector = page.locator("#explore-vector input").input_value()
+    page.locator("#share-btn").click()
+    page.locator("#explore-library-status", has_text="Copy link is all").wait_for(timeout=10_000)
+    assert vector in page.locator("#explore-library-status").inner_text()
+    page.close()
+
+
 def test_the_dose_response_labels_never_overlap(browser, app):
     url, _calls = app
     page = _open(browser, url)

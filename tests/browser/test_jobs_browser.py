@@ -134,7 +134,13 @@ def test_cancel_on_a_running_job_answers_at_once_and_the_job_shows_one_progress_
     upload_statements(page)
     before = vector_names(page)
     page.get_by_role("tab", name="Train").click()
+    # Cancel with nothing running says so in the job's line (it said nothing: a toast from outside the queue)
+    page.locator("#train-cancel").click()
+    wait_status(page, "#train-status", "Nothing is running in this session", 5_000)
     # idle, Cancel is a red outline on white, not a filled red alarm (a browser review); its text stays readable
+    page.mouse.move(0, 0)  # not under the pointer, which tints it (the tint fades out)
+    page.wait_for_function("() => getComputedStyle(document.querySelector('#train-cancel')).backgroundColor"
+                           " === 'rgb(255, 255, 255)'", timeout=5_000)
     idle = page.locator("#train-cancel").evaluate(
         "e => { const s = getComputedStyle(e); return [s.backgroundColor, s.color, s.borderWidth] }")
     assert idle == ["rgb(255, 255, 255)", "rgb(185, 28, 28)", "1px"], idle
