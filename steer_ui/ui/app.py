@@ -61,6 +61,8 @@ body:not(.dark) .gradio-container span.punctuation { color: #3f5050; }
   #explore-charts { order: -2; } #explore-readout { order: -1; }
 }
 #explore-readout { min-height: 2.5em; }
+/* gradio hides a slider's end labels at 480 px and below; on a phone the α slider's ends are its range (a review) */
+@media (max-width: 480px) { .steer-alpha .min_value, .steer-alpha .max_value { display: inline !important; } }
 .steer-header { align-items: center; }
 /* a phone's first screen is for the prompt, α and the bars (issue #52: title, help and model line took 60 % of
    it): a smaller title, the help in small print, the language choice without its box label */

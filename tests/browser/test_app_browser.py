@@ -428,6 +428,11 @@ def test_the_layout_puts_what_matters_on_the_first_screen(browser, url):
     # issue #52: the header and model line leave the first screen to the controls: the prompt starts in its upper
     # half and the whole α slider is on it (not on its bottom edge)
     assert top <= 0.5 * 844 and slider["y"] + slider["height"] <= 844 - 40
+    # the slider's ends show its range on the phone too (gradio hides them at 480 px and below)
+    ends = [phone.locator(f"#alpha-slider .{end}").first for end in ("min_value", "max_value")]
+    assert all(e.is_visible() and e.inner_text().strip() for e in ends)
+    rng = phone.locator("#alpha-slider input[type=range]")
+    assert [e.inner_text().strip() for e in ends] == [rng.get_attribute("min"), rng.get_attribute("max")]
     phone.close()
 
 
