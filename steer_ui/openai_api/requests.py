@@ -110,6 +110,9 @@ def _steering(body: dict) -> Any:
         except json.JSONDecodeError as exc:
             raise ApiError(400, f"'vllm_xargs.steering' is not valid JSON (at character {exc.pos})",
                            "vllm_xargs") from None
+        except (ValueError, RecursionError):  # a number of thousands of digits, deep nesting (a 500: a hostile probe)
+            raise ApiError(400, "'vllm_xargs.steering' is not JSON this server reads (too deep, or a number too "
+                                "long)", "vllm_xargs") from None
     return body.get("steering")
 
 

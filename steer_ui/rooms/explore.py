@@ -152,7 +152,10 @@ class Explore:
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, (list, tuple)) or len(stop) > MAX_STOP_STRINGS:
             raise UserError("bad_stop", limit=MAX_STOP_STRINGS)
-        stop = tuple(guards.text(x, "stop", MAX_STOP_CHARS) for x in stop)
+        # a stop string of white space is a stop string ("\n" is OpenAI clients' commonest): only "" is none
+        stop = tuple(guards.text(x, "stop", MAX_STOP_CHARS, allow_empty=True) for x in stop)
+        if any(x == "" for x in stop):
+            raise UserError("text_empty", what="stop")
         s = Sampling(max_new_tokens=number(max_new_tokens, "max_new_tokens", integer=True, low=1,
                                            high=self.shared.policy.max_new_tokens),
                      temperature=0.0 if guards.flag(greedy or False, "greedy") else

@@ -246,10 +246,11 @@ def _queued(scope) -> bool:
     if pending is None:
         return True
     try:
-        session = parse_qs((scope.get("query_string") or b"").decode("latin-1")).get("session_hash", [None])[0]
+        named = parse_qs((scope.get("query_string") or b"").decode("latin-1")).get("session_hash", [])
     except ValueError:
         return False
-    return session is not None and session in pending
+    # exactly one: this read the first of two and gradio the last, which let an unknown one through (a hostile probe)
+    return len(named) == 1 and named[0] in pending
 
 
 async def _refuse(send, scope, status: int, key: str, **params) -> None:

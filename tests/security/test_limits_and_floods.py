@@ -275,6 +275,9 @@ def test_a_results_stream_for_a_session_with_nothing_queued_is_a_404_not_a_cut_s
     assert response.status_code == 404 and "no events in the queue" in response.json()["detail"]
     response = httpx.get(server.url + "gradio_api/queue/data", timeout=30)  # no session named at all
     assert response.status_code == 404
+    # two names: this read the first and gradio the last (a hostile probe)
+    response = httpx.get(server.url + "gradio_api/queue/data?session_hash=a&session_hash=nobody-queued", timeout=30)
+    assert response.status_code == 404
     honest()
 
 

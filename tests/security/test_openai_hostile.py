@@ -213,6 +213,9 @@ def test_a_body_that_is_not_a_json_object_is_one_400(server, honest_api, raw):
     ("completions", {"n": 2.5}), ("completions", {"stop": [1]}), ("completions", {"seed": True}),
     ("completions", {"compare": "true"}), ("completions", {"model": ["embedded"]}), ("completions", {"model": ""}),
     ("completions", {"steering": 3}), ("completions", {"vllm_xargs": {"steering": "{not json"}}),
+    # too deep for the parser, a number past Python's digits: each a 500 and a traceback (a hostile probe)
+    ("completions", {"vllm_xargs": {"steering": "[" * 5000}}),
+    ("completions", {"vllm_xargs": {"steering": "[" + "9" * 5000 + "]"}}),
     ("completions", {"stream_options": {"include_usage": 1}}), ("completions", {"logit_bias": {"5": 100}}),
     ("completions", {"surprise": 1}),
     ("chat/completions", {"messages": "hi"}), ("chat/completions", {"messages": []}),
@@ -230,6 +233,14 @@ def test_wrong_types_are_one_400(server, honest_api, path, fields):
     if "prompt" in fields and fields["prompt"] is None:
         body.pop("prompt")
     _one_refusal(_post(server, body, path), 400)
+    honest_api()
+
+
+def test_a_stop_string_of_white_space_is_a_stop_string(server, honest_api):
+    """OpenAI clients' commonest stop string, "\n", was refused as empty (a hostile probe); only "" is none."""
+    response = _post(server, _body(stop=["\n", " "], max_tokens=3))
+    assert response.status_code == 200, response.text
+    _one_refusal(_post(server, _body(stop=[""], max_tokens=3)), 400)
     honest_api()
 
 
