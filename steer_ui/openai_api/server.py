@@ -71,8 +71,15 @@ def router(backend: Service, api_keys=(), passwords=()):
                            kind="authentication_error")
 
     async def body_of(request: Request) -> Any:
+        from starlette.requests import ClientDisconnect
+
         try:  # the body's size is bounded before this (ui.request_guard.RequestLimits, policy.max_body_bytes)
-            return json.loads(await request.body())
+            raw = await request.body()
+        except ClientDisconnect:  # gone mid-body: nobody reads the answer, and it is no server error to log (a
+            # traceback per such request was a cheap log flood: a hostile probe)
+            raise ApiError(400, "the client closed the connection before the request's body ended") from None
+        try:
+            return json.loads(raw)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, a number of thousands of digits, deep nesting
             raise ApiError(400, "the request body is not valid JSON") from None
 

@@ -244,6 +244,22 @@ def test_a_stop_string_of_white_space_is_a_stop_string(server, honest_api):
     honest_api()
 
 
+def test_a_client_that_hangs_up_mid_body_leaves_no_traceback(server, honest_api):
+    """It was logged with a ClientDisconnect traceback each time: a log flood for the price of a socket."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(server.url)
+    before = server.log.read_text(errors="replace").count("Traceback")
+    for _ in range(3):
+        with socket.create_connection((where.hostname, where.port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n{\"model\": \"x\",")
+    time.sleep(1.5)
+    assert server.log.read_text(errors="replace").count("Traceback") == before
+    honest_api()
+
+
 def test_a_body_of_many_megabytes_is_refused_before_it_is_read_whole(server, honest_api):
     huge = b'{"model": "embedded", "prompt": "' + b"a" * (64 * 2 ** 20) + b'"}'
     rss = server.ps.memory_info().rss
