@@ -86,17 +86,25 @@ def compare(logits: torch.Tensor, base: torch.Tensor, kernel=None) -> Comparison
     if fn is None:
         return None
     x, b = logits.contiguous(), base.contiguous()
-    both = torch.cat([b.unsqueeze(0), x])  # the base's own numbers from the same arithmetic (its lse)
     pb = torch.softmax(b.double(), dim=-1)
-    argmax = torch.empty(both.shape[0], dtype=torch.int64)
-    out = torch.empty(both.shape[0], 5, dtype=torch.float64)
-    if fn(both.data_ptr(), both.shape[0], both.shape[1], b.data_ptr(), pb.data_ptr(), argmax.data_ptr(),
-          out.data_ptr(), torch.get_num_threads()) != 0:
+
+    def run(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        argmax = torch.empty(rows.shape[0], dtype=torch.int64)
+        out = torch.empty(rows.shape[0], 5, dtype=torch.float64)
+        status = fn(rows.data_ptr(), rows.shape[0], rows.shape[1], b.data_ptr(), pb.data_ptr(), argmax.data_ptr(),
+                    out.data_ptr(), torch.get_num_threads())
+        return (argmax, out) if status == 0 else None
+
+    # the base's own log-sum-exp from the same arithmetic (a row equal to it then has a KL of exactly 0), in a call
+    # of its own: the rows are not copied beside it
+    own, seen = run(b.unsqueeze(0)), run(x)
+    if own is None or seen is None:
         return None
-    top, lse, entropy, kl_term, gap = out[1:].unbind(-1)
+    argmax, out = seen
+    top, lse, entropy, kl_term, gap = out.unbind(-1)
     # KL(p_b ‖ p_x) = Σ p_b ((b - lse_b) - (x - lse_x)) = Σ p_b (b - x) + lse_x - lse_b
-    kl = (kl_term + (lse - out[0, 1])).clamp_min(0.0)
-    return Comparison(kl=kl, entropy=entropy, lse=lse, top1=argmax[1:], top1_prob=(top - lse).exp(),
+    kl = (kl_term + (lse - own[1][0, 1])).clamp_min(0.0)
+    return Comparison(kl=kl, entropy=entropy, lse=lse, top1=argmax, top1_prob=(top - lse).exp(),
                       max_abs_delta_logit=gap)
 
 
