@@ -116,11 +116,13 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
     @handler(backend, status=explore.library_status)
     def share(vector, extra, request: gr.Request):
         session = sid(request)
-        rows_owned = any(t.source in owned(backend, session) for t in extra_terms.added(extra))
-        said = {}
-        if {v["name"]: v["kind"] for v in backend.vectors(session)}.get(vector) in ("random", "bundled", "listed"):
+        kinds = {v["name"]: v["kind"] for v in backend.vectors(session)}  # once, not once per added row
+        rows_owned = any(kinds.get(t.source) == "own" for t in extra_terms.added(extra))
+        line = relabel.text("shared")
+        if kinds.get(vector) in ("random", "bundled", "listed"):
             share_id = ""  # every server has it: a link names it, and the added rows' own vectors by their ids
-            said = {} if rows_owned else {"name": vector}
+            if not rows_owned:
+                line = relabel.text("shared_by_name", name=vector)
         else:
             try:
                 share_id = backend.share_vector(session, vector)
@@ -130,7 +132,6 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
                 share_id = ""
         ids = url_state.terms_ref(rows_share_ids(backend, session, extra))  # every added row's own vector too
         # the link itself is the page's own (JS_COPY_URL, chained below): the whole view, with the share ids
-        line = relabel.text("shared_by_name", **said) if said else relabel.text("shared")
         return share_id, ids, relabel.keep(backend, session, [explore.library_status], *line)
 
     @handler(backend, status=explore.library_status)
@@ -300,11 +301,6 @@ def unless_saved(backend: Service, fn, render, panel: str, outputs: list):
 def no_sweep(lang: str, saved: dict) -> tuple:
     """A saved result keeps no dose-response: the chart says so (Run live, then sweep)."""
     return plots.empty_figure(i18n.message(lang, "result_view", when=saved.get("when", "?"))), gr.skip()
-
-
-def owned(backend: Service, session: str) -> set:
-    """The names of the session's own vectors (what Share can share)."""
-    return {row["name"] for row in backend.vectors(session) if row["kind"] == "own"}
 
 
 def rows_share_ids(backend: Service, session: str, extra) -> dict:
