@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     # api_open=False: direct POSTs to /gradio_api/run/... would skip the queue and its concurrency slot
     demo.queue(default_concurrency_limit=4, max_size=policy.queue_max_size, api_open=False)
     # quiet: gradio's own banner suggests share=True in launch(); ours names this app's flags instead
-    demo.launch(**launch_kwargs(policy.max_body_bytes, server_name=args.host, server_port=args.port, share=share,
+    demo.launch(**launch_kwargs(policy, server_name=args.host, server_port=args.port, share=share,
                                 auth=auth, max_file_size=args.max_file_size, prevent_thread_lock=True, quiet=True,
                                 forwarded_allow_ips=args.forwarded_allow_ips))
     from steer_ui.openai_api.server import install

@@ -452,17 +452,20 @@ def guard_requests(demo: gr.Blocks, backend: Service) -> None:
     fair_queue.install(demo._queue, demo, backend)
 
 
-def launch_kwargs(max_body_bytes: int | None = None, forwarded_allow_ips=(), **overrides) -> dict:
-    """What every launch of this app passes (translations, css, no SSR: there is no node here, and a cap on
-    request bodies: ``max_body_bytes``, the policy's by default).
+def launch_kwargs(policy: Policy | None = None, forwarded_allow_ips=(), **overrides) -> dict:
+    """What every launch of this app passes (translations, css, no SSR: there is no node here), and the limits
+    :class:`~.request_guard.RequestLimits` holds requests to, ``policy``'s (the default policy's without one).
 
     ``forwarded_allow_ips``: the proxies whose X-Forwarded-For names the client (none by default, not uvicorn's
     loopback); set for the server the next launch starts (:func:`request_guard.trust_forwarded`)."""
     from starlette.middleware import Middleware
 
     request_guard.trust_forwarded(forwarded_allow_ips)
-    limit = max_body_bytes if max_body_bytes is not None else Policy().max_body_bytes
+    policy = policy or Policy()
+    # event streams: a page holds at most two (heartbeat, results), for as many pages as an address may keep
+    limits = Middleware(request_guard.RequestLimits, limit=policy.max_body_bytes,
+                        streams_per_address=2 * policy.sessions_per_address, streams=2 * policy.max_sessions)
     kwargs = dict(i18n=i18n.gr_i18n(), css=CSS, ssr_mode=False, footer_links=["api", "settings"], show_error=True,
-                  app_kwargs={"middleware": [Middleware(request_guard.RequestLimits, limit=limit)]})
+                  app_kwargs={"middleware": [limits]})
     kwargs.update(overrides)
     return kwargs

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from ..guards import flag, number
 from ..guards import text as checked_text
 from ..messages import UserError
-from . import i18n
+from . import i18n, route_checks
 from .common import AlphaSlider, OptionalNumberBox, as_gr_error, sid
 
 log = logging.getLogger("steer_ui.ui")
@@ -192,19 +192,24 @@ MAX_TARGET_CHARS = 16 * 1024  # a request's path and query: the app's own links 
 
 
 class RequestLimits:
-    """ASGI middleware: what a request is refused for before gradio reads it, each with one line (JSON).
+    """ASGI middleware: what a request is refused for before gradio reads it, each with one line (JSON), in the
+    language the client's ``Accept-Language`` asks for first.
 
     * a POST body over ``limit`` bytes (413): file uploads go through gradio's ``/upload`` route, bounded by
       ``--max-file-size``; every other body is JSON of a few kilobytes, so a multi-gigabyte one is an attack on
       the server's memory;
     * a path and query over :data:`MAX_TARGET_CHARS` (414): gradio parsed a 70,000-character one into a URL of
       its own, which refused it past 65,536 (a 500 and a traceback in the log);
-    * a stream of events (``GET …/queue/data``) for a session with nothing queued (404): gradio started the stream
-      before it looked, so the client read a cut answer and the log a traceback, for every such request.
+    * names and numbers beside an event's inputs that gradio would trip over (:mod:`.route_checks`);
+    * an event stream (heartbeat, results) past ``streams_per_address`` open from one client address, or
+      ``streams`` from all (429): gradio holds a heartbeat open for any session name, for as long as the client
+      stays, so one address could hold every connection the server has.
     """
 
-    def __init__(self, app, limit: int):
+    def __init__(self, app, limit: int, streams_per_address: int, streams: int):
         self.app, self.limit = app, int(limit)
+        self.streams_per_address, self.streams = int(streams_per_address), int(streams)
+        self._open: dict[str, int] = {}  # open event streams by client address (one event loop: no lock)
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http":
@@ -213,9 +218,13 @@ class RequestLimits:
         target = len(scope.get("raw_path") or path.encode()) + len(scope.get("query_string") or b"")
         if target > MAX_TARGET_CHARS:
             return await _refuse(send, scope, 414, "url_too_long", size=target, limit=MAX_TARGET_CHARS)
-        if scope.get("method") == "GET" and path.endswith("/queue/data") and not _queued(scope):
-            return await _refuse(send, scope, 404, "no_queued_events")
-        if scope.get("method") != "POST" or path.endswith("/upload"):
+        if scope.get("method") != "POST":
+            if (refused := route_checks.refusal(scope)):
+                return await _refuse(send, scope, refused[0], refused[1], **refused[2])
+            if route_checks.is_stream(scope):
+                return await self._stream(scope, receive, send)
+            return await self.app(scope, receive, send)
+        if path.endswith("/upload"):
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
@@ -230,33 +239,35 @@ class RequestLimits:
             if size > self.limit:
                 return await self._too_large(send, size, scope)
             more = message.get("more_body", False)
-        return await self.app(scope, _replay([b"".join(chunks)], None, receive), send)
+        body = b"".join(chunks)
+        if (refused := route_checks.refusal(scope, body)):
+            return await _refuse(send, scope, refused[0], refused[1], **refused[2])
+        return await self.app(scope, _replay([body], None, receive), send)
+
+    async def _stream(self, scope, receive, send) -> None:
+        """An event stream, counted while it is open."""
+        address = (scope.get("client") or ("?",))[0]
+        if self._open.get(address, 0) >= self.streams_per_address:
+            return await _refuse(send, scope, 429, "too_many_streams", limit=self.streams_per_address)
+        if sum(self._open.values()) >= self.streams:
+            return await _refuse(send, scope, 503, "server_streams_full", limit=self.streams)
+        self._open[address] = self._open.get(address, 0) + 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._open[address] -= 1
+            if not self._open[address]:
+                del self._open[address]
 
     async def _too_large(self, send, size: int, scope) -> None:
         await _refuse(send, scope, 413, "body_too_large", size=f"{size / 2**20:.1f}", limit=f"{self.limit / 2**20:g}")
 
 
-def _queued(scope) -> bool:
-    """Whether the session a ``…/queue/data`` request names has events in gradio's queue (True where this cannot
-    tell: an app without gradio's queue, which answers such requests itself)."""
-    from urllib.parse import parse_qs
-
-    queue = getattr(getattr(scope.get("app"), "blocks", None), "_queue", None)
-    pending = getattr(queue, "pending_messages_per_session", None)
-    if pending is None:
-        return True
-    try:
-        named = parse_qs((scope.get("query_string") or b"").decode("latin-1")).get("session_hash", [])
-    except ValueError:
-        return False
-    # exactly one: this read the first of two and gradio the last, which let an unknown one through (a hostile probe)
-    return len(named) == 1 and named[0] in pending
-
-
 async def _refuse(send, scope, status: int, key: str, **params) -> None:
     import json
 
-    text = i18n.message("en", key, **params)
+    accepted = dict(scope.get("headers") or []).get(b"accept-language", b"").decode("latin-1")
+    text = i18n.message(i18n.normalise_lang(accepted.split(",")[0].strip()), key, **params)
     # /v1's clients read OpenAI's error object (docs/api.md); gradio's read FastAPI's detail
     body = json.dumps({"error": {"message": text, "type": "invalid_request_error", "param": None, "code": key}}
                       if scope.get("path", "").startswith("/v1/") else {"detail": text}).encode()
