@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import guards
+from .limits import MAX_LAYERS
 from .messages import UserError
 from .vector import POSITIONS
 
@@ -131,7 +132,10 @@ def _term(n: int, raw: Any, max_layer_count: int) -> Term:
         layers = [layers]
     if not isinstance(layers, list) or len(layers) > max_layer_count:
         raise UserError("steering_bad_layers", term=n, limit=max_layer_count)
-    layers = tuple(dict.fromkeys(int(guards.number(x, "layer", integer=True, low=0)) for x in layers))
+    # bounded by what any model here may have (the library room names the model's own last layer): unbounded,
+    # a 31-digit layer was refused with "at most 9.22337e+18"
+    layers = tuple(dict.fromkeys(int(guards.number(x, "layer", integer=True, low=0, high=MAX_LAYERS - 1))
+                                 for x in layers))
     normalize = guards.flag(fields.get("normalize", True), "relative")
     positions, special_tokens = None, False  # no "apply": where the vector's own method steers
     if "apply" in fields:
