@@ -177,7 +177,10 @@ def install(demo: gr.Blocks, backend) -> None:
                 if not isinstance(block_fn, int):
                     inputs = check_inputs(block_fn, list(inputs or []), state, lang)
                     check_event_data(block_fn, kwargs.get("event_data"))
-            return await original(block_fn, inputs, state, request, iterator, *args, **kwargs)
+            try:
+                return await original(block_fn, inputs, state, request, iterator, *args, **kwargs)
+            finally:
+                forget_stray_blocks(state, demo)
         except gr.Error:
             raise
         except (ComponentProcessingError, ValidationError):  # a payload gradio's own data model refused
@@ -186,6 +189,25 @@ def install(demo: gr.Blocks, backend) -> None:
             raise as_gr_error(backend, first, exc) from None
 
     demo.process_api = process_api
+
+
+def forget_stray_blocks(state, demo: gr.Blocks) -> None:
+    """Drop what a session's copy of the page holds beyond the page's own blocks.
+
+    Gradio answers ``gr.skip()`` or ``gr.update(...)`` for an output by keeping a new instance of its component in
+    the session (under the output's id, the instance itself under a fresh id of its own); the next plain value for
+    that output then files the instance under its own id too.  So a generation, whose frames skip the plots and
+    tables until its last, left three more components with their values in its session every time: ~0.4 MB a
+    64-token generation on the tiny model, for as long as the session lives (hours: the app holds no heartbeat).
+    This app renders nothing at run time (no ``gr.render``), so every block a session may have is one of the
+    page's."""
+    config = getattr(state, "blocks_config", None)
+    blocks = getattr(config, "blocks", None)
+    if not isinstance(blocks, dict) or len(blocks) <= len(demo.blocks):
+        return
+    for key in [k for k in blocks if k not in demo.blocks]:
+        blocks.pop(key, None)
+        getattr(state, "config_values", {}).pop(key, None)
 
 
 MAX_TARGET_CHARS = 16 * 1024  # a request's path and query: the app's own links hold ~2,000 (url_state.MAX_LINK_CHARS)
