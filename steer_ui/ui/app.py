@@ -18,7 +18,7 @@ from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
 from .compare_tab import build_compare_tab, wire_open_in_explore
 from .explore_tab import DEFAULT_PROMPT, alpha_controls, build_explore_tab, rows_view
-from .export_tab import build_export_tab
+from .export_tab import build_export_tab, follow_explore
 from .model_tab import build_model_tab, model_view, status_markdown
 from .train_tab import build_train_tab
 from .url_state import ExploreState, fall_back, from_query, terms_ref
@@ -275,8 +275,9 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
                 concepts = build_concepts_tab(backend)
             with gr.Tab(T("tab.detect"), id="detect"):
                 detect = build_detect_tab(backend)
-            with gr.Tab(T("tab.export"), id="export"):
+            with gr.Tab(T("tab.export"), id="export") as export_page:
                 export = build_export_tab(backend)
+            follow_explore(export_page, export, explore.vector)
 
         vector_pickers = [explore.vector, detect.vector, export.vector]
         n_pickers = len(vector_pickers)

@@ -91,3 +91,15 @@ def build_export_tab(backend: Service) -> ExportTab:
 
     tab.import_fn = import_vector
     return tab
+
+
+# Opening the tab picks the vector Explore shows, unless this tab's picker was set to another vector: a visitor
+# who returns by link or reload and picks a vector in Explore exported the random direction (setting this hidden
+# picker's value as the page loads did not reach it; its choices did).
+JS_FOLLOW_EXPLORE = "(explored, chosen) => (!chosen || chosen === %s) ? explored : chosen" % repr(RANDOM)
+
+
+def follow_explore(opened: gr.Tab, tab: ExportTab, explore_vector: gr.Dropdown) -> None:
+    """When ``opened`` (the Export tab) is selected, its picker takes Explore's vector while it shows none of its own
+    (in the browser: no request)."""
+    opened.select(None, [explore_vector, tab.vector], [tab.vector], js=JS_FOLLOW_EXPLORE, queue=False)

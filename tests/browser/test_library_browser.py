@@ -79,6 +79,11 @@ def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_str
     owner.locator("#explore-vector input").click()
     owner.locator("ul[role=listbox] li", has_text=name).first.click()
     time.sleep(1.0)  # the vector's own layer and α range arrive
+    # Export opens on the vector Explore shows (it stayed on the random direction after a reload)
+    owner.get_by_role("tab", name="Export / Import").click()
+    owner.wait_for_function(f"() => document.querySelector('#export-vector input')?.value === {name!r}",
+                            timeout=10_000)
+    owner.get_by_role("tab", name="Explore").click()
     owner.locator("#alpha-slider input[type=number]").fill("0.5")  # a steered view, so the numbers say something
     owner.locator("#explore-prompt textarea").click()
     owner.wait_for_function("() => document.querySelector('#explore-readout')?.innerText.includes('KL')")
