@@ -13,7 +13,7 @@ from ..service import RANDOM, Service
 from .. import guards
 from ..policy import Policy
 from . import alpha_box, fair_queue, i18n, library_ui, panel_keys, relabel, request_guard
-from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, sid
+from .common import EXPLORE, MODEL, SLIDER, T, as_gr_error, handler, picker_choices, sid
 from .data_tab import build_data_tab
 from .detect_tab import build_detect_tab
 from .compare_tab import build_compare_tab, wire_open_in_explore
@@ -325,8 +325,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             handle = backend.handle
             top = handle.arch.num_layers - 1
             middle = handle.arch.num_layers // 2
-            choices = backend.vector_names(sid(request))
-            picker = gr.update(choices=choices)
+            picker = gr.update(choices=picker_choices(backend.vector_names(sid(request))))
             return (relabel.keep(backend, sid(request), [banner], status_markdown_of, backend),
                     gr.update(maximum=top, value=middle),
                     gr.update(maximum=top, value=middle), picker, picker, picker)
@@ -390,12 +389,12 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
             choices = backend.vector_names(sid(request))  # a shared vector or a saved result's may have joined
             fell_back = not query.get("result") and fall_back(state, defaults, query.get("vector"),
                                                               linked["vector_ref"])
-            picker = gr.update(choices=choices)
+            picker = gr.update(choices=picker_choices(choices))
             banner_text = relabel.keep(backend, sid(request), [banner], banner_markdown, backend, tuple(state.notices),
                                        tuple(linked["notices"]), state.vector if fell_back else None)
             box, slider = alpha_controls(state.alpha_max, state.alpha, state.extend, set_alpha=True)
             return (banner_text, gr.update(maximum=n - 1, value=state.layer), gr.update(maximum=n - 1, value=n // 2),
-                    gr.update(choices=choices, value=state.vector), picker, picker,
+                    gr.update(choices=picker_choices(choices), value=state.vector), picker, picker,
                     state.prompt, slider, box, state.relative, state.seed, linked["vector_ref"],
                     gr.update(visible=linked["run_live"]), linked["prompt_ref"], state.extend,
                     terms_ref(opened)) + \

@@ -41,6 +41,14 @@ def T(key: str):
     return i18n.GR_I18N(key)
 
 
+def picker_choices(names) -> list[tuple]:
+    """A vector picker's choices for ``names``: each shown as itself but the random direction, shown in the page's
+    language (its value stays the name the API and links use)."""
+    from ..service import RANDOM
+
+    return [(T("vector.random_direction") if name == RANDOM else name, name) for name in names]
+
+
 def sid(request: gr.Request | None) -> str | None:
     """The per-tab session id (gradio_client gets its own per Client).
 

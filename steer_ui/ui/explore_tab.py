@@ -22,8 +22,8 @@ from ..model.units import alpha_grid
 from ..service import RANDOM, Service
 from . import extra_terms, i18n, panel_keys, relabel
 from .chat_panel import build_chat_panel
-from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, sid,
-                     table)
+from .common import (EXPLORE, SLIDER, AlphaSlider, OptionalNumberBox, T, from_page, handler, lang_of, picker_choices,
+                     sid, table)
 from .drawn import Drawn
 from .request_guard import optional_trailing
 from .url_state import EXTEND, JS_SYNC_URL  # EXTEND: Extend range's factor
@@ -92,13 +92,13 @@ def rows_view(extra: str, choices: list, num_layers: int, alpha_max, extended: b
         term = terms[i] if i < n else None
         groups.append(gr.update(visible=term is not None))
         if term is None:
-            vectors.append(gr.update(choices=choices))
+            vectors.append(gr.update(choices=picker_choices(choices)))
             layers.append(gr.update(maximum=num_layers - 1))
             alphas.append(alpha_controls(alpha_max, 0.0, extended, set_alpha=True)[1])
             relatives.append(gr.skip())
             seeds.append(gr.skip())
             continue
-        vectors.append(gr.update(choices=choices, value=RANDOM if term.random else term.source))
+        vectors.append(gr.update(choices=picker_choices(choices), value=RANDOM if term.random else term.source))
         layers.append(gr.update(maximum=num_layers - 1, value=term.layers[0] if term.layers else num_layers // 2))
         alphas.append(alpha_controls(alpha_max, term.scale, extended, set_alpha=True)[1])
         relatives.append(bool(term.normalize))
@@ -281,7 +281,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     with gr.Row(elem_id="explore-main"):
         with gr.Column(min_width=300, elem_id="explore-essentials"):
             prompt = gr.Textbox(value=DEFAULT_PROMPT, lines=2, label=T("explore.prompt"), elem_id="explore-prompt")
-            vector = gr.Dropdown(choices=[RANDOM], value=RANDOM, allow_custom_value=True, label=T("explore.vector"),
+            vector = gr.Dropdown(choices=picker_choices([RANDOM]), value=RANDOM, allow_custom_value=True, label=T("explore.vector"),
                                  info=T("explore.vector_info"), elem_id="explore-vector")
             alpha = AlphaSlider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.alpha"), info=T("explore.alpha_info"),
                                 elem_id="alpha-slider", elem_classes=extra_terms.ALPHA_CLASS)
@@ -706,7 +706,8 @@ def _wire_rows(backend: Service, tab: ExploreTab, next_token, nt_outputs: list, 
         slider = alpha_controls(alpha_max, 0.0, bool(extended), set_alpha=True)[1]
         row = [gr.skip()] * (6 * extra_terms.EXTRA_ROWS)
         row[n::extra_terms.EXTRA_ROWS] = [gr.update(visible=True),
-                                          gr.update(choices=backend.vector_names(sid(request)), value=RANDOM),
+                                          gr.update(choices=picker_choices(backend.vector_names(sid(request))),
+                                                    value=RANDOM),
                                           gr.update(value=layer) if top is None else gr.update(maximum=top, value=layer),
                                           slider, bool(relative), extra_terms.seed_of(vector_seed)]
         return (n + 1, gr.update(visible=True), gr.update(visible=n + 1 < extra_terms.EXTRA_ROWS)) + tuple(row)

@@ -20,7 +20,7 @@ import gradio as gr
 from .. import guards, steering_spec
 from ..messages import UserError
 from ..service import RANDOM
-from .common import AlphaSlider, T
+from .common import AlphaSlider, T, picker_choices
 from .request_guard import optional_trailing
 
 EXTRA_ROWS = 3  # four vectors on the page; the spec itself allows steering_spec.MAX_TERMS
@@ -55,7 +55,7 @@ def build(layers: int, middle: int) -> Rows:
     groups, vectors, layer_sliders, alphas, relatives, seeds = [], [], [], [], [], []
     for n in range(2, EXTRA_ROWS + 2):
         with gr.Row(visible=False, elem_id=f"explore-term-{n}", elem_classes="explore-term") as group:
-            vectors.append(gr.Dropdown(choices=[RANDOM], value=RANDOM, allow_custom_value=True,
+            vectors.append(gr.Dropdown(choices=picker_choices([RANDOM]), value=RANDOM, allow_custom_value=True,
                                        label=T("explore.term_vector"), elem_id=f"explore-vector-{n}", min_width=120))
             layer_sliders.append(gr.Slider(0, layers - 1, value=middle, step=1, label=T("explore.layer"),
                                            elem_id=f"explore-layer-{n}", min_width=120))

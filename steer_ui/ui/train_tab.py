@@ -11,7 +11,7 @@ import pandas as pd
 from .. import plots
 from ..service import Service, UserError
 from . import i18n, panel_keys, relabel
-from .common import MODEL, T, handler, lang_of, sid, table
+from .common import MODEL, T, handler, lang_of, picker_choices, sid, table
 from .job_line import cancel_fn, follow
 # Keys of a method's report that hold its main result table, best first.
 RESULT_KEYS = ("table", "auroc_table", "comparison", "results", "layers")
@@ -328,7 +328,7 @@ def build_train_tab(backend: Service, num_layers: int | None = None) -> TrainTab
                                  panel_keys.key_of("train", values, key_fields), key_fields, name, result)
             trained = result.get("layer")  # the layer the method chose (auto) or was given: the slider says it
             at = gr.update(value=trained) if isinstance(trained, int) and not isinstance(trained, bool) else gr.skip()
-            return shown + (at, gr.update(choices=choices, value=name))
+            return shown + (at, gr.update(choices=picker_choices(choices), value=name))
 
         async for out in follow(backend, request, status, work):
             yield out

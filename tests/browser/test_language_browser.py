@@ -193,6 +193,20 @@ def test_a_refused_action_is_one_toast_titled_in_the_page_language(browser, app)
     page.close()
 
 
+def test_the_random_direction_is_named_in_the_page_language_in_every_picker(browser, app):
+    """It was "random direction" on a Chinese page: a choice's label is translated in the browser now, its value
+    (what the API, links and saved results use) stays the same."""
+    url, backend, calls = app
+    page = open_page(browser, url, locale="zh-CN")
+    _wait(page, "() => document.querySelector('#explore-readout').innerText.includes('α')")
+    assert page.locator("#explore-vector input").input_value() == "随机方向"
+    _open_tab(page, "export")
+    assert page.locator("#export-vector input").input_value() == "随机方向"
+    page.locator("#export-vector input").click()
+    assert "随机方向" in " ".join(page.locator("ul[role=listbox] li").all_inner_texts())
+    page.close()
+
+
 def _import(page, path) -> None:
     page.locator("#import-file input[type=file]").set_input_files(str(path))
 

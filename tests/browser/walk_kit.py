@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 PROMPTS = ["The weather today is", "I think the new restaurant downtown is", "My favourite thing about trains is",
            "Paris is the capital of", "Once upon a time"]
+RANDOM, RANDOM_ZH = "random direction", "随机方向"  # the random direction's name, and its label on a Chinese page
 # the page's inputs for each key field (ui/panel_keys.py names them)
 READERS = {
     "prompt": ("#explore-prompt textarea", "text"),
@@ -56,6 +58,8 @@ def controls(page) -> dict:
             out[name] = None
         else:
             out[name] = float(value) if kind == "number" else value
+    if out.get("vector") == RANDOM_ZH:  # the box shows the choice's label, in the page's language
+        out["vector"] = RANDOM
     return out
 
 
@@ -146,9 +150,11 @@ class Walk:
 
     def pick_vector(self):
         name = self.rng.choice(self.vectors)
-        same = self.page.locator("#explore-vector input").input_value() == name
+        # the random direction's label is in the page's language (the walk switches it); its value is the name
+        shown = re.compile(f"^(✓\\s*)?({re.escape(name)}|{re.escape(RANDOM_ZH)})$") if name == RANDOM else name
+        same = controls(self.page)["vector"] == name
         self.page.locator("#explore-vector input").click()
-        self.page.locator("ul[role=listbox] li", has_text=name).first.click()
+        self.page.locator("ul[role=listbox] li", has_text=shown).first.click()
         return {} if same else {"fresh": PANELS}  # picking the shown vector again changes nothing
 
     def move_layer(self):
