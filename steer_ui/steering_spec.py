@@ -21,11 +21,11 @@ the API); what a source names and whether a layer exists is the library room's t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import guards
-from .limits import MAX_LAYERS
 from .messages import UserError
 from .vector import POSITIONS
 
@@ -83,9 +83,10 @@ class Spec:
         return json.dumps(self.as_dict(), ensure_ascii=False, separators=(",", ":"))
 
 
-def parse(value: Any, max_terms: int = MAX_TERMS, max_layer_count: int = 64) -> Spec:
+def parse(value: Any, max_terms: int = MAX_TERMS, max_layer_count: int = 64, layers: int | None = None) -> Spec:
     """A spec from JSON text or an already-parsed object, every field checked; a refusal is one line naming the
-    term (1-based) and the field."""
+    term (1-based) and the field.  ``layers``: the model's block count, where the caller knows it: a layer past
+    its last is refused naming it."""
     if isinstance(value, Spec):
         return value
     if isinstance(value, str):
@@ -97,7 +98,7 @@ def parse(value: Any, max_terms: int = MAX_TERMS, max_layer_count: int = 64) -> 
     if not isinstance(value, dict) or set(value) != {"vectors"} or not isinstance(value["vectors"], list) \
             or not 1 <= len(value["vectors"]) <= max_terms:
         raise UserError("steering_shape", limit=max_terms)
-    return Spec(tuple(_term(i + 1, raw, max_layer_count) for i, raw in enumerate(value["vectors"])))
+    return Spec(tuple(_term(i + 1, raw, max_layer_count, layers) for i, raw in enumerate(value["vectors"])))
 
 
 def one(source: str, scale, layer=None, normalize=True, seed=0, positions: str | None = None) -> Spec:
@@ -107,7 +108,17 @@ def one(source: str, scale, layer=None, normalize=True, seed=0, positions: str |
                       positions=positions, seed=seed),))
 
 
-def _term(n: int, raw: Any, max_layer_count: int) -> Term:
+def _layer(value: Any, model_layers: int | None) -> int:
+    """One term's layer: a whole number from 0, and within the model where its block count is known (checked first:
+    a 31-digit layer sent to /v1 was refused with "at most 9.22337e+18", int64's bound, not the model's)."""
+    if model_layers is not None and isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value) and value > model_layers - 1:
+        raise UserError("bad_layer", layer=f"{value:g}" if isinstance(value, float) else str(value)[:40],
+                        last=model_layers - 1)
+    return int(guards.number(value, "layer", integer=True, low=0))
+
+
+def _term(n: int, raw: Any, max_layer_count: int, model_layers: int | None) -> Term:
     if not isinstance(raw, dict):
         raise UserError("steering_term_not_object", term=n)
     fields: dict[str, Any] = {}
@@ -132,10 +143,7 @@ def _term(n: int, raw: Any, max_layer_count: int) -> Term:
         layers = [layers]
     if not isinstance(layers, list) or len(layers) > max_layer_count:
         raise UserError("steering_bad_layers", term=n, limit=max_layer_count)
-    # bounded by what any model here may have (the library room names the model's own last layer): unbounded,
-    # a 31-digit layer was refused with "at most 9.22337e+18"
-    layers = tuple(dict.fromkeys(int(guards.number(x, "layer", integer=True, low=0, high=MAX_LAYERS - 1))
-                                 for x in layers))
+    layers = tuple(dict.fromkeys(_layer(x, model_layers) for x in layers))
     normalize = guards.flag(fields.get("normalize", True), "relative")
     positions, special_tokens = None, False  # no "apply": where the vector's own method steers
     if "apply" in fields:

@@ -228,7 +228,7 @@ class RequestLimits:
       stays, so one address could hold every connection the server has.
     """
 
-    def __init__(self, app, limit: int, streams_per_address: int, streams: int):
+    def __init__(self, app, limit: int, streams_per_address: int = 128, streams: int = 512):  # the default policy's
         self.app, self.limit = app, int(limit)
         self.streams_per_address, self.streams = int(streams_per_address), int(streams)
         self._open: dict[str, int] = {}  # open event streams by client address (one event loop: no lock)

@@ -125,7 +125,10 @@ def test_a_server_path_as_source_reads_nothing(server, honest_api, source):
 @pytest.mark.parametrize("steering, words", [
     ({"vectors": [{"source": "random", "seed": i, "scale": 0.1} for i in range(1000)]}, ["8"]),
     ({"vectors": [{"source": "random", "scale": 0.3, "layers": list(range(1000))}]}, []),
-    ({"vectors": [{"source": "random", "scale": 0.3, "layers": [10 ** 9]}]}, []),
+    ({"vectors": [{"source": "random", "scale": 0.3, "layers": [10 ** 9]}]}, ["0 to 17"]),
+    # the model's last layer, not int64's bound ("at most 9.22337e+18", a hostile probe)
+    ({"vectors": [{"source": "random", "scale": 0.3, "layers": [10 ** 30]}]}, ["0 to 17"]),
+    ({"vectors": [{"source": "random", "scale": 0.3, "layers": [1e30]}]}, ["0 to 17"]),
     ({"vectors": [{"source": "random", "scale": 1e300}]}, []),
     ({"vectors": [{"source": "random", "scale": -1e300, "normalize": False}]}, []),
     ({"vectors": [{"source": "random", "scale": "0.3"}]}, ["number"]),
