@@ -115,7 +115,7 @@ def added_terms(text: str, vectors: list[str], num_layers: int, notices: list, m
     try:
         if len(text) > MAX_STEER_CHARS:
             raise UserError("steering_shape", limit=max_terms)
-        terms = steering_spec.parse(text, max_terms, num_layers, layers=num_layers).terms
+        terms = steering_spec.parse(text, max_terms, num_layers).terms
     except UserError:
         notices.append(Notice("link_steer_bad", limit=max_terms))
         return ""
