@@ -462,9 +462,8 @@ def launch_kwargs(policy: Policy | None = None, forwarded_allow_ips=(), **overri
 
     request_guard.trust_forwarded(forwarded_allow_ips)
     policy = policy or Policy()
-    # event streams: a page holds at most two (heartbeat, results), for as many pages as an address may keep
     limits = Middleware(request_guard.RequestLimits, limit=policy.max_body_bytes,
-                        streams_per_address=2 * policy.sessions_per_address, streams=2 * policy.max_sessions)
+                        **request_guard.stream_limits(policy))
     kwargs = dict(i18n=i18n.gr_i18n(), css=CSS, ssr_mode=False, footer_links=["api", "settings"], show_error=True,
                   app_kwargs={"middleware": [limits]})
     kwargs.update(overrides)

@@ -281,8 +281,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     with gr.Row(elem_id="explore-main"):
         with gr.Column(min_width=300, elem_id="explore-essentials"):
             prompt = gr.Textbox(value=DEFAULT_PROMPT, lines=2, label=T("explore.prompt"), elem_id="explore-prompt")
-            vector = gr.Dropdown(choices=picker_choices([RANDOM]), value=RANDOM, allow_custom_value=True, label=T("explore.vector"),
-                                 info=T("explore.vector_info"), elem_id="explore-vector")
+            vector = gr.Dropdown(choices=picker_choices([RANDOM]), value=RANDOM, allow_custom_value=True,
+                                 label=T("explore.vector"), info=T("explore.vector_info"), elem_id="explore-vector")
             alpha = AlphaSlider(-1.0, 1.0, value=0.0, step=0.01, label=T("explore.alpha"), info=T("explore.alpha_info"),
                                 elem_id="alpha-slider", elem_classes=extra_terms.ALPHA_CLASS)
             rows = extra_terms.build(layers, (num_layers or 12) // 2)

@@ -49,8 +49,8 @@ def build_export_tab(backend: Service) -> ExportTab:
     with gr.Row():
         with gr.Column():
             gr.Markdown(T("export.export_title"))
-            vector = gr.Dropdown(choices=picker_choices([RANDOM]), value=RANDOM, allow_custom_value=True, label=T("export.vector"),
-                                 elem_id="export-vector")
+            vector = gr.Dropdown(choices=picker_choices([RANDOM]), value=RANDOM, allow_custom_value=True,
+                                 label=T("export.vector"), elem_id="export-vector")
             fmt = gr.Radio(list(FORMATS), value="native", label=T("export.format"), info=T("export.format_info"),
                            elem_id="export-format")
             export_btn = gr.Button(T("export.export"), variant="primary", elem_id="export-btn")
@@ -87,8 +87,8 @@ def build_export_tab(backend: Service) -> ExportTab:
         for w in warnings:
             gr.Warning(i18n.message(lang, "import_warning", detail=html.escape(i18n.say(lang, w), quote=False)))
         text = relabel.keep(backend, session, [import_status], imported_markdown, name, list(warnings))
-        return text, backend.vector_info(session, name), gr.update(choices=picker_choices(backend.vector_names(session)),
-                                                                         value=name)
+        picker = gr.update(choices=picker_choices(backend.vector_names(session)), value=name)
+        return text, backend.vector_info(session, name), picker
 
     tab.import_fn = import_vector
     return tab

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from ..guards import flag, number
 from ..guards import text as checked_text
 from ..messages import UserError
+from ..policy import Policy
 from . import i18n, route_checks
 from .common import AlphaSlider, OptionalNumberBox, as_gr_error, sid
 
@@ -210,6 +211,12 @@ def forget_stray_blocks(state, demo: gr.Blocks) -> None:
         getattr(state, "config_values", {}).pop(key, None)
 
 
+def stream_limits(policy: Policy) -> dict:
+    """:class:`RequestLimits`' caps on open event streams under ``policy``: a page holds at most two (heartbeat,
+    results), for as many pages as an address may keep, and as the server keeps."""
+    return {"streams_per_address": 2 * policy.sessions_per_address, "streams": 2 * policy.max_sessions}
+
+
 MAX_TARGET_CHARS = 16 * 1024  # a request's path and query: the app's own links hold ~2,000 (url_state.MAX_LINK_CHARS)
 
 
@@ -228,9 +235,12 @@ class RequestLimits:
       stays, so one address could hold every connection the server has.
     """
 
-    def __init__(self, app, limit: int, streams_per_address: int = 128, streams: int = 512):  # the default policy's
+    def __init__(self, app, limit: int, streams_per_address: int | None = None, streams: int | None = None):
         self.app, self.limit = app, int(limit)
-        self.streams_per_address, self.streams = int(streams_per_address), int(streams)
+        default = stream_limits(Policy())
+        self.streams_per_address = int(default["streams_per_address"] if streams_per_address is None
+                                       else streams_per_address)
+        self.streams = int(default["streams"] if streams is None else streams)
         self._open: dict[str, int] = {}  # open event streams by client address (one event loop: no lock)
 
     async def __call__(self, scope, receive, send):

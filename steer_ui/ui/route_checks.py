@@ -49,7 +49,17 @@ def is_stream(scope) -> bool:
     tail = route(scope)
     if scope.get("method") != "GET" or tail is None:
         return False
-    return tail.startswith("heartbeat/") or tail == "queue/data" or (tail.startswith("call/") and "/" in tail[5:])
+    return tail.startswith("heartbeat/") or tail == "queue/data" or _results_stream(tail) is not None
+
+
+def _results_stream(tail: str) -> tuple[str, str] | None:
+    """(endpoint name, event id) where ``tail`` is ``call/[v2/]<name>/<event>``, the results stream of one event."""
+    if not tail.startswith("call/"):
+        return None
+    parts = tail[len("call/"):].split("/")
+    if parts[0] == "v2":
+        parts = parts[1:]
+    return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
 def refusal(scope, body: bytes | None = None) -> tuple[int, str, dict] | None:
@@ -75,12 +85,8 @@ def _get_refusal(tail: str, scope, blocks) -> tuple[int, str, dict] | None:
         return _session_refusal(tail[len("heartbeat/"):])
     if tail == "queue/data":
         return _queued_refusal(scope, blocks)
-    if tail.startswith("call/"):
-        parts = tail[len("call/"):].split("/")
-        if parts[0] == "v2":
-            parts = parts[1:]
-        if len(parts) == 2:  # the results stream of one event
-            return _api_refusal(parts[0], blocks) or _event_refusal(parts[1], blocks)
+    if (stream := _results_stream(tail)) is not None:
+        return _api_refusal(stream[0], blocks) or _event_refusal(stream[1], blocks)
     return None
 
 
