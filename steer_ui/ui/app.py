@@ -409,7 +409,7 @@ def build_demo(backend: Service, num_layers: int | None = None) -> gr.Blocks:
         # A saved result's page (?result=) draws its panels from the saved numbers instead of running the model.
         saved_or = functools.partial(library_ui.unless_saved, backend)
         next_token_outputs = [explore.bars_key, explore.bars, explore.delta, explore.readout, explore.details]
-        sweep_outputs = [explore.dose_key, explore.dose, explore.tokens]
+        sweep_outputs = [explore.dose_key, explore.dose, explore.sweep_table]
         load.then(claim_owner, [owner], [owner], api_name="page_owner", api_visibility="undocumented") \
             .then(page_status, None, [banner, model.status, model.facts, model.norms], api_name="page_status",
                   api_visibility="undocumented") \

@@ -126,6 +126,7 @@ class ExploreTab:
     per_token: gr.Plot
     tokens: gr.Dataframe
     dose: gr.Plot
+    sweep_table: gr.Dataframe
     details: gr.JSON
     whole_vocabulary: gr.Checkbox | None = None
     # what each panel group was made from (ui/panel_keys.py): bars + Δlogit + readout, both generations, dose
@@ -360,11 +361,16 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     with gr.Accordion(T("explore.raw"), open=False):
         tokens = gr.Dataframe(label=T("explore.tokens"), interactive=False, wrap=True, elem_id="token-table",
                               headers=["position", "token", "logprob", "delta_logit", "direct_delta_logit"])
+        # the dose-response's numbers apart from the tokens': one table for both showed whichever event wrote last,
+        # and the page load's sweep, queued behind a Generate clicked early, then hid that generation's tokens
+        sweep_table = gr.Dataframe(label=T("explore.sweep_table"), interactive=False, wrap=True,
+                                   elem_id="sweep-table")
         details = gr.JSON(label=T("explore.details"))
 
     tab = ExploreTab(prompt=prompt, vector=vector, layer=layer, vector_seed=vector_seed, relative=relative,
                      alpha_max=alpha_max, alpha=alpha, readout=readout, bars=bars, delta=delta, unsteered=unsteered,
-                     steered=steered, per_token=per_token, tokens=tokens, dose=dose, details=details, link=link,
+                     steered=steered, per_token=per_token, tokens=tokens, dose=dose, sweep_table=sweep_table,
+                     details=details, link=link,
                      whole_vocabulary=whole_vocabulary, vector_ref=vector_ref, prompt_ref=prompt_ref,
                      extra_ref=extra_ref, copy_link=copy_link, share=share, save=save,
                      run_live=run_live, library_status=library_status, bars_key=bars_key,
@@ -563,7 +569,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
     # a typed α fires release on leaving the box but no input event: the bars follow it here
     alpha.release(next_token, nt_inputs, nt_outputs, api_name="next_token_on_release", api_visibility="undocumented",
                   trigger_mode="always_last", show_progress="hidden", **SLIDER)
-    sweep_btn.click(sweep, sweep_inputs, [dose_key, dose, tokens], api_name="sweep", **EXPLORE)
+    sweep_btn.click(sweep, sweep_inputs, [dose_key, dose, sweep_table], api_name="sweep", **EXPLORE)
     prompt.submit(next_token, nt_inputs, nt_outputs, api_name="next_token_on_submit",
                   api_visibility="undocumented", **SLIDER) \
         .then(generate, gen_inputs, gen_outputs, api_name="generate_on_submit",
