@@ -364,7 +364,8 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
         # the dose-response's numbers apart from the tokens': one table for both showed whichever event wrote last,
         # and the page load's sweep, queued behind a Generate clicked early, then hid that generation's tokens
         sweep_table = gr.Dataframe(label=T("explore.sweep_table"), interactive=False, wrap=True,
-                                   elem_id="sweep-table")
+                                   elem_id="sweep-table", headers=["alpha", "raw_alpha", "kl", "entropy", "top1_token",
+                                                                   "top1_token_id", "top1_prob", "max_abs_delta_logit"])
         details = gr.JSON(label=T("explore.details"))
 
     tab = ExploreTab(prompt=prompt, vector=vector, layer=layer, vector_seed=vector_seed, relative=relative,
