@@ -10,7 +10,7 @@ import pandas as pd
 
 from .. import plots
 from ..service import Service, UserError
-from . import i18n, panel_keys, relabel
+from . import i18n, panel_keys, relabel, report_lines
 from .common import MODEL, T, handler, lang_of, picker_choices, sid, table
 from .job_line import cancel_fn, follow
 # Keys of a method's report that hold its main result table, best first.
@@ -176,8 +176,8 @@ def form_values(specs_: list, values: list) -> dict[str, Any]:
 def train_outputs(backend: Service | None, lang: str, name: str, report: dict) -> tuple:
     """(status, curves figure, results table, report) shown after any training run.
 
-    A method's own verdict (``report["recommendation"]``, e.g. L2S saying it did not beat mean steering) is
-    shown under the status line as the method wrote it."""
+    A method's own verdict (L2S saying whether it beat mean steering) and TSV's labels and |Δlogit| bound are
+    worded under the status line in ``lang`` from the report's numbers (:mod:`.report_lines`)."""
     loss = find_loss_curve(report)
     curves_frame = find_curves(report)
     sweep_frame = find_alpha_sweep(report)
@@ -192,15 +192,7 @@ def train_outputs(backend: Service | None, lang: str, name: str, report: dict) -
         curves_fig = plots.training_curves(sweep_frame, x="alpha", labels=i18n.plot_labels(lang, "alpha_sweep"))
     else:
         curves_fig = plots.empty_figure(i18n.message(lang, "no_curves"))
-    status = i18n.markdown(lang, "trained", name=name)
-    if isinstance(report.get("recommendation"), str):
-        status += "\n\n" + report["recommendation"]
-    labelling = report.get("labelling")
-    if isinstance(labelling, dict) and isinstance(labelling.get("note"), str):  # TSV on the model's own answers
-        status += "\n\n" + labelling["note"]
-    check = (report.get("runs") or {}).get("constrained", {}).get("bound_check")
-    if isinstance(check, dict) and isinstance(check.get("note"), str):  # TSV: where the held-out rows kept the bound
-        status += "\n\n" + check["note"]
+    status = "\n\n".join([i18n.markdown(lang, "trained", name=name)] + report_lines.status_lines(lang, report))
     return status, curves_fig, table(results_in_words(lang, find_results(report))), _jsonable(report)
 
 

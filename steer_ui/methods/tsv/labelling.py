@@ -101,6 +101,7 @@ def labelling_summary(labelled: pd.DataFrame) -> dict:
     note = (f"Labels: the model's own greedy answers to {questions} questions, {prompt}: {balance['truthful']} truthful"
             f" / {balance['hallucinated']} hallucinated{dropped}. Rule: {labelled.attrs['rule']}.")
     return {"answers": "the model's own greedy answers", "rule": labelled.attrs["rule"],
+            "metric": labelled.attrs.get("metric"), "threshold": labelled.attrs.get("threshold"),
             "answer_prompt": labelled.attrs["prompt"], "shots": shots, "questions": questions, **balance,
             "note": note}
 
@@ -226,7 +227,7 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
     })
     empty = result.completion.str.strip() == ""
     result = result[~empty].reset_index(drop=True)
-    result.attrs.update(metric=metric, empty_answers=int(empty.sum()), shots=shots,
+    result.attrs.update(metric=metric, threshold=threshold, empty_answers=int(empty.sum()), shots=shots,
                         prompt=answer_prompt("{question}", template, shots),
                         rule=LABELLING_RULE.format(metric=METRIC_NAMES.get(metric, metric), threshold=threshold))
     return result
