@@ -111,7 +111,7 @@ async (lang) => {
 JS_TAB_LABELS = """
 () => {
   if (window.__steerTabLabels) return;
-  const labels = %s, toastTitles = %s;
+  const labels = %s, toastTitles = %s, gradioWords = %s;
   const idOf = {};  // the overflow menu's buttons carry no tab id: they are known by their label, in any language
   Object.values(labels).forEach((m) => Object.entries(m).forEach(([id, label]) => { idOf[label] = id; }));
   window.__steerTabLabels = () => {
@@ -126,6 +126,16 @@ JS_TAB_LABELS = """
       const text = el.firstChild;  // the kind's word; a count "(2)" follows in its own element
       if (word && text && text.nodeType === 3 && text.nodeValue.trim() !== word) { text.nodeValue = word + ' '; }
     });
+    // gradio's own words in upload areas, known in every language by the same key
+    const words = gradioWords[window.__steerLang || 'en'] || gradioWords.en;
+    document.querySelectorAll('[data-testid="upload-text"], [data-testid="upload-text"] .or, .drop-hint')
+      .forEach((el) => el.childNodes.forEach((node) => {
+        if (node.nodeType !== 3 || !node.nodeValue.trim()) return;
+        const key = Object.keys(words).find((k) => Object.values(gradioWords).some(
+          (w) => w[k] === node.nodeValue.trim()));
+        if (key && node.nodeValue.trim() !== words[key]) { node.nodeValue = node.nodeValue.replace(
+          node.nodeValue.trim(), words[key]); }
+      }));
   };
   // a tab's button: in the bar, or (on a narrow screen) in the overflow menu, which is in the page while closed
   window.__steerOpenTab = (id) => {
@@ -143,6 +153,13 @@ TAB_LABELS = {lang: {tab: i18n.label(lang, f"tab.{tab}") for tab in TABS} for la
 # a toast's title by its kind (gradio's class on the title), in each language
 TOAST_TITLES = {lang: {"warning": i18n.message(lang, "warning_title"), "info": i18n.message(lang, "notice_title"),
                        "error": i18n.message(lang, "error_title")} for lang in i18n.TRANSLATIONS}
+# gradio's own words in its upload areas, as its frontend's locales (gradio 6) give them: gradio shows them in the
+# browser's language, and its locale switch leaves those already drawn as they were (a browser review switched a
+# page to 简体中文 and read "Drop File Here - or - Click to Upload" on Detect), so the page script rewords them
+GRADIO_WORDS = {"en": {"drop_file": "Drop File Here", "or": "- or -", "click_to_upload": "Click to Upload",
+                       "drop_table": "Drop CSV or TSV files here to import data into dataframe"},
+                "zh-CN": {"drop_file": "将文件拖放到此处", "or": "- 或 -", "click_to_upload": "点击上传",
+                          "drop_table": "将 CSV 或 TSV 文件拖放到此处以将数据导入数据框"}}
 
 
 # The page-load script: installs the page's own key handling and its tab labels, then returns the language gradio
@@ -182,7 +199,8 @@ JS_BROWSER_LANG = ("() => { (%s)(); (%s)(); (%s)(); (%s)(); (%s)(); "
                    "return (document.documentElement.lang || navigator.language || 'en'); }"
                    % (panel_keys.JS_ENTER_COMMITS.strip(),
                       JS_TAB_LABELS.strip() % (json.dumps(TAB_LABELS, ensure_ascii=False),
-                                               json.dumps(TOAST_TITLES, ensure_ascii=False)),
+                                               json.dumps(TOAST_TITLES, ensure_ascii=False),
+                                               json.dumps(GRADIO_WORDS, ensure_ascii=False)),
                       alpha_box.script().strip(), JS_QUIET_MODEBARS.strip(), JS_FIT_CHARTS.strip()))
 
 

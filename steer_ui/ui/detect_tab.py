@@ -74,9 +74,9 @@ def build_detect_tab(backend: Service) -> DetectTab:
             vector = gr.Dropdown(choices=[], value=None, allow_custom_value=True, label=T("detect.vector"),
                                  info=T("detect.vector_info"), elem_id="detect-vector")
             answers = gr.Dataframe(headers=["prompt", "answer"], value=[["", ""]], column_count=(2, "fixed"),
-                                   interactive=True, label=T("detect.answers"), wrap=True)
+                                   interactive=True, label=T("detect.answers"), wrap=True, elem_id="detect-answers")
             from_explore = gr.Button(T("detect.from_explore"), elem_id="detect-from-explore")
-            file = gr.File(label=T("detect.file"), type="filepath")
+            file = gr.File(label=T("detect.file"), type="filepath", elem_id="detect-file")
             detect_btn = gr.Button(T("detect.run"), variant="primary", elem_id="detect-btn")
         with gr.Column(scale=2):
             detect_key = gr.HTML(elem_id="detect-made-for", elem_classes="made-for-holder")

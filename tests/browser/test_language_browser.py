@@ -340,3 +340,27 @@ def test_charts_redrawn_while_their_tab_was_hidden_fit_their_panels_when_it_open
             "?.getAttribute('width'), p.querySelector('.js-plotly-plot')?.getBoundingClientRect().width])", charts)
         time.sleep(0.2)
     page.close()
+
+
+def test_gradio_s_own_upload_words_follow_a_language_switch(browser, app):
+    """gradio words its upload areas in the browser's language and left those drawn as they were on a switch:
+    "Drop File Here - or - Click to Upload" on a 简体中文 page (a browser review); the page script rewords them,
+    and back again."""
+    url, backend, calls = app
+    page = open_page(browser, url)
+    _open_tab(page, "detect")  # a file upload and an editable table, both drawn in English
+    page.locator("#detect-file [data-testid=upload-text]").wait_for(timeout=20_000)
+
+    def words() -> list[str]:
+        return page.evaluate("() => ['#detect-file [data-testid=upload-text]', '#detect-answers .drop-hint']"
+                             ".map((s) => (document.querySelector(s)?.textContent || '').replace(/\\s+/g, ' ').trim())")
+
+    assert words() == ["Drop File Here - or - Click to Upload",
+                       "Drop CSV or TSV files here to import data into dataframe"]
+    page.locator("#lang-switch label", has_text="简体中文").click()
+    _wait(page, "() => document.querySelector('#detect-file [data-testid=upload-text]').textContent.includes('拖放')")
+    assert words() == ["将文件拖放到此处 - 或 - 点击上传", "将 CSV 或 TSV 文件拖放到此处以将数据导入数据框"]
+    page.locator("#lang-switch label", has_text="English").click()
+    _wait(page, "() => document.querySelector('#detect-file [data-testid=upload-text]').textContent.includes('Drop')")
+    assert words()[0] == "Drop File Here - or - Click to Upload"
+    page.close()
