@@ -329,17 +329,32 @@ def slope_histogram(slopes: Sequence[float], labels: Mapping[str, str] | None = 
 
 
 def training_curves(curves: pd.DataFrame, x: str = "epoch", labels: Mapping[str, str] | None = None) -> go.Figure:
-    """One line per numeric column against ``x`` (loss, accuracy, ...); a ``stage`` column splits lines."""
+    """One line per numeric column against ``x`` (loss, accuracy, ...).  A ``stage`` column over ``x`` that keeps
+    counting (TSV's two stages, epochs 1-5 then 6-10) keeps one line per column with a dotted mark where each later
+    stage starts; where ``x`` starts again each stage has lines of its own."""
     fig = go.Figure()
     metrics = [c for c in curves.columns if c not in (x, "stage") and pd.api.types.is_numeric_dtype(curves[c])]
-    groups = curves.groupby("stage", sort=False) if "stage" in curves else [(None, curves)]
+    staged = "stage" in curves
+    continued = staged and curves[x].is_monotonic_increasing and curves[x].is_unique
+    groups = curves.groupby("stage", sort=False) if staged and not continued else [(None, curves)]
     for stage, part in groups:
         for column in metrics:
             shown = _label(labels, column, column)  # a column's name in words where the labels have one
             name = shown if stage is None else f"{shown} ({stage})"
             fig.add_trace(go.Scatter(x=part[x], y=part[column], mode="lines+markers", name=name))
+    if continued:  # one line per measure: eight legend entries for TSV's four left its chart a sliver (a review)
+        for stage, part in list(curves.groupby("stage", sort=False))[1:]:
+            fig.add_vline(x=float(part[x].iloc[0]) - 0.5, line_dash="dot", line_color=UNSTEERED_COLOR,
+                          annotation_text=_text(_label(labels, "stage", "stage {stage}").format(stage=stage)),
+                          annotation_position="top")
     fig.update_xaxes(title_text=_label(labels, "x_title", _label(labels, x, x)))
-    return _layout(fig, _label(labels, "title", "Training curves"))
+    height = 320 + 20 * max(0, len(fig.data) - 2)  # the legend lists the lines under the chart, one a row
+    _layout(fig, _label(labels, "title", "Training curves"), height=height)
+    # the legend below the axis title, measured from the chart's bottom: placed within the plot area it ran over
+    # the axis title and scrolled inside the chart
+    fig.update_layout(margin=dict(b=60 + 20 * len(fig.data)),
+                      legend=dict(yref="container", y=0.0, yanchor="bottom"))
+    return fig
 
 
 def loss_curve(curve: pd.DataFrame, best_epoch: int | None = None,

@@ -79,6 +79,12 @@ def test_probe_layers_and_training_curves_and_balance():
     assert fig.layout.shapes[0].x0 == 1
     curves = pd.DataFrame({"epoch": [1, 2, 1, 2], "loss": [1.0, 0.5, 0.8, 0.4], "stage": ["1", "1", "2", "2"]})
     assert len(plots.training_curves(curves).data) == 2
+    # stages over epochs that keep counting (TSV's): one line a measure, a dotted mark where stage 2 starts
+    curves = pd.DataFrame({"epoch": [1, 2, 3, 4], "stage": [1, 1, 2, 2], "loss": [1.0, 0.5, 0.4, 0.3],
+                           "exemplar_accuracy": [0.5, 0.6, 0.7, 0.8], "steering_scale": [None] * 4})
+    fig = plots.training_curves(curves, labels={"loss": "损失", "stage": "阶段 {stage}"})
+    assert [t.name for t in fig.data] == ["损失", "exemplar_accuracy"] and list(fig.data[0].x) == [1, 2, 3, 4]
+    assert [s.x0 for s in fig.layout.shapes] == [2.5] and fig.layout.annotations[-1].text == "阶段 2"
     counts = pd.DataFrame({"label": ["0", "1", "0", "1"], "count": [10, 12, 3, 4], "split": ["train"] * 2 + ["test"] * 2})
     fig = plots.class_balance(counts)
     assert [t.name for t in fig.data] == ["train", "test"] and list(fig.data[1].y) == [3, 4]
