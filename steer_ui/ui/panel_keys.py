@@ -205,7 +205,8 @@ JS_ENTER_COMMITS = """
 # A stale note takes its own line above its panel (issue #52: laid over the panel's top, it hid the first line of
 # the readout and the colour key it qualified).  It shows, and takes its line, only when a panel stays stale for
 # more than a moment: each slider move is stale for ~50 ms, and until the delay is over the note has no height, so
-# dragging α makes neither a flash nor a layout jump.
+# dragging α makes neither a flash nor a layout jump.  A part's note starts under the chart's floating label (over
+# the note's first words: a browser review of the per-token chart).
 CSS = """
 .made-for-holder { padding: 0 !important; margin: 0 !important; min-height: 0 !important; border: none !important;
   background: none !important; }
@@ -220,5 +221,6 @@ CSS = """
 .stale-part::before { content: attr(data-stale-note); display: block; padding: 4px 8px; margin-bottom: 4px;
   border-radius: 4px; font-size: 14px; line-height: 1.4; background: #fff4d6; color: #5c3d00;
   border: 1px solid #b58900; animation: steer-stale-in 0s linear 0.6s both; }
+.stale-part:has(> label[data-testid="block-label"].float)::before { margin-top: 30px; }
 @media (max-width: 760px) { #bars-made-for { order: -3; } }
 """

@@ -163,6 +163,12 @@ def test_a_stale_note_takes_its_own_line_above_its_panel(browser, app):
                          " return [e.classList.contains('stale-part'), getComputedStyle(e, '::before').content,"
                          " document.querySelector('.made-for[data-panel=generations] .stale-note').textContent]; }")
     assert said[0] and said[1].strip('"') == said[2], said
+    # and below the chart's floating label, which lay over the note's first words
+    room = page.evaluate("() => { const e = document.querySelector('#per-token-delta');"
+                         " return [parseFloat(getComputedStyle(e, '::before').marginTop),"
+                         " e.querySelector('label[data-testid=block-label]').getBoundingClientRect().bottom"
+                         " - e.getBoundingClientRect().top]; }")
+    assert room[0] >= room[1], room
     page.locator("#explore-prompt textarea").fill(made_for)  # back to the prompt the panels were made for
     page.wait_for_function("() => !document.querySelector('#per-token-delta').classList.contains('stale-part')",
                            timeout=10_000)
