@@ -264,8 +264,9 @@ def dose_response(frame: pd.DataFrame, current_alpha: float | None = None, alpha
         fig.add_vrect(x0=zone[0], x1=zone[1], fillcolor=READABLE_COLOR, opacity=0.08, line_width=0, layer="below",
                       annotation_text=_label(labels, "readable", f"KL ≤ {READABLE_KL:g} nats"),
                       # inside the plot, under its top edge: the α marker's label sits above that edge, so the
-                      # two never share a line (at the top they overlapped whenever α was near the zone's edge)
-                      annotation_position="inside top left")
+                      # two never share a line (at the top they overlapped whenever α was near the zone's edge); on a
+                      # backing of its own, since a curve near the top ran through its words (a browser review)
+                      annotation_position="inside top left", annotation_bgcolor="rgba(255, 255, 255, 0.85)")
     if current_alpha is not None:
         fig.add_vline(x=float(current_alpha), line=dict(color=STEERED_COLOR, width=2),
                       annotation_text=f"α = {float(current_alpha):.4g}", annotation_position="top")

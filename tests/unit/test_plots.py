@@ -151,6 +151,9 @@ def test_the_dose_response_chart_shades_the_readable_zone():
     assert readable_zone(frame) == (-1.0, 2.0)
     shapes = dose_response(frame, current_alpha=1.0).layout.shapes
     assert any(s.type == "rect" and (s.x0, s.x1) == (-1.0, 2.0) for s in shapes)
+    # its label on a backing of its own: a curve near the chart's top ran through its words
+    (label,) = [a for a in dose_response(frame).layout.annotations if "KL" in a.text]
+    assert label.bgcolor and label.bgcolor != "rgba(0,0,0,0)"
     assert readable_zone(frame.assign(kl=[9.0, 9.0, 6.0, 9.0, 9.0, 9.0])) is None
 
 
