@@ -149,7 +149,9 @@ def next_token_bars(unsteered: pd.DataFrame, steered: pd.DataFrame, labels: Mapp
                marker_color=STEERED_COLOR, hovertemplate="%{x}: %{y:.4f}<extra></extra>"),
     ])
     fig.update_yaxes(title_text=_label(labels, "probability", "probability"), rangemode="tozero")
-    fig.update_xaxes(type="category", tickangle=-35)
+    # every bar its token (dtick 1): on a phone's chart plotly showed every other label and left half the bars
+    # unnamed
+    fig.update_xaxes(type="category", dtick=1)  # no tickangle: plotly's own choice, upright when slanted collide
     return _layout(fig, _label(labels, "title", "Next token: unsteered vs steered"), barmode="group")
 
 

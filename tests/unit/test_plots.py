@@ -22,6 +22,7 @@ def test_next_token_bars_cover_the_union_with_both_probabilities():
     assert list(u.x) == list(s.x) == ["d", "a", "b", "c"]  # sorted by the steered probability
     assert list(s.y) == [0.6, 0.2, 0.1, 0.0]  # 'c' fell out of the steered top-k
     assert list(u.y) == [0.0, 0.5, 0.3, 0.1]
+    assert fig.layout.xaxis.dtick == 1  # every bar named: a phone's chart showed every other token
 
 
 def test_next_token_bars_keep_same_text_tokens_apart_and_show_whitespace():
