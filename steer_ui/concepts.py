@@ -40,7 +40,7 @@ from .model.generation import GenerationError, Sampling, encode_prompt, side_by_
 from .model.sampler import choose, process_logits
 from .model.hooks import Steer
 from .model.units import to_raw_alpha
-from .messages import Said
+from .messages import KeyedError, Said
 
 DEFAULT_PROMPT = "The capital of France is"
 # The cache timing needs a context worth caching: with a handful of tokens the lm_head matmul dominates
@@ -64,8 +64,9 @@ DEMO_TOKENS = 8  # greedy tokens generated per side: enough to see t repeat
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 
 
-class ConceptsError(ValueError):
-    """A Concepts-panel request that cannot run (bad size, unknown token, bad dtype)."""
+class ConceptsError(KeyedError):
+    """A Concepts-panel request that cannot run (bad size, unknown token, bad dtype); the ones a person typing on
+    the page can meet name their message by key, said in the page's language."""
 
 
 def _decode(handle, ids) -> list[str]:
@@ -336,11 +337,11 @@ def rare_token(handle, prompt: str) -> int:
 def token_id_of(handle, text: str) -> int:
     """The single token ``text`` is (a clear error when it splits into several)."""
     if not isinstance(text, str) or not text:
-        raise ConceptsError("the token is empty: type a word (e.g. ' zebra') or leave it blank to pick one")
+        raise ConceptsError.from_key("concepts_token_empty")
     ids = handle.tokenizer(text, add_special_tokens=False).input_ids
     if len(ids) != 1:
         pieces = [handle.tokenizer.decode([i]) for i in ids]
-        raise ConceptsError(f"'{text}' is {len(ids)} tokens {pieces}, not one; pick a word that is a single token")
+        raise ConceptsError.from_key("concepts_token_pieces", text=repr(text), count=len(ids), pieces=pieces)
     return int(ids[0])
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import concepts
-from ..messages import UserError
+from ..messages import KeyedError, UserError
 from .common import Shared
 from .models import Models
 from .training import Training
@@ -46,6 +46,10 @@ class Lessons:
                 return work(handle, report)
             except UserError:
                 raise
+            except KeyedError as exc:  # a refusal that names its message: said in the visitor's language
+                if exc.key is None:
+                    raise UserError("concepts_failed", detail=_first_line(exc)) from None
+                raise UserError(exc.key, **exc.params) from None
             except ValueError as exc:  # ConceptsError, GenerationError, SteeringError are ValueErrors
                 raise UserError("concepts_failed", detail=_first_line(exc)) from None
 

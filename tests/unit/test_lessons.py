@@ -2,6 +2,7 @@
 limit and Cancel end, one at a time on the model."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -71,3 +72,16 @@ def test_lessons_run_on_good_inputs(tiny):
     assert len(norms.histogram) == 20 and facts["vocab_size"] == tiny("llama").arch.vocab_size
     assert service.lessons.sample("v", "hi", 1.0, 0, 0.9, 1.0, 50, 3).attrs["n"] == 50
     assert service.lessons.kv("v", 64, 2, "float32")["seq_len"] == 64
+
+
+def test_a_word_that_is_not_one_token_is_refused_in_the_visitor_s_language(tiny):
+    """The explosion lesson's word is typed on the page: its refusal names its message, so a Chinese page says it
+    in Chinese (it was English inside the Chinese "cannot compute this panel" line: a browser review)."""
+    from steer_ui.ui import i18n
+
+    service = Service(tiny("llama"))
+    with pytest.raises(UserError) as info:  # the tiny model's bytes: six tokens
+        service.lessons.explode("v", "hi", None, 0.5, " zebra")
+    assert info.value.key == "concepts_token_pieces", str(info.value)
+    said = i18n.message("zh-CN", info.value.key, **info.value.params)
+    assert "6" in said and "{" not in said and set(re.findall(r"[A-Za-z]{3,}", said)) == {"zebra"}, said
