@@ -11,7 +11,8 @@ from typing import Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from .plots import DIRECT_COLOR, READABLE_COLOR, STEERED_COLOR, UNSTEERED_COLOR, _label, _layout, _show_token
+from .plots import DIRECT_COLOR, READABLE_COLOR, STEERED_COLOR, UNSTEERED_COLOR, _label, _layout, _show_token, \
+    wrap_title
 
 FIXED_COLOR = READABLE_COLOR
 WARN_COLOR = "#c92a2a"  # an exploded logit, the slow path: not a Δlogit sign, so not the promoted/suppressed pair
@@ -96,19 +97,22 @@ def explosion_bars(exploded: Mapping[str, float], fixed: Mapping[str, float] | N
     keys = ["naive_direct", "direct", "delta_logit", "max_abs_centred_delta_logit"]
     defaults = {"naive_direct": "α·v·W_U[t]", "direct": "direct path Δlogit(t)", "delta_logit": "Δlogit(t)",
                 "max_abs_centred_delta_logit": "max |centred Δlogit|"}
-    x = [_label(labels, k, defaults[k]) for k in keys]
+    # each name on lines of its own under its bars: slanted, the longer names ran out of a half-width chart
+    x = [wrap_title(_label(labels, k, defaults[k]), width=14) for k in keys]
     floor = 1e-3  # a log axis cannot show 0
 
     def values(run):
         return [max(abs(float(run[k])), floor) for k in keys]
 
+    # each bar's value stands upright over it: side by side, two bars' values ran into one ("0.09180.0918")
+    shown = dict(textposition="outside", textangle=-90, cliponaxis=False)
     traces = [go.Bar(name=_label(labels, "exploded", "aligned vector"), x=x, y=values(exploded),
-                     marker_color=WARN_COLOR, text=[f"{float(exploded[k]):.3g}" for k in keys], textposition="outside")]
+                     marker_color=WARN_COLOR, text=[f"{float(exploded[k]):.3g}" for k in keys], **shown)]
     if fixed:
         traces.append(go.Bar(name=_label(labels, "fixed", "after the constraint"), x=x, y=values(fixed),
-                             marker_color=FIXED_COLOR, text=[f"{float(fixed[k]):.3g}" for k in keys],
-                             textposition="outside"))
+                             marker_color=FIXED_COLOR, text=[f"{float(fixed[k]):.3g}" for k in keys], **shown))
     fig = go.Figure(traces)
+    fig.update_xaxes(tickangle=0)
     if bound:
         fig.add_hline(y=float(bound), line_dash="dash", line_color="#495057",
                       annotation_text=f"{_label(labels, 'bound', 'bound')} {float(bound):g}")

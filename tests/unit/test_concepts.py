@@ -324,6 +324,8 @@ def test_plots_show_the_frames_numbers(tiny):
     fixed = {"naive_direct": 20.0, "direct": 1.0, "delta_logit": 0.0, "max_abs_centred_delta_logit": 1.5}
     fig = plots_concepts.explosion_bars(run, fixed, bound=2.0)
     assert list(fig.data[0].y) == [500.0, 300.0, 250.0, 250.0] and min(fig.data[1].y) > 0  # log axis floor
+    # names on lines under their bars, values upright over them (side by side they ran into one another)
+    assert fig.data[0].x[1] == "direct path<br>Δlogit(t)" and {t.textangle for t in fig.data} == {-90}
     curve = pd.DataFrame({"step": [0, 1], "max_abs_delta_logit": [9.0, 1.0], "cosine": [1.0, 0.9]})
     assert len(plots_concepts.constraint_curve(curve, 2.0).data) == 2
 
