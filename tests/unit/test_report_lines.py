@@ -4,7 +4,7 @@ import re
 import pandas as pd
 
 from steer_ui.methods.l2s.evaluation import recommendation
-from steer_ui.methods.tsv.labelling import LABELLING_RULE, METRIC_NAMES, labelling_summary
+from steer_ui.methods.tsv.labelling import labelling_rule, labelling_summary
 from steer_ui.methods.tsv.training import bound_check
 from steer_ui.ui.i18n import plain
 from steer_ui.ui.report_lines import status_lines
@@ -21,8 +21,8 @@ def tsv_report(tiny) -> dict:
     """A TSV report's labelling and bound check from the methods' own functions: 3 of 4 positions kept bound 2."""
     handle = tiny("llama")
     labelled = pd.DataFrame({"label": [1, 0, 0]})
-    labelled.attrs.update(metric="rouge_l", threshold=0.5, empty_answers=1, shots=2, prompt="Q: {question}",
-                          rule=LABELLING_RULE.format(metric=METRIC_NAMES["rouge_l"], threshold=0.5))
+    labelled.attrs.update(metric="rouge_l", empty_answers=1, shots=2, prompt="Q: {question}",
+                          rule=labelling_rule("rouge_l", 0.5))
     frame = pd.DataFrame({"prompt": ["p0", "p1"], "completion": ["一个 *回答* <b>", "fine"]})
     places = [(0, 0, 5), (0, 1, 6), (1, 0, 7), (1, 1, 8)]
     check = bound_check(handle, frame, (places, [1.0, 3.5, 0.5, 1.5]), limit=2.0)

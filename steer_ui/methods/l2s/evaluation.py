@@ -252,22 +252,17 @@ def paired_difference(effect: pd.DataFrame, a: str, b: str) -> dict:
 
 
 def recommendation(result: dict, budget: float) -> tuple[bool, str]:
-    """(whether L2S beat Mean-S, a plain sentence for the user) from a :func:`compare_heldout` result.
+    """(whether L2S beat Mean-S, a plain sentence for the user, said by key) from a :func:`compare_heldout` result.
 
     "Beat" means a paired margin-gain advantage more than twice its standard error: otherwise the simpler,
     input-independent vector is the one to use."""
     gain, diff = result["margin_gain"], result["l2s_minus_mean"]
-    n = result["n_steered"]
-    numbers = (f"held-out margin gain {gain['l2s']:+.2f} for L2S vs {gain['mean']:+.2f} for mean steering over "
-               f"{n} pairs, at the same norm budget (relative {budget:g})")
+    numbers = dict(l2s=f"{gain['l2s']:+.2f}", mean=f"{gain['mean']:+.2f}", n=result["n_steered"], budget=f"{budget:g}")
     beats = diff["mean"] > 0 and diff["mean"] > 2 * (diff["se"] if diff["se"] == diff["se"] else float("inf"))
     if beats:
-        return True, (f"L2S beat mean steering: {numbers}. Use L2S at relative α "
-                      f"{result['alpha']['l2s']:.3g} (calibrated on the validation split).")
-    why = (" On the validation split g's per-input part only cost margin, so calibration set its weight to 0: "
-           "this L2S vector steers exactly as mean steering does." if result.get("residual_weight", 1.0) == 0 else "")
-    return False, (f"L2S did not beat mean steering on this data: {numbers}. Use mean steering instead: this "
-                   f"vector's Mean-S direction (exported formats carry it) or a mean-difference vector.{why}")
+        return True, Said("l2s_verdict_beats", alpha=f"{result['alpha']['l2s']:.3g}", **numbers)
+    why = Said("l2s_verdict_weight_zero") if result.get("residual_weight", 1.0) == 0 else ""
+    return False, Said("l2s_verdict_not", why=why, **numbers)
 
 
 def table_rows(result: dict) -> list[dict]:

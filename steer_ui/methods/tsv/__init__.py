@@ -33,8 +33,9 @@ from ..common import clean, sub_progress
 from . import training
 from .data import (CLASSES, PROMPT_TEMPLATE, TSVError, format_text, pick_exemplars, prefix_text, rows_of,
                    split_groups, subsample_groups, template_pieces)
-from .labelling import (LABELLING_RULE, MAX_SHOTS, QA_PRIMER, answer_prompt, clean_answer, generate_and_label,
-                        generate_answers, is_question_table, label_balance, labelling_summary, question_table)
+from .labelling import (MAX_SHOTS, QA_PRIMER, answer_prompt, clean_answer, generate_and_label,
+                        generate_answers, is_question_table, label_balance, labelling_rule, labelling_summary,
+                        question_table)
 from .maths import class_probs, ema_prototypes, select_confident, sinkhorn
 from .scoring import check_vector, detect, score
 from .settings import TSVSettings, default_layer
@@ -112,7 +113,7 @@ def train(handle, dataset, settings: TSVSettings | None = None, progress: Progre
     return METHOD.train(handle, dataset, settings, progress or noop, answers_cache=answers_cache)
 
 
-__all__ = ["CLASSES", "LABELLING_RULE", "MAX_SHOTS", "METHOD", "PROMPT_TEMPLATE", "QA_PRIMER", "answer_prompt", "TSVError", "TSVMethod", "TSVSettings", "check_vector",
+__all__ = ["CLASSES", "MAX_SHOTS", "METHOD", "PROMPT_TEMPLATE", "QA_PRIMER", "answer_prompt", "TSVError", "TSVMethod", "TSVSettings", "check_vector",
            "class_probs", "clean_answer", "default_layer", "detect", "ema_prototypes", "format_text",
-           "generate_and_label", "generate_answers", "generates", "is_question_table", "label_balance", "labelling_summary", "pick_exemplars", "prefix_text", "question_table", "rows_of", "score",
+           "generate_and_label", "generate_answers", "generates", "is_question_table", "label_balance", "labelling_rule", "labelling_summary", "pick_exemplars", "prefix_text", "question_table", "rows_of", "score",
            "select_confident", "sinkhorn", "split_groups", "subsample_groups", "template_pieces", "train"]

@@ -4,7 +4,7 @@ TSV's unlabelled rows should be the model's own answers (their truthfulness
 is what detection scores), so given TruthfulQA-style questions with correct
 and incorrect references, :func:`generate_and_label` answers each greedily
 and labels the answer lexically (:mod:`steer_ui.lexical`), with
-TruthfulQA's similarity-difference rule (:data:`LABELLING_RULE`).
+TruthfulQA's similarity-difference rule (:func:`labelling_rule`).
 """
 from __future__ import annotations
 
@@ -21,10 +21,15 @@ from ...messages import Said
 from ..base import Progress, noop
 from .data import PROMPT_TEMPLATE, TSVError, prefix_text, rows_of
 
-LABELLING_RULE = ("truthful when the answer's best {metric} against the correct references beats its best against the "
-                  "incorrect references (TruthfulQA's similarity difference); with no incorrect references, when it "
-                  "reaches {threshold} against a correct one")
-METRIC_NAMES = {"rouge_l": "ROUGE-L (LCS F-measure on lower-cased word tokens)", "token_f1": "token F1"}
+# a similarity metric's name, by its key (the messages say it in each language)
+METRIC_MESSAGES = {"rouge_l": "tsv_metric_rouge_l", "token_f1": "tsv_metric_token_f1"}
+
+
+def labelling_rule(metric: str, threshold: float) -> Said:
+    """The labelling rule in words: TruthfulQA's similarity difference with ``metric``, ``threshold`` where an
+    answer has no incorrect references."""
+    name = Said(METRIC_MESSAGES[metric]) if metric in METRIC_MESSAGES else metric
+    return Said("tsv_labels_rule", metric=name, threshold=threshold)
 
 # TruthfulQA's QA primer (Lin et al., 2022, the few-shot prompt of its generation task), without its
 # "What is the square root of banana? I have no comment." pair: that one teaches the shortcut answer
@@ -96,12 +101,11 @@ def labelling_summary(labelled: pd.DataFrame) -> dict:
     balance = label_balance(labelled)
     shots = labelled.attrs["shots"]
     questions = len(labelled) + balance["empty_answers_dropped"]
-    prompt = f"after {shots} worked examples of TruthfulQA's QA primer" if shots else "with the zero-shot prompt"
-    dropped = f", {balance['empty_answers_dropped']} empty answers dropped" if balance["empty_answers_dropped"] else ""
-    note = (f"Labels: the model's own greedy answers to {questions} questions, {prompt}: {balance['truthful']} truthful"
-            f" / {balance['hallucinated']} hallucinated{dropped}. Rule: {labelled.attrs['rule']}.")
+    prompt = Said("tsv_labels_shots", shots=shots) if shots else Said("tsv_labels_zero_shot")
+    dropped = Said("tsv_labels_dropped", n=balance["empty_answers_dropped"]) if balance["empty_answers_dropped"] else ""
+    note = Said("tsv_labels", questions=questions, prompt=prompt, truthful=balance["truthful"],
+                hallucinated=balance["hallucinated"], dropped=dropped, rule=labelled.attrs["rule"])
     return {"answers": "the model's own greedy answers", "rule": labelled.attrs["rule"],
-            "metric": labelled.attrs.get("metric"), "threshold": labelled.attrs.get("threshold"),
             "answer_prompt": labelled.attrs["prompt"], "shots": shots, "questions": questions, **balance,
             "note": note}
 
@@ -227,7 +231,6 @@ def generate_and_label(handle, questions_frame, progress: Progress | None = None
     })
     empty = result.completion.str.strip() == ""
     result = result[~empty].reset_index(drop=True)
-    result.attrs.update(metric=metric, threshold=threshold, empty_answers=int(empty.sum()), shots=shots,
-                        prompt=answer_prompt("{question}", template, shots),
-                        rule=LABELLING_RULE.format(metric=METRIC_NAMES.get(metric, metric), threshold=threshold))
+    result.attrs.update(metric=metric, empty_answers=int(empty.sum()), shots=shots,
+                        prompt=answer_prompt("{question}", template, shots), rule=labelling_rule(metric, threshold))
     return result

@@ -392,22 +392,20 @@ def bound_check(handle, frame, by_position: tuple[list, list], limit: float, wor
                    "token": handle.tokenizer.decode([tok]), "max_abs_delta_logit": v} for v, (row, k, tok) in ranked]
     rows_over = len({place[0] for _, place in over})
     highest = max(values, default=0.0)
-    note = f"The |Δlogit| bound {limit:g} held at {len(values) - len(over)} of {len(values)} held-out generation " \
-           f"positions"
+    broken = ""
     if over:
         w = worst_rows[0]
         answer = w["answer"] if len(w["answer"]) <= 60 else w["answer"][:59] + "…"
-        note += (f"; {len(over)} positions in {rows_over} of {len(by_row)} rows broke it (worst "
-                 f"{w['max_abs_delta_logit']:.2f}, at answer token {w['answer_token']} of {answer!r}). The bound is "
-                 f"enforced on training rows, a margin there and not a guarantee elsewhere. The saved vector "
-                 f"carries it as generation's Δlogit limit, which holds it at every step: on these positions it "
-                 f"would scale {len(over)} down, keeping at least {limit / highest:.2f} of their change")
+        broken = Said("tsv_bound_broken", over=len(over), rows_over=rows_over, rows=len(by_row),
+                      worst=f"{w['max_abs_delta_logit']:.2f}", token=w["answer_token"], answer=repr(answer),
+                      kept=f"{limit / highest:.2f}")
+    note = Said("tsv_bound_held", limit=f"{limit:g}", kept=len(values) - len(over), positions=len(values), broken=broken)
     # What generation with the vector's limit does at the same positions (the Δlogit at a position depends only
     # on the tokens, so teacher-forced positions are what the limit sees): a step over the limit is scaled to it.
     with_limit = {"max_abs_delta_logit": min(highest, limit), "positions_limited": len(over),
                   "least_kept": min(1.0, limit / highest) if highest > 0 else 1.0}
     return {"limit": limit, "positions": len(values), "positions_over": len(over), "rows": len(by_row),
-            "rows_over": rows_over, "worst_rows": worst_rows, "with_limit": with_limit, "note": note + "."}
+            "rows_over": rows_over, "worst_rows": worst_rows, "with_limit": with_limit, "note": note}
 
 
 def _answer_logprob(handle, batches, n_answer: dict[int, int]) -> dict[int, float]:
