@@ -46,11 +46,9 @@ class Lessons:
                 return work(handle, report)
             except UserError:
                 raise
-            except KeyedError as exc:  # a refusal that names its message: said in the visitor's language
-                if exc.key is None:
-                    raise UserError("concepts_failed", detail=_first_line(exc)) from None
-                raise UserError(exc.key, **exc.params) from None
             except ValueError as exc:  # ConceptsError, GenerationError, SteeringError are ValueErrors
+                if isinstance(exc, KeyedError) and exc.key is not None:  # it names its message: said as such
+                    raise UserError(exc.key, **exc.params) from None
                 raise UserError("concepts_failed", detail=_first_line(exc)) from None
 
     def _sampling(self, temperature, top_k, top_p, repetition) -> dict:
