@@ -89,10 +89,16 @@ def tiny_model(family: str = "llama", layers: int = 4, hidden: int = 64, seed: i
     return model, byte_tokenizer()
 
 
-def tiny_handle(family: str = "llama", device: torch.device | str = "cpu", **kwargs):
+def tiny_handle(family: str = "llama", device: torch.device | str = "cpu", int8: bool = False, **kwargs):
+    """A tiny model's handle; ``int8``: its weights rounded to int8 first (a tiny Gemma 3 so takes the fused C
+    kernels, as the embedded model does)."""
     from .model.handle import from_model
 
     model, tok = tiny_model(family, **kwargs)
+    if int8:
+        from .model.int8 import quantise_model
+
+        quantise_model(model)
     return from_model(model.to(device), tok, model_id=f"tiny:{family}")
 
 

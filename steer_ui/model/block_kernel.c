@@ -1,4 +1,4 @@
-/* One Gemma 3 decoder block for a decode step of `rows` rows (one new token each), in one call (issue #50).
+/* One Gemma 3 decoder block on `rows` rows (one token each), in one call (issue #50).
  *
  * Through Hugging Face's modules a CPU decode step dispatched ~1,350 torch operators from Python, about as much
  * time as reading the weights (docs/bench.md, "Where a step's time goes"); here a block is one ctypes call:
@@ -8,9 +8,17 @@
  *   columns [max(start, col − window + 1), col];  a += head_add (ITI's shift, where given)
  *   h += rms(a Woᵀ) · g_post_attn;  x = rms(h) · g_pre_ff;  h += rms(W_down (gelu_tanh(x Wgᵀ) ⊙ x Wuᵀ)) · g_post_ff
  *
+ * A row names its own column and the store row whose keys and values it writes and reads: a decode step gives
+ * every row the same column and a store row of its own; a pass over a prompt's positions (fused_pass.py) gives
+ * each position a row of the same store row at its own column.  Every row's key and value are written before
+ * any row attends, so a position sees the positions before it written in the same call.  The MLP can run on
+ * some rows only (a pass reads the last position of the final block alone); the others keep the block's
+ * attention half, as Hugging Face's modules leave them when fed one position (prefix.py).
+ *
  * The products are int8_kernel.c's (the same function the torch path calls, so the same sums); the norms'
- * squares are summed in double, attention in float32.  Every row is computed alone (no sum runs across rows),
- * so a request's result does not depend on the rows beside it: the many-users batch stays exact.
+ * squares are summed in double, attention in float32.  Every row is computed alone (no sum runs across rows;
+ * loops over many rows are shared between the threads a row each), so a request's result does not depend on
+ * the rows beside it: the many-users batch stays exact.
  * Built like int8_kernel.c (-O3 -march=native -fopenmp -ffp-contract=off) and called through ctypes.
  */
 #include "int8_kernel.c"
@@ -77,23 +85,36 @@ int64_t block_scratch(int64_t rows, int64_t hidden, int64_t heads, int64_t kv_he
     return rows * (2 * hidden + 2 * heads * head_dim + 2 * kv_heads * head_dim + 2 * inter + heads * cap);
 }
 
-/* Returns 0, or -1 when a product refuses its shape (the caller checks every weight before the first step). */
+/* Row loops share the threads where the rows are many (a pass's hundreds); a decode step's few stay on one. */
+#define ROWS_IN_PARALLEL(n) if ((n) >= 8)
+
+/* Returns 0, or -1 when a product refuses its shape (the caller checks every weight before the first step).
+ * cols[r]: row r's column; stores[r]: its store row (NULL: r); start[]: per store row; ff_rows[0 .. n_ff):
+ * the rows the MLP runs on, ascending (NULL: every row, n_ff ignored). */
 int block_step(int64_t rows, int64_t hidden, float *h, const float *const *gains, float eps,
                const void *const *w, const int64_t *dim, int64_t heads, int64_t kv_heads, int64_t head_dim,
-               const float *cos_, const float *sin_, float *kstore, float *vstore, int64_t cap, int64_t col,
-               const int64_t *start, int64_t window, float scaling, float softcap, const float *head_add,
-               float *scratch, int threads, packed_fn packed)
+               const float *cos_, const float *sin_, float *kstore, float *vstore, int64_t cap, const int64_t *cols,
+               const int64_t *stores, const int64_t *start, int64_t window, float scaling, float softcap,
+               const float *head_add, const int64_t *ff_rows, int64_t n_ff, float *scratch, int threads,
+               packed_fn packed)
 {
     const int64_t qd = heads * head_dim, kd = kv_heads * head_dim, inter = dim[3 * W_GATE + 1];
     float *x = scratch, *o = x + rows * hidden, *q = o + rows * hidden, *a = q + rows * qd;
     float *k = a + rows * qd, *v = k + rows * kd, *gate = v + rows * kd, *up = gate + rows * inter;
     float *scores = up + rows * inter;
+    if (!ff_rows) n_ff = rows;
+    int64_t widest = 0;
+    for (int64_t r = 0; r < rows; r++)
+        if (cols[r] + 1 > widest) widest = cols[r] + 1;
+#pragma omp parallel for num_threads(threads) schedule(static) ROWS_IN_PARALLEL(rows)
     for (int64_t r = 0; r < rows; r++) rms(h + r * hidden, gains[G_IN], hidden, eps, x + r * hidden);
     if (product(w, dim, W_Q, x, rows, q, threads, packed) || product(w, dim, W_K, x, rows, k, threads, packed)
         || product(w, dim, W_V, x, rows, v, threads, packed))
         return -1;
+#pragma omp parallel for num_threads(threads) schedule(static) ROWS_IN_PARALLEL(rows)
     for (int64_t r = 0; r < rows; r++) {
         const float *c = cos_ + r * head_dim, *s = sin_ + r * head_dim;
+        const int64_t sr = stores ? stores[r] : r;
         for (int64_t i = 0; i < heads; i++) {
             float *qi = q + r * qd + i * head_dim;
             rms(qi, gains[G_Q], head_dim, eps, qi);
@@ -103,21 +124,21 @@ int block_step(int64_t rows, int64_t hidden, float *h, const float *const *gains
             float *kj = k + r * kd + j * head_dim;
             rms(kj, gains[G_K], head_dim, eps, kj);
             rope(kj, c, s, head_dim);
-            const int64_t at = ((r * kv_heads + j) * cap + col) * head_dim;
+            const int64_t at = ((sr * kv_heads + j) * cap + cols[r]) * head_dim;
             memcpy(kstore + at, kj, head_dim * sizeof(float));
             memcpy(vstore + at, v + r * kd + j * head_dim, head_dim * sizeof(float));
         }
     }
     const int64_t group = heads / kv_heads, pairs = rows * heads;
     /* attention: one (row, head) per iteration, each alone */
-#pragma omp parallel for num_threads(threads) schedule(static) if (pairs * (col + 1) * head_dim > 65536)
+#pragma omp parallel for num_threads(threads) schedule(static) if (pairs * widest * head_dim > 65536)
     for (int64_t p = 0; p < pairs; p++) {
-        const int64_t r = p / heads, i = p % heads, j = i / group;
-        int64_t lo = start[r];
+        const int64_t r = p / heads, i = p % heads, j = i / group, col = cols[r], sr = stores ? stores[r] : r;
+        int64_t lo = start[sr];
         if (window > 0 && col - window + 1 > lo) lo = col - window + 1;
         const float *qi = q + r * qd + i * head_dim;
-        const float *kj = kstore + (r * kv_heads + j) * cap * head_dim;
-        const float *vj = vstore + (r * kv_heads + j) * cap * head_dim;
+        const float *kj = kstore + (sr * kv_heads + j) * cap * head_dim;
+        const float *vj = vstore + (sr * kv_heads + j) * cap * head_dim;
         float *sc = scores + p * cap, *out = a + r * qd + i * head_dim;
         float top = -INFINITY;
         for (int64_t c = lo; c <= col; c++) {
@@ -148,19 +169,24 @@ int block_step(int64_t rows, int64_t hidden, float *h, const float *const *gains
     if (head_add)
         for (int64_t n = 0; n < rows * qd; n++) a[n] += head_add[n];
     if (product(w, dim, W_O, a, rows, o, threads, packed)) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static) ROWS_IN_PARALLEL(rows)
     for (int64_t r = 0; r < rows; r++) {
         float *hr = h + r * hidden, *orow = o + r * hidden;
         rms(orow, gains[G_POST_ATTN], hidden, eps, orow);
         for (int64_t n = 0; n < hidden; n++) hr[n] += orow[n];
-        rms(hr, gains[G_PRE_FF], hidden, eps, x + r * hidden);
     }
-    if (product(w, dim, W_GATE, x, rows, gate, threads, packed) || product(w, dim, W_UP, x, rows, up, threads, packed))
+    /* the MLP's rows gathered in front: x's i-th row is row ff_rows[i]'s */
+#pragma omp parallel for num_threads(threads) schedule(static) ROWS_IN_PARALLEL(n_ff)
+    for (int64_t i = 0; i < n_ff; i++)
+        rms(h + (ff_rows ? ff_rows[i] : i) * hidden, gains[G_PRE_FF], hidden, eps, x + i * hidden);
+    if (product(w, dim, W_GATE, x, n_ff, gate, threads, packed) || product(w, dim, W_UP, x, n_ff, up, threads, packed))
         return -1;
-#pragma omp simd
-    for (int64_t n = 0; n < rows * inter; n++) gate[n] = gelu_tanh(gate[n]) * up[n];
-    if (product(w, dim, W_DOWN, gate, rows, o, threads, packed)) return -1;
-    for (int64_t r = 0; r < rows; r++) {
-        float *hr = h + r * hidden, *orow = o + r * hidden;
+#pragma omp parallel for simd num_threads(threads) schedule(static) ROWS_IN_PARALLEL(n_ff)
+    for (int64_t n = 0; n < n_ff * inter; n++) gate[n] = gelu_tanh(gate[n]) * up[n];
+    if (product(w, dim, W_DOWN, gate, n_ff, o, threads, packed)) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static) ROWS_IN_PARALLEL(n_ff)
+    for (int64_t i = 0; i < n_ff; i++) {
+        float *hr = h + (ff_rows ? ff_rows[i] : i) * hidden, *orow = o + i * hidden;
         rms(orow, gains[G_POST_FF], hidden, eps, orow);
         for (int64_t n = 0; n < hidden; n++) hr[n] += orow[n];
     }

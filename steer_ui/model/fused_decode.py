@@ -91,8 +91,8 @@ def _bind(library):
         return None
     step = library.block_step
     step.restype = ctypes.c_int
-    step.argtypes = [_I, _I, _P, _P, ctypes.c_float, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _I,
-                     ctypes.c_float, ctypes.c_float, _P, _P, ctypes.c_int, _P]
+    step.argtypes = [_I, _I, _P, _P, ctypes.c_float, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I,
+                     ctypes.c_float, ctypes.c_float, _P, _P, _I, _P, ctypes.c_int, _P]
     scratch = library.block_scratch
     scratch.restype = _I
     scratch.argtypes = [_I] * 7
@@ -197,14 +197,12 @@ class _Block:
         return self._gain_pointers
 
 
-class FusedDecode:
-    """The rows' KV store, columns, positions and steering; one C call per block a step.  Not thread-safe: the
-    batch's thread drives it."""
-
-    path = "fused"
+class Blocks:
+    """A model's decoder blocks as ``block_kernel.c`` takes them: their weights and norms (:class:`_Block`), the
+    attention's shape and each block's kind; :meth:`run` is one block's C call.  The decode step
+    (:class:`FusedDecode`) and a pass over a prompt's positions (:mod:`.fused_pass`) both call it."""
 
     def __init__(self, handle):
-        self.handle = handle
         config = text_config(handle)
         arch = handle.arch
         self.blocks = [_Block(layer) for layer in arch.layers]
@@ -216,13 +214,47 @@ class FusedDecode:
         self.softcap = float(getattr(config, "attn_logit_softcapping", None) or 0.0)
         self.kinds = layer_types(handle)
         self.window = int(getattr(config, "sliding_window", 0) or 0)
+
+    def scratch(self, rows: int, hidden: int, capacity: int) -> torch.Tensor:
+        """The floats a call on ``rows`` rows works in."""
+        return torch.empty(_kernel()[1](rows, hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
+                                        capacity))
+
+    def run(self, i: int, rows: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+            values: torch.Tensor, columns: torch.Tensor, stores: torch.Tensor | None, start: torch.Tensor,
+            head_add: torch.Tensor | None, ff_rows: torch.Tensor | None, scratch: torch.Tensor, packed) -> None:
+        """Block ``i`` on the first ``rows`` rows of ``h`` (float32, contiguous), in place: row r at column
+        ``columns[r]`` of store row ``stores[r]`` (None: r) of ``keys``/``values`` (store rows, kv heads,
+        capacity, head dim), from that store row's ``start``; the MLP on ``ff_rows`` only (None: every row).
+        ``packed``: :func:`_packed_kernel`'s address, looked up once by the caller."""
+        block = self.blocks[i]
+        status = _kernel()[0](
+            rows, h.shape[-1], h.data_ptr(), block.gain_pointers(), block.eps, block.pointers, block.dims,
+            self.heads, self.kv_heads, self.head_dim, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+            values.data_ptr(), keys.shape[2], columns.data_ptr(), None if stores is None else stores.data_ptr(),
+            start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling, self.softcap,
+            None if head_add is None else head_add.data_ptr(), None if ff_rows is None else ff_rows.data_ptr(),
+            0 if ff_rows is None else ff_rows.shape[0], scratch.data_ptr(), torch.get_num_threads(), packed)
+        if status != 0:
+            raise RuntimeError(f"the block kernel refused block {i}'s shapes")
+
+
+class FusedDecode:
+    """The rows' KV store, columns, positions and steering; one C call per block a step.  Not thread-safe: the
+    batch's thread drives it."""
+
+    path = "fused"
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.model = Blocks(handle)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.columns = 0
         self.start: torch.Tensor | None = None  # (rows,) each row's first real column
         self.positions: torch.Tensor | None = None  # (rows,) each row's next position id
         self._steers: list = []
-        self._final_block = arch.num_layers - 1
+        self._final_block = handle.arch.num_layers - 1
         # Rows that compute what another row computes in the first blocks (a request's counterfactual row is its
         # steered row until the first steered block: set_steering's ``twins``) are stored last, so that each block
         # computes a prefix of the rows and copies the rest (see _share).  _order[i]: the batch's row stored at i
@@ -246,9 +278,10 @@ class FusedDecode:
         return self.keys[0].shape[2] if self.keys else 0
 
     def _store(self, rows: int, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        shape = (rows, self.kv_heads, capacity, self.head_dim)
+        shape = (rows, self.model.kv_heads, capacity, self.model.head_dim)
         # never-written columns are never read (a row attends from its start on), so empty, not zeros
-        return ([torch.empty(shape) for _ in self.blocks], [torch.empty(shape) for _ in self.blocks])
+        blocks = self.model.blocks
+        return [torch.empty(shape) for _ in blocks], [torch.empty(shape) for _ in blocks]
 
     def join(self, cache, columns: int, mask: torch.Tensor, positions: torch.Tensor, reserve: int,
              twins: list[tuple[int, int]] | None = None) -> None:
@@ -334,7 +367,7 @@ class FusedDecode:
     def _share(self, twins: list[tuple[int, int]]) -> None:
         """Store the rows with twins last, by how many blocks they skip (fewest first), so each block computes a
         prefix of the stored rows; note what each block computes and copies."""
-        n = len(self.blocks)
+        n = len(self.model.blocks)
         if len(twins) != self.rows:
             raise ValueError(f"twins for {len(twins)} rows, the store holds {self.rows}")
         order = _stored_order(twins)
@@ -362,7 +395,7 @@ class FusedDecode:
         """One decode step: feed each row its ``next_ids`` (rows, 1); returns the rows' (last hidden, final
         block output), each (rows, hidden).  ``pause`` is called before each decoder block and the final norm."""
         handle, arch = self.handle, self.handle.arch
-        step_fn, scratch_fn = _kernel()
+        model = self.model
         if self.columns >= self.capacity:
             self._grow()
         rows, column = next_ids.shape[0], self.columns
@@ -379,31 +412,23 @@ class FusedDecode:
             h = handle.model.get_input_embeddings()(stored_ids)[:, -1, :].float().contiguous()
             position_ids = self.positions.unsqueeze(1)
             rope = {}
-            for kind in set(self.kinds):
+            for kind in set(model.kinds):
                 cos, sin = handle.model.base_model.rotary_emb(h, position_ids, kind)
                 rope[kind] = (cos.reshape(rows, -1).float().contiguous(), sin.reshape(rows, -1).float().contiguous())
-            hidden = h.shape[-1]
-            scratch = torch.empty(scratch_fn(rows, hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
-                                             self.capacity))
+            scratch = model.scratch(rows, h.shape[-1], self.capacity)
             start = self.start.contiguous()
+            columns = torch.full((rows,), column, dtype=torch.int64)  # every row at the same column, its own store row
             packed = _packed_kernel()  # one lookup a step, not one a block
             final = None
-            for i, block in enumerate(self.blocks):
+            for i in range(len(model.blocks)):
                 if pause is not None:
                     pause()
                 head_add = self._head_add(i, state, rows)
                 if head_add is not None and order is not None:
                     head_add = head_add.index_select(0, order).contiguous()
-                cos, sin = rope[self.kinds[i]]
-                computed = self._active[i] if self._active else rows
-                status = step_fn(computed, hidden, h.data_ptr(), block.gain_pointers(), block.eps, block.pointers, block.dims,
-                                 self.heads, self.kv_heads, self.head_dim, cos.data_ptr(), sin.data_ptr(),
-                                 self.keys[i].data_ptr(), self.values[i].data_ptr(), self.capacity, column,
-                                 start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling,
-                                 self.softcap, None if head_add is None else head_add.data_ptr(), scratch.data_ptr(),
-                                 torch.get_num_threads(), packed)
-                if status != 0:
-                    raise RuntimeError(f"the block kernel refused block {i}'s shapes")
+                cos, sin = rope[model.kinds[i]]
+                model.run(i, self._active[i] if self._active else rows, h, cos, sin, self.keys[i], self.values[i],
+                          columns, None, start, head_add, None, scratch, packed)
                 for row, twin in self._copies.get(i, ()):
                     h[row] = h[twin]  # its input to the next block, as computing it would give, bit for bit
                 if i == self._final_block:

@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..messages import Said
-from . import cuda_graphs
+from . import cuda_graphs, fused_pass
 from .capture import CaptureError, forward, left_pad, length_batches, recording, thread_owned
 from .generation import encode_prompt
 from .hooks import Steer, StepState, apply_steers, special_positions, steering, validate
@@ -179,7 +179,7 @@ class Prefix:
                 replayed = self._replayed_logits(h)
                 if replayed is not None:
                     return replayed
-            return self._logits_above(h).cpu()
+            return self._logits_above(h, hooked=bool(later)).cpu()
 
     def _with_quiet_rows(self, steers: Sequence[Steer], quiet: list[bool]) -> torch.Tensor:
         """:meth:`logits` where the rows marked ``quiet`` add nothing: those rows are the unsteered logits, which
@@ -192,11 +192,17 @@ class Prefix:
             out[loud] = self.logits([_rows_of(s, loud) for s in steers], rows=int(loud.numel()))
         return out
 
-    def _logits_above(self, h: torch.Tensor) -> torch.Tensor:
-        """Last-position logits (rows, vocab) of blocks ``layer + 1``.. on ``h`` (on the model's device)."""
+    def _logits_above(self, h: torch.Tensor, hooked: bool = False) -> torch.Tensor:
+        """Last-position logits (rows, vocab) of blocks ``layer + 1``.. on ``h`` (on the model's device).
+
+        One C call a block where the model takes the fused kernel (:mod:`.fused_pass`), unless ``hooked``:
+        steers at later blocks act through hooks on the modules, which only the modules' own forwards run."""
         arch = self.handle.arch
-        normed = arch.final_hidden(self._blocks_above(h)[:, -1:, :])[:, -1, :]
-        return arch.logits(normed)
+        if not hooked and fused_pass.why_not(self) is None:
+            final = fused_pass.final_last(self, h).to(h.dtype).unsqueeze(1)
+        else:
+            final = self._blocks_above(h)[:, -1:, :]
+        return arch.logits(arch.final_hidden(final)[:, -1, :])
 
     def _replayed_logits(self, h: torch.Tensor) -> torch.Tensor | None:
         """:meth:`logits` of a one-row ``h`` from the re-run recorded as a CUDA graph, on the CPU; None where

@@ -12,10 +12,9 @@ import torch
 
 from steer_ui.model import fused_decode, static_decode
 from steer_ui.model.generation import DecodeBatch, Request, Sampling, row_twins
-from steer_ui.model.handle import from_model
 from steer_ui.model.hooks import HeadSteer, Steer, hook_count
-from steer_ui.model.int8 import int8_weights, kernel_available, quantise_model
-from steer_ui.tiny import tiny_handle, tiny_model
+from steer_ui.model.int8 import int8_weights, kernel_available
+from steer_ui.tiny import tiny_handle
 from test_static_decode import SCHEDULE, _run, _same, _specs
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="no C compiler: the fused step is not built")
@@ -26,9 +25,7 @@ LOGIT_TOL = 1e-4  # Δlogits of a few units, summed in another order through 6 b
 @pytest.fixture(scope="module")
 def gemma3():
     """A 6-block tiny Gemma 3 (sliding-window blocks beside a full one, window 16) with int8 weights."""
-    model, tok = tiny_model("gemma3", layers=6)
-    quantise_model(model)
-    return from_model(model, tok, model_id="tiny:gemma3")
+    return tiny_handle("gemma3", layers=6, int8=True)
 
 
 def _close(a: float, b: float) -> bool:
@@ -50,9 +47,7 @@ def test_gemma3_with_int8_weights_takes_the_fused_path_by_default_on_cpu(gemma3,
 
 @pytest.mark.parametrize("family, weights, why", [("gemma3", "float32", "not int8"), ("llama", "int8", "Gemma 3")])
 def test_other_models_keep_the_dynamic_path_and_say_why(family, weights, why):
-    handle = tiny_handle(family)
-    if weights == "int8":
-        quantise_model(handle.model)
+    handle = tiny_handle(family, int8=weights == "int8")
     path = DecodeBatch(handle, decode="fused").decode_path
     assert path["path"] == "dynamic" and why in path["reason"]
     assert DecodeBatch(handle).decode_path["path"] == "dynamic"
@@ -178,9 +173,7 @@ def test_with_every_product_on_packed_weights_the_fused_step_takes_them_and_stay
     and a batch equal to each request alone, bit for bit."""
     from rounded_activations import on_packed_weights
 
-    model, tok = tiny_model("gemma3", layers=6)
-    quantise_model(model)
-    handle = from_model(model, tok, model_id="tiny:gemma3")
+    handle = tiny_handle("gemma3", layers=6, int8=True)
     on_packed_weights(handle)
     assert fused_decode.unsupported(handle) is None
     specs = _specs(handle)

@@ -15,11 +15,10 @@ import torch
 from steer_ui.model.analysis import next_token
 from steer_ui.model.engine import Engine
 from steer_ui.model.generation import Request, Sampling
-from steer_ui.model.handle import from_model
 from steer_ui.model.hooks import Steer
-from steer_ui.model.int8 import kernel_available, quantise_model
+from steer_ui.model.int8 import kernel_available
 from steer_ui.model.slider_batch import SliderBatcher
-from steer_ui.tiny import tiny_model
+from steer_ui.tiny import tiny_handle
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="no C compiler: the fused step is not built")
 
@@ -29,9 +28,7 @@ PROMPT = "a slider on this view"
 @pytest.fixture(scope="module")
 def gemma3():
     """A tiny Gemma 3 with int8 weights: the engine decodes it on the fused step."""
-    model, tok = tiny_model("gemma3", layers=4)
-    quantise_model(model)
-    return from_model(model, tok, model_id="tiny:gemma3")
+    return tiny_handle("gemma3", layers=4, int8=True)
 
 
 def _steer(handle, alpha: float, seed: int = 3) -> list[Steer]:

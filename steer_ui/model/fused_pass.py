@@ -1,0 +1,98 @@
+"""Blocks above a cached prefix re-run in one C call a block (``block_kernel.c``): the slider, sweeps, α grids.
+
+A slider move or a sweep re-runs blocks L+1.. of the model on every position of the prompt, once per α (the
+steering changes every position's residual, and the last position attends to them all).  Through Hugging Face's
+modules each block is some twenty torch operators a call, over tensors of rows × positions; here it is the fused
+decode step's kernel (:class:`.fused_decode.Blocks`), fed each position as a row of its own: row (r, t) at
+column t of store row r, so it attends to positions 0..t of its own α's row, whose keys and values the same call
+wrote.  The final block's MLP runs on the last positions only (what :meth:`.prefix.Prefix.logits` reads), as
+the torch path's ``_last_position_mlp`` does.
+
+The arithmetic is the fused decode step's: the same int8 products as the torch path, the norms, rope, attention
+and activation summed in another order, so the two paths agree to float32 rounding (tests/unit/test_fused_pass.py
+bounds it), and every row is computed alone, so a row's logits do not depend on the rows beside it: a sweep's
+row equals the slider's one-row call at the same α bit for bit.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from .fused_decode import Blocks, _packed_kernel, unsupported
+from .int8 import int8_weights
+
+_ON = True  # modules_only() turns it off
+
+
+@contextmanager
+def modules_only():
+    """Inside, prefixes re-run their blocks through the model's modules (A/B runs and tests)."""
+    global _ON
+    kept, _ON = _ON, False
+    try:
+        yield
+    finally:
+        _ON = kept
+
+
+def _blocks(handle) -> tuple[Blocks | None, str | None]:
+    """(the model's blocks for the kernel, None) or (None, why not), kept on the handle while its int8 weights'
+    paths stay as they were (a tool may switch a product's activations; the kept blocks hold the addresses of
+    the packed codes that path reads).  Checking a model is ~2 ms and building the blocks ~1 ms, against a
+    slider move's ~15: so not once a move."""
+    kept = handle.__dict__.get("_fused_pass")
+    weights = kept[0] if kept else int8_weights(handle.model)
+    key = tuple((w.w8a8, w.w8a16, id(w.packed)) for w in weights)
+    if kept and kept[1] == key:
+        return kept[2], kept[3]
+    reason = unsupported(handle)
+    blocks = Blocks(handle) if reason is None else None
+    handle.__dict__["_fused_pass"] = (weights, key, blocks, reason)
+    return blocks, reason
+
+
+def why_not(prefix) -> str | None:
+    """Why :func:`final_last` cannot re-run ``prefix``'s blocks (then the torch modules do), or None."""
+    if not _ON:
+        return "the modules asked for (modules_only)"
+    _, reason = _blocks(prefix.handle)
+    if reason:
+        return reason
+    mask = prefix.attention_mask
+    if mask is not None and not bool(mask.all()):
+        return "a left-padded batch (the pass takes prompts of one length, positions counted from 0)"
+    return None
+
+
+def final_last(prefix, h: torch.Tensor) -> torch.Tensor:
+    """(rows, width) float: blocks ``prefix.layer + 1``.. run on ``h`` (rows, positions, width), the block L
+    output with its steering added, and the final block's output at the last position (before the final norm).
+    No gradients flow through it: :meth:`.prefix.Prefix.final` (training) keeps the modules."""
+    handle = prefix.handle
+    model, reason = _blocks(handle)
+    if model is None:
+        raise ValueError(f"the fused pass cannot run this model: {reason}")
+    rows, positions, width = h.shape
+    n = rows * positions
+    x = h.float().reshape(n, width).clone()  # the kernel writes its rows in place; h may be the prefix's own
+    position_ids = torch.arange(positions).unsqueeze(0)
+    rope = {}
+    for kind in set(model.kinds):
+        cos, sin = handle.model.base_model.rotary_emb(x, position_ids, kind)
+        rope[kind] = tuple(t.reshape(positions, -1).float().repeat(rows, 1).contiguous() for t in (cos, sin))
+    shape = (rows, model.kv_heads, positions, model.head_dim)
+    keys, values = torch.empty(shape), torch.empty(shape)  # every block writes all its columns before reading
+    columns = torch.arange(positions, dtype=torch.int64).repeat(rows)
+    stores = torch.arange(rows, dtype=torch.int64).repeat_interleave(positions)
+    start = torch.zeros(rows, dtype=torch.int64)
+    last = torch.arange(1, rows + 1, dtype=torch.int64) * positions - 1
+    scratch = model.scratch(n, width, positions)
+    packed = _packed_kernel()
+    final = len(model.blocks) - 1
+    with torch.inference_mode():
+        for i in range(prefix.layer + 1, final + 1):
+            cos, sin = rope[model.kinds[i]]
+            model.run(i, n, x, cos, sin, keys, values, columns, stores, start, None,
+                      last if i == final else None, scratch, packed)
+    return x.index_select(0, last)
