@@ -381,6 +381,10 @@ class Request:
     generated: dict[int, list[int]] = field(default_factory=lambda: {UNSTEERED: [], STEERED: []}, repr=False)
     # the rows this request decodes, in the batch's order (see Sampling.unsteered / counterfactual)
     kinds: tuple[int, ...] = (UNSTEERED, STEERED, COUNTERFACTUAL)
+    # no steer adds anything (none, or every α 0): the unsteered side and the counterfactual row would be the
+    # steered row bit for bit, so only the steered row decodes and the others are filled from it (:meth:`mirror`)
+    mirrored: bool = False
+    asked: tuple[int, ...] = (UNSTEERED, STEERED, COUNTERFACTUAL)  # the rows the sampling asks for (row_kinds)
 
     @classmethod
     def make(cls, handle, prompt: str, steers: Sequence, sampling: Sampling | None = None) -> "Request":
@@ -404,10 +408,14 @@ class Request:
                                   f"longer than this model's {limit} positions")
         zero = torch.zeros(())
         row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
+        # an input-dependent steer's α · fn(context) is left to compute (its function could return inf)
+        mirrored = all(float(s.scalar_alpha) == 0.0 and getattr(s, "fn", None) is None for s in steers)
+        asked = row_kinds(sampling)
         return cls(prompt=prompt, ids=ids, steers=steers, sampling=sampling,
                    result=SideBySide(prompt=prompt, unsteered=Side(), steered=Side()),
                    eos=(_eos_ids(handle) if sampling.stop_at_eos else set()) | {int(i) for i in sampling.stop_ids},
-                   row_steers=row_steers, kinds=row_kinds(sampling),
+                   row_steers=[] if mirrored else row_steers, kinds=(STEERED,) if mirrored else asked,
+                   mirrored=mirrored, asked=asked,
                    last_special=bool(special_positions(handle, torch.tensor(ids[-1:])).any()))
 
     def uniforms(self, vocab: int, device) -> torch.Tensor:
@@ -466,6 +474,36 @@ class Request:
         for side in self.sides.values():
             side.finished = side.finished or "length"
         self.done = True
+
+    def mirror(self, steered: TokenRecord | None, first: bool) -> TokenRecord | None:
+        """A mirrored request's step, once its steered row's token is taken: the numbers of the rows it did not
+        decode, which equal the steered row's (no steer adds anything).  ``steered``: this step's record (None if
+        the side had stopped); ``first``: whether this was step 0.  Returns the unsteered side's record, where the
+        request shows that side.
+
+        Δlogit against the counterfactual row (the unsteered model on the same tokens: this very row) is 0 and so
+        is the direct Δlogit; a Δlogit limit finds nothing to hold (0 before it, all of the change kept); a
+        measured request's unsteered log-probability is the token's own and its first token's KL is 0."""
+        s = self.sampling
+        if steered is not None and COUNTERFACTUAL in self.asked:
+            steered.delta_logit = steered.direct_delta_logit = 0.0
+            if s.max_delta_logit > 0:
+                steered.max_delta_logit, steered.kept = 0.0, 1.0
+            if s.measure:
+                steered.unsteered_logprob = steered.logprob
+        if first and s.measure:
+            self.result.first_kl = 0.0
+        if UNSTEERED not in self.asked:
+            return None
+        mine, theirs = self.result.unsteered, self.result.steered
+        mine.text, mine.finished = theirs.text, theirs.finished
+        if steered is None:
+            return None
+        record = TokenRecord(token_id=steered.token_id, token=steered.token, logprob=steered.logprob,
+                             alternatives=list(steered.alternatives))
+        if len(mine.tokens) < len(theirs.tokens):  # the token was kept (not an end of sequence)
+            mine.tokens.append(record)
+        return record
 
 
 def row_twins(requests: Sequence[Request], blocks: int) -> list[tuple[int, int]]:
@@ -686,8 +724,9 @@ class DecodeBatch:
         m = len(sampled)
         with_cf = [i for i, r in enumerate(requests) if COUNTERFACTUAL in r.kinds]
         cf_at = {i: c for c, i in enumerate(with_cf)}
-        limited = [i for i, r in enumerate(requests) if r.sampling.max_delta_logit > 0]
-        measured = [i for i, r in enumerate(requests) if r.sampling.measure]
+        # (a mirrored request's limit and measure read no row: Request.mirror)
+        limited = [i for i, r in enumerate(requests) if r.sampling.max_delta_logit > 0 and not r.mirrored]
+        measured = [i for i, r in enumerate(requests) if r.sampling.measure and not r.mirrored]
         # a limited or measured request's counterfactual row rides in the same unembedding (one read of W_U for
         # all rows)
         whole = limited + [i for i in measured if i not in limited]
@@ -796,6 +835,8 @@ class DecodeBatch:
             r.step += 1
             if all(side.finished for side in r.sides.values()) or r.step >= r.sampling.max_new_tokens:
                 r._finish()
+            if r.mirrored:
+                new[UNSTEERED] = r.mirror(new[STEERED], r.step == 1)
             events.append((r, StepEvent(step=r.step - 1, unsteered=new[UNSTEERED], steered=new[STEERED],
                                         result=r.result)))
         # the next inputs: the unsteered row its token, the steered and counterfactual rows the steered token

@@ -122,8 +122,8 @@ def test_counterfactual_rows_taking_their_twins_blocks_change_no_bit(gemma3):
     """A counterfactual row skips the blocks below its request's first steered block and takes its steered row's
     output there (the two are fed the same tokens and neither is steered yet): every number is the same bit for
     bit as when every row computes every block, across joins and leaves, with residual steers at several blocks,
-    head shifts (inside their block), special tokens, an input-dependent vector and an unsteered request (whose
-    counterfactual row skips every block)."""
+    head shifts (inside their block), special tokens, an input-dependent vector and an unsteered request (one row,
+    mirrored) beside them."""
     g = torch.Generator().manual_seed(3)
     width = gemma3.model.config.num_attention_heads * gemma3.model.config.head_dim
     shift, w = torch.randn(width, generator=g), torch.randn(64, 64, generator=g) / 8
@@ -142,9 +142,11 @@ def test_counterfactual_rows_taking_their_twins_blocks_change_no_bit(gemma3):
     with fused_decode.every_row_computed():
         _, computed = _run(gemma3, "fused", schedule, specs)
     _exact(shared, computed)
-    # and the rows were shared: a batch of the unsteered request skips its counterfactual row in every block
+    # and the rows were shared: a request steered at the last block only skips its counterfactual row in every
+    # block (an unsteered request has no counterfactual row to skip: it is mirrored, one row)
     lone = DecodeBatch(gemma3, decode="fused")
-    lone.admit([Request.make(gemma3, *specs[5])])
+    lone.admit([Request.make(gemma3, "the last block", [Steer(layer=5, vector=w[2], alpha=3.0)],
+                             Sampling(max_new_tokens=5))])
     assert lone.kv._active == [2] * len(gemma3.arch.layers) and lone.kv._copies == {5: [(2, 1)]}
 
 

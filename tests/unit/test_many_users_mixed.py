@@ -104,7 +104,9 @@ def test_unsteered_one_term_several_term_and_chat_requests_in_one_batch_each_get
     for name, ticket in tickets.items():
         for event in ticket:
             together[name] = event.result
-    assert rows_per_step and rows_per_step[0] == sum(len(r.kinds) for r in requests.values()) == 15, rows_per_step
+    # three rows a steered request, one for the unsteered one (its sides and Δlogits are its one row's: mirrored)
+    assert requests["unsteered"].mirrored and requests["unsteered"].kinds == (generation.STEERED,)
+    assert rows_per_step and rows_per_step[0] == sum(len(r.kinds) for r in requests.values()) == 13, rows_per_step
     assert engine.stats.peak_requests >= len(specs)
     assert engine.load["decode"]["path"] == ("static (eager)" if decode == "static" else "dynamic")
     problems = {name: _differences(together[name], alone[name]) for name in specs}

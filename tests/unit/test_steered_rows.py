@@ -81,11 +81,75 @@ def test_fewer_rows_give_the_steered_side_of_the_full_request(tiny, family):
 
 def test_a_delta_limit_or_a_measure_keeps_the_rows_it_reads(tiny):
     handle = tiny("llama")
-    assert Request.make(handle, "hi", [], Sampling(unsteered=False, counterfactual=False)).kinds == (1,)
-    limited = Request.make(handle, "hi", [], Sampling(unsteered=False, counterfactual=False, max_delta_logit=1.0))
+    steers = _specs(handle)[0][1]
+    assert Request.make(handle, "hi", steers, Sampling(unsteered=False, counterfactual=False)).kinds == (1,)
+    limited = Request.make(handle, "hi", steers, Sampling(unsteered=False, counterfactual=False, max_delta_logit=1.0))
     assert limited.kinds == (1, 2)
-    measured = Request.make(handle, "hi", [], Sampling(unsteered=False, counterfactual=False, measure=True))
+    measured = Request.make(handle, "hi", steers, Sampling(unsteered=False, counterfactual=False, measure=True))
     assert measured.kinds == (0, 1, 2)
+
+
+def _same_tokens(a, b) -> None:
+    """Two sides alike: tokens, text and end; every number a token carries within float noise."""
+    assert [t.token_id for t in a.tokens] == [t.token_id for t in b.tokens]
+    assert a.text == b.text and a.finished == b.finished
+    for x, y in zip(a.tokens, b.tokens):
+        assert x.logprob == pytest.approx(y.logprob, abs=TOL)
+        assert [p for _, p in x.alternatives] == pytest.approx([p for _, p in y.alternatives], abs=TOL)
+        for name in ("delta_logit", "direct_delta_logit", "max_delta_logit", "kept", "unsteered_logprob"):
+            mine, theirs = getattr(x, name), getattr(y, name)
+            assert (mine is None) == (theirs is None), name
+            assert mine is None or mine == pytest.approx(theirs, abs=1e-4), name
+
+
+def _every_row_decoded(request: Request) -> Request:
+    """``request`` decoding all the rows its sampling asks for, as before mirrored requests (its steers at α 0
+    still added, as zeros)."""
+    zero = torch.zeros(())
+    return dataclasses.replace(request, kinds=request.asked, mirrored=False, result=dataclasses.replace(
+        request.result, unsteered=type(request.result.unsteered)(), steered=type(request.result.steered)()),
+        row_steers=[s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in request.steers])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_request_that_adds_nothing_decodes_one_row_and_gets_the_three_rows_numbers(tiny, family):
+    """No steer, or every α 0: the unsteered side and the counterfactual row would be the steered row bit for bit,
+    so one row decodes and the rest is filled from it: both sides, Δlogit 0, a limit that holds nothing, a measure's
+    unsteered log-probability and first-token KL.  Beside a steered request, as the many-users batch has it."""
+    handle = tiny(family)
+    steered = _specs(handle)[1]
+    zero_alpha = [s.with_alpha(0.0) for s in steered[1]]
+    cases = [("Hello there, how are", [], Sampling(max_new_tokens=9)),
+             ("x y", zero_alpha, dataclasses.replace(steered[2], max_delta_logit=2.0, measure=True)),
+             ("abc def", [], Sampling(max_new_tokens=6, unsteered=False))]
+    for prompt, steers, sampling in cases:
+        mirrored = Request.make(handle, prompt, steers, sampling)
+        assert mirrored.mirrored and mirrored.kinds == (1,)
+        full = _every_row_decoded(Request.make(handle, prompt, steers, sampling))
+        assert not full.mirrored and len(full.kinds) == len(mirrored.asked) > 1
+        runs = []
+        for request in (mirrored, full):
+            batch, events = DecodeBatch(handle), []
+            beside = Request.make(handle, *steered)
+            batch.admit([beside, request])
+            while not request.done:
+                events += [e for r, e in batch.sample() if r is request]
+                batch.advance()
+            runs.append((request.result, events))
+        (a, a_events), (b, b_events) = runs
+        for side in ("unsteered", "steered"):  # rows computed in another batch: the same numbers to float noise
+            _same_tokens(getattr(a, side), getattr(b, side))
+        assert a.first_kl == pytest.approx(b.first_kl, abs=TOL) if b.first_kl is not None else a.first_kl is None
+        assert len(a_events) == len(b_events)
+        for x, y in zip(a_events, b_events):
+            assert (x.unsteered is None) == (y.unsteered is None)
+            assert x.steered.token_id == y.steered.token_id
+        if sampling.unsteered:
+            assert a.unsteered.tokens and a.unsteered.text == a.steered.text
+        else:
+            assert not a.unsteered.tokens
+        assert all(t.delta_logit == 0.0 and t.direct_delta_logit == 0.0 for t in a.steered.tokens)
+    assert a_events and all(e.unsteered is None for e in a_events)
 
 
 def test_the_engine_reports_one_row_for_a_steered_only_request_and_drops_a_cancelled_ones(tiny):
