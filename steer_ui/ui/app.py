@@ -107,11 +107,13 @@ async (lang) => {
 # never outputs here: labels are set by this observer (it also relabels buttons gradio re-creates, e.g. in the
 # overflow menu of a narrow screen) and tabs are opened by clicking their buttons (``js_open_tab``).
 # The same observer words the toasts' titles: gradio 6 titles a toast by its kind in English ("Warning", whatever
-# title the server gives), so the page puts the kind's word in its language over it.
+# title the server gives), so the page puts the kind's word in its language over it.  And the result tables'
+# column headers: their names are the API's field names (the frames an API client gets), so the page shows words in
+# its language over them and keeps the name in the header's title (gradio's), where it reads it back.
 JS_TAB_LABELS = """
 () => {
   if (window.__steerTabLabels) return;
-  const labels = %s, toastTitles = %s, gradioWords = %s;
+  const labels = %s, toastTitles = %s, gradioWords = %s, headerWords = %s, rawHeaders = %s;
   const idOf = {};  // the overflow menu's buttons carry no tab id: they are known by their label, in any language
   Object.values(labels).forEach((m) => Object.entries(m).forEach(([id, label]) => { idOf[label] = id; }));
   window.__steerTabLabels = () => {
@@ -136,6 +138,13 @@ JS_TAB_LABELS = """
         if (key && node.nodeValue.trim() !== words[key]) { node.nodeValue = node.nodeValue.replace(
           node.nodeValue.trim(), words[key]); }
       }));
+    const heads = headerWords[window.__steerLang || 'en'] || {};
+    document.querySelectorAll('th[title] span.header').forEach((span) => {
+      const th = span.closest('th'), text = span.firstChild;
+      if (th.closest(rawHeaders) || !text || text.nodeType !== 3) return;
+      const want = heads[th.getAttribute('title')] || th.getAttribute('title');
+      if (text.nodeValue !== want) { text.nodeValue = want; }
+    });
   };
   // a tab's button: in the bar, or (on a narrow screen) in the overflow menu, which is in the page while closed
   window.__steerOpenTab = (id) => {
@@ -195,12 +204,19 @@ JS_FIT_CHARTS = """
 }
 """
 
+# result tables' column headers in each language (JS_TAB_LABELS), but not where they are the person's own: a
+# dataset's columns (the names its file must have) and the answers table they type into
+HEADER_WORDS = {lang: i18n.plot_labels(lang, "columns") for lang in i18n.TRANSLATIONS}
+RAW_HEADER_TABLES = ("#data-preview", "#detect-answers")
+
 JS_BROWSER_LANG = ("() => { (%s)(); (%s)(); (%s)(); (%s)(); (%s)(); "
                    "return (document.documentElement.lang || navigator.language || 'en'); }"
                    % (panel_keys.JS_ENTER_COMMITS.strip(),
                       JS_TAB_LABELS.strip() % (json.dumps(TAB_LABELS, ensure_ascii=False),
                                                json.dumps(TOAST_TITLES, ensure_ascii=False),
-                                               json.dumps(GRADIO_WORDS, ensure_ascii=False)),
+                                               json.dumps(GRADIO_WORDS, ensure_ascii=False),
+                                               json.dumps(HEADER_WORDS, ensure_ascii=False),
+                                               json.dumps(", ".join(RAW_HEADER_TABLES))),
                       alpha_box.script().strip(), JS_QUIET_MODEBARS.strip(), JS_FIT_CHARTS.strip()))
 
 

@@ -364,3 +364,33 @@ def test_gradio_s_own_upload_words_follow_a_language_switch(browser, app):
     _wait(page, "() => document.querySelector('#detect-file [data-testid=upload-text]').textContent.includes('Drop')")
     assert words()[0] == "Drop File Here - or - Click to Upload"
     page.close()
+
+
+def test_result_tables_headers_follow_a_language_switch_and_the_person_s_own_stay(browser, app):
+    """A result table's column names are the API's field names, and a 简体中文 page showed them in English (a browser
+    review): the page shows words in its language over them, keeps the name in the header's title, and goes back
+    on switching to English; a dataset's columns and the answers typed on Detect keep their own names."""
+    url, backend, calls = app
+    page = open_page(browser, url)
+    page.locator("#sweep-btn").click()
+    page.get_by_text("Raw numbers", exact=True).click()
+    _wait(page, "() => Array.from(document.querySelectorAll('#sweep-table th')).some((th) => th.title === 'entropy')")
+
+    def headers(table: str) -> dict[str, str]:
+        return dict(page.evaluate(f"() => Array.from(document.querySelectorAll('{table} th[title]')).map((th) => "
+                                  "[th.title, th.querySelector('span.header').textContent.trim()])"))
+
+    assert headers("#sweep-table")["entropy"] == "entropy"
+    page.locator("#lang-switch label", has_text="简体中文").click()
+    _wait(page, "() => document.querySelector('#sweep-table th[title=entropy] span.header').textContent === '熵'")
+    sweep = headers("#sweep-table")
+    assert sweep["kl"] == "KL" and sweep["max_abs_delta_logit"] == "最大 |Δlogit|" and sweep["alpha"] == "α"
+    assert not any(re.search(r"[a-z]_[a-z]", word) for word in sweep.values()), sweep  # no field name left
+    _open_tab(page, "data")
+    assert headers("#data-preview") == {name: name for name in headers("#data-preview")} != {}
+    _open_tab(page, "detect")
+    assert headers("#detect-answers") == {"prompt": "prompt", "answer": "answer"}
+    page.locator("#lang-switch label", has_text="English").click()
+    _open_tab(page, "explore")
+    _wait(page, "() => document.querySelector('#sweep-table th[title=entropy] span.header').textContent === 'entropy'")
+    page.close()
