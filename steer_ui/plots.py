@@ -216,9 +216,18 @@ def per_token_delta(tokens: pd.DataFrame, labels: Mapping[str, str] | None = Non
         go.Scatter(x=x, y=tokens.direct_delta_logit, mode="lines+markers",
                    name=_label(labels, "direct", "direct effect (skip path, through the final norm)"), line=dict(color=DIRECT_COLOR, dash="dot")),
     ])
-    fig.update_xaxes(type="category", tickangle=-45)
+    # Upright names where there are many: at -45° the names of 64 tokens on a wide chart ran into each other (a
+    # browser review), and standing they need no more room than a line's height each.  The margin under the axis
+    # holds the longest name, then the legend, measured from the chart's bottom (where the legend sat at a fixed
+    # share of the plot's height, longer names ran into it).
+    upright = len(x) > 20
+    longest = max((len(name) for name in x), default=0)
+    names_px = int(6 * longest * (1.0 if upright else 0.71)) + 12
+    fig.update_xaxes(type="category", tickangle=-90 if upright else -45)
     fig.update_yaxes(title_text="Δlogit", zeroline=True)
-    return _layout(fig, _label(labels, "title", "Per-token Δlogit of the steered generation"))
+    _layout(fig, _label(labels, "title", "Per-token Δlogit of the steered generation"), height=260 + names_px + 50)
+    fig.update_layout(margin=dict(b=names_px + 50), legend=dict(yref="container", y=0.0, yanchor="bottom"))
+    return fig
 
 
 DOSE_METRICS = ("kl", "entropy", "max_abs_delta_logit", "target_prob")
