@@ -215,10 +215,13 @@ class Blocks:
         self.kinds = layer_types(handle)
         self.window = int(getattr(config, "sliding_window", 0) or 0)
 
+    def scratch_floats(self, rows: int, hidden: int, capacity: int) -> int:
+        """How many floats a call on ``rows`` rows works in."""
+        return int(_kernel()[1](rows, hidden, self.heads, self.kv_heads, self.head_dim, self.inter, capacity))
+
     def scratch(self, rows: int, hidden: int, capacity: int) -> torch.Tensor:
         """The floats a call on ``rows`` rows works in."""
-        return torch.empty(_kernel()[1](rows, hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
-                                        capacity))
+        return torch.empty(self.scratch_floats(rows, hidden, capacity))
 
     def run(self, i: int, rows: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
             values: torch.Tensor, columns: torch.Tensor, stores: torch.Tensor | None, start: torch.Tensor,

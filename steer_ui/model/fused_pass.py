@@ -65,14 +65,26 @@ def why_not(prefix) -> str | None:
     return None
 
 
+# the most scratch floats one call works in (128 MB): a long prompt's attention scores grow with its length squared,
+# so a sweep over one is run a few α rows at a time (rows are computed alone: the same numbers)
+SCRATCH_FLOATS = 32 * 2**20
+
+
 def final_last(prefix, h: torch.Tensor) -> torch.Tensor:
     """(rows, width) float: blocks ``prefix.layer + 1``.. run on ``h`` (rows, positions, width), the block L
     output with its steering added, and the final block's output at the last position (before the final norm).
     No gradients flow through it: :meth:`.prefix.Prefix.final` (training) keeps the modules."""
-    handle = prefix.handle
-    model, reason = _blocks(handle)
+    model, reason = _blocks(prefix.handle)
     if model is None:
         raise ValueError(f"the fused pass cannot run this model: {reason}")
+    rows, positions, width = h.shape
+    per_row = model.scratch_floats(positions, width, positions)
+    step = max(1, SCRATCH_FLOATS // max(per_row, 1))
+    return torch.cat([_final_last(prefix, model, h[i:i + step]) for i in range(0, rows, step)])
+
+
+def _final_last(prefix, model: Blocks, h: torch.Tensor) -> torch.Tensor:
+    handle = prefix.handle
     rows, positions, width = h.shape
     n = rows * positions
     x = h.float().reshape(n, width).clone()  # the kernel writes its rows in place; h may be the prefix's own

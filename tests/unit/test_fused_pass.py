@@ -106,3 +106,17 @@ def test_a_switched_weight_path_is_seen_at_the_next_call(gemma3):
         weight.w8a8 = was
     assert fused_pass.why_not(prefix) is None
     assert torch.equal(prefix.logits([steer], rows=1), before)
+
+
+def test_a_long_prompt_runs_a_few_rows_a_call_with_the_same_numbers(gemma3, monkeypatch):
+    """A call's attention scores grow with the prompt's length squared: past SCRATCH_FLOATS the pass runs a few α
+    rows at a time, which changes no number (rows are computed alone)."""
+    prefix = for_prompt(gemma3, LONG, 1)
+    steer = Steer(layer=1, vector=_vector(gemma3, 11), alpha=torch.tensor([-3.0, 1.0, 4.0, 7.0, -9.0]))
+    whole = prefix.logits([steer], rows=5)
+    calls = []
+    run = fused_pass._final_last
+    monkeypatch.setattr(fused_pass, "_final_last", lambda *a: calls.append(a[2].shape[0]) or run(*a))
+    monkeypatch.setattr(fused_pass, "SCRATCH_FLOATS", 2 * fused_pass._blocks(gemma3)[0].scratch_floats(
+        prefix.input_ids.shape[1], gemma3.arch.hidden_size, prefix.input_ids.shape[1]))
+    assert torch.equal(prefix.logits([steer], rows=5), whole) and calls == [2, 2, 1]
