@@ -209,8 +209,13 @@ JS_FIT_CHARTS = """
 HEADER_WORDS = {lang: i18n.plot_labels(lang, "columns") for lang in i18n.TRANSLATIONS}
 RAW_HEADER_TABLES = ("#data-preview", "#detect-answers")
 
+# The page's language as the language picker's own value (messages.normalise_lang's rule): gradio sets html lang
+# to the browser's language where it has a translation of its own (de, fr, ja, zh-TW, ...), and the picker's
+# input check refused those before the server could normalise them; the load event is unqueued, so the refusal
+# was a wordless red "Error" on the picker of every such browser's page (an audit of the unqueued events).
 JS_BROWSER_LANG = ("() => { (%s)(); (%s)(); (%s)(); (%s)(); (%s)(); "
-                   "return (document.documentElement.lang || navigator.language || 'en'); }"
+                   "const lang = document.documentElement.lang || navigator.language || 'en'; "
+                   "return lang.toLowerCase().startsWith('zh') ? 'zh-CN' : 'en'; }"
                    % (panel_keys.JS_ENTER_COMMITS.strip(),
                       JS_TAB_LABELS.strip() % (json.dumps(TAB_LABELS, ensure_ascii=False),
                                                json.dumps(TOAST_TITLES, ensure_ascii=False),

@@ -19,7 +19,6 @@ from .job_line import cancel_fn, follow
 from ..service import LAST_COMPARISON
 from .explore_tab import alpha_controls, rows_view
 from .library_ui import SHOW_COMPARISON, page_url, plain_api
-from .request_guard import client_address
 
 SHOWN = "shown_comparison"  # Session.cache key: the comparison the tab shows (live or saved), for opening a row
 
@@ -152,7 +151,7 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         return (relabel.keep(backend, sid(request), [summary], *relabel.text("saved_comparison")),
                 gr.update(value=link, visible=True))
 
-    @handler(backend)
+    @handler(backend, status=summary)
     def show_saved(request: gr.Request):
         """On a saved comparison's page: the tab to open (this one) and its table and charts as saved; else
         nothing."""
@@ -161,12 +160,11 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         if saved is None:
             return (gr.skip(),) * 7
         settings = dict(saved.get("settings") or {})
-        if saved.get("has_vector"):  # the saved vector itself, read-only, so a row opens with it in Explore
-            settings["vector"] = backend.open_result_vector(sid(request), saved["id"], client_address(request)) \
-                or settings.get("vector")
-        if saved.get("term_vectors") and settings.get("held"):  # the added rows' own vectors, kept as the main one
-            opened = backend.open_result_terms(sid(request), saved["id"], client_address(request))
-            settings["held"] = json.loads(extra_terms.renamed(json.dumps(settings["held"]), opened))
+        # the saved vectors themselves, read-only, so a row opens with them in Explore (opened with the link:
+        # library_ui.open_from_link)
+        settings["vector"] = saved.get("opened_vector") or settings.get("vector")
+        if saved.get("opened_terms") and settings.get("held"):
+            settings["held"] = json.loads(extra_terms.renamed(json.dumps(settings["held"]), saved["opened_terms"]))
         session.cache[SHOWN] = {"settings": settings, "rows": saved["comparison"]["rows"]}
         text = "\n".join(settings.get("prompts") or [])
         # a saved comparison claims only its prompts (put in the box here): its summary line names the vector

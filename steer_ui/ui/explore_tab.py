@@ -55,6 +55,9 @@ def alpha_slider(top: float, extended: bool = False) -> tuple[float, float]:
     return end, step
 
 
+ALPHA_MAX_BOUNDS = (0.001, 1e6)  # the α-max box's range, on the page and checked on the server
+
+
 def alpha_controls(alpha_max, alpha=None, extended: bool = False, set_alpha: bool = False) -> tuple[float, dict]:
     """The α-max box's value and the α slider's update for a range of about ±``alpha_max``.
 
@@ -66,7 +69,10 @@ def alpha_controls(alpha_max, alpha=None, extended: bool = False, set_alpha: boo
         top = abs(float(alpha_max))
     except (TypeError, ValueError):
         top = 1.0
-    box, _ = alpha_slider(top if math.isfinite(top) and top > 0 else 1.0)
+    # within the box's own bounds: a vector's stored α range outside them set the box to a value its input check
+    # then refused in an unqueued event, a wordless "Error" on the sliders (an audit of the unqueued events)
+    top = min(max(top, ALPHA_MAX_BOUNDS[0]), ALPHA_MAX_BOUNDS[1]) if math.isfinite(top) and top > 0 else 1.0
+    box, _ = alpha_slider(top)
     end, step = alpha_slider(box, extended)
     update = dict(minimum=-end, maximum=end, step=step)
     if alpha is not None:
@@ -315,7 +321,7 @@ def build_explore_tab(backend: Service, num_layers: int | None = None) -> Explor
             with gr.Row():
                 relative = gr.Checkbox(value=True, label=T("explore.relative"), info=T("explore.relative_info"),
                                    elem_id="explore-relative")
-                alpha_max = gr.Number(value=1.0, minimum=0.001, maximum=1e6, label=T("explore.alpha_max"), min_width=90,
+                alpha_max = gr.Number(value=1.0, minimum=ALPHA_MAX_BOUNDS[0], maximum=ALPHA_MAX_BOUNDS[1], label=T("explore.alpha_max"), min_width=90,
                                       info=T("explore.alpha_max_info"), elem_id="explore-alpha-max")
             with gr.Row():
                 extend = gr.Checkbox(value=False, label=T("explore.extend"), info=T("explore.extend_info"),

@@ -394,3 +394,18 @@ def test_result_tables_headers_follow_a_language_switch_and_the_person_s_own_sta
     _open_tab(page, "explore")
     _wait(page, "() => document.querySelector('#sweep-table th[title=entropy] span.header').textContent === 'entropy'")
     page.close()
+
+
+@pytest.mark.parametrize("locale, lang", [("de-DE", "English"), ("zh-TW", "简体中文")])
+def test_a_browser_in_another_language_opens_the_page_in_english_or_chinese_with_no_error(browser, app, locale, lang):
+    """gradio sets the page's html lang to the browser's language where it has a translation of its own; the page
+    sent that to the language picker, whose input check refused "de" or "fr" before the server could read it as
+    English, and the unqueued load left a wordless "Error" on the picker (an audit of the unqueued events)."""
+    url, backend, calls = app
+    page = open_page(browser, url, locale=locale)
+    checked = "() => document.querySelector('#lang-switch input:checked')?.value"
+    _wait(page, f"() => ({checked})() !== undefined")
+    time.sleep(1.0)  # the load's events have answered
+    assert page.evaluate(checked) == {"English": "en", "简体中文": "zh-CN"}[lang]
+    assert "Error" not in _text(page, "#lang-switch") and page.locator("#lang-switch .error").count() == 0
+    page.close()

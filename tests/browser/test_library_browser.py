@@ -196,3 +196,45 @@ def test_a_saved_comparison_link_opens_the_whole_table_on_the_many_prompts_tab(b
                             "|| '')", timeout=60_000)
     assert phone.locator("#compare-table").is_visible() and not phone.locator("#explore-prompt").is_visible()
     phone.close()
+
+
+def test_a_saved_comparison_whose_vector_no_longer_fits_the_model_still_opens_and_says_why(browser, tmp_path):
+    """A comparison saved with the owner's own vector, opened after the server switched to a model that vector does
+    not fit (a block past the new model's last): its vector was opened by the Many prompts tab's own page-load
+    event, which is unqueued, so the refusal showed nothing and the tab never opened (an audit of the unqueued
+    events).  The link's vectors now open with the link, where a refusal becomes the banner's notice, and the
+    saved table is shown."""
+    import dataclasses
+
+    from steer_ui.policy import Policy
+    from steer_ui.service import Service
+    from steer_ui.store import open_library
+    from steer_ui.tiny import tiny_handle
+    from steer_ui.ui.app import build_demo, launch_kwargs
+    from steer_ui.vector import random_vector
+
+    policy = Policy()
+    backend = Service(handle=tiny_handle("llama"), workdir=tmp_path, policy=policy,
+                      library=open_library(str(tmp_path / "library.db"), policy))
+    owner = "switched-owner-aaaaaaaa"
+    backend.claim_owner(owner, None)
+    vector = backend.add_vector(owner, dataclasses.replace(random_vector(backend.handle.arch.hidden_size, 3, seed=5),
+                                                           name="deep one"))
+    backend.compare(owner, "The weather today is\nMy favourite food is", False, vector, 3, 0.5, True, 0, 1.0,
+                    sampling=backend.sampling(max_new_tokens=4, greedy=True))
+    result_id = backend.save_comparison(owner)
+    backend.load_model("random:llama-mini")  # two blocks: the saved vector's block 3 is past its last
+    demo = build_demo(backend)
+    demo.queue()
+    port = free_port()
+    demo.launch(**launch_kwargs(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True))
+    try:
+        stranger = _fresh(browser, f"http://127.0.0.1:{port}/?result={result_id}", ready=False)
+        stranger.wait_for_function("() => /2 prompts at/.test(document.querySelector('#compare-summary')?.innerText "
+                                   "|| '')", timeout=60_000)
+        assert "My favourite food is" in stranger.locator("#compare-table").inner_text()
+        banner = stranger.locator("#model-banner").inner_text()
+        assert "A saved comparison" in banner and "could not be imported" in banner, banner
+        stranger.close()
+    finally:
+        demo.close()

@@ -14,7 +14,7 @@ from steer_ui.ui.explore_tab import EXTEND, alpha_controls, alpha_slider
 from steer_ui.ui import url_state
 
 
-@pytest.mark.parametrize("top", [0.3122, 0.0962, 0.0999, 0.101, 1.0, 4.0, 7.3, 123.4, 1e-4])
+@pytest.mark.parametrize("top", [0.3122, 0.0962, 0.0999, 0.101, 1.0, 4.0, 7.3, 123.4, 1.2e-3])
 def test_the_alpha_max_box_is_the_slider_s_end_and_extend_scales_it_exactly(top):
     box, update = alpha_controls(top)
     end, step = alpha_slider(top)
@@ -23,6 +23,16 @@ def test_the_alpha_max_box_is_the_slider_s_end_and_extend_scales_it_exactly(top)
     extended = alpha_controls(top, extended=True)[1]
     assert extended["maximum"] == float(f"{box * EXTEND:.12g}") and extended["step"] == float(f"{step * EXTEND:.12g}")
     assert abs(extended["maximum"] / extended["step"] - round(extended["maximum"] / extended["step"])) < 1e-9
+
+
+@pytest.mark.parametrize("top, box", [(1e-4, 0.001), (1e-9, 0.001), (5e6, 1e6), (1e30, 1e6)])
+def test_a_range_outside_the_alpha_max_box_s_bounds_sets_the_box_to_its_nearest_bound(top, box):
+    """A vector's stored α range is only checked to be finite and in order: one past the box's bounds set the box
+    to a value its input check refused, in an unqueued event (a wordless "Error" pill on the sliders)."""
+    from steer_ui.ui.explore_tab import ALPHA_MAX_BOUNDS
+
+    shown, update = alpha_controls(top)
+    assert shown == box and ALPHA_MAX_BOUNDS[0] <= shown <= ALPHA_MAX_BOUNDS[1] and update["maximum"] == shown
 
 
 def test_the_reviewers_range_0_3122_shows_as_0_315():
