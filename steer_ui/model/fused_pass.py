@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 
 from .fused_decode import Blocks, _packed_kernel, unsupported
+from .hooks import Steer, StepState, apply_steers
 from .int8 import int8_weights
 
 _ON = True  # modules_only() turns it off
@@ -52,10 +53,13 @@ def _blocks(handle) -> tuple[Blocks | None, str | None]:
     return blocks, reason
 
 
-def why_not(prefix) -> str | None:
-    """Why :func:`final_last` cannot re-run ``prefix``'s blocks (then the torch modules do), or None."""
+def why_not(prefix, later=()) -> str | None:
+    """Why :func:`final_last` cannot re-run ``prefix``'s blocks with the ``later`` steers (at blocks above the
+    prefix's) between them (then the torch modules do), or None."""
     if not _ON:
         return "the modules asked for (modules_only)"
+    if any(not isinstance(s, Steer) or s.fn is not None for s in later):
+        return "a per-head or input-dependent steer above the prefix (the modules' hooks add those)"
     _, reason = _blocks(prefix.handle)
     if reason:
         return reason
@@ -70,20 +74,31 @@ def why_not(prefix) -> str | None:
 SCRATCH_FLOATS = 32 * 2**20
 
 
-def final_last(prefix, h: torch.Tensor) -> torch.Tensor:
+def final_last(prefix, h: torch.Tensor, later=(), state: StepState | None = None) -> torch.Tensor:
     """(rows, width) float: blocks ``prefix.layer + 1``.. run on ``h`` (rows, positions, width), the block L
     output with its steering added, and the final block's output at the last position (before the final norm).
-    No gradients flow through it: :meth:`.prefix.Prefix.final` (training) keeps the modules."""
+    ``later``: residual steers at blocks above L, added to their block's output as the steering hook adds them
+    (:func:`.hooks.apply_steers`, with the pass's ``state``).  No gradients flow through it:
+    :meth:`.prefix.Prefix.final` (training) keeps the modules."""
     model, reason = _blocks(prefix.handle)
     if model is None:
         raise ValueError(f"the fused pass cannot run this model: {reason}")
     rows, positions, width = h.shape
     per_row = model.scratch_floats(positions, width, positions)
     step = max(1, SCRATCH_FLOATS // max(per_row, 1))
-    return torch.cat([_final_last(prefix, model, h[i:i + step]) for i in range(0, rows, step)])
+    if step >= rows:
+        return _final_last(prefix, model, h, later, state)
+    out = []
+    for i in range(0, rows, step):
+        part = torch.arange(i, min(i + step, rows))
+        special = None if state is None or state.special is None else \
+            state.special if state.special.shape[0] == 1 else state.special.index_select(0, part)
+        out.append(_final_last(prefix, model, h[i:i + step], [s.rows_of(part) for s in later],
+                               StepState(prompt_len=None, special=special)))
+    return torch.cat(out)
 
 
-def _final_last(prefix, model: Blocks, h: torch.Tensor) -> torch.Tensor:
+def _final_last(prefix, model: Blocks, h: torch.Tensor, later=(), state: StepState | None = None) -> torch.Tensor:
     handle = prefix.handle
     rows, positions, width = h.shape
     n = rows * positions
@@ -102,9 +117,15 @@ def _final_last(prefix, model: Blocks, h: torch.Tensor) -> torch.Tensor:
     scratch = model.scratch(n, width, positions)
     packed = _packed_kernel()
     final = len(model.blocks) - 1
+    by_block: dict[int, list] = {}
+    for s in later:
+        by_block.setdefault(s.layer, []).append(s)
     with torch.inference_mode():
         for i in range(prefix.layer + 1, final + 1):
             cos, sin = rope[model.kinds[i]]
             model.run(i, n, x, cos, sin, keys, values, columns, stores, start, None,
                       last if i == final else None, scratch, packed)
+            if i in by_block:  # after the block, as the steering hook on its output adds them
+                x = apply_steers(by_block[i], state or StepState(), x.view(rows, positions, width)) \
+                    .reshape(n, width).contiguous()
     return x.index_select(0, last)

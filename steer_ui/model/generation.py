@@ -42,6 +42,7 @@ runs one request alone through the same code.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -59,6 +60,20 @@ from .hooks import (HeadSteer, Steer, StepState, between_blocks, input_vector, s
 from .static_decode import StaticDecode
 
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
+_MIRROR = True  # every_row_decoded() turns it off
+
+
+@contextmanager
+def every_row_decoded():
+    """Inside, requests made here decode every row their sampling asks for, even one that adds nothing (which is
+    otherwise mirrored: :meth:`Request.mirror`): A/B runs, tests, and the bench's hook overhead, whose unsteered
+    baseline decodes the page's three rows as the steered run does."""
+    global _MIRROR
+    kept, _MIRROR = _MIRROR, False
+    try:
+        yield
+    finally:
+        _MIRROR = kept
 
 
 
@@ -409,7 +424,7 @@ class Request:
         zero = torch.zeros(())
         row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
         # an input-dependent steer's α · fn(context) is left to compute (its function could return inf)
-        mirrored = all(float(s.scalar_alpha) == 0.0 and getattr(s, "fn", None) is None for s in steers)
+        mirrored = _MIRROR and all(float(s.scalar_alpha) == 0.0 and getattr(s, "fn", None) is None for s in steers)
         asked = row_kinds(sampling)
         return cls(prompt=prompt, ids=ids, steers=steers, sampling=sampling,
                    result=SideBySide(prompt=prompt, unsteered=Side(), steered=Side()),

@@ -114,6 +114,14 @@ class Steer:
         return Steer(layer=self.layer, vector=self.vector, alpha=alpha, positions=self.positions, fn=self.fn,
                      context_layer=self.context_layer, special_tokens=self.special_tokens)
 
+    def rows_of(self, rows: torch.Tensor) -> "Steer":
+        """This steer for ``rows`` of its batch only (its per-row α and vectors taken at those rows; a fixed
+        vector only: an input-dependent one has no rows of its own)."""
+        alpha = self.alpha if self.alpha.numel() == 1 else self.alpha.index_select(0, rows)
+        vector = self.vector if self.vector.ndim == 1 else self.vector.index_select(0, rows.to(self.vector.device))
+        return Steer(layer=self.layer, vector=vector, alpha=alpha, positions=self.positions,
+                     special_tokens=self.special_tokens)
+
     @property
     def scalar_alpha(self) -> torch.Tensor:
         return self.alpha.reshape(-1)[0]

@@ -57,14 +57,6 @@ def _quiet_rows(steers: Sequence[Steer], rows: int) -> list[bool] | None:
     return quiet
 
 
-def _rows_of(steer: Steer, rows: torch.Tensor) -> Steer:
-    """``steer`` for ``rows`` of its batch only (its per-row α and vectors taken at those rows)."""
-    alpha = steer.alpha if steer.alpha.numel() == 1 else steer.alpha.index_select(0, rows)
-    vector = steer.vector if steer.vector.ndim == 1 else steer.vector.index_select(0, rows.to(steer.vector.device))
-    return Steer(layer=steer.layer, vector=vector, alpha=alpha, positions=steer.positions,
-                 special_tokens=steer.special_tokens)
-
-
 @dataclass
 class Prefix:
     """Rows run once through the frozen model, ready to re-run the blocks after ``layer``."""
@@ -179,7 +171,7 @@ class Prefix:
                 replayed = self._replayed_logits(h)
                 if replayed is not None:
                     return replayed
-            return self._logits_above(h, hooked=bool(later)).cpu()
+            return self._logits_above(h, later, state).cpu()
 
     def _with_quiet_rows(self, steers: Sequence[Steer], quiet: list[bool]) -> torch.Tensor:
         """:meth:`logits` where the rows marked ``quiet`` add nothing: those rows are the unsteered logits, which
@@ -189,17 +181,18 @@ class Prefix:
         out = self.unsteered_logits.expand(len(quiet), -1).clone()
         loud = torch.tensor([i for i, q in enumerate(quiet) if not q], dtype=torch.long)
         if loud.numel():
-            out[loud] = self.logits([_rows_of(s, loud) for s in steers], rows=int(loud.numel()))
+            out[loud] = self.logits([s.rows_of(loud) for s in steers], rows=int(loud.numel()))
         return out
 
-    def _logits_above(self, h: torch.Tensor, hooked: bool = False) -> torch.Tensor:
+    def _logits_above(self, h: torch.Tensor, later: Sequence = (), state: StepState | None = None) -> torch.Tensor:
         """Last-position logits (rows, vocab) of blocks ``layer + 1``.. on ``h`` (on the model's device).
 
-        One C call a block where the model takes the fused kernel (:mod:`.fused_pass`), unless ``hooked``:
-        steers at later blocks act through hooks on the modules, which only the modules' own forwards run."""
+        One C call a block where the model takes the fused kernel (:mod:`.fused_pass`), with the ``later`` steers
+        added between the calls as their hooks add them (``state``: the pass's, as the hooks see it); else the
+        modules' forwards, where those hooks (installed by the caller) act."""
         arch = self.handle.arch
-        if not hooked and fused_pass.why_not(self) is None:
-            final = fused_pass.final_last(self, h).to(h.dtype).unsqueeze(1)
+        if fused_pass.why_not(self, later) is None:
+            final = fused_pass.final_last(self, h, later, state).to(h.dtype).unsqueeze(1)
         else:
             final = self._blocks_above(h)[:, -1:, :]
         return arch.logits(arch.final_hidden(final)[:, -1, :])

@@ -27,7 +27,7 @@ from ..data import load_dataset
 from ..data.activations import extract
 from ..model.analysis import AlphaGrid, compare_logits, naive_logits, next_token, prefix_state, sweep
 from ..model.prefix import for_prompt
-from ..model.generation import DecodeBatch, Sampling, encode_prompt, stream_side_by_side
+from ..model.generation import DecodeBatch, Sampling, encode_prompt, every_row_decoded, stream_side_by_side
 from ..model.hooks import Steer, steering
 from ..model.loading import from_model
 # PROBE_PROMPTS, final_hidden and next_token_probs: the bench and tools read them here
@@ -235,13 +235,15 @@ def bench_side_by_side(handle, steer, n_tokens: int, reps: int, weight_bytes: in
 
 
 def bench_hook_overhead(handle, steer, n_tokens: int, reps: int, log) -> dict:
-    """Per-step decode time with the steering hook installed vs without, runs interleaved A B B A."""
+    """Per-step decode time with the steering hook installed vs without, runs interleaved A B B A; both decode the
+    page's three rows (an unsteered request is otherwise mirrored, one row: :func:`.generation.every_row_decoded`)."""
     log(f"bench: hook overhead ({reps} x 2 runs of {n_tokens} tokens)")
     plain, steered = [], []
     for rep in range(reps):
         order = ((False, True) if rep % 2 == 0 else (True, False))
         for with_hook in order:
-            _, steps, _ = _ours(handle, GENERATION_PROMPT, [steer] if with_hook else [], n_tokens)
+            with every_row_decoded():
+                _, steps, _ = _ours(handle, GENERATION_PROMPT, [steer] if with_hook else [], n_tokens)
             (steered if with_hook else plain).extend(steps)
     return {
         "new_tokens": n_tokens,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from steer_ui.model import fused_pass
-from steer_ui.model.hooks import Steer
+from steer_ui.model.hooks import HeadSteer, Steer
 from steer_ui.model.int8 import kernel_available
 from steer_ui.model.prefix import for_prompt, for_texts
 from steer_ui.tiny import tiny_handle
@@ -75,13 +75,27 @@ def test_per_row_vectors_and_special_tokens(gemma3):
         _agree(*_both(prefix, [steer], 3))
 
 
-def test_steers_at_later_blocks_and_padded_batches_go_through_the_modules(gemma3):
-    prefix = for_prompt(gemma3, LONG, 1)
-    here, later = (Steer(layer=1, vector=_vector(gemma3, 4), alpha=3.0),
-                   Steer(layer=4, vector=_vector(gemma3, 5), alpha=6.0))
-    fused, modules = _both(prefix, [here, later], 1)
-    assert torch.equal(fused, modules)  # both the modules': the later steer acts through their hooks
-    assert not torch.equal(fused, prefix.logits([here], rows=1))
+def test_steers_at_later_blocks_are_added_between_the_calls_as_their_hooks_add_them(gemma3):
+    """A second term above the prefix's block (the slider with two vectors, a sweep with a held row): added to
+    its block's output between the calls, per row too, with the special tokens left alone, and so the modules'
+    numbers to float noise; a per-head steer there goes through the modules."""
+    eos = gemma3.tokenizer.eos_token
+    prefix = for_prompt(gemma3, f"{LONG}{eos} and on", 1)
+    here = Steer(layer=1, vector=_vector(gemma3, 4), alpha=torch.tensor([3.0, -2.0, 0.5]))
+    for later in ([Steer(layer=4, vector=_vector(gemma3, 5), alpha=6.0)],
+                  [Steer(layer=3, vector=torch.stack([_vector(gemma3, s) for s in (6, 7, 8)]),
+                         alpha=torch.tensor([1.0, -4.0, 2.5])), Steer(layer=5, vector=_vector(gemma3, 9), alpha=-3.0,
+                                                                      special_tokens=True)]):
+        assert fused_pass.why_not(prefix, later) is None
+        fused, modules = _both(prefix, [here, *later], 3)
+        _agree(fused, modules)
+        assert not torch.equal(fused, prefix.logits([here], rows=3))  # the later steers did something
+    heads = HeadSteer({4: torch.randn(gemma3.model.config.num_attention_heads * gemma3.model.config.head_dim)},
+                      alpha=2.0)
+    assert "per-head" in fused_pass.why_not(prefix, [heads])
+
+
+def test_padded_batches_go_through_the_modules(gemma3):
     padded = for_texts(gemma3, ["short", LONG], 1)
     assert len(padded) == 1 and "left-padded" in fused_pass.why_not(padded[0])
 
@@ -113,10 +127,12 @@ def test_a_long_prompt_runs_a_few_rows_a_call_with_the_same_numbers(gemma3, monk
     rows at a time, which changes no number (rows are computed alone)."""
     prefix = for_prompt(gemma3, LONG, 1)
     steer = Steer(layer=1, vector=_vector(gemma3, 11), alpha=torch.tensor([-3.0, 1.0, 4.0, 7.0, -9.0]))
-    whole = prefix.logits([steer], rows=5)
+    held = Steer(layer=3, vector=torch.stack([_vector(gemma3, s) for s in range(5)]), alpha=torch.arange(5.0) - 2)
+    steer = [steer, held]  # and a later term, per row, taken at each chunk's rows
+    whole = prefix.logits(steer, rows=5)
     calls = []
     run = fused_pass._final_last
     monkeypatch.setattr(fused_pass, "_final_last", lambda *a: calls.append(a[2].shape[0]) or run(*a))
     monkeypatch.setattr(fused_pass, "SCRATCH_FLOATS", 2 * fused_pass._blocks(gemma3)[0].scratch_floats(
         prefix.input_ids.shape[1], gemma3.arch.hidden_size, prefix.input_ids.shape[1]))
-    assert torch.equal(prefix.logits([steer], rows=5), whole) and calls == [2, 2, 1]
+    assert torch.equal(prefix.logits(steer, rows=5), whole) and calls == [2, 2, 1]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from steer_ui.model.engine import Engine
-from steer_ui.model.generation import DecodeBatch, Request, Sampling, side_by_side
+from steer_ui.model.generation import DecodeBatch, Request, Sampling, every_row_decoded, side_by_side
 from steer_ui.model.hooks import Steer, hook_count
 
 TOL = 1e-5
@@ -125,7 +125,8 @@ def test_a_request_that_adds_nothing_decodes_one_row_and_gets_the_three_rows_num
     for prompt, steers, sampling in cases:
         mirrored = Request.make(handle, prompt, steers, sampling)
         assert mirrored.mirrored and mirrored.kinds == (1,)
-        full = _every_row_decoded(Request.make(handle, prompt, steers, sampling))
+        with every_row_decoded():  # as before mirrored requests: its steers at α 0 still added, as zeros
+            full = Request.make(handle, prompt, steers, sampling)
         assert not full.mirrored and len(full.kinds) == len(mirrored.asked) > 1
         runs = []
         for request in (mirrored, full):
