@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -76,6 +77,9 @@ def _this_tree_kernel():
 def kernel_built_from(source: Path):
     """Inside, every fused step calls the block kernel built from ``source`` (an ``int8_kernel.c`` beside it):
     two builds alternated in one process, as ``steer_ui.tools.kernel_ab`` runs them."""
+    if "const int64_t *cols" not in Path(source).read_text():  # the call this module binds (per-row columns)
+        raise RuntimeError(f"{source} is a block kernel from before per-row columns (3a21222), which takes another "
+                           "call: compare builds from that commit on")
     kernel = _bind(_library(Path(source), ()))
     if kernel is None:
         raise RuntimeError(f"{source} did not build")
@@ -184,17 +188,20 @@ class _Block:
         self.eps = float(layer.input_layernorm.eps)
         self._norm_weights = [norm.weight for norm in self.norms]
         self._versions: tuple = ()
-        self._gains: list[torch.Tensor] = []  # kept alive while the C call reads them through the addresses
-        self._gain_pointers = None
+        self._gains: tuple = (None, [])  # (addresses, the tensors behind them), replaced together
+        self._lock = threading.Lock()  # a pass on one thread and a decode step on another share these blocks
 
-    def gain_pointers(self):
-        """The addresses of the six norms' ``1 + w``, made again only where a weight was written since (its
-        version counter moved): a step reads them 18 times, so the check is one tuple of counters."""
+    def gain_pointers(self) -> tuple:
+        """(the addresses of the six norms' ``1 + w``, the tensors behind them): the caller holds the second while
+        its C call reads the first, so a rebuild on another thread cannot free them under it.  Made again only
+        where a weight was written since (its version counter moved): a step reads them 18 times, so the check is
+        one tuple of counters."""
         versions = tuple(w._version for w in self._norm_weights)
-        if versions != self._versions:
-            self._gains = [norm_gain(norm) for norm in self.norms]
-            self._gain_pointers, self._versions = (_P * 6)(*[g.data_ptr() for g in self._gains]), versions
-        return self._gain_pointers
+        with self._lock:
+            if versions != self._versions:
+                gains = [norm_gain(norm) for norm in self.norms]
+                self._gains, self._versions = ((_P * 6)(*[g.data_ptr() for g in gains]), gains), versions
+            return self._gains
 
 
 class Blocks:
@@ -231,8 +238,9 @@ class Blocks:
         capacity, head dim), from that store row's ``start``; the MLP on ``ff_rows`` only (None: every row).
         ``packed``: :func:`_packed_kernel`'s address, looked up once by the caller."""
         block = self.blocks[i]
+        gains, _held = block.gain_pointers()  # _held: the gains' tensors, alive until the call returns
         status = _kernel()[0](
-            rows, h.shape[-1], h.data_ptr(), block.gain_pointers(), block.eps, block.pointers, block.dims,
+            rows, h.shape[-1], h.data_ptr(), gains, block.eps, block.pointers, block.dims,
             self.heads, self.kv_heads, self.head_dim, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
             values.data_ptr(), keys.shape[2], columns.data_ptr(), None if stores is None else stores.data_ptr(),
             start.data_ptr(), self.window if self.kinds[i] == SLIDING else 0, self.scaling, self.softcap,

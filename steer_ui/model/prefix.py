@@ -89,8 +89,15 @@ class Prefix:
 
     @cached_property
     def unsteered_logits(self) -> torch.Tensor:
-        """(rows, vocab) next-token logits of the unsteered model, on the CPU (computed once)."""
+        """(rows, vocab) next-token logits of the unsteered model, on the CPU (computed once).
+
+        Where the steered rows take the fused pass, so does this one (one more pass, once a prefix): against the
+        modules' own logits every steered view would carry the two paths' rounding (up to ~0.01 in a logit on
+        the embedded model), a Δlogit and a KL that do not go to 0 with α and a sweep that jumps at its centre;
+        from the same arithmetic a row at α 0 is these logits bit for bit."""
         with torch.inference_mode():
+            if fused_pass.why_not(self) is None:
+                return self._logits_above(self.hidden).cpu()
             return self.handle.arch.logits(self.normed_last).cpu()
 
     def _blocks_above(self, hidden: torch.Tensor, every_position: bool = False) -> torch.Tensor:

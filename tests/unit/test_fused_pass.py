@@ -136,3 +136,20 @@ def test_a_long_prompt_runs_a_few_rows_a_call_with_the_same_numbers(gemma3, monk
     monkeypatch.setattr(fused_pass, "SCRATCH_FLOATS", 2 * fused_pass._blocks(gemma3)[0].scratch_floats(
         prefix.input_ids.shape[1], gemma3.arch.hidden_size, prefix.input_ids.shape[1]))
     assert torch.equal(prefix.logits(steer, rows=5), whole) and calls == [2, 2, 1]
+
+
+def test_the_unsteered_side_comes_from_the_same_arithmetic_so_a_view_goes_to_nothing_with_alpha(gemma3):
+    """Against the modules' own unsteered logits every steered view carried the two paths' rounding: a Δlogit and a
+    KL that did not go to 0 with α (a review).  The unsteered reference takes the pass too, so a row at α 0 is it
+    bit for bit and a vanishing α moves nothing."""
+    from steer_ui.model.analysis import compare_logits, unsteered_reference
+
+    prefix = for_prompt(gemma3, LONG, 2)
+    vector = _vector(gemma3, 12)
+    zero = prefix.logits([Steer(layer=2, vector=vector, alpha=torch.tensor([0.0, 1e-30]))], rows=2)
+    assert torch.equal(zero[0], prefix.unsteered_logits[0]) and torch.equal(zero[1], prefix.unsteered_logits[0])
+    view = compare_logits(gemma3, unsteered_reference(prefix), zero[1], 5)
+    assert view.kl == 0.0 and view.max_abs_delta_logit == 0.0
+    with fused_pass.modules_only():
+        modules = for_prompt(gemma3, LONG, 2).unsteered_logits
+    _agree(prefix.unsteered_logits, modules)
