@@ -103,25 +103,33 @@ def w8a16_products(old_source: Path, reps: int, rows=(1, 3, 8, 16, 24), shapes=W
         fn.restype, fn.argtypes = ctypes.c_int, _ARGS
         builds[name] = fn
     out = []
+    for (n, k, group, affine), count, calls, call in packed_cases(shapes, rows):
+        ys = {name: torch.empty(count, n) for name in builds}
+        times = _turns({name: lambda name=name: call(builds[name], ys[name]) for name in builds}, reps, calls)
+        old_ms, new_ms = statistics.median(times["old"]), statistics.median(times["new"])
+        out.append({"shape": f"{n} x {k} (group {group}{', affine' if affine else ''})", "rows": count,
+                    "old_ms": round(old_ms, 4), "new_ms": round(new_ms, 4),
+                    "new_over_old": round(new_ms / old_ms, 3), "equal": torch.equal(ys["old"], ys["new"])})
+    return out
+
+
+def packed_cases(shapes, rows):
+    """Per shape (out, in, group, affine) and row count: (shape, rows, how many calls a timing takes, a call that
+    runs a packed product function on this case's random codes and inputs into a given (rows, out) tensor)."""
+    import torch
+
     for n, k, group, affine in shapes:
         gen = torch.Generator().manual_seed(0)
         codes, scale, offset = _packed_random(n, k, group, affine, gen)
-        calls = 3 if n > 100_000 else 200
         for count in rows:
             x = torch.randn(count, k, generator=gen)
-            ys = {name: torch.empty(count, n) for name in builds}
 
-            def product(name: str):
-                return lambda: builds[name](x.data_ptr(), count, k, codes.data_ptr(), scale.data_ptr(),
-                                            None if offset is None else offset.data_ptr(), group, n,
-                                            ys[name].data_ptr(), torch.get_num_threads())
+            def call(fn, y, x=x, count=count):
+                return fn(x.data_ptr(), count, k, codes.data_ptr(), scale.data_ptr(),
+                          None if offset is None else offset.data_ptr(), group, n, y.data_ptr(),
+                          torch.get_num_threads())
 
-            times = _turns({name: product(name) for name in builds}, reps, calls)
-            old_ms, new_ms = statistics.median(times["old"]), statistics.median(times["new"])
-            out.append({"shape": f"{n} x {k} (group {group}{', affine' if affine else ''})", "rows": count,
-                        "old_ms": round(old_ms, 4), "new_ms": round(new_ms, 4),
-                        "new_over_old": round(new_ms / old_ms, 3), "equal": torch.equal(ys["old"], ys["new"])})
-    return out
+            yield (n, k, group, affine), count, 3 if n > 100_000 else 200, call
 
 
 # the low bytes' products in w8a16_kernel.c's two VNNI loops (vnni_rows, vnni_rows_held)

@@ -4,17 +4,22 @@
 view, :func:`steer_ui.model.analysis.next_token`, at ten α on the bench's 32-token prompt) and the bench's sweep
 section (21 one-row calls against one 21-α sweep), each through the modules and through the pass.  It prints the
 medians and how far the two paths' logits part (float32 rounding, summed in another order).
+
+``--sweep-parts`` instead splits the bench's sweep section, through the pass, into the pass's blocks, the
+unembedding and the rest, for the 21 one-row calls and for the one 21-α sweep (docs/bench.md, "The batched targets
+against the instruction ceiling").
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from contextlib import contextmanager
 
 import torch
 
 from ..model import fused_pass
-from ..model.analysis import next_token, prefix_state
+from ..model.analysis import next_token, prefix_state, sweep
 from ..model.loading import load_model
 from .measures import SLIDER_TEXT, _prompt_of_tokens, bench_sweep, seeded_steer
 from .timing import median, ms, ratio
@@ -65,15 +70,66 @@ def compare(handle, layer: int, reps: int) -> dict:
     return out
 
 
+@contextmanager
+def _timed_parts(handle, parts: dict):
+    """Inside, the pass's blocks (``fused_pass.final_last``) and the unembedding (``arch.logits``) add their
+    seconds to ``parts``; then as they were."""
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                parts[name] = parts.get(name, 0.0) + time.perf_counter() - start
+        return call
+
+    arch, blocks = handle.arch, fused_pass.final_last
+    fused_pass.final_last = timed("blocks", blocks)
+    object.__setattr__(arch, "logits", timed("unembedding", arch.logits))  # the instance's own, over the method
+    try:
+        yield
+    finally:
+        fused_pass.final_last = blocks
+        object.__delattr__(arch, "logits")  # the class's method again (a frozen dataclass refuses del and set)
+
+
+def sweep_parts(handle, layer: int, reps: int) -> dict:
+    """The bench's sweep section (21 α on its 32-token prompt, the α = 0 row free on both sides), the two sides
+    taking turns: per side and turn, ms in the pass's blocks, in the unembedding and in the rest."""
+    steer, _ = seeded_steer(handle, layer)
+    prompt, _ = _prompt_of_tokens(handle, SLIDER_TEXT, 32)
+    state = prefix_state(handle, prompt, layer)
+    scale = float(steer.scalar_alpha)
+    alphas = [scale * (-1.0 + 2.0 * i / 20) for i in range(21)]
+    raw = steer.vector.to(torch.float32)
+    sides = {"separate": lambda: [state.logits([steer.with_alpha(a)], rows=1) for a in alphas],
+             "batched": lambda: sweep(handle, prompt, raw, layer, alphas)}
+    sides["batched"]()  # warm-up: the first 21-row unembedding
+    out = {side: [] for side in sides}
+    for rep in range(reps):
+        for side in (list(sides) if rep % 2 == 0 else list(reversed(sides))):
+            parts: dict = {}
+            with _timed_parts(handle, parts):
+                start = time.perf_counter()
+                sides[side]()
+                total = time.perf_counter() - start
+            out[side].append({"total_ms": ms(total), **{f"{k}_ms": ms(v) for k, v in parts.items()},
+                              "rest_ms": ms(total - sum(parts.values()))})
+    out["sweep_speedup_per_turn"] = [ratio(a["total_ms"], b["total_ms"])
+                                     for a, b in zip(out["separate"], out["batched"])]
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--layer", type=int, default=None, help="the steered block (default: the middle one)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--sweep-parts", action="store_true", help="instead: where the sweep section's time goes")
     args = parser.parse_args(argv)
     handle = load_model(args.model)
     layer = handle.arch.num_layers // 2 if args.layer is None else args.layer
-    print(json.dumps(compare(handle, layer, args.reps), indent=1))
+    print(json.dumps((sweep_parts if args.sweep_parts else compare)(handle, layer, args.reps), indent=1))
 
 
 if __name__ == "__main__":
