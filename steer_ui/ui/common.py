@@ -160,6 +160,15 @@ class Toasted:
 TOASTED = Toasted()
 
 
+def toast_reaches_page() -> bool:
+    """Whether a toast raised now reaches the page: gradio sends ``gr.Warning`` and ``gr.Info`` down the queue's
+    stream of a queued event only; an unqueued event's (``queue=False``) is written to the server's log instead.
+    Such a refusal is not recorded as toasted, or it would hide the next queued event's toast of the same line."""
+    from gradio.context import LocalContext
+
+    return LocalContext.blocks.get(None) is not None and LocalContext.event_id.get(None) is not None
+
+
 def _refused_on_page(backend, request, exc: BaseException, status, clear=()):
     """A refusal on the page touches one line: a toast (info for a cancelled job, a warning otherwise; one per
     refusal however many events of one action refused it) and the tab's status line; every other output keeps
@@ -168,7 +177,7 @@ def _refused_on_page(backend, request, exc: BaseException, status, clear=()):
     in the page's language (app.JS_TAB_LABELS)."""
     line = refusal_line(backend, request, exc)
     lang = lang_of(backend, request)
-    if TOASTED.first(sid(request), line):
+    if toast_reaches_page() and TOASTED.first(sid(request), line):
         if isinstance(exc, UserError) and exc.key in CANCELLED:
             gr.Info(html.escape(line, quote=False), title=i18n.message(lang, "cancelled_title"),
                     duration=TOAST_SECONDS)
