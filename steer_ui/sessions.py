@@ -72,6 +72,7 @@ class Session:
     owner_token: str = field(default="", repr=False)  # that owner's token, as its browser or client holds it
     stored: dict = field(default_factory=dict)  # the owner's kept vectors by name, read on first use
     shared: dict = field(default_factory=dict)  # vectors opened by a share link: name in this session -> share id
+    untold: Any = None  # a refusal its page could not be shown yet (ui/request_guard.py): its next queued event says it
 
     @property
     def holds_work(self) -> bool:

@@ -27,7 +27,7 @@ from ..guards import text as checked_text
 from ..messages import UserError
 from ..policy import Policy
 from . import i18n, route_checks
-from .common import AlphaSlider, OptionalNumberBox, as_gr_error, sid
+from .common import AlphaSlider, OptionalNumberBox, as_gr_error, from_page, sid
 
 log = logging.getLogger("steer_ui.ui")
 
@@ -160,6 +160,23 @@ def check_event_data(block_fn, event_data) -> None:
         raise UserError("bad_input", what="event data", detail="no selection was sent")
 
 
+def _admit(backend, session: str, request, unseen: bool) -> None:
+    """The caller's session admitted.  "Your session expired" is said once, by the first event after the server
+    forgot the page's work; a page's unqueued event (``unseen``) could show it only as a wordless red pill (gradio
+    sends no toast outside the queue), so that event runs on the new session and its next queued event says it."""
+    try:
+        s = backend.session(session, client_address(request))
+    except UserError as exc:
+        if not (unseen and exc.key == "session_expired"):
+            raise
+        s = backend.session(session, client_address(request))  # the new one: the line was taken off the old
+        s.untold = exc
+        return
+    if s.untold is not None and not unseen:
+        told, s.untold = s.untold, None
+        raise told
+
+
 def install(demo: gr.Blocks, backend) -> None:
     """Wrap ``demo.process_api``: admission, input checks, and one plain line for every failure."""
     original = demo.process_api
@@ -170,7 +187,7 @@ def install(demo: gr.Blocks, backend) -> None:
             if iterator is None:  # the event's first call (a streaming generator comes back with its iterator)
                 session = sid(first)
                 if session is not None and first is not None:
-                    backend.session(session, client_address(first))
+                    _admit(backend, session, first, unseen=from_page(first) and kwargs.get("event_id") is None)
                     token = _header(first, OWNER_HEADER)
                     if token:  # an API client names its owner on every call; a token that is none keeps nothing
                         backend.claim_owner(session, token, client_address(first), issue=False)

@@ -388,3 +388,29 @@ def test_a_session_of_many_generations_keeps_only_the_pages_own_blocks(launched)
     session = demo.state_holder.session_data[c.session_hash]
     assert set(session.blocks_config.blocks) == set(demo.blocks)
     assert set(session.config_values) <= set(demo.blocks)
+
+
+def test_a_forgotten_session_is_told_by_the_page_s_next_queued_event_not_lost_in_an_unqueued_one(app):
+    """The first event after the server forgot an idle page's work said so once; when that event ran outside
+    the queue, the line reached the page as a wordless red pill (no toast there) and was never said again
+    (a review of the unqueued events).  Now the unqueued event runs on the new session and the next queued one
+    says it."""
+    import httpx
+
+    from raw_http import joined_calls
+    from steer_ui.vector import random_vector
+
+    backend, url = app
+    page = "forgotten-page-0001"
+    s = backend.session(page)
+    s.vectors["kept"] = random_vector(backend.handle.arch.hidden_size, 1, seed=3)  # work its visitor would lose
+    s.touched -= backend.policy.session_idle_seconds + 1
+    fn = {d.get("api_name"): d["id"] for d in httpx.get(url + "config", timeout=30).json()["dependencies"]}
+    with httpx.Client(timeout=60, headers={"x-gradio-user": "app"}) as http:
+        unqueued = http.post(url + "gradio_api/run/predict",
+                             json={"data": [], "fn_index": fn["whoami"], "session_hash": page})
+        assert unqueued.status_code == 200 and "error" not in unqueued.json(), unqueued.text
+        told = joined_calls(http, url, "whoami", [], page, None, count=1)[0]
+        assert told[0] == "error" and "idle for over" in told[1], told
+        again = joined_calls(http, url, "whoami", [], page, None, count=1)[0]  # said once
+        assert again[0] == "ok", again
