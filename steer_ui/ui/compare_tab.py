@@ -159,12 +159,7 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
         saved = session.cache.pop(SHOW_COMPARISON, None) if session is not None else None
         if saved is None:
             return (gr.skip(),) * 7
-        settings = dict(saved.get("settings") or {})
-        # the saved vectors themselves, read-only, so a row opens with them in Explore (opened with the link:
-        # library_ui.open_from_link)
-        settings["vector"] = saved.get("opened_vector") or settings.get("vector")
-        if saved.get("opened_terms") and settings.get("held"):
-            settings["held"] = json.loads(extra_terms.renamed(json.dumps(settings["held"]), saved["opened_terms"]))
+        settings = opened_settings(saved)
         session.cache[SHOWN] = {"settings": settings, "rows": saved["comparison"]["rows"]}
         text = "\n".join(settings.get("prompts") or [])
         # a saved comparison claims only its prompts (put in the box here): its summary line names the vector
@@ -223,6 +218,21 @@ def build_compare_tab(backend: Service, explore) -> CompareTab:
 
     return CompareTab(prompts=prompts, run=run, summary=summary, outputs=outputs, show_saved=show_saved,
                       open_row=open_row)
+
+
+def opened_settings(saved: dict) -> dict:
+    """A saved comparison's settings with its vectors as opened here (read-only, with the link:
+    library_ui.open_from_link), so a row opens with them in Explore.  One kept with the comparison that could not
+    be opened (say, it no longer fits the model) is not named by its saved name, which could be another vector's
+    of the viewer's: the main one becomes None (Explore keeps its own), an added row is left out."""
+    settings = dict(saved.get("settings") or {})
+    if saved.get("has_vector"):
+        settings["vector"] = saved.get("opened_vector")
+    opened = saved.get("opened_terms") or {}
+    names = {name: opened.get(name) for name in saved.get("term_vectors") or {}}
+    if names and settings.get("held"):
+        settings["held"] = json.loads(extra_terms.renamed(json.dumps(settings["held"]), names))
+    return settings
 
 
 def wire_open_in_explore(tab: CompareTab, explore, open_explore_js: str) -> None:

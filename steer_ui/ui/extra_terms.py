@@ -103,13 +103,15 @@ def compose(count, rows: list) -> str:
 
 def renamed(extra, names: dict) -> str:
     """``extra`` with each term's source renamed by ``names`` (a saved result's vectors as opened here: ``{name
-    as saved: name here}``); the text as it was when nothing is renamed or it is no spec."""
+    as saved: name here}``), a term whose name maps to None left out (its vector could not be opened here: by its
+    saved name it could meet another vector of the viewer's); the text as it was when nothing is renamed or it
+    is no spec."""
     if not names or not isinstance(extra, str) or not extra.strip():
         return extra or ""
     try:
         spec = json.loads(extra)
-        for term in spec["vectors"]:
-            term["source"] = names.get(term["source"], term["source"])
+        spec["vectors"] = [{**term, "source": names.get(term["source"], term["source"])} for term in spec["vectors"]
+                           if term["source"] not in names or names[term["source"]] is not None]
     except (ValueError, KeyError, TypeError):
         return extra
     return json.dumps(spec, ensure_ascii=False, separators=(",", ":"))

@@ -414,13 +414,13 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
                 # unqueued, and a refusal there showed nothing at all (a saved vector that no longer fits the
                 # model, switched since); the saved numbers are shown either way
                 saved = {**saved, "opened_vector": None, "opened_terms": {}}
-                try:
-                    if saved.get("has_vector"):
-                        saved["opened_vector"] = backend.open_result_vector(session, result_id, client)
-                    if saved.get("term_vectors"):
-                        saved["opened_terms"] = backend.open_result_terms(session, result_id, client)
-                except UserError as exc:
-                    out["notices"].append(Notice(exc.key, **exc.params))
+                for wanted, key, open_ in (("has_vector", "opened_vector", backend.open_result_vector),
+                                           ("term_vectors", "opened_terms", backend.open_result_terms)):
+                    try:  # each on its own: a refused main vector still opens the added rows' vectors
+                        if saved.get(wanted):
+                            saved[key] = open_(session, result_id, client)
+                    except UserError as exc:
+                        out["notices"].append(Notice(exc.key, **exc.params))
                 backend.session(session).cache[SHOW_COMPARISON] = saved
                 out["notices"].append(Notice("comparison_view", when=saved.get("when", "?")))
                 return out

@@ -8,7 +8,7 @@ import pytest
 
 from steer_ui.messages import UserError
 from steer_ui.service import RANDOM, Service
-from steer_ui.ui import extra_terms
+from steer_ui.ui import compare_tab, extra_terms
 from steer_ui.ui.url_state import ExploreState, from_query
 
 SESSION = "rows-aaaaaaaaaaaaaaaa"
@@ -267,7 +267,9 @@ def test_a_saved_comparison_keeps_each_added_row_s_own_vector_for_a_stranger(tmp
     vector = service.open_result_vector(stranger, result_id)
     opened = service.open_result_terms(stranger, result_id)
     assert opened == {other: f"{other} (saved result)"}
-    theirs_held = json.loads(extra_terms.renamed(json.dumps(saved["settings"]["held"]), opened))
+    settings = compare_tab.opened_settings({**saved, "opened_vector": vector, "opened_terms": opened})
+    assert settings["vector"] == vector
+    theirs_held = settings["held"]
     assert [t["source"] for t in theirs_held["vectors"]] == [opened[other], "random"]
     assert opened[other] in service.vector_names(stranger)
     theirs = service.compare(stranger, prompts, False, vector, 1, 0.5, True, 0, 1.0, sampling=sampling,
@@ -276,6 +278,22 @@ def test_a_saved_comparison_keeps_each_added_row_s_own_vector_for_a_stranger(tmp
     assert [r["kl"] for r in theirs["rows"]] == pytest.approx([r["kl"] for r in owners["rows"]], abs=1e-6)
     alone = service.compare(stranger, prompts, False, vector, 1, 0.5, True, 0, 1.0, sampling=sampling)
     assert [r["kl"] for r in alone["rows"]] != pytest.approx([r["kl"] for r in owners["rows"]], abs=1e-6)
+
+
+def test_a_saved_comparison_s_vectors_refused_here_are_not_opened_by_their_saved_names(tmp_path):
+    """Where the link could not open a comparison's own vectors (say, they no longer fit the model), a row opened
+    in Explore named them by their saved names, which in the viewer's session may be other vectors of theirs (a
+    review): the main vector is left as Explore has it and the refused added row is left out."""
+    service, owner, stranger, main, other = _owner_and_stranger(tmp_path, 62)
+    held = extra_terms.held(True, 0, extra_terms.compose(2, [(other, 0, -0.6, True, 0), (RANDOM, 1, 0.3, False, 4)]))
+    service.compare(owner, PROMPT, False, main, 1, 0.5, True, 0, 1.0,
+                    sampling=service.sampling(max_new_tokens=3, greedy=True), held=held)
+    saved = service.result(service.save_comparison(owner))
+    assert saved["has_vector"] and set(saved["term_vectors"]) == {other}
+    settings = compare_tab.opened_settings({**saved, "opened_vector": None, "opened_terms": {}})  # both refused
+    assert settings["vector"] is None  # open_row keeps Explore's own vector (gr.skip)
+    assert [t["source"] for t in settings["held"]["vectors"]] == ["random"]
+    assert saved["settings"]["vector"] == main and other in json.dumps(saved["settings"]["held"])  # as saved
 
 
 def test_save_result_pressed_while_the_newest_generation_decodes_keeps_that_one(tmp_path):
