@@ -116,13 +116,16 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
     @handler(backend, status=explore.library_status)
     def share(vector, extra, request: gr.Request):
         session = sid(request)
-        kinds = {v["name"]: v["kind"] for v in backend.vectors(session)}  # once, not once per added row
+        rows = {v["name"]: v for v in backend.vectors(session)}  # once, not once per added row
+        kinds = {name: v["kind"] for name, v in rows.items()}
         rows_owned = any(kinds.get(t.source) == "own" for t in extra_terms.added(extra))
         line = relabel.text("shared")
         if kinds.get(vector) in ("random", "bundled", "listed"):
             share_id = ""  # every server has it: a link names it, and the added rows' own vectors by their ids
             if not rows_owned:
                 line = relabel.text("shared_by_name", name=vector)
+        elif kinds.get(vector) == "shared":  # opened by a link: passed on under the id it came with (it was
+            share_id = rows[vector]["share_id"]  # refused as not this session's own, and the link copied anyway)
         else:
             try:
                 share_id = backend.share_vector(session, vector)

@@ -109,6 +109,13 @@ def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_str
                                f"{(name + ' (shared)')!r}", timeout=30_000)
     time.sleep(1.0)
     assert stranger.locator("#explore-readout").inner_text() == readout  # the same numbers, digit for digit
+    # the stranger passes it on: Share on a vector a link opened gives a link with the same share id (it was
+    # refused as not the stranger's own, while the link under the refusal was copied all the same)
+    stranger.locator("#share-btn").click()
+    stranger.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText"
+                               ".includes('Shared')", timeout=20_000)
+    passed = stranger.locator("#explore-link textarea, #explore-link input").first.input_value()
+    assert passed.split("vector=")[1].split("&")[0] == link.split("vector=")[1].split("&")[0]
 
 
 def test_a_saved_result_link_shows_the_saved_view_without_running_the_model(browser, url, monkeypatch):
