@@ -40,6 +40,7 @@ from .fused_ops import norm_gain
 from .hooks import HeadSteer, Steer, StepState, apply_steers, special_positions
 from .int8 import Int8Linear, _library
 from .layer_kinds import SLIDING, kinds_problem, layer_types, text_config
+from .switches import Setting
 
 _SOURCE = Path(__file__).with_name("block_kernel.c")
 _GROW = 64  # columns added past what a join needs; the store grows by half again when a step outruns it
@@ -48,19 +49,16 @@ _I = ctypes.c_int64
 
 
 _built_from: list = []  # a build :func:`kernel_built_from` puts in place of this tree's (A/B runs)
-_SHARING = True  # rows with twins skip the blocks their twins compute for them (every_row_computed turns it off)
+# rows with twins skip the blocks their twins compute for them (every_row_computed turns it off)
+_SHARING = Setting(True)
 
 
 @contextmanager
 def every_row_computed():
     """Inside, batches made here compute every row in every block, twins or not (A/B runs and tests: the
     outputs are the same bit for bit)."""
-    global _SHARING
-    kept, _SHARING = _SHARING, False
-    try:
+    with _SHARING.held(False):
         yield
-    finally:
-        _SHARING = kept
 
 
 def _kernel():
@@ -309,7 +307,8 @@ class FusedDecode:
         old_order = self._order if self._order is not None else torch.arange(self.rows)
         if twins is not None and len(twins) != rows:
             raise ValueError(f"twins for {len(twins)} rows, the store will hold {rows}")
-        order = _stored_order(twins) if _SHARING and twins else torch.cat([old_order, torch.arange(self.rows, rows)])
+        shared = _SHARING.value and twins
+        order = _stored_order(twins) if shared else torch.cat([old_order, torch.arange(self.rows, rows)])
         at = torch.empty_like(order).index_copy_(0, order, torch.arange(rows))  # where each batch row is stored
         old_at, new_at = at.index_select(0, old_order), at[self.rows:]
         keys, values = self._store(rows, capacity)
@@ -373,7 +372,7 @@ class FusedDecode:
             if not isinstance(s, (Steer, HeadSteer)):
                 raise TypeError(f"the fused step cannot add a {type(s).__name__}")
         self._steers = list(steers)
-        self._share(twins if _SHARING and twins else [(-1, 0)] * self.rows)
+        self._share(twins if _SHARING.value and twins else [(-1, 0)] * self.rows)
 
     def _share(self, twins: list[tuple[int, int]]) -> None:
         """Store the rows with twins last, by how many blocks they skip (fewest first), so each block computes a

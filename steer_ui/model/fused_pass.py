@@ -22,19 +22,16 @@ import torch
 from .fused_decode import Blocks, _packed_kernel, unsupported
 from .hooks import Steer, StepState, apply_steers
 from .int8 import int8_weights
+from .switches import Setting
 
-_ON = True  # modules_only() turns it off
+_ON = Setting(True)  # modules_only() turns it off
 
 
 @contextmanager
 def modules_only():
     """Inside, prefixes re-run their blocks through the model's modules (A/B runs and tests)."""
-    global _ON
-    kept, _ON = _ON, False
-    try:
+    with _ON.held(False):
         yield
-    finally:
-        _ON = kept
 
 
 def _blocks(handle) -> tuple[Blocks | None, str | None]:
@@ -56,7 +53,7 @@ def _blocks(handle) -> tuple[Blocks | None, str | None]:
 def why_not(prefix, later=()) -> str | None:
     """Why :func:`final_last` cannot re-run ``prefix``'s blocks with the ``later`` steers (at blocks above the
     prefix's) between them (then the torch modules do), or None."""
-    if not _ON:
+    if not _ON.value:
         return "the modules asked for (modules_only)"
     if any(not isinstance(s, Steer) or s.fn is not None for s in later):
         return "a per-head or input-dependent steer above the prefix (the modules' hooks add those)"

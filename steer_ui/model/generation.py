@@ -58,9 +58,10 @@ from .capture import left_pad, recording
 from .hooks import (HeadSteer, Steer, StepState, between_blocks, input_vector, special_positions, steering,
                     validate)
 from .static_decode import StaticDecode
+from .switches import Setting
 
 UNSTEERED, STEERED, COUNTERFACTUAL = 0, 1, 2
-_MIRROR = True  # every_row_decoded() turns it off
+_MIRROR = Setting(True)  # every_row_decoded() turns it off
 
 
 @contextmanager
@@ -68,12 +69,8 @@ def every_row_decoded():
     """Inside, requests made here decode every row their sampling asks for, even one that adds nothing (which is
     otherwise mirrored: :meth:`Request.mirror`): A/B runs, tests, and the bench's hook overhead, whose unsteered
     baseline decodes the page's three rows as the steered run does."""
-    global _MIRROR
-    kept, _MIRROR = _MIRROR, False
-    try:
+    with _MIRROR.held(False):
         yield
-    finally:
-        _MIRROR = kept
 
 
 
@@ -424,7 +421,8 @@ class Request:
         zero = torch.zeros(())
         row_steers = [s.with_alpha(torch.stack([zero, s.scalar_alpha.float(), zero])) for s in steers]
         # an input-dependent steer's α · fn(context) is left to compute (its function could return inf)
-        mirrored = _MIRROR and all(float(s.scalar_alpha) == 0.0 and getattr(s, "fn", None) is None for s in steers)
+        mirrored = _MIRROR.value and all(float(s.scalar_alpha) == 0.0 and getattr(s, "fn", None) is None
+                                         for s in steers)
         asked = row_kinds(sampling)
         return cls(prompt=prompt, ids=ids, steers=steers, sampling=sampling,
                    result=SideBySide(prompt=prompt, unsteered=Side(), steered=Side()),

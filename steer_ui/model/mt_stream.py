@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .int8 import _library
+from .switches import Setting
 
 _SOURCE = Path(__file__).with_name("mt_kernel.c")
 # torch's CPUGeneratorImplState: the seed (int64), left and seeded (int32 each), next (uint64), the 624 state words
@@ -28,7 +29,7 @@ _SOURCE = Path(__file__).with_name("mt_kernel.c")
 _STATE_BYTES = 5056
 _LEFT, _NEXT, _WORDS = 8, 16, 24
 _N = 624
-_off = False  # left_to_torch
+_off = Setting(False)  # left_to_torch
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,7 +51,7 @@ def rand64(rng: torch.Generator, n: int, floor: float = 0.0, out: torch.Tensor |
     ``out``: a contiguous (n,) float64 CPU tensor to write them into.  Worth keeping from step to step: a fresh
     2 MB buffer is fresh pages, and faulting them in cost 0.67 ms here, more than drawing the numbers (0.27).
     ``kernel``: a build of it (tests)."""
-    if rng.device.type != "cpu" or _off:
+    if rng.device.type != "cpu" or _off.value:
         return None
     fn = kernel or _kernel()
     if fn is None:
@@ -82,9 +83,5 @@ def rand64(rng: torch.Generator, n: int, floor: float = 0.0, out: torch.Tensor |
 def left_to_torch():
     """Inside, :func:`rand64` declines, so every draw is ``torch.rand``'s (A/B runs: ``python -m
     steer_ui.tools.sampling_cost --uniforms``)."""
-    global _off
-    kept, _off = _off, True
-    try:
+    with _off.held(True):
         yield
-    finally:
-        _off = kept

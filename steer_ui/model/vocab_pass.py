@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 
 from .int8 import _library
+from .switches import Setting
 
 _SOURCE = Path(__file__).with_name("vocab_kernel.c")
 MAX_K = 64  # vocab_kernel.c's
-_SHORTEST = 4096  # below this a row is cheap for torch too
+_SHORTEST = Setting(4096)  # below this a row is cheap for torch too
 
 
 @dataclass
@@ -112,7 +113,7 @@ def summarise(logits: torch.Tensor, k: int, kernel=None) -> Summary | None:
     """Each row's log-sum-exp and ``k`` largest (values, indices) of (rows, vocab) float32 ``logits``, or None where
     torch's passes should say it (see the module docstring).  ``kernel``: a build of it (tests)."""
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2 \
-            or logits.shape[-1] < _SHORTEST or not 1 <= k <= MAX_K or logits.shape[0] == 0:
+            or logits.shape[-1] < _SHORTEST.value or not 1 <= k <= MAX_K or logits.shape[0] == 0:
         return None
     fn = kernel or _kernel()
     if fn is None:
@@ -131,9 +132,5 @@ def summarise(logits: torch.Tensor, k: int, kernel=None) -> Summary | None:
 def left_to_torch():
     """Inside, :func:`summarise` declines every row, so the decode takes torch's passes (A/B runs:
     ``python -m steer_ui.tools.kernel_ab --vocab-pass``)."""
-    global _SHORTEST
-    kept, _SHORTEST = _SHORTEST, 1 << 62
-    try:
+    with _SHORTEST.held(1 << 62):
         yield
-    finally:
-        _SHORTEST = kept

@@ -57,7 +57,7 @@ def test_the_vocab_pass_side_declines_inside_and_both_sides_decode_the_same_text
     greedy texts are the same either way (its vocabulary let through, as a real one is)."""
     from steer_ui.model import vocab_pass
 
-    monkeypatch.setattr(vocab_pass, "_SHORTEST", 0)
+    monkeypatch.setattr(vocab_pass._SHORTEST, "value", 0)
     x = torch.randn(1, 300)
     with vocab_pass.left_to_torch():
         assert vocab_pass.summarise(x, 3) is None

@@ -61,7 +61,7 @@ def test_what_it_does_not_take_is_left_to_torch():
 
 
 def _decode(handle, specs, summary: bool, monkeypatch):
-    monkeypatch.setattr(vocab_pass, "_SHORTEST", 0 if summary else 10 ** 9)
+    monkeypatch.setattr(vocab_pass._SHORTEST, "value", 0 if summary else 10 ** 9)
     batch = DecodeBatch(handle)
     requests = [Request.make(handle, prompt, steers, sampling) for prompt, steers, sampling in specs]
     batch.admit(requests)
