@@ -278,8 +278,7 @@ def steering_from_args(args: argparse.Namespace, service, session: str):
                 text = Path(text).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise CliError(f"--steering: {exc}") from None
-        spec = steering_spec.parse(text, service.policy.max_steering_terms, service.handle.arch.num_layers,
-                                   layers=service.handle.arch.num_layers)
+        spec = steering_spec.parse(text, service.policy.max_steering_terms, layers=service.handle.arch.num_layers)
         terms, warnings = [], []
         for term in spec.terms:
             if not term.random and Path(term.source).is_file():

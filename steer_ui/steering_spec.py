@@ -83,10 +83,13 @@ class Spec:
         return json.dumps(self.as_dict(), ensure_ascii=False, separators=(",", ":"))
 
 
-def parse(value: Any, max_terms: int = MAX_TERMS, max_layer_count: int = 64, layers: int | None = None) -> Spec:
+def parse(value: Any, max_terms: int = MAX_TERMS, max_layer_count: int | None = None,
+          layers: int | None = None) -> Spec:
     """A spec from JSON text or an already-parsed object, every field checked; a refusal is one line naming the
     term (1-based) and the field.  ``layers``: the model's block count, where the caller knows it: a layer past
-    its last is refused naming it."""
+    its last is refused naming it.  ``max_layer_count``: how many layers one term may list (default: the model's
+    block count where known, else 64)."""
+    max_layer_count = max_layer_count or layers or 64
     if isinstance(value, Spec):
         return value
     if isinstance(value, str):

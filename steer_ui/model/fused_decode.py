@@ -220,6 +220,15 @@ class Blocks:
         self.kinds = layer_types(handle)
         self.window = int(getattr(config, "sliding_window", 0) or 0)
 
+    def rope(self, handle, like: torch.Tensor, position_ids: torch.Tensor, repeat: int = 1) -> dict:
+        """Per block kind, the rotary tables (cos, sin) the kernel takes: one row per position of
+        ``position_ids`` (the model's own rotary embedding), the whole ``repeat`` times (float32, contiguous)."""
+        rope = {}
+        for kind in set(self.kinds):
+            cos, sin = handle.model.base_model.rotary_emb(like, position_ids, kind)
+            rope[kind] = tuple(t.reshape(-1, t.shape[-1]).float().repeat(repeat, 1).contiguous() for t in (cos, sin))
+        return rope
+
     def scratch_floats(self, rows: int, hidden: int, capacity: int) -> int:
         """How many floats a call on ``rows`` rows works in."""
         return int(_kernel()[1](rows, hidden, self.heads, self.kv_heads, self.head_dim, self.inter, capacity))
@@ -420,11 +429,7 @@ class FusedDecode:
         with torch.inference_mode():
             stored_ids = next_ids if order is None else next_ids.index_select(0, order.to(next_ids.device))
             h = handle.model.get_input_embeddings()(stored_ids)[:, -1, :].float().contiguous()
-            position_ids = self.positions.unsqueeze(1)
-            rope = {}
-            for kind in set(model.kinds):
-                cos, sin = handle.model.base_model.rotary_emb(h, position_ids, kind)
-                rope[kind] = (cos.reshape(rows, -1).float().contiguous(), sin.reshape(rows, -1).float().contiguous())
+            rope = model.rope(handle, h, self.positions.unsqueeze(1))
             scratch = model.scratch(rows, h.shape[-1], self.capacity)
             start = self.start.contiguous()
             columns = torch.full((rows,), column, dtype=torch.int64)  # every row at the same column, its own store row

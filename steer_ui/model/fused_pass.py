@@ -100,11 +100,7 @@ def _final_last(prefix, model: Blocks, h: torch.Tensor, later=(), state: StepSta
     rows, positions, width = h.shape
     n = rows * positions
     x = h.float().reshape(n, width).clone()  # the kernel writes its rows in place; h may be the prefix's own
-    position_ids = torch.arange(positions).unsqueeze(0)
-    rope = {}
-    for kind in set(model.kinds):
-        cos, sin = handle.model.base_model.rotary_emb(x, position_ids, kind)
-        rope[kind] = tuple(t.reshape(positions, -1).float().repeat(rows, 1).contiguous() for t in (cos, sin))
+    rope = model.rope(handle, x, torch.arange(positions).unsqueeze(0), repeat=rows)
     shape = (rows, model.kv_heads, positions, model.head_dim)
     keys, values = torch.empty(shape), torch.empty(shape)  # every block writes all its columns before reading
     columns = torch.arange(positions, dtype=torch.int64).repeat(rows)

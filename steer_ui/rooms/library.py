@@ -148,8 +148,7 @@ class Library:
         from .. import steering_spec
 
         handle = self.models.handle
-        spec = steering_spec.parse(steering, self.shared.policy.max_steering_terms, handle.arch.num_layers,
-                                   layers=handle.arch.num_layers)
+        spec = steering_spec.parse(steering, self.shared.policy.max_steering_terms, layers=handle.arch.num_layers)
         steers: list = []
         for term in spec.terms:
             source = RANDOM if term.random else term.source
@@ -170,8 +169,7 @@ class Library:
         from ..model.units import relative_scale
 
         handle = self.models.handle
-        spec = steering_spec.parse(steering, self.shared.policy.max_steering_terms, handle.arch.num_layers,
-                                   layers=handle.arch.num_layers)
+        spec = steering_spec.parse(steering, self.shared.policy.max_steering_terms, layers=handle.arch.num_layers)
         terms = []
         for term in spec.terms:
             one = steering_spec.Spec((term,))
