@@ -34,18 +34,19 @@ def _text(value) -> str:
     return html.escape(str(value), quote=False)
 
 
-def _show_token(token: str) -> str:
+def _show_token(token: str, limit: int | None = None) -> str:
     """Make whitespace and unprintable characters visible: a bar labelled ' ', '\\n' or a box is unreadable.
 
     Control and other unprintable characters are shown escaped (``\\n``, ``\\u2581``); edge spaces as ``·``;
-    the result is chart text (:func:`_text`).
+    past ``limit`` characters the name is cut with "…"; the result is chart text (:func:`_text`).
     """
     if token.strip() == "":
         text = repr(token)[1:-1]
     else:
         text = "".join(ch if _glyph(ch) else (repr(ch)[1:-1] if not ch.isprintable() else f"\\u{ord(ch):04x}")
                        for ch in token)
-    return _text(text.replace(" ", "·") if text.strip() != text else text)
+    text = text.replace(" ", "·") if text.strip() != text else text
+    return _text(text if limit is None or len(text) <= limit else text[:limit - 1] + "…")
 
 
 def _glyph(ch: str) -> bool:
@@ -121,6 +122,9 @@ def empty_figure(message: str = "", height: int = 260) -> go.Figure:
     return _layout(fig, "", height=height)
 
 
+BAR_NAME_CHARS = 14  # a longer token is cut with "…" under its bars (whole in their hover)
+
+
 def next_token_bars(unsteered: pd.DataFrame, steered: pd.DataFrame, labels: Mapping[str, str] | None = None) -> go.Figure:
     """Grouped bars of next-token probability over the union of both top-k lists.
 
@@ -134,7 +138,8 @@ def next_token_bars(unsteered: pd.DataFrame, steered: pd.DataFrame, labels: Mapp
     names = {**dict(zip(s.index, s.token)), **dict(zip(u.index, u.token))}
     frame = pd.DataFrame({
         "token_id": ids,
-        "token": [_show_token(names[i]) for i in ids],
+        "token": [_show_token(names[i], BAR_NAME_CHARS) for i in ids],
+        "whole": [_show_token(names[i]) for i in ids],
         "unsteered": [float(u.prob.get(i, 0.0)) for i in ids],
         "steered": [float(s.prob.get(i, 0.0)) for i in ids],
     })
@@ -143,16 +148,20 @@ def next_token_bars(unsteered: pd.DataFrame, steered: pd.DataFrame, labels: Mapp
     dup = frame.token.duplicated(keep=False)
     frame.loc[dup, "token"] = frame.loc[dup, "token"] + " #" + frame.loc[dup, "token_id"].astype(str)
     fig = go.Figure([
-        go.Bar(name=_label(labels, "unsteered", "unsteered"), x=frame.token, y=frame.unsteered,
-               marker_color=UNSTEERED_COLOR, hovertemplate="%{x}: %{y:.4f}<extra></extra>"),
-        go.Bar(name=_label(labels, "steered", "steered"), x=frame.token, y=frame.steered,
-               marker_color=STEERED_COLOR, hovertemplate="%{x}: %{y:.4f}<extra></extra>"),
-    ])
+        go.Bar(name=_label(labels, side, side), x=frame.token, y=frame[side], customdata=frame.whole,
+               marker_color=color, hovertemplate="%{customdata}: %{y:.4f}<extra></extra>")
+        for side, color in (("unsteered", UNSTEERED_COLOR), ("steered", STEERED_COLOR))])
     fig.update_yaxes(title_text=_label(labels, "probability", "probability"), rangemode="tozero")
     # every bar its token (dtick 1): on a phone's chart plotly showed every other label and left half the bars
     # unnamed
     fig.update_xaxes(type="category", dtick=1)  # no tickangle: plotly's own choice, upright when slanted collide
-    return _layout(fig, _label(labels, "title", "Next token: unsteered vs steered"), barmode="group")
+    # the names stand upright on a half-width chart, and with the legend at a share of the plot's height under
+    # them a longer one ran under it ("excellent" read "excelk"): room under the axis for the longest name
+    # standing, then the legend, measured from the chart's bottom
+    names_px = int(7 * max((len(html.unescape(t)) for t in frame.token), default=1)) + 12
+    _layout(fig, _label(labels, "title", "Next token: unsteered vs steered"), height=300 + names_px, barmode="group")
+    fig.update_layout(margin=dict(b=names_px + 40), legend=dict(yref="container", y=0.0, yanchor="bottom"))
+    return fig
 
 
 def delta_logit_bars(promoted: pd.DataFrame, suppressed: pd.DataFrame, max_abs_delta_logit: float | None = None,

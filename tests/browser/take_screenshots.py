@@ -129,7 +129,7 @@ def main() -> int:
     from steer_ui.service import Service
     from steer_ui.ui.app import build_demo, launch_kwargs
 
-    backend = Service(default_view=bool(only))  # --only: the first page a person sees, as app.py starts it
+    backend = Service(default_view=True)  # the first page a person sees, as app.py starts it (explore_zh.png)
     backend.load_model(args.model)
     demo = build_demo(backend)
     demo.queue()
@@ -175,7 +175,7 @@ def main() -> int:
         prompt = page.locator("#explore-prompt textarea")
         prompt.fill(PROMPT)
         number = page.locator("#alpha-slider input[type=number]")
-        number.fill("0.4")
+        number.fill("0.12")  # a mean-difference vector at relative α 0.4 repeated one word: steered, still text
         number.press("Enter")
         prompt.press("Enter")  # next-token view, then generate both sides
         wait_text(page, "#steered-text", " ", timeout=300)
@@ -184,10 +184,10 @@ def main() -> int:
         page.wait_for_selector("#dose-response .js-plotly-plot", timeout=300_000)
         # drag a little to show the live path, then release to regenerate
         box = page.locator("#alpha-slider input[type=range]").bounding_box()
-        x, y = box["x"] + box["width"] * 0.70, box["y"] + box["height"] / 2
+        x, y = box["x"] + box["width"] * 0.56, box["y"] + box["height"] / 2
         page.mouse.move(x, y)
         page.mouse.down()
-        page.mouse.move(x + box["width"] * 0.05, y, steps=5)
+        page.mouse.move(x + box["width"] * 0.025, y, steps=5)
         page.mouse.up()
         settle(page, 3)
         page.screenshot(path=str(out / "explore.png"), full_page=True)
