@@ -1,6 +1,7 @@
 """What every browser test shares: where Chromium is, how to launch it, a free port, loading data in the page."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,19 @@ def browser():
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         yield b
         b.close()
+
+
+@contextmanager
+def drawn_figure(browser, fig, width: int, height: int = 700):
+    """A page ``width`` px wide with the plotly figure ``fig`` drawn by plotly.js as the app draws it (responsive),
+    its legend in place; closed after."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    try:
+        page.set_content(fig.to_html(include_plotlyjs=True, full_html=True, config={"responsive": True}))
+        page.wait_for_selector(".legend", timeout=30_000)
+        yield page
+    finally:
+        page.close()
 
 
 def tiny_library_backend(folder, **service_kwargs):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from browser_kit import NEEDS_CHROMIUM, browser  # noqa: F401 (fixture)
+from browser_kit import NEEDS_CHROMIUM, browser, drawn_figure  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM]
 WORDS = ("The weather in Paris today is sunny and warm with a light breeze from the south west while people walk "
@@ -20,19 +20,13 @@ def _boxes(browser, tokens: int, width: int) -> tuple[list[dict], dict]:
     frame = pd.DataFrame({"position": range(tokens), "token": [" " + WORDS[i % len(WORDS)] for i in range(tokens)],
                           "delta_logit": [((i * 7) % 11) - 5.0 for i in range(tokens)],
                           "direct_delta_logit": [((i * 5) % 7) - 3.0 for i in range(tokens)]})
-    html = plots.per_token_delta(frame).to_html(include_plotlyjs=True, full_html=True, config={"responsive": True})
-    page = browser.new_page(viewport={"width": width, "height": 700})
-    try:
-        page.set_content(html)
-        page.wait_for_selector(".legend", timeout=30_000)
+    with drawn_figure(browser, plots.per_token_delta(frame), width) as page:
         names = page.evaluate("() => Array.from(document.querySelectorAll('.xtick text')).map((t) => "
                               "{ const r = t.getBoundingClientRect(); return {text: t.textContent, left: r.left, "
                               "right: r.right, top: r.top, bottom: r.bottom}; }).filter((b) => b.text)")
         legend = page.evaluate("() => { const r = document.querySelector('.legend').getBoundingClientRect(); "
                                "return {top: r.top, bottom: r.bottom}; }")
         return names, legend
-    finally:
-        page.close()
 
 
 def _overlapping(names: list[dict]) -> list[tuple[str, str]]:
