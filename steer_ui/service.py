@@ -67,13 +67,13 @@ class Service:
         self.lessons = Lessons(shared, self.models, self.training)  # the Concepts tab's, run as jobs
 
     # ================================================================ sessions and owners (kept at the door)
-    def session(self, session: str | None, client: str | None = None) -> Session:
+    def session(self, session: str | None, client: str | None = None, say_expired: bool = True) -> Session:
         """The store of session ``session``; ``None`` gets a fresh one that is not kept (an anonymous call).
 
         ``client``, the caller's address where known, is what new sessions are admitted by; see
-        :mod:`steer_ui.sessions` for who may get a new one and what is never evicted.
+        :mod:`steer_ui.sessions` for who may get a new one, what is never evicted, and ``say_expired``.
         """
-        s = self.sessions.get(session, client)
+        s = self.sessions.get(session, client, say_expired)
         if s.owner is None and self.keeper.on and session is not None:
             token = self.sessions.token_of(session)
             if token:  # a tab whose session was let go comes back to its owner's work

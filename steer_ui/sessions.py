@@ -72,7 +72,7 @@ class Session:
     owner_token: str = field(default="", repr=False)  # that owner's token, as its browser or client holds it
     stored: dict = field(default_factory=dict)  # the owner's kept vectors by name, read on first use
     shared: dict = field(default_factory=dict)  # vectors opened by a share link: name in this session -> share id
-    untold: Any = None  # a refusal its page could not be shown yet (ui/request_guard.py): its next queued event says it
+    untold: Any = None  # a line its page could not be shown yet (Sessions.get): its next queued event says it
 
     @property
     def holds_work(self) -> bool:
@@ -120,12 +120,14 @@ class Sessions:
         self._waiters: set[int] = set()  # sessions (by id()) with a call waiting in wait_for_generation
 
     # ------------------------------------------------------------------ lookup
-    def get(self, session: str | None, client: str | None = None) -> Session:
+    def get(self, session: str | None, client: str | None = None, say_expired: bool = True) -> Session:
         """The session ``session`` (made if new); ``None`` gets a fresh one that is not kept.
 
         ``client`` is the caller's address where it is known (the app's HTTP requests): a new session
         from it is admitted only within its address's rate.  Raises :class:`UserError` ``busy`` (not
         admitted) or ``session_expired`` (its work was forgotten after the idle lifetime; said once).
+        ``say_expired=False`` (a caller that could not show that line): the new session instead, holding the
+        line in ``untold`` for a later call to say; the line is kept for the next call if the new one is refused.
         """
         if session is None:
             return Session()
@@ -142,13 +144,17 @@ class Sessions:
                     now - s.touched > self.policy.session_idle_seconds:
                 self._forget(session, s)
                 s = None
-            if session in self._evicted:
+            expired = session in self._evicted
+            if expired and say_expired:
                 del self._evicted[session]
                 raise UserError("session_expired", hours=f"{self.policy.session_idle_seconds / 3600:g}")
             if s is None:
                 s = self._admit(session, client, now)
             else:
                 self._kept.move_to_end(session)
+            if expired:
+                del self._evicted[session]
+                s.untold = UserError("session_expired", hours=f"{self.policy.session_idle_seconds / 3600:g}")
             s.touched = now
             return s
 

@@ -124,9 +124,10 @@ def packed_cases(shapes, rows):
         for count in rows:
             x = torch.randn(count, k, generator=gen)
 
-            def call(fn, y, x=x, count=count):
-                return fn(x.data_ptr(), count, k, codes.data_ptr(), scale.data_ptr(),
-                          None if offset is None else offset.data_ptr(), group, n, y.data_ptr(),
+            def call(fn, y, x=x, count=count, n=n, k=k, group=group, weight=(codes, scale, offset)):
+                codes_, scale_, offset_ = weight  # bound here: a case kept past the loop still runs its own shape
+                return fn(x.data_ptr(), count, k, codes_.data_ptr(), scale_.data_ptr(),
+                          None if offset_ is None else offset_.data_ptr(), group, n, y.data_ptr(),
                           torch.get_num_threads())
 
             yield (n, k, group, affine), count, 3 if n > 100_000 else 200, call

@@ -84,13 +84,17 @@ def _timed_parts(handle, parts: dict):
         return call
 
     arch, blocks = handle.arch, fused_pass.final_last
-    fused_pass.final_last = timed("blocks", blocks)
-    object.__setattr__(arch, "logits", timed("unembedding", arch.logits))  # the instance's own, over the method
+    own = vars(arch).get("logits")  # an instance's own logits over the method (a caller's timer), put back after
     try:
+        fused_pass.final_last = timed("blocks", blocks)
+        object.__setattr__(arch, "logits", timed("unembedding", arch.logits))  # a frozen dataclass refuses set
         yield
     finally:
         fused_pass.final_last = blocks
-        object.__delattr__(arch, "logits")  # the class's method again (a frozen dataclass refuses del and set)
+        if own is not None:
+            object.__setattr__(arch, "logits", own)
+        elif "logits" in vars(arch):
+            object.__delattr__(arch, "logits")  # the class's method again
 
 
 def sweep_parts(handle, layer: int, reps: int) -> dict:

@@ -228,10 +228,10 @@ def opened_settings(saved: dict) -> dict:
     settings = dict(saved.get("settings") or {})
     if saved.get("has_vector"):
         settings["vector"] = saved.get("opened_vector")
-    opened = saved.get("opened_terms") or {}
-    names = {name: opened.get(name) for name in saved.get("term_vectors") or {}}
+    names = extra_terms.opened_names(saved, saved.get("opened_terms") or {})
     if names and settings.get("held"):
-        settings["held"] = json.loads(extra_terms.renamed(json.dumps(settings["held"]), names))
+        held = extra_terms.renamed(json.dumps(settings["held"]), names)
+        settings["held"] = json.loads(held) if held else None
     return settings
 
 

@@ -103,9 +103,8 @@ def compose(count, rows: list) -> str:
 
 def renamed(extra, names: dict) -> str:
     """``extra`` with each term's source renamed by ``names`` (a saved result's vectors as opened here: ``{name
-    as saved: name here}``), a term whose name maps to None left out (its vector could not be opened here: by its
-    saved name it could meet another vector of the viewer's); the text as it was when nothing is renamed or it
-    is no spec."""
+    as saved: name here}``, :func:`opened_names`), a term whose name maps to None left out, and "" when none is
+    left; the text as it was when nothing is renamed or it is no spec."""
     if not names or not isinstance(extra, str) or not extra.strip():
         return extra or ""
     try:
@@ -114,7 +113,16 @@ def renamed(extra, names: dict) -> str:
                            if term["source"] not in names or names[term["source"]] is not None]
     except (ValueError, KeyError, TypeError):
         return extra
+    if not spec["vectors"]:
+        return ""  # every row left out: no added rows (a spec of none is refused wherever one is read)
     return json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
+
+
+def opened_names(saved: dict, opened: dict) -> dict:
+    """For :func:`renamed`: each of a saved result's own added-row vectors (``saved["term_vectors"]``) by its name
+    here as ``opened`` gives it, None where it could not be opened here (its row is then left out: by its saved
+    name it could be another vector of the viewer's)."""
+    return {name: opened.get(name) for name in saved.get("term_vectors") or {}}
 
 
 def seed_of(value) -> int:

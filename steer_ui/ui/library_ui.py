@@ -126,6 +126,8 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
                 line = relabel.text("shared_by_name", name=vector)
         elif kinds.get(vector) == "shared":  # opened by a link: passed on under the id it came with (it was
             share_id = rows[vector]["share_id"]  # refused as not this session's own, and the link copied anyway)
+            if not rows_owned:
+                line = relabel.text("shared_passed_on", name=vector)
         else:
             try:
                 share_id = backend.share_vector(session, vector)
@@ -182,8 +184,8 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
             settings.get("alpha", 0.0)
         relative, seed, extra = settings.get("relative", True), settings.get("seed", 0), settings.get("extra") or ""
         if saved.get("term_vectors"):  # the added rows' own vectors, kept with it as the main one is
-            extra = extra_terms.renamed(extra, backend.open_result_terms(session, saved["id"],
-                                                                         client_address(request)))
+            opened = backend.open_result_terms(session, saved["id"], client_address(request))
+            extra = extra_terms.renamed(extra, extra_terms.opened_names(saved, opened))
         spec = extra_terms.full_spec(vector, layer, alpha, relative, seed, extra)  # the saved result's every term
         frame = backend.generate(session, prompt, vector, layer, alpha, relative, seed, sampling) if spec is None \
             else last_frame(backend.stream_generate_for(session, prompt, spec, sampling))
@@ -372,9 +374,10 @@ def chat_controls(backend: Service, session: str, client, saved: dict, state, ch
     others = [{k: v for k, v in t.items() if k != "apply"} for t in turns[-1]["steering"]["vectors"][1:]]
     if others:  # the added rows, their own vectors opened as the main one is, checked as a link's are
         opened = backend.open_result_terms(session, saved["id"], client) if saved.get("term_vectors") else {}
-        text = extra_terms.renamed(json.dumps({"vectors": others}, ensure_ascii=False), opened)
+        text = extra_terms.renamed(json.dumps({"vectors": others}, ensure_ascii=False),
+                                   extra_terms.opened_names(saved, opened))
         state.extra = url_state.added_terms(text, choices + list(opened.values()), backend.handle.arch.num_layers,
-                                            [])
+                                            []) if text else ""
 
 
 def open_from_link(backend: Service, request, query: dict, state, choices: list[str]) -> dict:
@@ -439,9 +442,9 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
                     setattr(state, key, settings[key])
             if settings.get("extra"):  # the added vectors (their own kept with it, opened here), checked as a link's
                 opened = backend.open_result_terms(session, result_id, client) if saved.get("term_vectors") else {}
-                state.extra = url_state.added_terms(extra_terms.renamed(str(settings["extra"]), opened),
-                                                    choices + list(opened.values()), backend.handle.arch.num_layers,
-                                                    out["notices"])
+                text = extra_terms.renamed(str(settings["extra"]), extra_terms.opened_names(saved, opened))
+                state.extra = url_state.added_terms(text, choices + list(opened.values()),
+                                                    backend.handle.arch.num_layers, out["notices"]) if text else ""
             state.alpha_max = max(abs(float(state.alpha)), float(saved["view"].get("alpha_max") or state.alpha_max))
             out["run_live"] = True
             out["notices"].append(Notice("result_view", when=saved.get("when", "?")))

@@ -164,14 +164,7 @@ def _admit(backend, session: str, request, unseen: bool) -> None:
     """The caller's session admitted.  "Your session expired" is said once, by the first event after the server
     forgot the page's work; a page's unqueued event (``unseen``) could show it only as a wordless red pill (gradio
     sends no toast outside the queue), so that event runs on the new session and its next queued event says it."""
-    try:
-        s = backend.session(session, client_address(request))
-    except UserError as exc:
-        if not (unseen and exc.key == "session_expired"):
-            raise
-        s = backend.session(session, client_address(request))  # the new one: the line was taken off the old
-        s.untold = exc
-        return
+    s = backend.session(session, client_address(request), say_expired=not unseen)
     if s.untold is not None and not unseen:
         told, s.untold = s.untold, None
         raise told

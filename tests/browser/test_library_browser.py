@@ -113,7 +113,7 @@ def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_str
     # refused as not the stranger's own, while the link under the refusal was copied all the same)
     stranger.locator("#share-btn").click()
     stranger.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText"
-                               ".includes('Shared')", timeout=20_000)
+                               ".includes('Shared on')", timeout=20_000)
     passed = stranger.locator("#explore-link textarea, #explore-link input").first.input_value()
     assert passed.split("vector=")[1].split("&")[0] == link.split("vector=")[1].split("&")[0]
 

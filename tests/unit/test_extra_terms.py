@@ -294,6 +294,14 @@ def test_a_saved_comparison_s_vectors_refused_here_are_not_opened_by_their_saved
     assert settings["vector"] is None  # open_row keeps Explore's own vector (gr.skip)
     assert [t["source"] for t in settings["held"]["vectors"]] == ["random"]
     assert saved["settings"]["vector"] == main and other in json.dumps(saved["settings"]["held"])  # as saved
+    # a comparison whose only added row was the refused one has none left (a spec of none is refused where a row
+    # opens, so the row did not open at all)
+    alone = extra_terms.held(True, 0, extra_terms.compose(1, [(other, 0, -0.6, True, 0)]))
+    service.compare(owner, PROMPT, False, main, 1, 0.5, True, 0, 1.0,
+                    sampling=service.sampling(max_new_tokens=3, greedy=True), held=alone)
+    only = service.result(service.save_comparison(owner))
+    assert compare_tab.opened_settings({**only, "opened_vector": None, "opened_terms": {}})["held"] is None
+    assert extra_terms.renamed(json.dumps(only["settings"]["held"]), {other: None}) == ""
 
 
 def test_save_result_pressed_while_the_newest_generation_decodes_keeps_that_one(tmp_path):

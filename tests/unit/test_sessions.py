@@ -119,3 +119,27 @@ def test_a_second_wait_for_one_sessions_generation_and_waits_past_the_cap_are_an
         t.join(5)
     assert waited == [True, True]
     assert sessions.wait_for_generation(pages[2], release.is_set, 5) is True  # the places are free again
+
+
+def test_a_caller_that_cannot_show_the_expired_line_gets_the_new_session_and_the_line_waits():
+    """A page's unqueued event could show "your session expired" only as a wordless pill (ui/request_guard.py):
+    it gets the new session holding the line for the next call; where the new session is refused, the line stays
+    for the next call too (a review: it was taken off before the refusal and never said)."""
+    sessions = Sessions(Policy(session_idle_seconds=3600, max_sessions=2, session_grace_seconds=0))
+    s = _with_work(sessions, "owner-idle-1")
+    s.touched -= 3601
+    _with_work(sessions, "owner-busy-1")
+    _with_work(sessions, "owner-busy-2")  # the old one is forgotten: the server is full of sessions with work
+    with pytest.raises(UserError) as full:
+        sessions.get("owner-idle-1", say_expired=False)
+    assert full.value.key == "sessions_full"
+    with pytest.raises(UserError) as told:  # the line was kept
+        sessions.get("owner-idle-1")
+    assert told.value.key == "session_expired"
+
+    roomy = Sessions(Policy(session_idle_seconds=3600))
+    s = _with_work(roomy, "owner-idle-2")
+    s.touched -= 3601
+    new = roomy.get("owner-idle-2", say_expired=False)
+    assert new is not s and new.vectors == {} and new.untold.key == "session_expired"
+    assert roomy.get("owner-idle-2") is new  # said by whoever reads ``untold``, not raised again here
