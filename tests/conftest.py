@@ -69,3 +69,25 @@ def honest(server):
     unchanged = watch(server)
     yield unchanged
     unchanged()
+
+
+@pytest.fixture
+def queued_event():
+    """A context manager: inside, code runs as a queued gradio event's handler does (gradio's LocalContext holds
+    the app and an event id), where a toast reaches the page; an event outside the queue has neither
+    (ui/common.toast_reaches_page).  gradio finds no such job and drops the toast's message."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def queued(event_id: str = "event-1"):
+        import gradio as gr
+        from gradio.context import LocalContext
+
+        blocks, event = LocalContext.blocks.set(gr.Blocks()), LocalContext.event_id.set(event_id)
+        try:
+            yield
+        finally:
+            LocalContext.blocks.reset(blocks)
+            LocalContext.event_id.reset(event)
+
+    return queued

@@ -118,11 +118,10 @@ def test_one_refusal_is_toasted_once_while_its_toast_is_shown():
     assert toasted.first("page", "another refusal", now=101.0 + TOAST_SECONDS)  # that toast has gone
 
 
-def test_a_refusal_whose_toast_cannot_reach_the_page_does_not_hide_the_next_one():
+def test_a_refusal_whose_toast_cannot_reach_the_page_does_not_hide_the_next_one(queued_event):
     """An unqueued event's toast is dropped by gradio (no event stream to send it down): recording it as toasted
     hid the next queued event's toast of the same line (a review of the unqueued events)."""
     import gradio as gr
-    from gradio.context import LocalContext
 
     from steer_ui.messages import UserError
     from steer_ui.ui.common import TOASTED, handler
@@ -138,12 +137,8 @@ def test_a_refusal_whose_toast_cannot_reach_the_page_does_not_hide_the_next_one(
     refuses(request)  # outside any queued event, as a queue=False event runs
     line = TOASTED._last.get(page, (None,))[0]
     assert line is None  # nothing recorded for this page
-    blocks, event = LocalContext.blocks.set(gr.Blocks()), LocalContext.event_id.set("event-1")
-    try:
-        refuses(request)  # a queued event's (gradio finds no such job here and drops the message)
-    finally:
-        LocalContext.blocks.reset(blocks)
-        LocalContext.event_id.reset(event)
+    with queued_event():
+        refuses(request)  # a queued event's
     assert TOASTED._last[page][0]  # now recorded: the same line again within the toast's time is not toasted
     assert not TOASTED.first(page, TOASTED._last[page][0])
 
