@@ -112,8 +112,9 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
     """Share, Save result and Run live on the Explore tab, and the library's API endpoints."""
 
     # a refusal goes to the library's line: this event runs outside the queue, where a toast never reaches the page
-    # (a browser review's Share on the default vector did nothing it could see)
-    @handler(backend, status=explore.library_status)
+    # (a browser review's Share on the default vector did nothing it could see); and it empties the view's share
+    # ids, so the link copied after it (JS_SHARE_URL) carries none the refusal is about (Share again puts them back)
+    @handler(backend, status=explore.library_status, clear=(explore.vector_ref, explore.extra_ref))
     def share(vector, extra, request: gr.Request):
         session = sid(request)
         rows = {v["name"]: v for v in backend.vectors(session)}  # once, not once per added row
@@ -126,6 +127,7 @@ def wire(backend: Service, explore, owner: gr.BrowserState) -> None:
                 line = relabel.text("shared_by_name", name=vector)
         elif kinds.get(vector) == "shared":  # opened by a link: passed on under the id it came with (it was
             share_id = rows[vector]["share_id"]  # refused as not this session's own, and the link copied anyway)
+            backend.open_shared(session, share_id, client_address(request))  # still shared? (else unknown_id)
             if not rows_owned:
                 line = relabel.text("shared_passed_on", name=vector)
         else:

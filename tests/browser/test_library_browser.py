@@ -56,7 +56,7 @@ def _choices(page, picker: str) -> list[str]:
 
 
 def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_stranger(browser, url):
-    url, _backend = url
+    url, backend = url
     owner = _fresh(browser, url)
     owner.get_by_role("tab", name="Data").click()
     owner.locator("#data-file input[type=file]").set_input_files(
@@ -115,7 +115,16 @@ def test_a_trained_vector_survives_a_reload_and_a_shared_link_opens_it_for_a_str
     stranger.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText"
                                ".includes('Shared on')", timeout=20_000)
     passed = stranger.locator("#explore-link textarea, #explore-link input").first.input_value()
-    assert passed.split("vector=")[1].split("&")[0] == link.split("vector=")[1].split("&")[0]
+    share_id = link.split("vector=")[1].split("&")[0]
+    assert passed.split("vector=")[1].split("&")[0] == share_id
+    # once its owner stops sharing it, Share says so and the view's link no longer carries the dead id (the link
+    # under a refused Share was copied with it)
+    owner_session = next(k for k, s in backend.sessions._kept.items() if name in s.vectors)
+    assert backend.unshare_vector(owner_session, name)
+    stranger.locator("#share-btn").click()
+    stranger.wait_for_function("() => document.querySelector('#explore-library-status')?.innerText"
+                               ".includes('stopped sharing')", timeout=20_000)
+    stranger.wait_for_function(f"() => !window.location.search.includes({share_id!r})", timeout=10_000)
 
 
 def test_a_saved_result_link_shows_the_saved_view_without_running_the_model(browser, url, monkeypatch):
