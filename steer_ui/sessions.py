@@ -144,17 +144,18 @@ class Sessions:
                     now - s.touched > self.policy.session_idle_seconds:
                 self._forget(session, s)
                 s = None
-            expired = session in self._evicted
-            if expired and say_expired:
+            told = UserError("session_expired", hours=f"{self.policy.session_idle_seconds / 3600:g}") \
+                if session in self._evicted else None
+            if told is not None and say_expired:
                 del self._evicted[session]
-                raise UserError("session_expired", hours=f"{self.policy.session_idle_seconds / 3600:g}")
+                raise told
             if s is None:
-                s = self._admit(session, client, now)
+                s = self._admit(session, client, now)  # refused: the line stays for the next call
             else:
                 self._kept.move_to_end(session)
-            if expired:
+            if told is not None:
                 del self._evicted[session]
-                s.untold = UserError("session_expired", hours=f"{self.policy.session_idle_seconds / 3600:g}")
+                s.untold = told
             s.touched = now
             return s
 

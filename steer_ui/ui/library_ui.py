@@ -379,7 +379,7 @@ def chat_controls(backend: Service, session: str, client, saved: dict, state, ch
         text = extra_terms.renamed(json.dumps({"vectors": others}, ensure_ascii=False),
                                    extra_terms.opened_names(saved, opened))
         state.extra = url_state.added_terms(text, choices + list(opened.values()), backend.handle.arch.num_layers,
-                                            []) if text else ""
+                                            [])
 
 
 def open_from_link(backend: Service, request, query: dict, state, choices: list[str]) -> dict:
@@ -446,7 +446,7 @@ def open_from_link(backend: Service, request, query: dict, state, choices: list[
                 opened = backend.open_result_terms(session, result_id, client) if saved.get("term_vectors") else {}
                 text = extra_terms.renamed(str(settings["extra"]), extra_terms.opened_names(saved, opened))
                 state.extra = url_state.added_terms(text, choices + list(opened.values()),
-                                                    backend.handle.arch.num_layers, out["notices"]) if text else ""
+                                                    backend.handle.arch.num_layers, out["notices"])
             state.alpha_max = max(abs(float(state.alpha)), float(saved["view"].get("alpha_max") or state.alpha_max))
             out["run_live"] = True
             out["notices"].append(Notice("result_view", when=saved.get("when", "?")))

@@ -108,10 +108,13 @@ def from_query(query: Mapping[str, str], defaults: ExploreState, vectors: list[s
 def added_terms(text: str, vectors: list[str], num_layers: int, notices: list, max_terms: int = 3) -> str:
     """The link's added vectors as the page writes them (ui/extra_terms.compose), or "": each term checked as the
     main one is (a vector on this server, a layer of this model, a finite α in the page's range); a term that is
-    not is left out with a notice, and a text that is no spec at all with one notice."""
+    not is left out with a notice, and a text that is no spec at all with one notice; an empty text asks for none.
+    """
     from .. import steering_spec
     from ..messages import UserError
 
+    if not text:
+        return ""
     try:
         if len(text) > MAX_STEER_CHARS:
             raise UserError("steering_shape", limit=max_terms)
